@@ -1,0 +1,84 @@
+# corral developer tasks. From a fresh clone, `make demo` and `make test` need nothing done first:
+# both create the virtual environment (.venv) on first use.
+#
+#   make venv         create .venv and install corral with its dev extras (again when pyproject.toml changes)
+#   make test         run the test suite
+#   make demo         run examples/demo.py
+#   make protos       regenerate the Python modules from proto/corral/v1/*.proto
+#   make lint-protos  buf lint, plus buf breaking against the base commit when there is one
+#   make clean        remove the virtual environment, node_modules and build/test leftovers
+#
+# Every pip install passes `-c constraints.txt`, which pins torch to a CPU-only build.
+
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV := .venv
+VENV_PY := $(VENV)/bin/python
+PIP_CONSTRAINTS := -c constraints.txt
+
+# buf comes from npm; it is installed into ./node_modules on first use.
+BUF_NPM_PACKAGE ?= @bufbuild/buf@1.75.0
+BUF := node_modules/.bin/buf
+# Compare against this git ref in `buf breaking`; empty: origin/main (merge base), else HEAD~.
+BUF_AGAINST ?=
+
+.PHONY: venv test demo protos lint-protos clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@if ! $(VENV_PY) -m pip --version >/dev/null 2>&1; then \
+	  rm -rf $(VENV); \
+	  echo "$(PYTHON) -m venv $(VENV)"; \
+	  if ! $(PYTHON) -m venv $(VENV); then \
+	    rm -rf $(VENV); \
+	    echo >&2; \
+	    echo "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu install the venv module first:" >&2; \
+	    echo "         apt-get install python3-venv" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	$(VENV_PY) -m pip install --quiet --upgrade $(PIP_CONSTRAINTS) pip
+	$(VENV_PY) -m pip install $(PIP_CONSTRAINTS) -e '.[dev]'
+	@touch $@
+
+test: venv
+	$(VENV_PY) -m pytest -q
+
+demo: venv
+	$(VENV_PY) examples/demo.py
+
+protos: venv
+	$(VENV_PY) scripts/gen_protos.py
+
+$(BUF):
+	@command -v npm >/dev/null 2>&1 || { echo "error: npm not found (apt-get install npm)" >&2; exit 1; }
+	npm install --prefix . --no-save --no-audit --no-fund --ignore-scripts $(BUF_NPM_PACKAGE)
+
+# buf breaking compares proto/ as it is now with proto/ at a base commit: BUF_AGAINST if set, else
+# the merge base with origin/main (when HEAD is ahead of it), else HEAD~. With none of these (a
+# single-commit or shallow clone) the check is skipped. The base's proto/ is read with git archive
+# and checked with today's buf.yaml, so the comparison also works in worktrees and for bases that
+# predate buf.yaml.
+lint-protos: $(BUF)
+	$(BUF) lint
+	@set -euo pipefail; \
+	base="$(BUF_AGAINST)"; \
+	if [ -z "$$base" ] && git rev-parse -q --verify origin/main^{commit} >/dev/null 2>&1; then \
+	  base=$$(git merge-base HEAD origin/main 2>/dev/null || true); \
+	  if [ "$$base" = "$$(git rev-parse HEAD)" ]; then base=""; fi; \
+	fi; \
+	if [ -z "$$base" ] && git rev-parse -q --verify HEAD~^{commit} >/dev/null 2>&1; then base=HEAD~; fi; \
+	if [ -z "$$base" ]; then echo "buf breaking: no base commit (no origin/main, no HEAD~); skipped"; exit 0; fi; \
+	sha=$$(git rev-parse --verify "$$base^{commit}"); \
+	if ! git cat-file -e "$$sha:proto" 2>/dev/null; then echo "buf breaking: $$base has no proto/; skipped"; exit 0; fi; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	git archive "$$sha" proto | tar -x -C "$$tmp"; \
+	cp buf.yaml "$$tmp/buf.yaml"; \
+	echo "$(BUF) breaking --against <proto/ at $$base ($${sha:0:12})>"; \
+	$(BUF) breaking --against "$$tmp"
+
+clean:
+	rm -rf $(VENV) node_modules build dist .pytest_cache *.egg-info
+	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
