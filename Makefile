@@ -64,19 +64,19 @@ $(BUF):
 lint-protos: $(BUF)
 	$(BUF) lint
 	@set -euo pipefail; \
-	base="$(BUF_AGAINST)"; \
+	base="$(BUF_AGAINST)"; label="$$base"; \
 	if [ -z "$$base" ] && git rev-parse -q --verify origin/main^{commit} >/dev/null 2>&1; then \
-	  base=$$(git merge-base HEAD origin/main 2>/dev/null || true); \
+	  base=$$(git merge-base HEAD origin/main 2>/dev/null || true); label="merge base with origin/main"; \
 	  if [ "$$base" = "$$(git rev-parse HEAD)" ]; then base=""; fi; \
 	fi; \
-	if [ -z "$$base" ] && git rev-parse -q --verify HEAD~^{commit} >/dev/null 2>&1; then base=HEAD~; fi; \
+	if [ -z "$$base" ] && git rev-parse -q --verify HEAD~^{commit} >/dev/null 2>&1; then base=HEAD~; label=HEAD~; fi; \
 	if [ -z "$$base" ]; then echo "buf breaking: no base commit (no origin/main, no HEAD~); skipped"; exit 0; fi; \
 	sha=$$(git rev-parse --verify "$$base^{commit}"); \
 	if ! git cat-file -e "$$sha:proto" 2>/dev/null; then echo "buf breaking: $$base has no proto/; skipped"; exit 0; fi; \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	git archive "$$sha" proto | tar -x -C "$$tmp"; \
 	cp buf.yaml "$$tmp/buf.yaml"; \
-	echo "$(BUF) breaking --against <proto/ at $$base ($${sha:0:12})>"; \
+	echo "$(BUF) breaking --against <proto/ at $$label, $${sha:0:12}>"; \
 	$(BUF) breaking --against "$$tmp"
 
 clean:
