@@ -1,0 +1,329 @@
+"""The local backend: a sandbox is a set of Linux namespaces made by bubblewrap on the host.
+
+Per sandbox the daemon keeps a directory with `workspace/` (mounted read-write at the workdir) and
+`tmp/` (mounted at /tmp). The root is a read-only tmpfs holding read-only binds of the image's
+top-level entries ("host": the host's own /), with /proc, /dev and /run private. The daemon's
+state directory and socket directory are hidden behind empty tmpfs mounts.
+
+A long-lived init process (`sh -c 'read'`, its stdin held by the daemon) keeps the namespaces
+alive; commands enter them with nsenter as the sandbox's own unprivileged uid, in a leaf cgroup of
+the sandbox's cgroup. If the daemon dies, init's stdin closes and the sandbox winds itself down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncIterable, Sequence
+from itertools import count
+from pathlib import Path
+
+from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
+from ..config import Config
+from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from ..fsaccess import SandboxFiles
+from ..process import HostProcess, in_cgroup
+from .base import Backend, BackendStatus, SandboxRuntime, SandboxSpec
+
+log = logging.getLogger(__name__)
+
+SKIPPED_TOP_LEVEL = {"proc", "dev", "sys", "tmp", "run", "lost+found"}
+INIT_READY = b"corral-init-ready\n"
+START_TIMEOUT_S = 30.0
+
+
+def _version(tool: str) -> str:
+    try:
+        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or out.stderr.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+class UidPool:
+    """Hands each sandbox its own host uid, so sandboxes cannot touch each other's files or
+    processes even when they share the host network."""
+
+    def __init__(self, base: int, size: int) -> None:
+        self.base, self.size = base, size
+        self._free = count(base)
+        self._released: list[int] = []
+        self._used: set[int] = set()
+
+    def take(self) -> int:
+        uid = self._released.pop() if self._released else next(self._free)
+        if uid >= self.base + self.size:
+            raise ResourceExhausted(f"all {self.size} sandbox uids from {self.base} are in use")
+        self._used.add(uid)
+        return uid
+
+    def give_back(self, uid: int) -> None:
+        if uid in self._used:
+            self._used.discard(uid)
+            self._released.append(uid)
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, config: Config, cgroups: CgroupDriver, hidden_paths: Sequence[str]) -> None:
+        self.config = config
+        self.cgroups = cgroups
+        self.hidden_paths = [os.path.realpath(p) for p in hidden_paths]
+        self.sandboxes_dir = config.state_path / "sandboxes"
+        self.uids = UidPool(config.local.uid_base, config.local.uid_count)
+        self.bwrap = shutil.which("bwrap")
+        self.nsenter = shutil.which("nsenter")
+        self._status = self._probe()
+
+    # -- capabilities ------------------------------------------------------------------------------
+
+    def _probe(self) -> BackendStatus:
+        mode = self.config.local.isolation
+        limits = {
+            "memory": self.cgroups.support("memory"),
+            "pids": self.cgroups.support("pids"),
+            "cpu": self.cgroups.support("cpu"),
+            "wall_clock": LimitSupport(True, "process group + cgroup kill" if self.cgroups.can_track else "process group kill"),
+            "network": LimitSupport(True, "network namespace"),
+        }
+        missing = []
+        if mode not in ("auto", "bwrap"):
+            missing.append(f'local.isolation = "{mode}" is not supported by this daemon; use "auto" or "bwrap"')
+        if not self.bwrap:
+            missing.append("bubblewrap is not installed (apt-get install bubblewrap)")
+        if not self.nsenter:
+            missing.append("nsenter is not installed (apt-get install util-linux)")
+        if os.geteuid() != 0:
+            missing.append("the daemon is not root: it needs root to give each sandbox its own uid and cgroup")
+        if missing:
+            return BackendStatus(False, "; ".join(missing), "none", limits)
+        return BackendStatus(True, _version(self.bwrap) or "bubblewrap", "namespaces", limits)
+
+    def status(self) -> BackendStatus:
+        return self._status
+
+    # -- create ------------------------------------------------------------------------------------
+
+    def _rootfs(self, image: str) -> str:
+        if image in ("", "host"):
+            return "/"
+        if not os.path.isabs(image):
+            raise InvalidArgument(f'local image must be "host" or an absolute path to a root filesystem, got {image!r}')
+        if not os.path.isdir(image):
+            raise InvalidArgument(f"local image {image} is not a directory")
+        return os.path.realpath(image)
+
+    def _bwrap_argv(self, rootfs: str, sandbox_dir: Path, network: bool, info_fd: int) -> list[str]:
+        workdir = self.config.local.workdir
+        argv = [
+            self.bwrap,
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", "corral",
+            "--new-session",
+            "--cap-drop", "ALL",
+            "--info-fd", str(info_fd),
+        ]
+        if not network:
+            argv.append("--unshare-net")
+        for entry in sorted(os.listdir(rootfs)):
+            if entry in SKIPPED_TOP_LEVEL:
+                continue
+            path = os.path.join(rootfs, entry)
+            if os.path.islink(path):
+                argv += ["--symlink", os.readlink(path), f"/{entry}"]
+            elif os.path.isdir(path):
+                argv += ["--ro-bind", path, f"/{entry}"]
+        for hidden in self.hidden_paths:
+            # Only paths that the binds above expose need covering.
+            if rootfs == "/" and os.path.isdir(hidden) and hidden.split("/")[1] not in SKIPPED_TOP_LEVEL:
+                argv += ["--tmpfs", hidden]
+        argv += [
+            "--proc", "/proc",
+            "--dev", "/dev",
+            "--tmpfs", "/run",
+            "--bind", str(sandbox_dir / "tmp"), "/tmp",
+            "--bind", str(sandbox_dir / "workspace"), workdir,
+            "--remount-ro", "/",
+            "--chdir", workdir,
+            "--", "/bin/sh", "-c", f"printf '{INIT_READY.decode().strip()}\\n'; read -r _",
+        ]
+        return argv
+
+    async def create(self, spec: SandboxSpec) -> SandboxRuntime:
+        if not self._status.available:
+            raise FailedPrecondition(f"the local backend cannot make sandboxes here: {self._status.detail}")
+        rootfs = self._rootfs(spec.image)
+        if not os.path.exists(os.path.join(rootfs, "bin/sh")) and not os.path.islink(os.path.join(rootfs, "bin")):
+            raise InvalidArgument(f"image {spec.image} has no /bin/sh")
+        uid = self.uids.take()
+        sandbox_dir = self.sandboxes_dir / spec.sandbox_id
+        runtime = LocalSandbox(self, spec, uid, sandbox_dir)
+        try:
+            await runtime.start(rootfs)
+        except BaseException:
+            await runtime.destroy()
+            raise
+        return runtime
+
+    async def reap(self, record: dict) -> None:
+        pid = record.get("bwrap_pid")
+        if pid and _is_process(pid, "bwrap"):
+            _kill(pid)
+        for group in self.cgroups.existing_groups():
+            if group.paths and group.paths[0].name == record.get("sandbox_id"):
+                await asyncio.to_thread(group.kill)
+                group.remove()
+        sandbox_dir = record.get("sandbox_dir")
+        if sandbox_dir and Path(sandbox_dir).parent == self.sandboxes_dir:
+            await asyncio.to_thread(shutil.rmtree, sandbox_dir, True)
+
+    async def reap_orphans(self) -> None:
+        for group in self.cgroups.existing_groups():
+            await asyncio.to_thread(group.kill)
+            group.remove()
+        if self.sandboxes_dir.is_dir():
+            for leftover in self.sandboxes_dir.iterdir():
+                await asyncio.to_thread(shutil.rmtree, leftover, True)
+
+
+def _is_process(pid: int, name: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == name
+    except OSError:
+        return False
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class LocalSandbox(SandboxRuntime):
+    isolation = "namespaces"
+
+    def __init__(self, backend: LocalBackend, spec: SandboxSpec, uid: int, sandbox_dir: Path) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.uid = uid
+        self.sandbox_dir = sandbox_dir
+        self.workdir = backend.config.local.workdir
+        self.limits = backend.status().limits
+        self.cgroup: CgroupGroup | None = None
+        self.files: SandboxFiles | None = None
+        self.init_pid = 0
+        self._bwrap: subprocess.Popen | None = None
+        self._leaves = count()
+        self._shell = "/bin/sh"
+
+    async def start(self, rootfs: str) -> None:
+        for sub in ("workspace", "tmp"):
+            path = self.sandbox_dir / sub
+            path.mkdir(parents=True, exist_ok=True)
+            os.chown(path, self.uid, self.uid)
+        os.chmod(self.sandbox_dir, 0o711)
+        self.sandbox_dir.parent.chmod(0o711)
+        if self.backend.cgroups.can_track:
+            lim = self.spec.limits
+            self.cgroup = self.backend.cgroups.create(
+                self.spec.sandbox_id, lim.memory_bytes, lim.pids, lim.cpu_millicores
+            )
+        info_r, info_w = os.pipe()
+        try:
+            argv = self.backend._bwrap_argv(rootfs, self.sandbox_dir, self.spec.network, info_w)
+            init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
+            # Spawned from the event loop thread on purpose: nothing here may die with a worker.
+            self._bwrap = subprocess.Popen(
+                in_cgroup(argv, init_cgroup),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(info_w,),
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                cwd="/",
+                start_new_session=True,
+            )
+        finally:
+            os.close(info_w)
+        try:
+            ready = await asyncio.wait_for(
+                asyncio.to_thread(self._bwrap.stdout.readline), START_TIMEOUT_S
+            )
+            info = await asyncio.to_thread(_read_json, info_r)
+        finally:
+            os.close(info_r)
+        if ready != INIT_READY:
+            err = await asyncio.to_thread(self._bwrap.stderr.read)
+            raise FailedPrecondition(
+                f"bubblewrap could not start the sandbox: {err.decode(errors='replace').strip() or 'no error output'}"
+            )
+        self.init_pid = info["child-pid"]
+        if os.path.exists(os.path.join(rootfs, "bin/bash")):
+            self._shell = "/bin/bash"
+        self.files = SandboxFiles(
+            f"/proc/{self.init_pid}/root", self.workdir, self.uid, self.uid,
+            self.backend.config.exec.max_file_bytes,
+        )
+
+    def record(self) -> dict:
+        return {
+            "backend": "local",
+            "sandbox_id": self.spec.sandbox_id,
+            "bwrap_pid": self._bwrap.pid if self._bwrap else 0,
+            "sandbox_dir": str(self.sandbox_dir),
+        }
+
+    def alive(self) -> bool:
+        return self._bwrap is not None and self._bwrap.poll() is None
+
+    def shell_argv(self, script: str) -> list[str]:
+        return [self._shell, "-c", script]
+
+    def start_process(
+        self, argv: Sequence[str], *, env: dict[str, str], cwd: str, stdin: bytes | AsyncIterable[bytes] | None
+    ) -> HostProcess:
+        enter = [
+            self.backend.nsenter, "-t", str(self.init_pid), "-m", "-p", "-i", "-u", "-n",
+            "-r", "-w", "-S", str(self.uid), "-G", str(self.uid), "--",
+        ]
+        if cwd and os.path.normpath(cwd) != self.workdir:
+            # nsenter can only take the target's cwd; change directory once inside.
+            enter += ["/bin/sh", "-c", 'cd -- "$1" || exit 126; shift; exec "$@"', "sh", cwd]
+        leaf = self.cgroup.leaf(f"p{next(self._leaves)}") if self.cgroup else None
+        return HostProcess([*enter, *argv], env=env, stdin=stdin, cgroup=leaf)
+
+    async def destroy(self) -> None:
+        if self.cgroup:
+            await asyncio.to_thread(self.cgroup.kill)
+        if self._bwrap:
+            for pipe in (self._bwrap.stdin, self._bwrap.stdout, self._bwrap.stderr):
+                pipe.close()
+            _kill(self._bwrap.pid)
+            await asyncio.to_thread(self._bwrap.wait)
+            self._bwrap = None
+        if self.files:
+            self.files.close()
+        if self.cgroup:
+            self.cgroup.remove()
+        await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
+        self.backend.uids.give_back(self.uid)
+
+
+def _read_json(fd: int) -> dict:
+    # bwrap writes its info in one go; read until it parses rather than waiting for EOF.
+    data = b""
+    while chunk := os.read(fd, 4096):
+        data += chunk
+        try:
+            return json.loads(data)
+        except ValueError:
+            continue
+    return json.loads(data or b"{}")
+

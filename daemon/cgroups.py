@@ -1,0 +1,307 @@
+"""cgroup detection and per-sandbox groups, for cgroup v1, v2 and hybrid hosts.
+
+A controller can be attached to one hierarchy only, so each of memory, pids and cpu is taken from
+wherever the host mounts it: a v1 hierarchy of its own, or the v2 unified hierarchy when it lists
+the controller. Process tracking (finding every process of a sandbox or of one command, to kill the
+whole tree) uses the v2 hierarchy where it is writable, else the first v1 hierarchy we use.
+
+Layout under the daemon's own cgroup in each hierarchy:
+    corral-<daemon_id>/<sandbox_id>/            limits live here
+    corral-<daemon_id>/<sandbox_id>/<leaf>/     processes live here (init, one leaf per command)
+Processes only ever sit in leaves, which keeps v2's "no internal processes" rule.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CONTROLLERS = ("memory", "pids", "cpu")
+CPU_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """One mounted cgroup hierarchy and the directory we create our groups in."""
+
+    version: int  # 1 or 2
+    base: Path  # corral-<daemon_id> under the daemon's own cgroup
+    controllers: frozenset[str]
+
+
+@dataclass(frozen=True)
+class LimitSupport:
+    enforced: bool
+    mechanism: str = ""
+    reason: str = ""
+
+
+def _mountinfo() -> list[tuple[str, str, str, str]]:
+    """(mount root, mount point, fstype, super options) for every cgroup mount."""
+    mounts = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if rfields and rfields[0] in ("cgroup", "cgroup2"):
+                mounts.append((fields[3], fields[4], rfields[0], rfields[2] if len(rfields) > 2 else ""))
+    return mounts
+
+
+def _self_cgroups() -> dict[str, str]:
+    """Maps a v1 controller name (or "" for v2) to this process's cgroup path."""
+    paths: dict[str, str] = {}
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            for name in names.split(",") if names else [""]:
+                paths[name] = path
+    return paths
+
+
+def _join(mount_root: str, mount_point: str, cgroup_path: str) -> Path:
+    rel = os.path.relpath(cgroup_path, mount_root) if cgroup_path.startswith(mount_root) else "."
+    return Path(mount_point, rel).resolve()
+
+
+def _writable_dir(path: Path) -> bool:
+    probe = path / f".corral-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+        return True
+    except OSError:
+        return False
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+class CgroupDriver:
+    """Detects what this host offers once, at daemon start, and creates sandbox groups."""
+
+    def __init__(self, daemon_id: str) -> None:
+        self.daemon_id = daemon_id
+        self.hierarchies: list[Hierarchy] = []
+        self.reasons: dict[str, str] = {}
+        self.mode = "none"
+        if os.geteuid() != 0:
+            self.reasons = {c: "the daemon is not root, so it cannot create cgroups" for c in CONTROLLERS}
+            return
+        self._detect()
+
+    def _detect(self) -> None:
+        mounts = _mountinfo()
+        selfs = _self_cgroups()
+        has_v1 = any(fs == "cgroup" for _, _, fs, _ in mounts)
+        has_v2 = any(fs == "cgroup2" for _, _, fs, _ in mounts)
+        self.mode = "hybrid" if has_v1 and has_v2 else "v1" if has_v1 else "v2" if has_v2 else "none"
+        taken: set[str] = set()
+        name = f"corral-{self.daemon_id}"
+        for root, point, fs, opts in mounts:
+            if fs != "cgroup":
+                continue
+            ctrls = set(opts.split(",")) & set(CONTROLLERS)
+            if not ctrls or ctrls & taken:
+                continue
+            own = selfs.get(next(iter(ctrls)), "/")
+            own_dir = _join(root, point, own)
+            if _writable_dir(own_dir):
+                self.hierarchies.append(Hierarchy(1, own_dir / name, frozenset(ctrls)))
+                taken |= ctrls
+            else:
+                for c in ctrls:
+                    self.reasons[c] = f"cgroup v1 {c} hierarchy at {own_dir} is not writable"
+        for root, point, fs, _ in mounts:
+            if fs != "cgroup2":
+                continue
+            own_dir = _join(root, point, selfs.get("", "/"))
+            if not _writable_dir(own_dir):
+                self.reasons.setdefault("tracking", f"cgroup v2 at {own_dir} is not writable")
+                break
+            available = set(_read(own_dir / "cgroup.controllers").split())
+            wanted = (available & set(CONTROLLERS)) - taken
+            if wanted:
+                wanted = self._delegate_v2(own_dir, wanted)
+            self.hierarchies.insert(0, Hierarchy(2, own_dir / name, frozenset(wanted)))
+            taken |= wanted
+            break
+        for c in CONTROLLERS:
+            if c not in taken:
+                self.reasons.setdefault(c, f"no writable cgroup hierarchy offers the {c} controller")
+        for h in self.hierarchies:
+            h.base.mkdir(exist_ok=True)
+            if h.version == 2 and h.controllers:
+                _write(h.base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(h.controllers)))
+
+    def _delegate_v2(self, own_dir: Path, wanted: set[str]) -> set[str]:
+        """Enables controllers for our subtree; v2 requires the daemon itself to leave a non-root
+        cgroup first ("no internal processes"), so it moves into a `daemon` leaf."""
+        try:
+            if own_dir != Path("/sys/fs/cgroup") and _read(own_dir / "cgroup.procs").strip():
+                leaf = own_dir / "daemon"
+                leaf.mkdir(exist_ok=True)
+                for pid in _read(own_dir / "cgroup.procs").split():
+                    try:
+                        _write(leaf / "cgroup.procs", pid)
+                    except OSError:
+                        pass
+            _write(own_dir / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+            return wanted
+        except OSError as err:
+            for c in wanted:
+                self.reasons[c] = f"cannot enable the {c} controller in {own_dir}: {err.strerror}"
+            return set()
+
+    # -- what is enforced --------------------------------------------------------------------------
+
+    def support(self, controller: str) -> LimitSupport:
+        for h in self.hierarchies:
+            if controller in h.controllers:
+                return LimitSupport(True, f"cgroup v{h.version} {controller}")
+        return LimitSupport(False, reason=self.reasons.get(controller, "not available"))
+
+    @property
+    def can_track(self) -> bool:
+        return bool(self.hierarchies)
+
+    def create(self, name: str, memory_bytes: int = 0, pids: int = 0, cpu_millicores: int = 0) -> "CgroupGroup":
+        group = CgroupGroup([h.base / name for h in self.hierarchies], self.hierarchies)
+        group.make()
+        for h, path in zip(self.hierarchies, group.paths):
+            if "memory" in h.controllers and memory_bytes:
+                if h.version == 1:
+                    _write(path / "memory.limit_in_bytes", str(memory_bytes))
+                    if (path / "memory.memsw.limit_in_bytes").exists():
+                        _write(path / "memory.memsw.limit_in_bytes", str(memory_bytes))
+                else:
+                    _write(path / "memory.max", str(memory_bytes))
+                    if (path / "memory.swap.max").exists():
+                        _write(path / "memory.swap.max", "0")
+            if "pids" in h.controllers and pids:
+                _write(path / "pids.max", str(pids))
+            if "cpu" in h.controllers and cpu_millicores:
+                quota = max(1000, cpu_millicores * CPU_PERIOD_US // 1000)
+                if h.version == 1:
+                    _write(path / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                    _write(path / "cpu.cfs_quota_us", str(quota))
+                else:
+                    _write(path / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+            if h.version == 2 and h.controllers:
+                _write(path / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(h.controllers)))
+        return group
+
+    def remove_base(self) -> None:
+        """Removes our (empty) base directories at shutdown."""
+        for h in self.hierarchies:
+            try:
+                h.base.rmdir()
+            except OSError:
+                pass
+
+    def existing_groups(self) -> list["CgroupGroup"]:
+        """Sandbox groups left in our base directories (after a crash)."""
+        names: set[str] = set()
+        for h in self.hierarchies:
+            if h.base.is_dir():
+                names |= {p.name for p in h.base.iterdir() if p.is_dir()}
+        return [CgroupGroup([h.base / n for h in self.hierarchies], self.hierarchies) for n in sorted(names)]
+
+
+def _read(path: Path) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+@dataclass
+class CgroupGroup:
+    """One group (a sandbox, or a leaf within it), present in every hierarchy we use."""
+
+    paths: list[Path]
+    hierarchies: list[Hierarchy] = field(repr=False)
+
+    def make(self) -> None:
+        for path in self.paths:
+            path.mkdir(exist_ok=True)
+
+    def leaf(self, name: str) -> "CgroupGroup":
+        child = CgroupGroup([p / name for p in self.paths], self.hierarchies)
+        child.make()
+        return child
+
+    @property
+    def procs_files(self) -> list[str]:
+        """cgroup.procs files a new process writes "0" into to join this group everywhere."""
+        return [str(p / "cgroup.procs") for p in self.paths]
+
+    def pids(self) -> set[int]:
+        """Every process in this group and below it."""
+        found: set[int] = set()
+        if not self.paths:
+            return found
+        for dirpath, _, files in os.walk(self.paths[0]):
+            if "cgroup.procs" in files:
+                found |= {int(p) for p in _read(Path(dirpath, "cgroup.procs")).split()}
+        return found
+
+    def kill(self, timeout: float = 5.0) -> bool:
+        """SIGKILLs every process in the group and below; True once none is left."""
+        if not self.paths:
+            return True
+        first, h = self.paths[0], self.hierarchies[0]
+        deadline = time.monotonic() + timeout
+        while True:
+            if h.version == 2 and (first / "cgroup.kill").exists():
+                try:
+                    _write(first / "cgroup.kill", "1")
+                except OSError:
+                    pass
+            pids = self.pids()
+            if not pids:
+                return True
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                log.warning("processes survive in %s: %s", first, sorted(pids))
+                return False
+            time.sleep(0.002)
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel's OOM killer has killed in this group."""
+        total = 0
+        for h, path in zip(self.hierarchies, self.paths):
+            if "memory" not in h.controllers:
+                continue
+            text = _read(path / ("memory.oom_control" if h.version == 1 else "memory.events"))
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    total += int(value)
+        return total
+
+    def remove(self) -> None:
+        """Removes the group and its leaves (deepest first). Groups that still hold processes stay."""
+        for path in self.paths:
+            if not path.is_dir():
+                continue
+            for dirpath, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
+                try:
+                    os.rmdir(dirpath)
+                except OSError as err:
+                    if err.errno not in (errno.ENOENT,):
+                        log.debug("cannot remove cgroup %s: %s", dirpath, err)

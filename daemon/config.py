@@ -1,0 +1,159 @@
+"""Daemon configuration: a TOML file, then environment variables, then command-line flags.
+
+deploy/corral.toml documents every key with its default; `Config` mirrors it section by section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SOCKET = "/run/corral/corral.sock"
+DEFAULT_STATE_DIR = "/var/lib/corral"
+
+
+@dataclass
+class TcpConfig:
+    listen: str = ""
+    token_file: str = ""
+
+
+@dataclass
+class DaemonConfig:
+    socket: str = DEFAULT_SOCKET
+    socket_mode: str = "0660"
+    state_dir: str = DEFAULT_STATE_DIR
+    grace_period_s: float = 10.0
+    default_backend: str = "local"
+    max_sandboxes: int = 1000
+    tcp: TcpConfig = field(default_factory=TcpConfig)
+
+
+@dataclass
+class MetricsConfig:
+    listen: str = ""
+
+
+@dataclass
+class ExecConfig:
+    default_timeout_s: float = 600.0
+    max_timeout_s: float = 86400.0
+    default_output_limit_bytes: int = 1 << 20
+    max_output_limit_bytes: int = 64 << 20
+    max_file_bytes: int = 64 << 20
+
+
+@dataclass
+class LocalConfig:
+    isolation: str = "auto"  # auto | bwrap | unshare | none
+    allow_no_isolation: bool = False
+    uid_base: int = 1_500_000
+    uid_count: int = 65536
+    workdir: str = "/workspace"
+
+
+@dataclass
+class LimitsConfig:
+    memory_bytes: int = 4 << 30
+    pids: int = 1024
+    cpu_millicores: int = 0
+    idle_timeout_s: float = 0.0
+
+
+@dataclass
+class Config:
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    exec: ExecConfig = field(default_factory=ExecConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # The bearer token for the TCP listener (from token_file or CORRAL_TOKEN); never from TOML text.
+    token: str = ""
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.daemon.state_dir)
+
+
+class ConfigError(ValueError):
+    """The configuration is malformed; the message names the key."""
+
+
+def _merge(target: Any, values: dict[str, Any], where: str) -> None:
+    known = {f.name: f for f in dataclasses.fields(target)}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown configuration key {where}{key}")
+        current = getattr(target, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}{key} must be a table")
+            _merge(current, value, f"{where}{key}.")
+        elif isinstance(current, bool) != isinstance(value, bool) or not isinstance(
+            value, (type(current), int) if isinstance(current, float) else type(current)
+        ):
+            raise ConfigError(
+                f"{where}{key} must be {type(current).__name__}, got {type(value).__name__}"
+            )
+        else:
+            setattr(target, key, type(current)(value))
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    socket: str | None = None,
+    state_dir: str | None = None,
+    tcp_listen: str | None = None,
+    token_file: str | None = None,
+    metrics_listen: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Builds the configuration: defaults < TOML file < environment < explicit arguments (flags)."""
+    env = os.environ if environ is None else environ
+    config = Config()
+    path = path or env.get("CORRAL_CONFIG")
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                _merge(config, tomllib.load(fh), "")
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"cannot read configuration {path}: {err}") from err
+    config.daemon.socket = socket or env.get("CORRAL_SOCKET") or config.daemon.socket
+    config.daemon.state_dir = state_dir or env.get("CORRAL_STATE_DIR") or config.daemon.state_dir
+    if tcp_listen is not None:
+        config.daemon.tcp.listen = tcp_listen
+    if token_file is not None:
+        config.daemon.tcp.token_file = token_file
+    if metrics_listen is not None:
+        config.metrics.listen = metrics_listen
+    if config.daemon.tcp.token_file:
+        try:
+            config.token = Path(config.daemon.tcp.token_file).read_text().strip()
+        except OSError as err:
+            raise ConfigError(f"cannot read token file {config.daemon.tcp.token_file}: {err}") from err
+    config.token = config.token or env.get("CORRAL_TOKEN", "")
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    if config.daemon.tcp.listen and not config.token:
+        raise ConfigError(
+            "daemon.tcp.listen is set but no bearer token is configured: set daemon.tcp.token_file "
+            "or CORRAL_TOKEN (the TCP listener never starts without one)"
+        )
+    if config.local.isolation not in ("auto", "bwrap", "unshare", "none"):
+        raise ConfigError("local.isolation must be one of auto, bwrap, unshare, none")
+    if config.local.isolation == "none" and not config.local.allow_no_isolation:
+        raise ConfigError('local.isolation = "none" requires local.allow_no_isolation = true')
+    if config.daemon.default_backend not in ("local", "docker", "singularity"):
+        raise ConfigError("daemon.default_backend must be one of local, docker, singularity")
+    try:
+        int(config.daemon.socket_mode, 8)
+    except ValueError as err:
+        raise ConfigError("daemon.socket_mode must be an octal string such as \"0660\"") from err

@@ -1,0 +1,223 @@
+"""File operations inside a sandbox, done by the daemon without entering it.
+
+Paths are resolved with openat2(RESOLVE_IN_ROOT) against a directory fd of the sandbox's root
+(/proc/<init>/root for namespace sandboxes), so `..` and symlinks, absolute or relative, stay
+inside the sandbox. While an operation runs, its thread takes the sandbox user's identity
+(per-thread setresuid/setresgid/setgroups through raw syscalls; glibc's wrappers would switch every
+thread), so the kernel applies the same permission checks as for a process in the sandbox: a
+sandbox cannot read /etc/shadow this way either, nor write to its read-only root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import platform
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .errors import InvalidArgument, ResourceExhausted, from_os_error
+
+_libc = ctypes.CDLL(None, use_errno=True)
+# Syscall numbers differ per architecture; glibc exports no per-thread wrappers for these.
+_SYSCALLS = {
+    "x86_64": {"openat2": 437, "setgroups": 116, "setresuid": 117, "setresgid": 119},
+    "aarch64": {"openat2": 437, "setgroups": 159, "setresuid": 147, "setresgid": 149},
+}[platform.machine()]
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+KEEP = 0xFFFFFFFF  # "leave unchanged" for setres[ug]id
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _syscall(name: str, *args) -> int:
+    result = _libc.syscall(_SYSCALLS[name], *args)
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def openat2(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    return _syscall(
+        "openat2", ctypes.c_int(root_fd), path.encode(), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))
+    )
+
+
+@contextlib.contextmanager
+def _as_user(uid: int | None, gid: int | None) -> Iterator[None]:
+    """Takes the sandbox user's identity in this thread only (euid/egid; saved ids stay root)."""
+    if uid is None or os.geteuid() != 0:
+        yield
+        return
+    groups = (ctypes.c_uint * 1)(gid)
+    _syscall("setgroups", ctypes.c_size_t(1), groups)
+    _syscall("setresgid", ctypes.c_uint(KEEP), ctypes.c_uint(gid), ctypes.c_uint(KEEP))
+    _syscall("setresuid", ctypes.c_uint(KEEP), ctypes.c_uint(uid), ctypes.c_uint(KEEP))
+    try:
+        yield
+    finally:
+        _syscall("setresuid", ctypes.c_uint(KEEP), ctypes.c_uint(0), ctypes.c_uint(KEEP))
+        _syscall("setresgid", ctypes.c_uint(KEEP), ctypes.c_uint(0), ctypes.c_uint(KEEP))
+        root_groups = (ctypes.c_uint * 1)(0)
+        _syscall("setgroups", ctypes.c_size_t(1), root_groups)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    path: str
+    kind: str  # file | directory | symlink | other
+    size: int
+    mode: int
+    modified_ns: int
+    symlink_target: str
+
+
+def _printable(name: str) -> str:
+    # Names are bytes on Linux; the contract carries UTF-8 strings.
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+class SandboxFiles:
+    """Blocking file operations in one sandbox's root; call them from a worker thread."""
+
+    def __init__(self, root_path: str, workdir: str, uid: int | None, gid: int | None, max_bytes: int):
+        self.root_fd = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.workdir = workdir
+        self.uid, self.gid = uid, gid
+        self.max_bytes = max_bytes
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.root_fd)
+
+    def absolute(self, path: str) -> str:
+        if not path:
+            raise InvalidArgument("path is empty")
+        if "\0" in path:
+            raise InvalidArgument("path contains a NUL byte")
+        return os.path.normpath(path if path.startswith("/") else os.path.join(self.workdir, path))
+
+    def _open(self, path: str, flags: int, mode: int = 0) -> int:
+        try:
+            return openat2(self.root_fd, path, flags, mode)
+        except OSError as err:
+            raise from_os_error(err, path) from err
+
+    def read(self, path: str, offset: int, limit: int) -> tuple[bytes, int, bool]:
+        path = self.absolute(path)
+        limit = min(limit or self.max_bytes, self.max_bytes)
+        with _as_user(self.uid, self.gid):
+            fd = self._open(path, os.O_RDONLY)
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISDIR(st.st_mode):
+                    raise InvalidArgument(f"{path}: is a directory")
+                data = os.pread(fd, limit, offset) if stat.S_ISREG(st.st_mode) else os.read(fd, limit)
+            except OSError as err:
+                raise from_os_error(err, path) from err
+            finally:
+                os.close(fd)
+        size = st.st_size if stat.S_ISREG(st.st_mode) else len(data)
+        return data, size, offset + len(data) < size
+
+    def write(self, path: str, data: bytes, mode: int, make_parents: bool) -> int:
+        path = self.absolute(path)
+        if len(data) > self.max_bytes:
+            raise ResourceExhausted(f"{path}: {len(data)} bytes is over the {self.max_bytes}-byte file cap")
+        mode = mode or 0o644
+        if mode & ~0o7777:
+            raise InvalidArgument(f"mode {oct(mode)} is not a permission mask")
+        with _as_user(self.uid, self.gid):
+            if make_parents:
+                self._make_dirs(os.path.dirname(path))
+            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            try:
+                os.fchmod(fd, mode)  # the daemon's umask must not change what was asked for
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError as err:
+                raise from_os_error(err, path) from err
+            finally:
+                os.close(fd)
+        return len(data)
+
+    def _make_dirs(self, path: str) -> None:
+        parts = [p for p in path.split("/") if p]
+        current = "/"
+        for part in parts:
+            parent = self._open(current, os.O_PATH | os.O_DIRECTORY)
+            try:
+                os.mkdir(part, 0o755, dir_fd=parent)
+            except FileExistsError:
+                pass
+            except OSError as err:
+                raise from_os_error(err, os.path.join(current, part)) from err
+            finally:
+                os.close(parent)
+            current = os.path.join(current, part)
+
+    def make_dirs(self, path: str) -> str:
+        path = self.absolute(path)
+        with _as_user(self.uid, self.gid):
+            self._make_dirs(path)
+            os.close(self._open(path, os.O_PATH | os.O_DIRECTORY))
+        return path
+
+    def kind(self, path: str) -> tuple[str, str]:
+        """(absolute path, kind) of an existing path; NotFound otherwise."""
+        path = self.absolute(path)
+        with _as_user(self.uid, self.gid):
+            fd = self._open(path, os.O_PATH)
+            try:
+                return path, _kind(os.fstat(fd).st_mode)
+            finally:
+                os.close(fd)
+
+    def list(self, path: str) -> list[Entry]:
+        path = self.absolute(path)
+        entries = []
+        with _as_user(self.uid, self.gid):
+            fd = self._open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                with os.scandir(fd) as it:
+                    for item in it:
+                        st = item.stat(follow_symlinks=False)
+                        target = os.readlink(item.name, dir_fd=fd) if item.is_symlink() else ""
+                        entries.append(
+                            Entry(
+                                name=_printable(item.name),
+                                path=_printable(os.path.join(path, item.name)),
+                                kind=_kind(st.st_mode),
+                                size=st.st_size,
+                                mode=stat.S_IMODE(st.st_mode),
+                                modified_ns=st.st_mtime_ns,
+                                symlink_target=_printable(target),
+                            )
+                        )
+            except OSError as err:
+                if err.errno == errno.ENOTDIR:
+                    raise InvalidArgument(f"{path}: not a directory") from err
+                raise from_os_error(err, path) from err
+            finally:
+                os.close(fd)
+        return sorted(entries, key=lambda e: e.name)

@@ -1,0 +1,99 @@
+"""One server interceptor that runs call guards (async context managers) around every handler.
+
+Auth, metrics and error mapping are each a guard; the interceptor knows the four handler shapes
+so that no guard has to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import time
+from collections.abc import Callable
+from typing import AsyncContextManager
+
+import grpc
+
+from .metrics import Metrics
+
+Guard = Callable[[str, grpc.aio.ServicerContext], AsyncContextManager[None]]
+
+
+class GuardInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, *guards: Guard) -> None:
+        self.guards = guards
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        guards = self.guards
+
+        async def enter(stack, context):
+            for guard in guards:
+                await stack.enter_async_context(guard(method, context))
+
+        def unary_response(inner):
+            async def call(request, context):
+                async with contextlib.AsyncExitStack() as stack:
+                    await enter(stack, context)
+                    return await inner(request, context)
+
+            return call
+
+        def stream_response(inner):
+            async def call(request, context):
+                async with contextlib.AsyncExitStack() as stack:
+                    await enter(stack, context)
+                    async for item in inner(request, context):
+                        yield item
+
+            return call
+
+        shapes = (
+            (handler.unary_unary, grpc.unary_unary_rpc_method_handler, unary_response),
+            (handler.unary_stream, grpc.unary_stream_rpc_method_handler, stream_response),
+            (handler.stream_unary, grpc.stream_unary_rpc_method_handler, unary_response),
+            (handler.stream_stream, grpc.stream_stream_rpc_method_handler, stream_response),
+        )
+        for inner, make, wrap in shapes:
+            if inner:
+                return make(wrap(inner), handler.request_deserializer, handler.response_serializer)
+        return handler
+
+
+def bearer_token_guard(token: str) -> Guard:
+    """Calls over TCP must carry `authorization: Bearer <token>`; Unix-socket calls are trusted
+    (the socket's file mode decides who may connect)."""
+    expected = f"Bearer {token}".encode()
+
+    @contextlib.asynccontextmanager
+    async def guard(method: str, context: grpc.aio.ServicerContext):
+        if not context.peer().startswith("unix:"):
+            metadata = dict(context.invocation_metadata() or ())
+            given = str(metadata.get("authorization", "")).encode()
+            if not token or not hmac.compare_digest(given, expected):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        yield
+
+    return guard
+
+
+def metrics_guard(metrics: Metrics) -> Guard:
+    @contextlib.asynccontextmanager
+    async def guard(method: str, context: grpc.aio.ServicerContext):
+        start = time.perf_counter()
+        code = "OK"
+        try:
+            yield
+        except grpc.aio.AbortError:
+            code = (context.code() or grpc.StatusCode.UNKNOWN).name
+            raise
+        except BaseException:
+            code = "CANCELLED_OR_ERROR"
+            raise
+        finally:
+            metrics.rpc_seconds.labels(method, code).observe(time.perf_counter() - start)
+
+    return guard

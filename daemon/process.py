@@ -1,0 +1,214 @@
+"""Host-side child processes driven by the event loop: pipes and a pidfd under loop.add_reader.
+
+No thread per process and no polling: output arrives as the pipes become readable, exit is seen
+through a pidfd. A process always runs in its own process group (and, where the daemon has
+cgroups, in its own leaf cgroup), so `kill_tree` reaches every descendant, including ones that
+left the group with setsid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterable, Callable, Sequence
+from dataclasses import dataclass
+
+from .cgroups import CgroupGroup
+
+STDOUT = 1
+STDERR = 2
+READ_CHUNK = 1 << 16
+KILL_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    exit_code: int  # 128 + signal when killed by a signal
+    signal: int
+    timed_out: bool
+    duration_ms: int
+
+
+# Joins the cgroups named by the first N arguments, then execs the rest. Writing "0" to
+# cgroup.procs moves the writer itself, so the command and all it forks are accounted from its
+# first instruction. A tiny /bin/sh step instead of a Python preexec_fn: forking the daemon's
+# multi-threaded interpreter and running Python in the child is not safe (gRPC's threads), while
+# a plain spawn (vfork + exec) is.
+_JOIN_SCRIPT = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+
+
+def in_cgroup(argv: Sequence[str], cgroup: CgroupGroup | None) -> list[str]:
+    """argv wrapped so that it starts inside `cgroup` (unchanged when there is none)."""
+    if cgroup is None:
+        return list(argv)
+    files = cgroup.procs_files
+    return ["/bin/sh", "-c", _JOIN_SCRIPT, "corral-join", str(len(files)), *files, *argv]
+
+
+def _decode_wait_status(status: int) -> tuple[int, int]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return 128 + sig, sig
+    return os.WEXITSTATUS(status), 0
+
+
+class HostProcess:
+    """A started child process; `run` feeds its output to a callback until it exits."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        stdin: bytes | AsyncIterable[bytes] | None,
+        cgroup: CgroupGroup | None = None,
+        cwd: str = "/",
+    ) -> None:
+        self.cgroup = cgroup
+        self._stdin_data = stdin
+        self.started = time.monotonic()
+        self._popen = subprocess.Popen(
+            in_cgroup(argv, cgroup),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            process_group=0,
+        )
+        self.pid = self._popen.pid
+        self._pidfd = os.pidfd_open(self.pid)
+        self._exited = False
+
+    async def run(
+        self, on_output: Callable[[int, bytes], None], timeout: float | None
+    ) -> ProcessExit:
+        """Waits for the main process to exit (or the timeout to kill the tree), forwarding output.
+
+        Returns once the main process has exited: descendants left in the background keep
+        running but no longer hold the call open; their pending output is read once, not waited for.
+        Cancellation kills the whole tree before re-raising.
+        """
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        loop.add_reader(self._pidfd, lambda: exited.done() or exited.set_result(None))
+        pipes = {self._popen.stdout.fileno(): STDOUT, self._popen.stderr.fileno(): STDERR}
+        for fd, stream in pipes.items():
+            os.set_blocking(fd, False)
+            loop.add_reader(fd, self._read_once, fd, stream, on_output)
+        stdin_task = (
+            asyncio.ensure_future(self._feed_stdin()) if self._stdin_data is not None else None
+        )
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(exited), timeout)
+            except TimeoutError:
+                timed_out = True
+                await self.kill_tree()
+                await asyncio.wait_for(exited, KILL_WAIT_S)
+        except BaseException:
+            # Cancelled (the client went away) or the tree would not die: kill it, wait a little
+            # for the main process so that it is reaped, and let the error travel on.
+            await self.kill_tree()
+            try:
+                await asyncio.wait_for(asyncio.shield(exited), KILL_WAIT_S)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+            raise
+        finally:
+            loop.remove_reader(self._pidfd)
+            for fd in pipes:
+                loop.remove_reader(fd)
+            if stdin_task:
+                stdin_task.cancel()
+            self._reap()
+        for fd, stream in pipes.items():
+            self._drain(fd, stream, on_output)
+        self._close()
+        exit_code, sig = _decode_wait_status(self._status)
+        return ProcessExit(exit_code, sig, timed_out, int((time.monotonic() - self.started) * 1000))
+
+    def _read_once(self, fd: int, stream: int, on_output: Callable[[int, bytes], None]) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            on_output(stream, data)
+        else:
+            asyncio.get_running_loop().remove_reader(fd)
+
+    def _drain(self, fd: int, stream: int, on_output: Callable[[int, bytes], None]) -> None:
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            on_output(stream, data)
+
+    async def _feed_stdin(self) -> None:
+        """Writes stdin (bytes, or an async stream of chunks) without blocking, then closes it."""
+        pipe = self._popen.stdin
+        fd = pipe.fileno()
+        os.set_blocking(fd, False)
+        data = self._stdin_data
+        try:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                await _write_all(fd, data)
+            else:
+                async for chunk in data:
+                    await _write_all(fd, chunk)
+        except (BrokenPipeError, OSError):
+            pass  # the command closed its stdin early; that is its business
+        finally:
+            pipe.close()
+
+    async def kill_tree(self) -> None:
+        """SIGKILLs the process group and, where there is one, every process in the cgroup."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.cgroup:
+            await asyncio.to_thread(self.cgroup.kill)
+
+    def _reap(self) -> None:
+        if self._exited:
+            return
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:  # unkillable (stuck in the kernel): report it killed, reap it later
+            self._status, self._exited = signal.SIGKILL, True
+            self._popen.returncode = None
+            return
+        self._status = status
+        self._exited = True
+        self._popen.returncode = _decode_wait_status(status)[0]  # so Popen never waits again
+
+    def _close(self) -> None:
+        os.close(self._pidfd)
+        for pipe in (self._popen.stdin, self._popen.stdout, self._popen.stderr):
+            if pipe:
+                pipe.close()
+
+
+async def _write_all(fd: int, data: bytes) -> None:
+    loop = asyncio.get_running_loop()
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view[:READ_CHUNK]):]
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await ready
+            finally:
+                loop.remove_writer(fd)

@@ -1,0 +1,308 @@
+"""SandboxManager: the daemon's table of sandboxes and everything done to them.
+
+Servicers translate protos into calls on this object; it owns ids, defaults, limits, the idle
+reaper, crash recovery and the order of teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from .backends.base import Backend, Limits, SandboxRuntime, SandboxSpec
+from .commands import CommandSpec, sandbox_environment
+from .config import Config
+from .errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from .metrics import Metrics
+from .output import HeadTailBuffer
+from .process import ProcessExit
+from .state import StateStore
+
+log = logging.getLogger(__name__)
+
+IDLE_SWEEP_S = 1.0
+
+
+@dataclass
+class Sandbox:
+    sandbox_id: str
+    backend: str
+    image: str
+    limits: Limits
+    network: bool
+    env: dict[str, str]
+    labels: dict[str, str]
+    idle_timeout_s: float
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    state: str = "starting"  # starting | running | failed | stopping
+    runtime: SandboxRuntime | None = None
+    busy: int = 0  # calls in flight; an idle sandbox is never reaped mid-call
+
+
+@dataclass(frozen=True)
+class ExecOutcome:
+    exit: ProcessExit
+    oom_killed: bool
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+    stdout_total: int
+    stderr_total: int
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+
+
+@dataclass(frozen=True)
+class Output:
+    stream: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    pass
+
+
+@dataclass(frozen=True)
+class Exited:
+    outcome: ExecOutcome
+
+
+class SandboxManager:
+    def __init__(self, config: Config, backends: dict[str, Backend], state: StateStore, metrics: Metrics):
+        self.config = config
+        self.backends = backends
+        self.state = state
+        self.metrics = metrics
+        self._sandboxes: dict[str, Sandbox] = {}
+        self._closing = False
+        self._reaper: asyncio.Task | None = None
+
+    # -- lifecycle of the manager -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.recover()
+        self._reaper = asyncio.create_task(self._reap_idle())
+
+    async def recover(self) -> None:
+        """Removes whatever a previous daemon run left behind (after kill -9 or a power cut)."""
+        for record in self.state.records():
+            backend = self.backends.get(record.get("backend", ""))
+            try:
+                if backend:
+                    await backend.reap(record)
+            except Exception:  # noqa: BLE001 - recovery must go on for the others
+                log.exception("could not reap leftover sandbox %s", record.get("sandbox_id"))
+            self.state.remove(record.get("sandbox_id", ""))
+            log.info("reaped leftover sandbox %s", record.get("sandbox_id"))
+        for backend in self.backends.values():
+            await backend.reap_orphans()
+
+    async def close(self) -> None:
+        """Destroys every sandbox; new work is refused from now on."""
+        self._closing = True
+        if self._reaper:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await asyncio.gather(*(self.destroy(sid) for sid in list(self._sandboxes)), return_exceptions=True)
+
+    async def _reap_idle(self) -> None:
+        while True:
+            await asyncio.sleep(IDLE_SWEEP_S)
+            now = time.monotonic()
+            for sb in list(self._sandboxes.values()):
+                if sb.idle_timeout_s and not sb.busy and now - sb.last_used > sb.idle_timeout_s:
+                    log.info("destroying idle sandbox %s", sb.sandbox_id)
+                    with contextlib.suppress(NotFound):
+                        await self.destroy(sb.sandbox_id)
+
+    # -- sandboxes ---------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        *,
+        backend: str,
+        image: str,
+        limits: Limits,
+        network: bool,
+        env: dict[str, str],
+        labels: dict[str, str],
+        idle_timeout_s: float,
+    ) -> Sandbox:
+        if self._closing:
+            raise Unavailable("the daemon is shutting down")
+        backend = backend or self.config.daemon.default_backend
+        impl = self.backends.get(backend)
+        if impl is None:
+            raise FailedPrecondition(f"backend {backend!r} is not configured on this node")
+        if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
+            raise ResourceExhausted(f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)")
+        for key, value in env.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise InvalidArgument(f"invalid environment variable name or value: {key!r}")
+        defaults = self.config.limits
+        limits = Limits(
+            memory_bytes=limits.memory_bytes or defaults.memory_bytes,
+            pids=limits.pids or defaults.pids,
+            cpu_millicores=limits.cpu_millicores or defaults.cpu_millicores,
+        )
+        sandbox = Sandbox(
+            sandbox_id=f"sb-{secrets.token_hex(6)}",
+            backend=backend,
+            image=image or "host",
+            limits=limits,
+            network=network,
+            env=dict(env),
+            labels=dict(labels),
+            idle_timeout_s=idle_timeout_s or defaults.idle_timeout_s,
+        )
+        self._sandboxes[sandbox.sandbox_id] = sandbox
+        self.state.save(sandbox.sandbox_id, {"backend": backend, "sandbox_id": sandbox.sandbox_id,
+                                              "sandbox_dir": str(self.config.state_path / "sandboxes" / sandbox.sandbox_id)})
+        try:
+            sandbox.runtime = await impl.create(
+                SandboxSpec(sandbox.sandbox_id, sandbox.image, limits, network, sandbox.env)
+            )
+        except BaseException:
+            self._sandboxes.pop(sandbox.sandbox_id, None)
+            self.state.remove(sandbox.sandbox_id)
+            raise
+        self.state.save(sandbox.sandbox_id, sandbox.runtime.record())
+        sandbox.state = "running"
+        self.metrics.sandboxes_live.set(len(self._sandboxes))
+        self.metrics.sandboxes_created.labels(backend).inc()
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        sandbox = self._sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise NotFound(f"no sandbox {sandbox_id!r} on this node")
+        sandbox.last_used = time.monotonic()
+        if sandbox.state == "running" and sandbox.runtime and not sandbox.runtime.alive():
+            sandbox.state = "failed"
+        return sandbox
+
+    def list(self, labels: dict[str, str] | None = None) -> list[Sandbox]:
+        wanted = (labels or {}).items()
+        return [sb for sb in self._sandboxes.values() if wanted <= sb.labels.items()]
+
+    def __len__(self) -> int:
+        return len(self._sandboxes)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        sandbox = self.get(sandbox_id)
+        if sandbox.state == "stopping":
+            return
+        sandbox.state = "stopping"
+        try:
+            if sandbox.runtime:
+                await sandbox.runtime.destroy()
+        finally:
+            self._sandboxes.pop(sandbox_id, None)
+            self.state.remove(sandbox_id)
+            self.metrics.sandboxes_live.set(len(self._sandboxes))
+
+    @contextlib.contextmanager
+    def using(self, sandbox_id: str):
+        """The running sandbox for one call; keeps the idle reaper away while the call runs."""
+        sandbox = self.get(sandbox_id)
+        if sandbox.state != "running" or sandbox.runtime is None:
+            raise FailedPrecondition(f"sandbox {sandbox_id} is {sandbox.state}, not running")
+        sandbox.busy += 1
+        try:
+            yield sandbox
+        finally:
+            sandbox.busy -= 1
+            sandbox.last_used = time.monotonic()
+
+    # -- commands ----------------------------------------------------------------------------------
+
+    def _start(self, sandbox: Sandbox, spec: CommandSpec):
+        runtime = sandbox.runtime
+        argv = spec.argv if spec.argv is not None else runtime.shell_argv(spec.shell or "")
+        env = sandbox_environment(runtime.workdir, sandbox.env, spec.env)
+        self.metrics.execs.labels(sandbox.backend).inc()
+        return runtime.start_process(argv, env=env, cwd=spec.cwd, stdin=spec.stdin)
+
+    def _outcome(self, sandbox, proc, exit: ProcessExit, oom_before: int, out, err, truncated) -> ExecOutcome:
+        oom = bool(proc.cgroup and proc.cgroup.oom_kills() + _sandbox_ooms(sandbox) > oom_before)
+        if exit.timed_out:
+            self.metrics.exec_timeouts.labels(sandbox.backend).inc()
+        return ExecOutcome(exit, oom, out[0], err[0], truncated, out[1], err[1])
+
+    async def exec(self, sandbox_id: str, spec: CommandSpec) -> ExecOutcome:
+        with self.using(sandbox_id) as sandbox:
+            buffers = {1: HeadTailBuffer(spec.output_limit), 2: HeadTailBuffer(spec.output_limit)}
+            oom_before = _sandbox_ooms(sandbox)
+            proc = self._start(sandbox, spec)
+            exit = await proc.run(lambda stream, data: buffers[stream].write(data), spec.timeout_s)
+            out, err = buffers[1], buffers[2]
+            return self._outcome(
+                sandbox, proc, exit, oom_before,
+                (out.getvalue(), out.total), (err.getvalue(), err.total), out.truncated or err.truncated,
+            )
+
+    async def exec_stream(
+        self, sandbox_id: str, spec: CommandSpec, keepalive_s: float
+    ) -> AsyncIterator[Started | Output | Keepalive | Exited]:
+        """Yields one Started, then Output/Keepalive events, then one Exited. Closing the iterator
+        early (the client went away) kills the command's tree."""
+        with self.using(sandbox_id) as sandbox:
+            queue: asyncio.Queue = asyncio.Queue()
+            totals = {1: 0, 2: 0}
+
+            def forward(stream: int, data: bytes) -> None:
+                room = spec.output_limit - (totals[1] + totals[2])
+                totals[stream] += len(data)
+                if room > 0:
+                    queue.put_nowait(Output(stream, data[:room]))
+
+            oom_before = _sandbox_ooms(sandbox)
+            proc = self._start(sandbox, spec)
+            yield Started(proc.pid)
+            runner = asyncio.ensure_future(proc.run(forward, spec.timeout_s))
+            try:
+                while True:
+                    getter = asyncio.ensure_future(queue.get())
+                    done, _ = await asyncio.wait(
+                        {getter, runner}, timeout=keepalive_s or None, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if getter in done:
+                        yield getter.result()
+                        continue
+                    getter.cancel()
+                    if runner in done:
+                        break
+                    yield Keepalive()
+                while not queue.empty():
+                    yield queue.get_nowait()
+                exit = runner.result()
+                truncated = totals[1] + totals[2] > spec.output_limit
+                yield Exited(self._outcome(sandbox, proc, exit, oom_before, (b"", totals[1]), (b"", totals[2]), truncated))
+            finally:
+                if not runner.done():
+                    runner.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await runner
+
+    # -- files -------------------------------------------------------------------------------------
+
+    async def files_call(self, sandbox_id: str, method: str, *args):
+        """Runs one blocking SandboxFiles method in a worker thread."""
+        with self.using(sandbox_id) as sandbox:
+            return await asyncio.to_thread(getattr(sandbox.runtime.files, method), *args)
+
+
+def _sandbox_ooms(sandbox: Sandbox) -> int:
+    cgroup = getattr(sandbox.runtime, "cgroup", None)
+    return cgroup.oom_kills() if cgroup else 0

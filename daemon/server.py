@@ -1,0 +1,153 @@
+"""`corral serve`: wires the daemon together and runs it until SIGTERM/SIGINT.
+
+Startup: state dir and crash recovery first, then the gRPC server (Unix socket, optional TCP with a
+bearer token, health, reflection), then READY=1 to systemd. Shutdown: health goes NOT_SERVING, new
+calls are refused, in-flight calls get the grace period, every sandbox is destroyed, the socket is
+removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from corral.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+from .backends.local import LocalBackend
+from .cgroups import CgroupDriver
+from .config import Config
+from .errors import map_errors
+from .interceptors import GuardInterceptor, bearer_token_guard, metrics_guard
+from .metrics import Metrics
+from .node import NodeInfo, version
+from .notify import sd_notify
+from .sandboxes import SandboxManager
+from .services.sandbox import SandboxServicer
+from .state import StateStore
+from .transfer import TarTransfer
+
+log = logging.getLogger("corral.daemon")
+
+MAX_MESSAGE_BYTES = 96 << 20  # above exec.max_file_bytes' default so a full ReadFile fits
+SERVICE_NAMES = [sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name]
+
+
+class DaemonAlreadyRunning(RuntimeError):
+    pass
+
+
+def _claim_socket(path: Path) -> None:
+    """Removes a stale socket file; refuses to steal one that a live daemon still answers on."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() and not path.is_symlink():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        raise DaemonAlreadyRunning(f"another daemon is serving on {path}")
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+    finally:
+        probe.close()
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state = StateStore(config.state_path)
+        self.cgroups = CgroupDriver(self.state.daemon_id)
+        self.socket_path = Path(config.daemon.socket).absolute()
+        hidden = [config.daemon.state_dir, str(self.socket_path.parent)]
+        self.backends = {"local": LocalBackend(config, self.cgroups, [p for p in hidden if p != "/"])}
+        self.metrics = Metrics()
+        self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
+        self.health = health.aio.HealthServicer()
+        self.server: grpc.aio.Server | None = None
+        self._stop = asyncio.Event()
+
+    def node_info(self) -> NodeInfo:
+        return NodeInfo(
+            version=version(),
+            daemon_id=self.state.daemon_id,
+            default_backend=self.config.daemon.default_backend,
+            backends={name: b.status() for name, b in self.backends.items()},
+            cgroup_mode=self.cgroups.mode,
+            sandbox_count=len(self.manager),
+        )
+
+    async def start(self) -> None:
+        await self.manager.start()
+        guards = [metrics_guard(self.metrics), map_errors]
+        if self.config.daemon.tcp.listen:
+            guards.insert(0, bearer_token_guard(self.config.token))
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
+        self.server = grpc.aio.server(interceptors=[GuardInterceptor(*guards)], options=options)
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
+            SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)), self.server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self.server,
+        )
+        _claim_socket(self.socket_path)
+        self.server.add_insecure_port(f"unix:{self.socket_path}")
+        if self.config.daemon.tcp.listen:
+            self.server.add_insecure_port(self.config.daemon.tcp.listen)
+        await self.server.start()
+        os.chmod(self.socket_path, int(self.config.daemon.socket_mode, 8))
+        for name in ["", *SERVICE_NAMES]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.metrics.listen:
+            self.metrics.serve_http(self.config.metrics.listen)
+        log.info("serving on unix:%s%s", self.socket_path,
+                 f" and tcp {self.config.daemon.tcp.listen}" if self.config.daemon.tcp.listen else "")
+        sd_notify("READY=1")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait(self) -> None:
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        sd_notify("STOPPING=1")
+        await self.health.enter_graceful_shutdown()
+        if self.server:
+            await self.server.stop(self.config.daemon.grace_period_s)
+        await self.manager.close()
+        for backend in self.backends.values():
+            await backend.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self.cgroups.remove_base()
+        log.info("stopped")
+
+
+async def run_daemon(config: Config) -> None:
+    daemon = Daemon(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.request_stop)
+    try:
+        await daemon.start()
+        await daemon.wait()
+    finally:
+        await daemon.stop()
+
+
+def main(config: Config) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(run_daemon(config))

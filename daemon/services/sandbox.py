@@ -1,0 +1,226 @@
+"""SandboxService: translates corral.v1 messages to SandboxManager calls and back. No logic here."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from corral.v1 import sandbox_pb2 as pb
+from corral.v1 import sandbox_pb2_grpc
+
+from ..backends.base import BackendStatus, Limits
+from ..commands import CommandSpec
+from ..errors import FailedPrecondition, InvalidArgument
+from ..sandboxes import Exited, ExecOutcome, Keepalive, Output, Sandbox, SandboxManager, Started
+from ..node import NodeInfo
+from ..transfer import TarTransfer
+
+BACKENDS = {pb.BACKEND_LOCAL: "local", pb.BACKEND_DOCKER: "docker", pb.BACKEND_SINGULARITY: "singularity"}
+BACKEND_ENUMS = {name: value for value, name in BACKENDS.items()}
+ISOLATION = {
+    "none": pb.ISOLATION_LEVEL_NONE,
+    "namespaces": pb.ISOLATION_LEVEL_NAMESPACES,
+    "container": pb.ISOLATION_LEVEL_CONTAINER,
+}
+STATES = {
+    "starting": pb.SANDBOX_STATE_STARTING,
+    "running": pb.SANDBOX_STATE_RUNNING,
+    "failed": pb.SANDBOX_STATE_FAILED,
+    "stopping": pb.SANDBOX_STATE_STOPPING,
+}
+LIMIT_KINDS = {
+    "memory": pb.LIMIT_KIND_MEMORY,
+    "pids": pb.LIMIT_KIND_PIDS,
+    "cpu": pb.LIMIT_KIND_CPU,
+    "wall_clock": pb.LIMIT_KIND_WALL_CLOCK,
+    "network": pb.LIMIT_KIND_NETWORK,
+}
+FILE_TYPES = {
+    "file": pb.FILE_TYPE_FILE,
+    "directory": pb.FILE_TYPE_DIRECTORY,
+    "symlink": pb.FILE_TYPE_SYMLINK,
+    "other": pb.FILE_TYPE_OTHER,
+}
+
+
+def limit_status(limits) -> list[pb.LimitStatus]:
+    return [
+        pb.LimitStatus(kind=LIMIT_KINDS[name], enforced=s.enforced, mechanism=s.mechanism, reason=s.reason)
+        for name, s in limits.items()
+    ]
+
+
+def sandbox_message(sb: Sandbox) -> pb.Sandbox:
+    runtime = sb.runtime
+    limits = dict(runtime.limits) if runtime else {}
+    if "network" in limits and sb.network:
+        limits["network"] = type(limits["network"])(False, reason="the sandbox was created with network access")
+    return pb.Sandbox(
+        sandbox_id=sb.sandbox_id,
+        backend=BACKEND_ENUMS[sb.backend],
+        image=sb.image,
+        state=STATES[sb.state],
+        isolation=ISOLATION.get(runtime.isolation if runtime else "", pb.ISOLATION_LEVEL_UNSPECIFIED),
+        limits=pb.ResourceLimits(
+            memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids, cpu_millicores=sb.limits.cpu_millicores
+        ),
+        limit_status=limit_status(limits),
+        network=sb.network,
+        labels=sb.labels,
+        created_at_unix_ms=int(sb.created_at * 1000),
+        workdir=runtime.workdir if runtime else "",
+        idle_timeout_ms=int(sb.idle_timeout_s * 1000),
+    )
+
+
+def backend_info(name: str, status: BackendStatus) -> pb.BackendInfo:
+    return pb.BackendInfo(
+        backend=BACKEND_ENUMS[name],
+        available=status.available,
+        detail=status.detail,
+        isolation=ISOLATION.get(status.isolation, pb.ISOLATION_LEVEL_UNSPECIFIED),
+        limits=limit_status(status.limits),
+    )
+
+
+def node_info_message(info: NodeInfo) -> pb.GetNodeInfoResponse:
+    return pb.GetNodeInfoResponse(
+        version=info.version,
+        daemon_id=info.daemon_id,
+        default_backend=BACKEND_ENUMS[info.default_backend],
+        backends=[backend_info(name, status) for name, status in info.backends.items()],
+        cgroup_mode=info.cgroup_mode,
+        sandbox_count=info.sandbox_count,
+    )
+
+
+def exit_status(outcome: ExecOutcome) -> pb.ExitStatus:
+    e = outcome.exit
+    return pb.ExitStatus(
+        exit_code=e.exit_code, signal=e.signal, timed_out=e.timed_out,
+        oom_killed=outcome.oom_killed, duration_ms=e.duration_ms,
+    )
+
+
+class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
+    def __init__(self, manager: SandboxManager, node_info, transfer: TarTransfer) -> None:
+        self.manager = manager
+        self.node_info = node_info  # () -> NodeInfo
+        self.transfer = transfer
+        self.exec_config = manager.config.exec
+
+    async def CreateSandbox(self, request: pb.CreateSandboxRequest, context) -> pb.CreateSandboxResponse:
+        if request.backend not in (pb.BACKEND_UNSPECIFIED, *BACKENDS):
+            raise InvalidArgument(f"unknown backend value {request.backend}")
+        sb = await self.manager.create(
+            backend=BACKENDS.get(request.backend, ""),
+            image=request.image,
+            limits=Limits(request.limits.memory_bytes, request.limits.pids, request.limits.cpu_millicores),
+            network=request.network,
+            env=dict(request.env),
+            labels=dict(request.labels),
+            idle_timeout_s=request.idle_timeout_ms / 1000,
+        )
+        return pb.CreateSandboxResponse(sandbox=sandbox_message(sb))
+
+    async def GetSandbox(self, request, context) -> pb.GetSandboxResponse:
+        return pb.GetSandboxResponse(sandbox=sandbox_message(self.manager.get(request.sandbox_id)))
+
+    async def ListSandboxes(self, request, context) -> pb.ListSandboxesResponse:
+        return pb.ListSandboxesResponse(
+            sandboxes=[sandbox_message(sb) for sb in self.manager.list(dict(request.labels))]
+        )
+
+    async def DestroySandbox(self, request, context) -> pb.DestroySandboxResponse:
+        await self.manager.destroy(request.sandbox_id)
+        return pb.DestroySandboxResponse()
+
+    def _command(self, command: pb.Command) -> CommandSpec:
+        which = command.WhichOneof("program")
+        if which is None:
+            raise InvalidArgument("command needs argv or shell")
+        return CommandSpec.validated(
+            self.exec_config,
+            argv=list(command.argv.args) if which == "argv" else None,
+            shell=command.shell if which == "shell" else None,
+            stdin=command.stdin if command.HasField("stdin") else None,
+            env=dict(command.env),
+            cwd=command.cwd,
+            timeout_ms=command.timeout_ms,
+            output_limit_bytes=command.output_limit_bytes,
+        )
+
+    async def Exec(self, request: pb.ExecRequest, context) -> pb.ExecResponse:
+        outcome = await self.manager.exec(request.sandbox_id, self._command(request.command))
+        return pb.ExecResponse(
+            status=exit_status(outcome),
+            stdout=outcome.stdout,
+            stderr=outcome.stderr,
+            truncated=outcome.truncated,
+            stdout_total_bytes=outcome.stdout_total,
+            stderr_total_bytes=outcome.stderr_total,
+        )
+
+    async def ExecStream(self, request: pb.ExecStreamRequest, context) -> AsyncIterator[pb.ExecStreamResponse]:
+        spec = self._command(request.command)
+        events = self.manager.exec_stream(request.sandbox_id, spec, request.keepalive_interval_ms / 1000)
+        try:
+            async for event in events:
+                if isinstance(event, Output):
+                    yield pb.ExecStreamResponse(output=pb.ExecOutput(stream=event.stream, data=event.data))
+                elif isinstance(event, Keepalive):
+                    yield pb.ExecStreamResponse(keepalive=pb.ExecKeepalive())
+                elif isinstance(event, Started):
+                    yield pb.ExecStreamResponse(started=pb.ExecStarted(pid=event.pid))
+                elif isinstance(event, Exited):
+                    o = event.outcome
+                    yield pb.ExecStreamResponse(exited=pb.ExecExited(
+                        status=exit_status(o), truncated=o.truncated,
+                        stdout_total_bytes=o.stdout_total, stderr_total_bytes=o.stderr_total,
+                    ))
+        finally:
+            await events.aclose()
+
+    async def ReadFile(self, request, context) -> pb.ReadFileResponse:
+        data, size, truncated = await self.manager.files_call(
+            request.sandbox_id, "read", request.path, request.offset, request.limit_bytes
+        )
+        return pb.ReadFileResponse(data=data, size_bytes=size, truncated=truncated)
+
+    async def WriteFile(self, request, context) -> pb.WriteFileResponse:
+        written = await self.manager.files_call(
+            request.sandbox_id, "write", request.path, request.data, request.mode, request.make_parents
+        )
+        return pb.WriteFileResponse(bytes_written=written)
+
+    async def ListDir(self, request, context) -> pb.ListDirResponse:
+        entries = await self.manager.files_call(request.sandbox_id, "list", request.path)
+        return pb.ListDirResponse(entries=[
+            pb.FileInfo(
+                name=e.name, path=e.path, type=FILE_TYPES[e.kind], size_bytes=e.size, mode=e.mode,
+                modified_unix_ms=e.modified_ns // 1_000_000, symlink_target=e.symlink_target,
+            )
+            for e in entries
+        ])
+
+    async def Upload(self, request_iterator, context) -> pb.UploadResponse:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("message") != "start":
+            raise FailedPrecondition("the first Upload message must be `start`")
+
+        async def chunks():
+            async for message in request_iterator:
+                if message.WhichOneof("message") != "chunk":
+                    raise FailedPrecondition("only `chunk` messages may follow `start`")
+                yield message.chunk
+
+        received = await self.transfer.upload(first.start.sandbox_id, first.start.path, chunks())
+        return pb.UploadResponse(archive_bytes=received)
+
+    async def Download(self, request, context) -> AsyncIterator[pb.DownloadResponse]:
+        async for chunk in self.transfer.download(request.sandbox_id, request.path):
+            yield pb.DownloadResponse(chunk=chunk)
+
+    async def GetNodeInfo(self, request, context) -> pb.GetNodeInfoResponse:
+        return node_info_message(self.node_info())

@@ -1,0 +1,60 @@
+"""Tar upload and download, done by `tar` running inside the sandbox as the sandbox user.
+
+Unpacking inside the sandbox means a hostile archive (absolute names, `..`, symlink tricks) can do
+no more than the sandbox user could anyway; the same code serves every backend.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterable, AsyncIterator
+
+from .commands import CommandSpec
+from .errors import InvalidArgument
+from .sandboxes import Exited, Output, SandboxManager
+
+TRANSFER_TIMEOUT_S = 3600.0
+NO_CAP = 1 << 62
+
+
+class TarTransfer:
+    def __init__(self, manager: SandboxManager) -> None:
+        self.manager = manager
+
+    def _spec(self, argv: list[str], stdin=None, output_limit: int = NO_CAP) -> CommandSpec:
+        return CommandSpec(argv=argv, shell=None, stdin=stdin, timeout_s=TRANSFER_TIMEOUT_S, output_limit=output_limit)
+
+    async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes]) -> int:
+        dest = await self.manager.files_call(sandbox_id, "make_dirs", path)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            async for chunk in chunks:
+                received += len(chunk)
+                yield chunk
+
+        spec = self._spec(["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner"], counted(), 1 << 16)
+        outcome = await self.manager.exec(sandbox_id, spec)
+        if outcome.exit.exit_code != 0:
+            raise InvalidArgument(f"could not unpack the archive into {dest}: {outcome.stderr.decode(errors='replace').strip()}")
+        return received
+
+    async def download(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
+        absolute, _ = await self.manager.files_call(sandbox_id, "kind", path)
+        parent, name = os.path.split(absolute.rstrip("/")) if absolute != "/" else ("/", ".")
+        spec = self._spec(["tar", "-c", "-f", "-", "-C", parent or "/", name])
+        errors = b""
+        events = self.manager.exec_stream(sandbox_id, spec, keepalive_s=0)
+        try:
+            async for event in events:
+                if isinstance(event, Output):
+                    if event.stream == 1:
+                        yield event.data
+                    else:
+                        errors += event.data[:4096]
+                elif isinstance(event, Exited) and event.outcome.exit.exit_code not in (0, 1):
+                    # GNU tar exits 1 when a file changed while it was read: the archive is still whole.
+                    raise InvalidArgument(f"could not archive {absolute}: {errors.decode(errors='replace').strip()}")
+        finally:
+            await events.aclose()
