@@ -89,8 +89,10 @@ def _write(path: Path, value: str) -> None:
 class CgroupDriver:
     """Detects what this host offers once, at daemon start, and creates sandbox groups."""
 
-    def __init__(self, daemon_id: str) -> None:
+    def __init__(self, daemon_id: str, create: bool = True) -> None:
+        """create=False only looks (for `corral doctor`): no directories are left behind."""
         self.daemon_id = daemon_id
+        self._create = create
         self.hierarchies: list[Hierarchy] = []
         self.reasons: dict[str, str] = {}
         self.mode = "none"
@@ -130,7 +132,7 @@ class CgroupDriver:
                 break
             available = set(_read(own_dir / "cgroup.controllers").split())
             wanted = (available & set(CONTROLLERS)) - taken
-            if wanted:
+            if wanted and self._create:
                 wanted = self._delegate_v2(own_dir, wanted)
             self.hierarchies.insert(0, Hierarchy(2, own_dir / name, frozenset(wanted)))
             taken |= wanted
@@ -138,7 +140,7 @@ class CgroupDriver:
         for c in CONTROLLERS:
             if c not in taken:
                 self.reasons.setdefault(c, f"no writable cgroup hierarchy offers the {c} controller")
-        for h in self.hierarchies:
+        for h in self.hierarchies if self._create else ():
             h.base.mkdir(exist_ok=True)
             if h.version == 2 and h.controllers:
                 _write(h.base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(h.controllers)))
@@ -294,14 +296,22 @@ class CgroupGroup:
                     total += int(value)
         return total
 
-    def remove(self) -> None:
-        """Removes the group and its leaves (deepest first). Groups that still hold processes stay."""
+    def remove(self, timeout: float = 2.0) -> None:
+        """Removes the group and its leaves, deepest first. Killed processes take a moment to
+        leave their cgroup, so EBUSY is retried until `timeout`."""
+        deadline = time.monotonic() + timeout
         for path in self.paths:
             if not path.is_dir():
                 continue
             for dirpath, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
-                try:
-                    os.rmdir(dirpath)
-                except OSError as err:
-                    if err.errno not in (errno.ENOENT,):
-                        log.debug("cannot remove cgroup %s: %s", dirpath, err)
+                while True:
+                    try:
+                        os.rmdir(dirpath)
+                        break
+                    except OSError as err:
+                        if err.errno == errno.EBUSY and time.monotonic() < deadline:
+                            time.sleep(0.01)
+                            continue
+                        if err.errno != errno.ENOENT:
+                            log.warning("cannot remove cgroup %s: %s", dirpath, err)
+                        break

@@ -72,6 +72,7 @@ class Daemon:
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
+        self._socket_bound = False
         self._stop = asyncio.Event()
 
     def node_info(self) -> NodeInfo:
@@ -104,6 +105,7 @@ class Daemon:
         )
         _claim_socket(self.socket_path)
         self.server.add_insecure_port(f"unix:{self.socket_path}")
+        self._socket_bound = True
         if self.config.daemon.tcp.listen:
             self.server.add_insecure_port(self.config.daemon.tcp.listen)
         await self.server.start()
@@ -130,8 +132,9 @@ class Daemon:
         await self.manager.close()
         for backend in self.backends.values():
             await backend.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        if self._socket_bound:  # never remove the socket of another daemon we refused to replace
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
         self.cgroups.remove_base()
         log.info("stopped")
 

@@ -178,7 +178,7 @@ class LocalBackend(Backend):
         for group in self.cgroups.existing_groups():
             if group.paths and group.paths[0].name == record.get("sandbox_id"):
                 await asyncio.to_thread(group.kill)
-                group.remove()
+                await asyncio.to_thread(group.remove)
         sandbox_dir = record.get("sandbox_dir")
         if sandbox_dir and Path(sandbox_dir).parent == self.sandboxes_dir:
             await asyncio.to_thread(shutil.rmtree, sandbox_dir, True)
@@ -186,7 +186,7 @@ class LocalBackend(Backend):
     async def reap_orphans(self) -> None:
         for group in self.cgroups.existing_groups():
             await asyncio.to_thread(group.kill)
-            group.remove()
+            await asyncio.to_thread(group.remove)
         if self.sandboxes_dir.is_dir():
             for leftover in self.sandboxes_dir.iterdir():
                 await asyncio.to_thread(shutil.rmtree, leftover, True)
@@ -311,7 +311,7 @@ class LocalSandbox(SandboxRuntime):
         if self.files:
             self.files.close()
         if self.cgroup:
-            self.cgroup.remove()
+            await asyncio.to_thread(self.cgroup.remove)
         await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
         self.backend.uids.give_back(self.uid)
 

@@ -1,0 +1,31 @@
+"""`corral doctor`: what this machine can do, found the same way the daemon finds it at start."""
+
+from __future__ import annotations
+
+import os
+
+from .backends.base import BackendStatus
+from .backends.local import LocalBackend
+from .cgroups import CgroupDriver
+from .config import Config
+
+
+def probe(config: Config) -> tuple[str, dict[str, BackendStatus]]:
+    """(cgroup mode, status per backend) without creating anything."""
+    cgroups = CgroupDriver("doctor", create=False)
+    local = LocalBackend(config, cgroups, hidden_paths=[])
+    unavailable = BackendStatus(False, "not supported by this version of corral", "none", {})
+    return cgroups.mode, {"local": local.status(), "docker": unavailable, "singularity": unavailable}
+
+
+def report(config: Config) -> str:
+    mode, backends = probe(config)
+    lines = [f"cgroups: {mode}" + ("" if os.geteuid() == 0 else " (not root: cgroups and per-sandbox uids unavailable)")]
+    for name, status in backends.items():
+        lines.append(f"{name}: {'available' if status.available else 'unavailable'} - {status.detail}")
+        if status.available:
+            lines.append(f"  isolation: {status.isolation}")
+        for kind, limit in status.limits.items():
+            state = f"enforced ({limit.mechanism})" if limit.enforced else f"not enforced: {limit.reason}"
+            lines.append(f"  {kind}: {state}")
+    return "\n".join(lines)

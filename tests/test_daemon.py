@@ -1,0 +1,202 @@
+"""The daemon process: lifecycle, health, reflection, TCP auth, shutdown, crash recovery, systemd."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from corral.sdk import Client, errors
+from tests.conftest import DaemonProcess, require_backend
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cgroup_dirs(daemon_id: str) -> list[Path]:
+    found = []
+    for base in Path("/sys/fs/cgroup").rglob(f"corral-{daemon_id}"):
+        found += [p for p in base.iterdir() if p.is_dir()]
+    return found
+
+
+def test_sandbox_lifecycle(client):
+    sb = client.create_sandbox(image="host", labels={"job": "t1"})
+    assert sb.info.state == "running" and sb.info.isolation == "namespaces"
+    assert sb.info.workdir == "/workspace"
+    assert sb.id in [s.id for s in client.list_sandboxes(labels={"job": "t1"})]
+    assert client.get_sandbox(sb.id).id == sb.id
+    sb.destroy()
+    with pytest.raises(errors.SandboxNotFound):
+        client.get_sandbox(sb.id)
+    with pytest.raises(errors.SandboxNotFound):
+        sb.exec(["true"], timeout=5)
+
+
+def test_socket_mode(daemon):
+    assert (daemon.socket.stat().st_mode & 0o777) == 0o660
+
+
+def test_node_info(client):
+    info = client.node_info()
+    local = next(b for b in info.backends if b.backend == "local")
+    assert local.available and info.default_backend == "local"
+    assert info.cgroup_mode in ("v1", "v2", "hybrid", "none")
+
+
+def test_reflection_lists_services(daemon):
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        names = {s.name for r in replies for s in r.list_services_response.service}
+    assert {"corral.v1.SandboxService", "grpc.health.v1.Health"} <= names
+
+
+def test_tcp_needs_the_token(tmp_path):
+    require_backend("local")
+    port = _free_port()
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    d = DaemonProcess(tmp_path, "--tcp", f"127.0.0.1:{port}", "--token-file", str(token_file)).start()
+    try:
+        with Client(f"127.0.0.1:{port}") as anonymous:
+            with pytest.raises(errors.Unauthenticated):
+                anonymous.list_sandboxes()
+        with Client(f"127.0.0.1:{port}", token="wrong") as wrong:
+            with pytest.raises(errors.Unauthenticated):
+                wrong.list_sandboxes()
+        with Client(f"127.0.0.1:{port}", token="s3cret") as good:
+            with good.create_sandbox(image="host") as sb:
+                assert sb.exec(["echo", "tcp"], timeout=10).stdout == b"tcp\n"
+        with Client(d.address) as local:  # the Unix socket needs no token
+            assert local.list_sandboxes() == []
+    finally:
+        d.stop()
+
+
+def test_tcp_without_token_refuses_to_start(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "corral.sdk.cli", "serve", "--socket", str(tmp_path / "s.sock"),
+         "--state-dir", str(tmp_path / "st"), "--tcp", f"127.0.0.1:{_free_port()}"],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "CORRAL_TOKEN": ""},
+    )
+    assert proc.returncode == 2 and "token" in proc.stderr
+
+
+def test_sigterm_destroys_sandboxes_and_removes_socket(tmp_path):
+    require_backend("local")
+    d = DaemonProcess(tmp_path).start()
+    with Client(d.address) as c:
+        sbs = [c.create_sandbox(image="host") for _ in range(3)]
+        for sb in sbs:
+            sb.exec("sleep 1000 >/dev/null 2>&1 &", timeout=10)
+        daemon_id = c.node_info().daemon_id
+    assert d.stop(signal.SIGTERM) == 0
+    assert not d.socket.exists()
+    assert not list((d.state_dir / "sandboxes").glob("*"))
+    assert not _cgroup_dirs(daemon_id)
+    assert b"sleep 1000" not in subprocess.run(["ps", "-eo", "args"], capture_output=True).stdout
+
+
+def test_in_flight_call_finishes_within_grace(tmp_path):
+    require_backend("local")
+    d = DaemonProcess(tmp_path).start()
+    import threading
+
+    with Client(d.address) as c:
+        sb = c.create_sandbox(image="host")
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=sb.exec("sleep 1; echo finished", timeout=30)))
+        t.start()
+        time.sleep(0.3)
+        d.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+    assert result["r"].stdout == b"finished\n"
+    assert d.proc.wait(30) == 0
+
+
+def test_crash_recovery_after_kill_9(tmp_path):
+    require_backend("local")
+    d = DaemonProcess(tmp_path).start()
+    with Client(d.address) as c:
+        daemon_id = c.node_info().daemon_id
+        for _ in range(3):
+            sb = c.create_sandbox(image="host")
+            sb.exec("setsid sleep 1001 >/dev/null 2>&1 & sleep 1002 >/dev/null 2>&1 &", timeout=10)
+            sb.write_file("leftover.txt", b"x")
+    d.stop(signal.SIGKILL)
+    assert list((d.state_dir / "sandboxes").iterdir())  # the crash left sandboxes behind
+    d.start()  # same state dir: the new daemon reaps what the old one left
+    try:
+        with Client(d.address) as c:
+            assert c.list_sandboxes() == []
+            assert c.node_info().daemon_id == daemon_id
+        assert not list((d.state_dir / "sandboxes").iterdir())
+        assert not list((d.state_dir / "records").iterdir())
+        assert not _cgroup_dirs(daemon_id)
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True).stdout
+        assert b"sleep 1001" not in ps and b"sleep 1002" not in ps
+    finally:
+        d.stop()
+
+
+def test_sd_notify_ready(tmp_path):
+    require_backend("local")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify_path = tmp_path / "notify.sock"
+    notify.bind(str(notify_path))
+    notify.settimeout(20)
+    d = DaemonProcess(tmp_path, env={"NOTIFY_SOCKET": str(notify_path)}).start()
+    try:
+        assert notify.recv(1024) == b"READY=1"
+    finally:
+        d.stop()
+        notify.close()
+
+
+def test_second_daemon_on_same_socket_refused(daemon, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "corral.sdk.cli", "serve", "--socket", str(daemon.socket),
+         "--state-dir", str(tmp_path / "other")],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 2 and "another daemon" in proc.stderr
+    assert daemon.serving()
+
+
+def test_idle_timeout_destroys_sandbox(client):
+    sb = client.create_sandbox(image="host", idle_timeout=1.0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if sb.id not in [s.id for s in client.list_sandboxes()]:
+            return
+        time.sleep(0.3)
+    pytest.fail("idle sandbox was not destroyed")
+
+
+def test_cli_doctor_and_exec(daemon, tmp_path):
+    env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}
+    cli = [sys.executable, "-m", "corral.sdk.cli"]
+    doctor = subprocess.run([*cli, "doctor"], capture_output=True, text=True, timeout=30)
+    assert doctor.returncode == 0 and "local: available" in doctor.stdout
+    sid = subprocess.run([*cli, "sandbox", "create"], capture_output=True, text=True, env=env, timeout=30).stdout.strip()
+    assert sid.startswith("sb-")
+    ex = subprocess.run([*cli, "exec", sid, "--", "sh", "-c", "echo cli; exit 4"], capture_output=True, env=env, timeout=30)
+    assert ex.returncode == 4 and ex.stdout == b"cli\n"
+    (tmp_path / "f.txt").write_text("copied")
+    assert subprocess.run([*cli, "cp", str(tmp_path / "f.txt"), f"{sid}:/workspace"], env=env, timeout=30).returncode == 0
+    assert subprocess.run([*cli, "exec", sid, "--", "cat", "f.txt"], capture_output=True, env=env, timeout=30).stdout == b"copied"
+    ls = subprocess.run([*cli, "sandbox", "ls"], capture_output=True, text=True, env=env, timeout=30)
+    assert sid in ls.stdout
+    assert subprocess.run([*cli, "sandbox", "rm", sid], env=env, timeout=30).returncode == 0

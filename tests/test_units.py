@@ -1,0 +1,65 @@
+"""Unit tests of small daemon pieces: config precedence, output capping, command validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.daemon.commands import CommandSpec
+from corral.daemon.config import ConfigError, ExecConfig, load_config
+from corral.daemon.errors import InvalidArgument
+from corral.daemon.output import HeadTailBuffer
+
+
+def test_config_precedence(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[daemon]\nsocket = "/from/file.sock"\nstate_dir = "/file/state"\n[limits]\npids = 77\n')
+    c = load_config(toml, environ={"CORRAL_SOCKET": "/from/env.sock"})
+    assert c.daemon.socket == "/from/env.sock" and c.daemon.state_dir == "/file/state" and c.limits.pids == 77
+    c = load_config(toml, socket="/from/flag.sock", environ={"CORRAL_SOCKET": "/from/env.sock"})
+    assert c.daemon.socket == "/from/flag.sock"
+
+
+def test_config_rejects_unknown_keys_and_bad_types(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text("[daemon]\nsokcet = 1\n")
+    with pytest.raises(ConfigError, match="daemon.sokcet"):
+        load_config(toml, environ={})
+    toml.write_text('[limits]\npids = "many"\n')
+    with pytest.raises(ConfigError, match="limits.pids"):
+        load_config(toml, environ={})
+
+
+def test_tcp_requires_token():
+    with pytest.raises(ConfigError, match="token"):
+        load_config(tcp_listen="127.0.0.1:7700", environ={})
+    assert load_config(tcp_listen="127.0.0.1:7700", environ={"CORRAL_TOKEN": "t"}).token == "t"
+
+
+def test_example_config_parses():
+    from pathlib import Path
+
+    load_config(Path(__file__).parent.parent / "deploy" / "corral.toml", environ={})
+
+
+def test_head_tail_buffer():
+    buf = HeadTailBuffer(10)
+    for chunk in (b"0123", b"4567", b"89ab", b"cdef"):
+        buf.write(chunk)
+    assert buf.getvalue() == b"01234bcdef" and buf.truncated and buf.total == 16
+    small = HeadTailBuffer(10)
+    small.write(b"abc")
+    assert small.getvalue() == b"abc" and not small.truncated
+
+
+def _spec(**kw):
+    base = dict(argv=["true"], shell=None, stdin=None, env={}, cwd="", timeout_ms=0, output_limit_bytes=0)
+    base.update(kw)
+    return CommandSpec.validated(ExecConfig(), **base)
+
+
+def test_command_validation():
+    assert _spec().timeout_s == ExecConfig().default_timeout_s
+    for bad in (dict(argv=[]), dict(argv=None), dict(cwd="rel"), dict(env={"A=B": "x"}),
+                dict(timeout_ms=10**12), dict(output_limit_bytes=1 << 40), dict(argv=["a\0b"])):
+        with pytest.raises(InvalidArgument):
+            _spec(**bad)
