@@ -1,0 +1,145 @@
+"""The grpc.aio channel under `AsyncClient` and `AsyncSandbox`: makes calls with the client's metadata
+and deadlines, and turns every gRPC error into a CorralError. The blocking twin is `_sync_transport`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Generator, Iterator
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
+from corral.sdk._core import call_deadline
+from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
+from corral.v1 import sandbox_pb2_grpc
+
+ResponseT = TypeVar("ResponseT")
+ResultT = TypeVar("ResultT")
+ItemT = TypeVar("ItemT")
+
+
+class AsyncTransport:
+    def __init__(self, address: DaemonAddress, token: str | None, default_timeout: float) -> None:
+        self.address = address
+        self.default_timeout = call_deadline(None, default_timeout)  # rejects a non-positive default
+        self._metadata = auth_metadata(token)
+        self._translate = RpcErrorTranslator(str(address))
+        # A grpc.aio channel belongs to the event loop it is created in, and a client is often
+        # constructed before any loop runs, so the channel is opened by the first call.
+        self._channel: grpc.aio.Channel | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sandbox_service: sandbox_pb2_grpc.SandboxServiceStub | None = None
+        self._closed = False
+
+    @property
+    def sandbox_service(self) -> sandbox_pb2_grpc.SandboxServiceStub:
+        """The SandboxService stub; later services (shells, kernels, rollouts) share the channel."""
+        self._open_channel()
+        assert self._sandbox_service is not None
+        return self._sandbox_service
+
+    async def unary(self, method: Callable[..., Any], request: Any, *, timeout: float | None = None) -> Any:
+        with self._translate:
+            return await method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+
+    def server_stream(self, method: Callable[..., Any], request: Any, *,
+                      timeout: float | None = None) -> AsyncResponseStream[Any]:
+        with self._translate:
+            call = method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+        return AsyncResponseStream(call, self._translate)
+
+    async def client_stream(self, method: Callable[..., Any], requests: AsyncIterable[Any], *,
+                            timeout: float | None = None) -> Any:
+        with self._translate:
+            call = method(timeout=self._deadline(timeout), metadata=self._metadata)
+            try:
+                try:
+                    async for request in requests:
+                        await call.write(request)
+                    await call.done_writing()
+                except asyncio.InvalidStateError:
+                    pass  # the daemon already ended the call; awaiting it raises its status
+                return await call
+            finally:
+                # No effect on a call that ended; aborts the upload when producing a request
+                # failed or the task was cancelled, so the daemon never unpacks a partial archive.
+                call.cancel()
+
+    async def run_plan(self, method: Callable[..., Any], plan: Generator[Any, Any, ResultT]) -> ResultT:
+        """Drives a request plan from `_core` (e.g. `read_file_plan`): sends each request it yields,
+        feeds the reply back, and returns what the plan returns."""
+        try:
+            request = next(plan)
+            while True:
+                request = plan.send(await self.unary(method, request))
+        except StopIteration as finished:
+            return finished.value
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._channel is not None:
+                await self._channel.close()
+
+    def _deadline(self, timeout: float | None) -> float:
+        return call_deadline(timeout, self.default_timeout)
+
+    def _open_channel(self) -> None:
+        if self._closed:
+            raise FailedPrecondition("this corral client is closed")
+        loop = asyncio.get_running_loop()
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.address.grpc_target, options=channel_options())
+            self._loop = loop
+            self._sandbox_service = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        elif loop is not self._loop:
+            raise FailedPrecondition("this AsyncClient is bound to the event loop of its first call; "
+                                     "create one client per event loop")
+
+
+async def iterate_in_thread(items: Iterator[ItemT]) -> AsyncIterator[ItemT]:
+    """Iterates a blocking iterator (e.g. one reading local files) off the event loop, one item
+    per worker-thread hop."""
+    finished = object()
+    while (item := await asyncio.to_thread(next, items, finished)) is not finished:
+        yield item
+
+
+class AsyncResponseStream(Generic[ResponseT]):
+    """The responses of a server-streaming call, with gRPC errors translated. `close()` cancels the
+    call (for ExecStream this kills the command)."""
+
+    def __init__(self, call: Any, translate: RpcErrorTranslator) -> None:
+        self._call = call
+        self._translate = translate
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> AsyncResponseStream[ResponseT]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> AsyncIterator[ResponseT]:
+        return self
+
+    async def __anext__(self) -> ResponseT:
+        # After cancel(), grpc.aio answers read() with CancelledError; a closed stream just ends.
+        if self._closed:
+            raise StopAsyncIteration
+        with self._translate:
+            response = await self._call.read()
+        if response is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return response
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._call.cancel()  # no effect on a call that already ended

@@ -1,0 +1,391 @@
+"""The wire logic both clients share, without any I/O: request builders, call deadlines, decoders from
+protobuf to the types in `corral.sdk.types`, the ExecStream event-order check and the ReadFile plan.
+
+The sync and async clients only choose which channel to send these requests on.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime, timezone
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from corral.sdk.errors import InvalidArgument, ProtocolError
+from corral.sdk.types import (
+    BackendStatus,
+    ExecEvent,
+    ExecExited,
+    ExecKeepalive,
+    ExecOutput,
+    ExecResult,
+    ExecStarted,
+    FileEntry,
+    LimitStatus,
+    NodeInfo,
+    ResourceLimits,
+    SandboxInfo,
+)
+from corral.v1 import sandbox_pb2 as pb
+
+# The deadline of calls other than exec, unless the client is given another.
+DEFAULT_CALL_TIMEOUT_S = 30.0
+# An exec call's deadline is the command's own timeout plus this: after the timeout the daemon
+# still has to kill the process tree and send the partial output back, and that reply should win
+# over a client-side DEADLINE_EXCEEDED, which would lose the output.
+EXEC_DEADLINE_MARGIN_S = 10.0
+DEFAULT_EXEC_TIMEOUT_S = 60.0
+
+Command = str | Sequence[str]
+
+
+# ---- deadlines -------------------------------------------------------------------------------
+
+def call_deadline(timeout: float | None, default: float) -> float:
+    """Seconds a non-exec call may take: the per-call timeout if given, else the client default."""
+    seconds = default if timeout is None else timeout
+    if seconds <= 0:
+        raise InvalidArgument(f"timeout must be positive, got {seconds}")
+    return seconds
+
+
+def exec_deadline(timeout: float) -> float:
+    """Seconds an Exec or ExecStream call may take in all, for a command timeout in seconds."""
+    return timeout + EXEC_DEADLINE_MARGIN_S
+
+
+# ---- requests --------------------------------------------------------------------------------
+
+def backend_to_proto(backend: str | None) -> int:
+    if backend is None:
+        return pb.BACKEND_UNSPECIFIED
+    number = _BACKEND_BY_NAME.get(backend)
+    if number is None:
+        raise InvalidArgument(f"unknown backend {backend!r}; choose one of {sorted(_BACKEND_BY_NAME)} or None")
+    return number
+
+
+def build_create_sandbox_request(*, image: str, backend: str | None, memory_bytes: int | None,
+                                 pids: int | None, cpu_millicores: int | None, network: bool,
+                                 env: Mapping[str, str] | None, labels: Mapping[str, str] | None,
+                                 idle_timeout: float | None) -> pb.CreateSandboxRequest:
+    return pb.CreateSandboxRequest(
+        backend=backend_to_proto(backend),
+        image=image,
+        limits=pb.ResourceLimits(
+            memory_bytes=_non_negative("memory_bytes", memory_bytes),
+            pids=_non_negative("pids", pids),
+            cpu_millicores=_non_negative("cpu_millicores", cpu_millicores),
+        ),
+        network=network,
+        env=_string_map("env", env),
+        labels=_string_map("labels", labels),
+        idle_timeout_ms=0 if idle_timeout is None else _positive_ms("idle_timeout", idle_timeout),
+    )
+
+
+def build_get_sandbox_request(sandbox_id: str) -> pb.GetSandboxRequest:
+    return pb.GetSandboxRequest(sandbox_id=sandbox_id)
+
+
+def build_list_sandboxes_request(labels: Mapping[str, str] | None) -> pb.ListSandboxesRequest:
+    return pb.ListSandboxesRequest(labels=_string_map("labels", labels))
+
+
+def build_destroy_sandbox_request(sandbox_id: str) -> pb.DestroySandboxRequest:
+    return pb.DestroySandboxRequest(sandbox_id=sandbox_id)
+
+
+def build_node_info_request() -> pb.GetNodeInfoRequest:
+    return pb.GetNodeInfoRequest()
+
+
+def build_command(cmd: Command, *, stdin: bytes | str | None, env: Mapping[str, str] | None,
+                  cwd: str | None, timeout: float, output_limit: int | None) -> pb.Command:
+    """A Command message: a str runs under the sandbox's shell, a list of str runs as argv."""
+    command = pb.Command(
+        env=_string_map("env", env),
+        cwd=cwd or "",
+        timeout_ms=_positive_ms("timeout", timeout),
+        output_limit_bytes=_non_negative("output_limit", output_limit),
+    )
+    if isinstance(cmd, str):
+        if not cmd.strip():
+            raise InvalidArgument("the shell command is empty")
+        command.shell = cmd
+    elif isinstance(cmd, bytes):
+        raise InvalidArgument("pass the command as str (shell) or a list of str (argv), not bytes")
+    else:
+        args = list(cmd)
+        if not args:
+            raise InvalidArgument("the argv list is empty")
+        if not all(isinstance(arg, str) for arg in args):
+            raise InvalidArgument(f"argv items must be str, got {args!r}")
+        command.argv.args.extend(args)
+    if stdin is not None:
+        # Setting the optional field, even to b"", is what tells the daemon to feed stdin.
+        command.stdin = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
+    return command
+
+
+def build_exec_request(sandbox_id: str, cmd: Command, *, stdin: bytes | str | None,
+                       env: Mapping[str, str] | None, cwd: str | None, timeout: float,
+                       output_limit: int | None) -> pb.ExecRequest:
+    return pb.ExecRequest(sandbox_id=sandbox_id, command=build_command(
+        cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit))
+
+
+def build_exec_stream_request(sandbox_id: str, cmd: Command, *, stdin: bytes | str | None,
+                              env: Mapping[str, str] | None, cwd: str | None, timeout: float,
+                              output_limit: int | None, keepalive: float | None) -> pb.ExecStreamRequest:
+    return pb.ExecStreamRequest(
+        sandbox_id=sandbox_id,
+        command=build_command(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit),
+        keepalive_interval_ms=0 if keepalive is None else _positive_ms("keepalive", keepalive),
+    )
+
+
+def build_list_dir_request(sandbox_id: str, path: str) -> pb.ListDirRequest:
+    return pb.ListDirRequest(sandbox_id=sandbox_id, path=path)
+
+
+def build_download_request(sandbox_id: str, path: str) -> pb.DownloadRequest:
+    return pb.DownloadRequest(sandbox_id=sandbox_id, path=path)
+
+
+def build_write_file_request(sandbox_id: str, path: str, data: bytes | str, *, mode: int | None,
+                             make_parents: bool) -> pb.WriteFileRequest:
+    return pb.WriteFileRequest(
+        sandbox_id=sandbox_id,
+        path=path,
+        data=data.encode() if isinstance(data, str) else bytes(data),
+        mode=_non_negative("mode", mode),
+        make_parents=make_parents,
+    )
+
+
+def upload_requests(sandbox_id: str, remote_dir: str, archive_chunks: Iterable[bytes]) -> Iterator[pb.UploadRequest]:
+    """The Upload stream: `start` first, as the contract demands, then one message per chunk."""
+    yield pb.UploadRequest(start=pb.UploadStart(sandbox_id=sandbox_id, path=remote_dir))
+    for chunk in archive_chunks:
+        yield pb.UploadRequest(chunk=chunk)
+
+
+def read_file_plan(sandbox_id: str, path: str, *, offset: int,
+                   limit: int | None) -> Generator[pb.ReadFileRequest, pb.ReadFileResponse, bytes]:
+    """Yields the ReadFile requests that read `limit` bytes from `offset` (None: to the end of the
+    file), is sent each reply, and returns the bytes read.
+
+    The daemon caps one reply (64 MiB by default), so one read may take several calls; a generator
+    keeps that loop here, and each client only drives it (`plan.send(reply)`).
+    """
+    _non_negative("offset", offset)
+    if limit is not None:
+        _non_negative("limit", limit)
+    parts: list[bytes] = []
+    received = 0
+    while limit is None or received < limit:
+        # limit_bytes 0 asks for as much as the daemon sends in one reply.
+        wanted = 0 if limit is None else limit - received
+        reply = yield pb.ReadFileRequest(sandbox_id=sandbox_id, path=path, offset=offset + received,
+                                         limit_bytes=wanted)
+        parts.append(reply.data)
+        received += len(reply.data)
+        if not reply.truncated:
+            break
+        if not reply.data:
+            raise ProtocolError(f"ReadFile of {path!r} reported more data at offset "
+                                f"{offset + received} but returned none")
+    return b"".join(parts)
+
+
+# ---- decoders --------------------------------------------------------------------------------
+
+def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
+    return SandboxInfo(
+        id=sandbox.sandbox_id,
+        backend=_enum_name(pb.Backend, "BACKEND_", sandbox.backend),
+        image=sandbox.image,
+        state=_enum_name(pb.SandboxState, "SANDBOX_STATE_", sandbox.state),
+        isolation=_enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", sandbox.isolation),
+        limits=ResourceLimits(
+            memory_bytes=sandbox.limits.memory_bytes,
+            pids=sandbox.limits.pids,
+            cpu_millicores=sandbox.limits.cpu_millicores,
+        ),
+        limit_status=tuple(limit_status_from_proto(status) for status in sandbox.limit_status),
+        network=sandbox.network,
+        labels=dict(sandbox.labels),
+        workdir=sandbox.workdir,
+        created_at=_datetime_from_ms(sandbox.created_at_unix_ms),
+        idle_timeout=sandbox.idle_timeout_ms / 1000 if sandbox.idle_timeout_ms else None,
+    )
+
+
+def limit_status_from_proto(status: pb.LimitStatus) -> LimitStatus:
+    return LimitStatus(
+        kind=_enum_name(pb.LimitKind, "LIMIT_KIND_", status.kind),
+        enforced=status.enforced,
+        mechanism=status.mechanism,
+        reason=status.reason,
+    )
+
+
+def exec_result_from_proto(response: pb.ExecResponse) -> ExecResult:
+    status = response.status
+    return ExecResult(
+        exit_code=status.exit_code,
+        signal=status.signal,
+        stdout=response.stdout,
+        stderr=response.stderr,
+        timed_out=status.timed_out,
+        oom_killed=status.oom_killed,
+        truncated=response.truncated,
+        duration_ms=status.duration_ms,
+        stdout_total_bytes=response.stdout_total_bytes,
+        stderr_total_bytes=response.stderr_total_bytes,
+    )
+
+
+def exec_event_from_proto(response: pb.ExecStreamResponse) -> ExecEvent:
+    kind = response.WhichOneof("event")
+    if kind == "started":
+        return ExecStarted(pid=response.started.pid)
+    if kind == "output":
+        return ExecOutput(stream=_output_stream_name(response.output.stream), data=response.output.data)
+    if kind == "keepalive":
+        return ExecKeepalive()
+    if kind == "exited":
+        exited = response.exited
+        return ExecExited(
+            exit_code=exited.status.exit_code,
+            signal=exited.status.signal,
+            timed_out=exited.status.timed_out,
+            oom_killed=exited.status.oom_killed,
+            truncated=exited.truncated,
+            duration_ms=exited.status.duration_ms,
+            stdout_total_bytes=exited.stdout_total_bytes,
+            stderr_total_bytes=exited.stderr_total_bytes,
+        )
+    raise ProtocolError("ExecStream sent an event with none of started/output/keepalive/exited set")
+
+
+def file_entry_from_proto(info: pb.FileInfo) -> FileEntry:
+    return FileEntry(
+        name=info.name,
+        path=info.path,
+        type=_enum_name(pb.FileType, "FILE_TYPE_", info.type),
+        size_bytes=info.size_bytes,
+        mode=info.mode,
+        modified_at=_datetime_from_ms(info.modified_unix_ms),
+        symlink_target=info.symlink_target or None,
+    )
+
+
+def node_info_from_proto(response: pb.GetNodeInfoResponse) -> NodeInfo:
+    return NodeInfo(
+        version=response.version,
+        daemon_id=response.daemon_id,
+        default_backend=_enum_name(pb.Backend, "BACKEND_", response.default_backend),
+        backends=tuple(
+            BackendStatus(
+                backend=_enum_name(pb.Backend, "BACKEND_", backend.backend),
+                available=backend.available,
+                detail=backend.detail,
+                isolation=_enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", backend.isolation),
+                limits=tuple(limit_status_from_proto(status) for status in backend.limits),
+            )
+            for backend in response.backends
+        ),
+        cgroup_mode=response.cgroup_mode,
+        sandbox_count=response.sandbox_count,
+    )
+
+
+class ExecEventDecoder:
+    """Decodes one ExecStream's responses and enforces the order the contract fixes: exactly one
+    `started`, then any `output`/`keepalive`, then exactly one `exited`.
+
+    One instance per stream; `finish()` is called when the stream ends by itself.
+    """
+
+    class _Phase(enum.Enum):
+        AWAITING_START = enum.auto()
+        RUNNING = enum.auto()
+        EXITED = enum.auto()
+
+    def __init__(self) -> None:
+        self._phase = self._Phase.AWAITING_START
+
+    def decode(self, response: pb.ExecStreamResponse) -> ExecEvent:
+        event = exec_event_from_proto(response)
+        name = type(event).__name__
+        if self._phase is self._Phase.EXITED:
+            raise ProtocolError(f"ExecStream sent {name} after the exited event")
+        if self._phase is self._Phase.AWAITING_START and not isinstance(event, ExecStarted):
+            raise ProtocolError(f"ExecStream sent {name} before the started event")
+        if self._phase is self._Phase.RUNNING and isinstance(event, ExecStarted):
+            raise ProtocolError("ExecStream sent a second started event")
+        if isinstance(event, ExecStarted):
+            self._phase = self._Phase.RUNNING
+        elif isinstance(event, ExecExited):
+            self._phase = self._Phase.EXITED
+        return event
+
+    def finish(self) -> None:
+        if self._phase is not self._Phase.EXITED:
+            raise ProtocolError("ExecStream ended without an exited event")
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+_BACKEND_BY_NAME: Mapping[str, int] = types.MappingProxyType({
+    "local": pb.BACKEND_LOCAL,
+    "docker": pb.BACKEND_DOCKER,
+    "singularity": pb.BACKEND_SINGULARITY,
+})
+
+
+def _enum_name(enum_type: EnumTypeWrapper, prefix: str, number: int) -> str:
+    """BACKEND_LOCAL -> "local"; a number this SDK does not know (newer daemon) -> "unknown"."""
+    try:
+        return enum_type.Name(number).removeprefix(prefix).lower()
+    except ValueError:
+        return "unknown"
+
+
+def _output_stream_name(number: int) -> str:
+    if number == pb.OUTPUT_STREAM_STDOUT:
+        return "stdout"
+    if number == pb.OUTPUT_STREAM_STDERR:
+        return "stderr"
+    raise ProtocolError(f"ExecStream sent output for unknown stream {number}")
+
+
+def _datetime_from_ms(unix_ms: int) -> datetime:
+    return datetime.fromtimestamp(unix_ms / 1000, tz=timezone.utc)
+
+
+def _positive_ms(name: str, seconds: float) -> int:
+    if seconds <= 0:
+        raise InvalidArgument(f"{name} must be a positive number of seconds, got {seconds}")
+    # A tiny positive value must not round to 0, which means "the daemon's default".
+    return max(1, round(seconds * 1000))
+
+
+def _non_negative(name: str, value: int | None) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _string_map(name: str, mapping: Mapping[str, str] | None) -> dict[str, str]:
+    if not mapping:
+        return {}
+    if not all(isinstance(key, str) and isinstance(value, str) for key, value in mapping.items()):
+        raise InvalidArgument(f"{name} keys and values must be str, got {dict(mapping)!r}")
+    return dict(mapping)

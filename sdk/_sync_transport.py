@@ -1,0 +1,130 @@
+"""The blocking gRPC channel under `Client` and `Sandbox`: makes calls with the client's metadata and
+deadlines, and turns every gRPC error into a CorralError. The async twin is `_async_transport`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
+from corral.sdk._core import call_deadline
+from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
+from corral.v1 import sandbox_pb2_grpc
+
+ResponseT = TypeVar("ResponseT")
+ResultT = TypeVar("ResultT")
+
+
+class SyncTransport:
+    def __init__(self, address: DaemonAddress, token: str | None, default_timeout: float) -> None:
+        self.address = address
+        self.default_timeout = call_deadline(None, default_timeout)  # rejects a non-positive default
+        self._metadata = auth_metadata(token)
+        self._translate = RpcErrorTranslator(str(address))
+        self._channel = grpc.insecure_channel(address.grpc_target, options=channel_options())
+        self._closed = False
+        # Later services (shells, kernels, rollouts) get their stubs from the same channel.
+        self.sandbox_service = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+
+    def unary(self, method: Callable[..., ResponseT], request: Any, *, timeout: float | None = None) -> ResponseT:
+        self._ensure_open()
+        with self._translate:
+            return method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+
+    def server_stream(self, method: Callable[..., Any], request: Any, *,
+                      timeout: float | None = None) -> ResponseStream[Any]:
+        self._ensure_open()
+        with self._translate:
+            call = method(request, timeout=self._deadline(timeout), metadata=self._metadata)
+        return ResponseStream(call, self._translate)
+
+    def client_stream(self, method: Callable[..., ResponseT], requests: Iterable[Any], *,
+                      timeout: float | None = None) -> ResponseT:
+        self._ensure_open()
+        producer = _RecordingRequests(requests)
+        with self._translate:
+            try:
+                return method(iter(producer), timeout=self._deadline(timeout), metadata=self._metadata)
+            except grpc.RpcError:
+                # grpc iterates the requests on its own thread and reports a failure there only
+                # as a cancelled call; the original error (e.g. a local file that vanished) is
+                # the one worth raising.
+                producer.reraise_failure()
+                raise
+
+    def run_plan(self, method: Callable[..., Any], plan: Generator[Any, Any, ResultT]) -> ResultT:
+        """Drives a request plan from `_core` (e.g. `read_file_plan`): sends each request it yields,
+        feeds the reply back, and returns what the plan returns."""
+        try:
+            request = next(plan)
+            while True:
+                request = plan.send(self.unary(method, request))
+        except StopIteration as finished:
+            return finished.value
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._channel.close()
+
+    def _deadline(self, timeout: float | None) -> float:
+        return call_deadline(timeout, self.default_timeout)
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise FailedPrecondition("this corral client is closed")
+
+
+class ResponseStream(Generic[ResponseT]):
+    """The responses of a server-streaming call, with gRPC errors translated. `close()` cancels the
+    call (for ExecStream this kills the command)."""
+
+    def __init__(self, call: Any, translate: RpcErrorTranslator) -> None:
+        self._call = call
+        self._translate = translate
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> ResponseStream[ResponseT]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[ResponseT]:
+        return self
+
+    def __next__(self) -> ResponseT:
+        if self._closed:
+            raise StopIteration
+        with self._translate:
+            return next(self._call)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._call.cancel()  # no effect on a call that already ended
+
+
+class _RecordingRequests:
+    """Iterates requests for grpc's sending thread and remembers the exception that stopped it."""
+
+    def __init__(self, requests: Iterable[Any]) -> None:
+        self._requests = requests
+        self._failure: BaseException | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from self._requests
+        except BaseException as failure:
+            self._failure = failure
+            raise
+
+    def reraise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure

@@ -1,0 +1,263 @@
+"""The asyncio client: `AsyncClient`, `AsyncSandbox` and `AsyncExecStream`.
+
+Twin of `sync_client.py` (blocking): same classes, methods and signatures, checked by
+tests/test_sdk_shape.py. Requests, deadlines and decoding live in `_core`; this module only makes
+the calls. One AsyncClient serves one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import posixpath
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from corral.sdk import _core
+from corral.sdk._address import resolve_address, resolve_token
+from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
+from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, iterate_in_thread
+from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command
+from corral.sdk.errors import CorralError, NotFound
+from corral.sdk.types import ExecEvent, ExecResult, FileEntry, NodeInfo, SandboxInfo
+from corral.v1 import sandbox_pb2 as pb
+
+_log = logging.getLogger(__name__)
+
+
+class AsyncClient:
+    """A connection to one corral daemon, for asyncio code.
+
+    `address`: "unix:///path", "/path", "host:port" or "tcp://host:port"; default: $CORRAL_ADDRESS,
+    else $CORRAL_SOCKET, else unix:///run/corral/corral.sock. `token`: bearer token for a TCP
+    listener; default $CORRAL_TOKEN. `timeout`: deadline in seconds of each call other than exec
+    (exec calls get the command's timeout plus a margin).
+    """
+
+    def __init__(self, address: str | None = None, token: str | None = None,
+                 timeout: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+        self._transport = AsyncTransport(resolve_address(address), resolve_token(token), timeout)
+
+    @property
+    def address(self) -> str:
+        """The daemon address this client talks to, e.g. "unix:///run/corral/corral.sock"."""
+        return str(self._transport.address)
+
+    async def create_sandbox(self, image: str = "host", backend: str | None = None, *,
+                             memory_bytes: int | None = None, pids: int | None = None,
+                             cpu_millicores: int | None = None, network: bool = False,
+                             env: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
+                             idle_timeout: float | None = None, timeout: float | None = None) -> AsyncSandbox:
+        """Creates a sandbox and waits until it can run commands.
+
+        `backend`: "local", "docker", "singularity", or None for the daemon's default. Limits left
+        None take the daemon's defaults. `idle_timeout`: seconds without calls before the daemon
+        destroys it (None: the daemon's default). `timeout`: deadline of this call (pulling an
+        image can take longer than the client default).
+        """
+        request = _core.build_create_sandbox_request(
+            image=image, backend=backend, memory_bytes=memory_bytes, pids=pids,
+            cpu_millicores=cpu_millicores, network=network, env=env, labels=labels,
+            idle_timeout=idle_timeout)
+        response = await self._transport.unary(self._transport.sandbox_service.CreateSandbox, request,
+                                               timeout=timeout)
+        return AsyncSandbox(self._transport, _core.sandbox_info_from_proto(response.sandbox))
+
+    async def get_sandbox(self, sandbox_id: str) -> AsyncSandbox:
+        """A handle on an existing sandbox; raises SandboxNotFound for an unknown id."""
+        response = await self._transport.unary(self._transport.sandbox_service.GetSandbox,
+                                               _core.build_get_sandbox_request(sandbox_id))
+        return AsyncSandbox(self._transport, _core.sandbox_info_from_proto(response.sandbox))
+
+    async def list_sandboxes(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        """The daemon's sandboxes, only those carrying all of `labels` if given. `get_sandbox(id)`
+        gives a handle on one."""
+        response = await self._transport.unary(self._transport.sandbox_service.ListSandboxes,
+                                               _core.build_list_sandboxes_request(labels))
+        return [_core.sandbox_info_from_proto(sandbox) for sandbox in response.sandboxes]
+
+    async def node_info(self) -> NodeInfo:
+        """What this node can do: backends, isolation, enforced limits, cgroup mode."""
+        response = await self._transport.unary(self._transport.sandbox_service.GetNodeInfo,
+                                               _core.build_node_info_request())
+        return _core.node_info_from_proto(response)
+
+    async def close(self) -> None:
+        """Closes the connection; sandboxes stay alive on the daemon."""
+        await self._transport.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(address={self.address!r})"
+
+
+class AsyncSandbox:
+    """A handle on one sandbox. As an async context manager it destroys the sandbox on exit:
+    `async with await client.create_sandbox() as sandbox: ...`.
+
+    Obtained from `AsyncClient.create_sandbox` or `get_sandbox`; it uses its client's connection,
+    so it stops working once the client is closed.
+    """
+
+    def __init__(self, transport: AsyncTransport, info: SandboxInfo) -> None:
+        self._transport = transport
+        self._info = info
+        self._destroyed = False
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """What the daemon last said about this sandbox; `refresh()` asks again."""
+        return self._info
+
+    async def exec(self, cmd: Command, *, stdin: bytes | str | None = None, env: Mapping[str, str] | None = None,
+                   cwd: str | None = None, timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+                   output_limit: int | None = None, check: bool = False) -> ExecResult:
+        """Runs a command to completion and returns its exit status and output.
+
+        `cmd`: a list of str runs as argv; a str runs under the sandbox's shell. `stdin`: bytes
+        fed to the command (None: stdin at EOF). `timeout`: seconds, after which the whole process
+        tree is killed and `timed_out` is set. `output_limit`: bytes kept per stream (None: the
+        daemon's default, 1 MiB). `check`: raise CommandExitError unless the result is `ok`.
+        """
+        request = _core.build_exec_request(self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout,
+                                           output_limit=output_limit)
+        response = await self._transport.unary(self._transport.sandbox_service.Exec, request,
+                                                timeout=_core.exec_deadline(timeout))
+        result = _core.exec_result_from_proto(response)
+        return result.check() if check else result
+
+    def exec_stream(self, cmd: Command, *, stdin: bytes | str | None = None, env: Mapping[str, str] | None = None,
+                    cwd: str | None = None, timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+                    output_limit: int | None = None, keepalive: float | None = None) -> AsyncExecStream:
+        """Runs a command and streams its events as they happen: ExecStarted, then ExecOutput and
+        ExecKeepalive (every `keepalive` seconds without output), then ExecExited.
+
+        Closing the stream before ExecExited (or leaving its `async with` block) kills the command.
+        Not a coroutine: `async with sandbox.exec_stream([...]) as events: async for e in events`.
+        """
+        request = _core.build_exec_stream_request(self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout,
+                                                  output_limit=output_limit, keepalive=keepalive)
+        return AsyncExecStream(self._transport.server_stream(self._transport.sandbox_service.ExecStream, request,
+                                                             timeout=_core.exec_deadline(timeout)))
+
+    async def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        """Reads `limit` bytes (None: all) of a file from `offset`; relative paths are relative to
+        the workdir."""
+        plan = _core.read_file_plan(self.id, path, offset=offset, limit=limit)
+        return await self._transport.run_plan(self._transport.sandbox_service.ReadFile, plan)
+
+    async def write_file(self, path: str, data: bytes | str, mode: int | None = None,
+                         make_parents: bool = True) -> None:
+        """Writes a whole file, replacing it if it exists. A str is written as UTF-8. `mode`:
+        permission bits of a new file (None: 0o644)."""
+        request = _core.build_write_file_request(self.id, path, data, mode=mode, make_parents=make_parents)
+        await self._transport.unary(self._transport.sandbox_service.WriteFile, request)
+
+    async def list_dir(self, path: str) -> list[FileEntry]:
+        """The entries of a directory, sorted by name."""
+        response = await self._transport.unary(self._transport.sandbox_service.ListDir,
+                                               _core.build_list_dir_request(self.id, path))
+        return [_core.file_entry_from_proto(entry) for entry in response.entries]
+
+    async def upload(self, local_path: str | os.PathLike[str], remote_dir: str, *,
+                     timeout: float | None = None) -> str:
+        """Copies a local file or directory into `remote_dir` (created if missing) and returns its
+        path inside the sandbox. `timeout`: deadline of the transfer (None: the client default)."""
+        # Packing reads local files, so it runs off the event loop.
+        requests = _core.upload_requests(self.id, remote_dir, tar_chunks(local_path))
+        await self._transport.client_stream(self._transport.sandbox_service.Upload, iterate_in_thread(requests),
+                                            timeout=timeout)
+        return posixpath.join(remote_dir, archive_name(local_path))
+
+    async def download(self, remote_path: str, local_dir: str | os.PathLike[str], *,
+                       timeout: float | None = None) -> Path:
+        """Copies a file or directory out of the sandbox into `local_dir` (created if missing) and
+        returns its local path. Nothing is unpacked unless the whole archive arrived."""
+        request = _core.build_download_request(self.id, remote_path)
+        with download_spool() as archive:
+            async with self._transport.server_stream(self._transport.sandbox_service.Download, request,
+                                                     timeout=timeout) as responses:
+                async for response in responses:
+                    archive.write(response.chunk)
+            return await asyncio.to_thread(extract_archive, archive, local_dir)
+
+    async def refresh(self) -> SandboxInfo:
+        """Asks the daemon for this sandbox's current state and returns it (also in `.info`)."""
+        response = await self._transport.unary(self._transport.sandbox_service.GetSandbox,
+                                               _core.build_get_sandbox_request(self.id))
+        self._info = _core.sandbox_info_from_proto(response.sandbox)
+        return self._info
+
+    async def destroy(self) -> None:
+        """Kills everything in the sandbox and removes it. Destroying a sandbox that is already
+        gone is not an error."""
+        if self._destroyed:
+            return
+        try:
+            await self._transport.unary(self._transport.sandbox_service.DestroySandbox,
+                                        _core.build_destroy_sandbox_request(self.id))
+        except NotFound:
+            pass  # destroyed elsewhere or reaped by its idle timeout: the goal is reached
+        self._destroyed = True
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        if exc is None:
+            await self.destroy()
+            return
+        try:
+            await self.destroy()
+        except CorralError as error:
+            # The body's exception is the one the caller needs to see; the daemon's idle timeout
+            # reaps a sandbox that could not be destroyed now.
+            _log.warning("could not destroy sandbox %s: %s", self.id, error)
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox(id={self.id!r}, backend={self._info.backend!r}, image={self._info.image!r})"
+
+
+class AsyncExecStream:
+    """The events of one streamed command (see `AsyncSandbox.exec_stream`); iterate it with
+    `async for`, ideally in an `async with` block. Closing it before ExecExited cancels the call,
+    which kills the command."""
+
+    def __init__(self, responses: AsyncResponseStream[pb.ExecStreamResponse]) -> None:
+        self._responses = responses
+        self._decoder = _core.ExecEventDecoder()
+
+    def __aiter__(self) -> AsyncExecStream:
+        return self
+
+    async def __anext__(self) -> ExecEvent:
+        try:
+            response = await self._responses.__anext__()
+        except StopAsyncIteration:
+            if not self._responses.closed:
+                self._decoder.finish()  # a stream that ended by itself must have said how
+            raise
+        return self._decoder.decode(response)
+
+    async def close(self) -> None:
+        await self._responses.close()
+
+    async def __aenter__(self) -> AsyncExecStream:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.close()
