@@ -1,0 +1,81 @@
+"""The sync and async SDK classes are hand-written twins; these tests keep them from drifting."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+
+from corral.sdk import AsyncClient, AsyncExecStream, AsyncSandbox, Client, ExecStream, Sandbox
+
+TWINS = [(Client, AsyncClient), (Sandbox, AsyncSandbox), (ExecStream, AsyncExecStream)]
+TWIN_IDS = [sync.__name__ for sync, _ in TWINS]
+
+# Async methods that return a stream object instead of being awaited.
+NOT_COROUTINES = {"exec_stream"}
+
+# Protocol methods each side must have, sync name -> async name.
+PROTOCOL_TWINS = {
+    "__enter__": "__aenter__",
+    "__exit__": "__aexit__",
+    "__iter__": "__aiter__",
+    "__next__": "__anext__",
+}
+
+
+def public_members(cls: type) -> dict[str, object]:
+    return {name: inspect.getattr_static(cls, name) for name in dir(cls) if not name.startswith("_")}
+
+
+def normalised_signature(function: object) -> str:
+    """The signature with the twin-specific "Async" prefixes removed from annotations."""
+    text = str(inspect.signature(function))
+    return re.sub(r"\bAsync(?=[A-Z])", "", text)
+
+
+@pytest.mark.parametrize(("sync_class", "async_class"), TWINS, ids=TWIN_IDS)
+def test_same_public_names(sync_class: type, async_class: type) -> None:
+    assert sorted(public_members(sync_class)) == sorted(public_members(async_class))
+
+
+@pytest.mark.parametrize(("sync_class", "async_class"), TWINS, ids=TWIN_IDS)
+def test_same_signatures(sync_class: type, async_class: type) -> None:
+    sync_members = public_members(sync_class)
+    async_members = public_members(async_class)
+    for name, sync_member in sync_members.items():
+        async_member = async_members[name]
+        assert type(sync_member) is type(async_member), name
+        if isinstance(sync_member, property):
+            continue
+        assert normalised_signature(sync_member) == normalised_signature(async_member), name
+
+
+@pytest.mark.parametrize(("sync_class", "async_class"), [(Client, AsyncClient)], ids=["Client"])
+def test_same_constructor(sync_class: type, async_class: type) -> None:
+    assert normalised_signature(sync_class.__init__) == normalised_signature(async_class.__init__)
+
+
+@pytest.mark.parametrize(("sync_class", "async_class"), TWINS, ids=TWIN_IDS)
+def test_async_methods_are_coroutines_and_sync_ones_are_not(sync_class: type, async_class: type) -> None:
+    for name, member in public_members(async_class).items():
+        if isinstance(member, property):
+            continue
+        assert inspect.iscoroutinefunction(member) == (name not in NOT_COROUTINES), name
+    for name, member in public_members(sync_class).items():
+        if not isinstance(member, property):
+            assert not inspect.iscoroutinefunction(member), name
+
+
+@pytest.mark.parametrize(("sync_class", "async_class"), TWINS, ids=TWIN_IDS)
+def test_matching_protocols(sync_class: type, async_class: type) -> None:
+    for sync_name, async_name in PROTOCOL_TWINS.items():
+        assert hasattr(sync_class, sync_name) == hasattr(async_class, async_name), sync_name
+
+
+def test_keyword_only_options_of_exec() -> None:
+    """Only the command is positional, so options can be added later without breaking calls."""
+    parameters = inspect.signature(Sandbox.exec).parameters
+    positional = [name for name, parameter in parameters.items()
+                  if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == ["self", "cmd"]
