@@ -271,6 +271,7 @@ class SandboxManager:
             proc = self._start(sandbox, spec)
             yield Started(proc.pid)
             runner = asyncio.ensure_future(proc.run(forward, spec.timeout_s))
+            getter: asyncio.Future | None = None
             try:
                 while True:
                     getter = asyncio.ensure_future(queue.get())
@@ -290,6 +291,8 @@ class SandboxManager:
                 truncated = totals[1] + totals[2] > spec.output_limit
                 yield Exited(self._outcome(sandbox, proc, exit, oom_before, (b"", totals[1]), (b"", totals[2]), truncated))
             finally:
+                if getter is not None and not getter.done():
+                    getter.cancel()
                 if not runner.done():
                     runner.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -124,3 +124,18 @@ def test_200_concurrent_execs_over_20_sandboxes(client):
     finally:
         for sb in sandboxes:
             sb.destroy()
+
+
+async def test_async_client_against_the_daemon(daemon):
+    from corral.sdk import AsyncClient
+
+    async with AsyncClient(daemon.address) as client:
+        async with await client.create_sandbox(image="host") as sb:
+            r = await sb.exec("echo async; exit 2", timeout=10)
+            assert (r.exit_code, r.stdout) == (2, b"async\n")
+            kinds = [type(e).__name__ async for e in sb.exec_stream(["echo", "x"], timeout=10)]
+            assert kinds[0] == "ExecStarted" and kinds[-1] == "ExecExited"
+            await sb.write_file("a.txt", b"async file")
+            assert await sb.read_file("a.txt") == b"async file"
+            sandbox_id = sb.id
+        assert sandbox_id not in [s.id for s in await client.list_sandboxes()]

@@ -1,5 +1,8 @@
-"""Both clients against an in-process fake SandboxService: the transport, deadlines, streaming,
-cancellation, transfers and error translation, without the real daemon."""
+"""Both clients against an in-process FAKE SandboxService (a stand-in, not the daemon).
+
+The fake exists for what a correct daemon never does on purpose: events out of order, a stream
+without `exited`, unsafe archives, exact deadlines and injected status codes. Everything a real
+daemon can show is tested against one in test_exec.py, test_files.py and test_daemon.py."""
 
 from __future__ import annotations
 
