@@ -79,11 +79,15 @@ class DaemonProcess:
         return self.proc.wait(timeout)
 
 
-@pytest.fixture(scope="session")
-def daemon(tmp_path_factory) -> DaemonProcess:
-    """One daemon for the whole session (tests that kill or restart daemons make their own)."""
+@pytest.fixture(scope="session", params=["bwrap", "unshare"])
+def daemon(request, tmp_path_factory) -> DaemonProcess:
+    """One daemon per local launcher for the whole session, so that every test using it runs on
+    both bubblewrap and the unshare fallback (tests that kill or restart daemons make their own)."""
     require_backend("local")
-    proc = DaemonProcess(tmp_path_factory.mktemp("daemon")).start()
+    root = tmp_path_factory.mktemp(f"daemon-{request.param}")
+    config = root / "corral.toml"
+    config.write_text(f'[local]\nisolation = "{request.param}"\n')
+    proc = DaemonProcess(root, "--config", str(config)).start()
     yield proc
     proc.stop()
 

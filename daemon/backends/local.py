@@ -1,4 +1,5 @@
-"""The local backend: a sandbox is a set of Linux namespaces made by bubblewrap on the host.
+"""The local backend: a sandbox is a set of Linux namespaces on the host, made by bubblewrap (or,
+where it is missing, util-linux unshare + chroot; see local_launch.py).
 
 Per sandbox the daemon keeps a directory with `workspace/` (mounted read-write at the workdir) and
 `tmp/` (mounted at /tmp). The root is a read-only tmpfs holding read-only binds of the image's
@@ -13,7 +14,6 @@ the sandbox's cgroup. If the daemon dies, init's stdin closes and the sandbox wi
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
@@ -29,11 +29,10 @@ from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from ..fsaccess import SandboxFiles
 from ..process import HostProcess, in_cgroup
 from .base import Backend, BackendStatus, SandboxRuntime, SandboxSpec
+from .local_launch import INIT_READY, bwrap_argv, init_pid, root_layout, unshare_argv
 
 log = logging.getLogger(__name__)
 
-SKIPPED_TOP_LEVEL = {"proc", "dev", "sys", "tmp", "run", "lost+found"}
-INIT_READY = b"corral-init-ready\n"
 START_TIMEOUT_S = 30.0
 
 
@@ -79,6 +78,8 @@ class LocalBackend(Backend):
         self.uids = UidPool(config.local.uid_base, config.local.uid_count)
         self.bwrap = shutil.which("bwrap")
         self.nsenter = shutil.which("nsenter")
+        self.unshare = shutil.which("unshare")
+        self.launcher = ""
         self._status = self._probe()
 
     # -- capabilities ------------------------------------------------------------------------------
@@ -93,17 +94,24 @@ class LocalBackend(Backend):
             "network": LimitSupport(True, "network namespace"),
         }
         missing = []
-        if mode not in ("auto", "bwrap"):
-            missing.append(f'local.isolation = "{mode}" is not supported by this daemon; use "auto" or "bwrap"')
-        if not self.bwrap:
-            missing.append("bubblewrap is not installed (apt-get install bubblewrap)")
         if not self.nsenter:
             missing.append("nsenter is not installed (apt-get install util-linux)")
         if os.geteuid() != 0:
             missing.append("the daemon is not root: it needs root to give each sandbox its own uid and cgroup")
+        if mode in ("auto", "bwrap") and self.bwrap:
+            self.launcher, detail = "bwrap", _version(self.bwrap) or "bubblewrap"
+        elif mode in ("auto", "unshare") and self.unshare and shutil.which("chroot"):
+            self.launcher, detail = "unshare", (_version(self.unshare) or "util-linux unshare") + " + chroot"
+        else:
+            self.launcher, detail = "", ""
+            missing.append(
+                "bubblewrap is not installed (apt-get install bubblewrap)" if mode == "bwrap"
+                else f'local.isolation = "{mode}" cannot run sandboxes' if mode == "none"
+                else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
+            )
         if missing:
             return BackendStatus(False, "; ".join(missing), "none", limits)
-        return BackendStatus(True, _version(self.bwrap) or "bubblewrap", "namespaces", limits)
+        return BackendStatus(True, detail, "namespaces", limits)
 
     def status(self) -> BackendStatus:
         return self._status
@@ -119,41 +127,12 @@ class LocalBackend(Backend):
             raise InvalidArgument(f"local image {image} is not a directory")
         return os.path.realpath(image)
 
-    def _bwrap_argv(self, rootfs: str, sandbox_dir: Path, network: bool, info_fd: int) -> list[str]:
+    def init_argv(self, rootfs: str, sandbox_dir: Path, network: bool, uid: int) -> list[str]:
+        layout = root_layout(rootfs, self.hidden_paths)
         workdir = self.config.local.workdir
-        argv = [
-            self.bwrap,
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", "corral",
-            "--new-session",
-            "--cap-drop", "ALL",
-            "--info-fd", str(info_fd),
-        ]
-        if not network:
-            argv.append("--unshare-net")
-        for entry in sorted(os.listdir(rootfs)):
-            if entry in SKIPPED_TOP_LEVEL:
-                continue
-            path = os.path.join(rootfs, entry)
-            if os.path.islink(path):
-                argv += ["--symlink", os.readlink(path), f"/{entry}"]
-            elif os.path.isdir(path):
-                argv += ["--ro-bind", path, f"/{entry}"]
-        for hidden in self.hidden_paths:
-            # Only paths that the binds above expose need covering.
-            if rootfs == "/" and os.path.isdir(hidden) and hidden.split("/")[1] not in SKIPPED_TOP_LEVEL:
-                argv += ["--tmpfs", hidden]
-        argv += [
-            "--proc", "/proc",
-            "--dev", "/dev",
-            "--tmpfs", "/run",
-            "--bind", str(sandbox_dir / "tmp"), "/tmp",
-            "--bind", str(sandbox_dir / "workspace"), workdir,
-            "--remount-ro", "/",
-            "--chdir", workdir,
-            "--", "/bin/sh", "-c", f"printf '{INIT_READY.decode().strip()}\\n'; read -r _",
-        ]
-        return argv
+        if self.launcher == "bwrap":
+            return bwrap_argv(self.bwrap, layout, sandbox_dir, workdir, network)
+        return unshare_argv(self.unshare, layout, sandbox_dir, workdir, network, uid)
 
     async def create(self, spec: SandboxSpec) -> SandboxRuntime:
         if not self._status.available:
@@ -172,7 +151,7 @@ class LocalBackend(Backend):
         return runtime
 
     async def reap(self, record: dict) -> None:
-        pid = record.get("bwrap_pid")
+        pid = record.get("launcher_pid")
         if pid and _is_process(pid, "bwrap"):
             _kill(pid)
         for group in self.cgroups.existing_groups():
@@ -192,9 +171,9 @@ class LocalBackend(Backend):
                 await asyncio.to_thread(shutil.rmtree, leftover, True)
 
 
-def _is_process(pid: int, name: str) -> bool:
+def _is_process(pid: int, names: tuple[str, ...]) -> bool:
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == name
+        return Path(f"/proc/{pid}/comm").read_text().strip() in names
     except OSError:
         return False
 
@@ -219,7 +198,7 @@ class LocalSandbox(SandboxRuntime):
         self.cgroup: CgroupGroup | None = None
         self.files: SandboxFiles | None = None
         self.init_pid = 0
-        self._bwrap: subprocess.Popen | None = None
+        self._launcher: subprocess.Popen | None = None
         self._leaves = count()
         self._shell = "/bin/sh"
 
@@ -235,36 +214,26 @@ class LocalSandbox(SandboxRuntime):
             self.cgroup = self.backend.cgroups.create(
                 self.spec.sandbox_id, lim.memory_bytes, lim.pids, lim.cpu_millicores
             )
-        info_r, info_w = os.pipe()
-        try:
-            argv = self.backend._bwrap_argv(rootfs, self.sandbox_dir, self.spec.network, info_w)
-            init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
-            # Spawned from the event loop thread on purpose: nothing here may die with a worker.
-            self._bwrap = subprocess.Popen(
-                in_cgroup(argv, init_cgroup),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(info_w,),
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                cwd="/",
-                start_new_session=True,
-            )
-        finally:
-            os.close(info_w)
-        try:
-            ready = await asyncio.wait_for(
-                asyncio.to_thread(self._bwrap.stdout.readline), START_TIMEOUT_S
-            )
-            info = await asyncio.to_thread(_read_json, info_r)
-        finally:
-            os.close(info_r)
+        argv = self.backend.init_argv(rootfs, self.sandbox_dir, self.spec.network, self.uid)
+        init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
+        # Spawned from the event loop thread on purpose: nothing here may die with a worker.
+        self._launcher = subprocess.Popen(
+            in_cgroup(argv, init_cgroup),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")},
+            cwd="/",
+            start_new_session=True,
+        )
+        ready = await asyncio.wait_for(asyncio.to_thread(self._launcher.stdout.readline), START_TIMEOUT_S)
         if ready != INIT_READY:
-            err = await asyncio.to_thread(self._bwrap.stderr.read)
+            err = await asyncio.to_thread(self._launcher.stderr.read)
             raise FailedPrecondition(
-                f"bubblewrap could not start the sandbox: {err.decode(errors='replace').strip() or 'no error output'}"
+                f"{self.backend.launcher} could not start the sandbox: "
+                f"{err.decode(errors='replace').strip() or 'no error output'}"
             )
-        self.init_pid = info["child-pid"]
+        self.init_pid = init_pid(self._launcher.pid, 1 if self.backend.launcher == "bwrap" else 2)
         if os.path.exists(os.path.join(rootfs, "bin/bash")):
             self._shell = "/bin/bash"
         self.files = SandboxFiles(
@@ -276,12 +245,12 @@ class LocalSandbox(SandboxRuntime):
         return {
             "backend": "local",
             "sandbox_id": self.spec.sandbox_id,
-            "bwrap_pid": self._bwrap.pid if self._bwrap else 0,
+            "launcher_pid": self._launcher.pid if self._launcher else 0,
             "sandbox_dir": str(self.sandbox_dir),
         }
 
     def alive(self) -> bool:
-        return self._bwrap is not None and self._bwrap.poll() is None
+        return self._launcher is not None and self._launcher.poll() is None
 
     def shell_argv(self, script: str) -> list[str]:
         return [self._shell, "-c", script]
@@ -302,28 +271,16 @@ class LocalSandbox(SandboxRuntime):
     async def destroy(self) -> None:
         if self.cgroup:
             await asyncio.to_thread(self.cgroup.kill)
-        if self._bwrap:
-            for pipe in (self._bwrap.stdin, self._bwrap.stdout, self._bwrap.stderr):
+        if self._launcher:
+            for pipe in (self._launcher.stdin, self._launcher.stdout, self._launcher.stderr):
                 pipe.close()
-            _kill(self._bwrap.pid)
-            await asyncio.to_thread(self._bwrap.wait)
-            self._bwrap = None
+            _kill(self._launcher.pid)
+            await asyncio.to_thread(self._launcher.wait)
+            self._launcher = None
         if self.files:
             self.files.close()
         if self.cgroup:
             await asyncio.to_thread(self.cgroup.remove)
         await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
         self.backend.uids.give_back(self.uid)
-
-
-def _read_json(fd: int) -> dict:
-    # bwrap writes its info in one go; read until it parses rather than waiting for EOF.
-    data = b""
-    while chunk := os.read(fd, 4096):
-        data += chunk
-        try:
-            return json.loads(data)
-        except ValueError:
-            continue
-    return json.loads(data or b"{}")
 
