@@ -200,3 +200,36 @@ def test_cli_doctor_and_exec(daemon, tmp_path):
     ls = subprocess.run([*cli, "sandbox", "ls"], capture_output=True, text=True, env=env, timeout=30)
     assert sid in ls.stdout
     assert subprocess.run([*cli, "sandbox", "rm", sid], env=env, timeout=30).returncode == 0
+
+
+def test_isolation_none_only_when_explicitly_allowed(tmp_path):
+    require_backend("local")
+    config = tmp_path / "none.toml"
+    config.write_text('[local]\nisolation = "none"\n')
+    refused = subprocess.run(
+        [sys.executable, "-m", "corral.sdk.cli", "serve", "--config", str(config),
+         "--socket", str(tmp_path / "r.sock"), "--state-dir", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert refused.returncode == 2 and "allow_no_isolation" in refused.stderr
+    config.write_text('[local]\nisolation = "none"\nallow_no_isolation = true\n')
+    # Without a mount namespace the sandbox uid reaches its workspace through the host's real
+    # path, so every directory above the state dir must be traversable (as /var/lib is).
+    for parent in [tmp_path, *tmp_path.parents]:
+        if parent == Path("/tmp"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o011)
+    d = DaemonProcess(tmp_path, "--config", str(config)).start()
+    try:
+        with Client(d.address) as c, c.create_sandbox(image="host") as sb:
+            assert sb.info.isolation == "none"
+            network = next(s for s in sb.info.limit_status if s.kind == "network")
+            assert not network.enforced and "none" in network.reason
+            r = sb.exec("id -u; pwd; cat /etc/shadow", timeout=10)
+            uid, cwd = r.stdout.split()[:2]
+            assert uid != b"0" and cwd.decode() == sb.info.workdir
+            assert b"Permission denied" in r.stderr
+            sb.write_file("f.txt", b"none")
+            assert sb.exec(["cat", "f.txt"], timeout=10).stdout == b"none"
+    finally:
+        d.stop()

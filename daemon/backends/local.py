@@ -98,6 +98,15 @@ class LocalBackend(Backend):
             missing.append("nsenter is not installed (apt-get install util-linux)")
         if os.geteuid() != 0:
             missing.append("the daemon is not root: it needs root to give each sandbox its own uid and cgroup")
+        if mode == "none":
+            # Only reachable with local.allow_no_isolation (config validation): commands run as
+            # the sandbox's own uid on the host, in its workspace, with cgroup limits but no
+            # namespaces. Said loudly everywhere a sandbox describes itself.
+            self.launcher, detail = "none", "NO ISOLATION (local.isolation = \"none\"): commands run on the host as an unprivileged uid"
+            limits["network"] = LimitSupport(False, reason='local.isolation = "none": no network namespace')
+            if os.geteuid() != 0:
+                return BackendStatus(False, "the daemon is not root: it needs root to run commands as another uid", "none", limits)
+            return BackendStatus(True, detail, "none", limits)
         if mode in ("auto", "bwrap") and self.bwrap:
             self.launcher, detail = "bwrap", _version(self.bwrap) or "bubblewrap"
         elif mode in ("auto", "unshare") and self.unshare and shutil.which("chroot"):
@@ -214,6 +223,11 @@ class LocalSandbox(SandboxRuntime):
             self.cgroup = self.backend.cgroups.create(
                 self.spec.sandbox_id, lim.memory_bytes, lim.pids, lim.cpu_millicores
             )
+        if self.backend.launcher == "none":
+            self.workdir = str(self.sandbox_dir / "workspace")
+            self.isolation = "none"
+            self.files = SandboxFiles("/", self.workdir, self.uid, self.uid, self.backend.config.exec.max_file_bytes)
+            return
         argv = self.backend.init_argv(rootfs, self.sandbox_dir, self.spec.network, self.uid)
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
         # Spawned from the event loop thread on purpose: nothing here may die with a worker.
@@ -250,6 +264,8 @@ class LocalSandbox(SandboxRuntime):
         }
 
     def alive(self) -> bool:
+        if self.isolation == "none":
+            return self.files is not None
         return self._launcher is not None and self._launcher.poll() is None
 
     def shell_argv(self, script: str) -> list[str]:
@@ -258,6 +274,10 @@ class LocalSandbox(SandboxRuntime):
     def start_process(
         self, argv: Sequence[str], *, env: dict[str, str], cwd: str, stdin: bytes | AsyncIterable[bytes] | None
     ) -> HostProcess:
+        leaf = self.cgroup.leaf(f"p{next(self._leaves)}") if self.cgroup else None
+        if self.isolation == "none":
+            drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
+            return HostProcess([*drop, *argv], env=env, stdin=stdin, cgroup=leaf, cwd=cwd or self.workdir)
         enter = [
             self.backend.nsenter, "-t", str(self.init_pid), "-m", "-p", "-i", "-u", "-n",
             "-r", "-w", "-S", str(self.uid), "-G", str(self.uid), "--",
@@ -265,7 +285,6 @@ class LocalSandbox(SandboxRuntime):
         if cwd and os.path.normpath(cwd) != self.workdir:
             # nsenter can only take the target's cwd; change directory once inside.
             enter += ["/bin/sh", "-c", 'cd -- "$1" || exit 126; shift; exec "$@"', "sh", cwd]
-        leaf = self.cgroup.leaf(f"p{next(self._leaves)}") if self.cgroup else None
         return HostProcess([*enter, *argv], env=env, stdin=stdin, cgroup=leaf)
 
     async def destroy(self) -> None:
