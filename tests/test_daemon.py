@@ -233,3 +233,22 @@ def test_isolation_none_only_when_explicitly_allowed(tmp_path):
             assert sb.exec(["cat", "f.txt"], timeout=10).stdout == b"none"
     finally:
         d.stop()
+
+
+def test_prometheus_metrics_opt_in(tmp_path):
+    require_backend("local")
+    import urllib.request
+
+    port = _free_port()
+    d = DaemonProcess(tmp_path, "--metrics", f"127.0.0.1:{port}").start()
+    try:
+        with Client(d.address) as c, c.create_sandbox(image="host") as sb:
+            sb.exec(["true"], timeout=10)
+            sb.exec(["sleep", "5"], timeout=0.2)
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert "corral_sandboxes_live 1.0" in text
+        assert 'corral_execs_total{backend="local"} 2.0' in text
+        assert 'corral_exec_timeouts_total{backend="local"} 1.0' in text
+        assert 'corral_rpc_seconds_count{code="OK",method="Exec"} 2.0' in text
+    finally:
+        d.stop()
