@@ -4,10 +4,13 @@ file access, destroy them, and say what this node supports."""
 from __future__ import annotations
 
 import abc
+import os
+import tempfile
+from pathlib import Path
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass, field
 
-from ..cgroups import LimitSupport
+from ..cgroups import CgroupGroup, LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import HostProcess
 
@@ -28,6 +31,25 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
+RUN_DIR_IN_SANDBOX = "/run/corral"
+
+
+def run_dir_base(daemon_id: str) -> Path:
+    """Where the daemon keeps per-sandbox run directories on the host. Short on purpose: kernel
+    sockets live there and Unix socket paths are limited to 107 bytes."""
+    root = "/run" if os.access("/run", os.W_OK) else tempfile.gettempdir()
+    return Path(root) / f"corral-{daemon_id}"
+
+
+@dataclass(frozen=True)
+class EnterCommand:
+    """A host command line that runs a program inside a sandbox, and where it must start."""
+
+    argv: list[str]
+    cgroup: "CgroupGroup | None"  # the leaf cgroup the host process must join (see process.in_cgroup)
+    cwd: str  # host-side working directory for the spawn
+
+
 @dataclass(frozen=True)
 class BackendStatus:
     available: bool
@@ -43,12 +65,26 @@ class SandboxRuntime(abc.ABC):
     limits: dict[str, LimitSupport]
     workdir: str
     files: SandboxFiles
+    # The run directory (kernel sockets and other daemon<->sandbox rendezvous files), as the host
+    # sees it and as the sandbox sees it. Unix socket paths must stay short: see run_dir_base().
+    run_dir_host: str
+    run_dir_sandbox: str
 
     @abc.abstractmethod
+    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str) -> EnterCommand:
+        """The host command that runs argv inside the sandbox as its user, in leaf cgroup `leaf`."""
+
     def start_process(
         self, argv: Sequence[str], *, env: dict[str, str], cwd: str, stdin: bytes | AsyncIterable[bytes] | None
     ) -> HostProcess:
-        """Starts argv inside the sandbox, in a fresh process group and leaf cgroup."""
+        """Starts argv inside the sandbox with pipes, in a fresh process group and leaf cgroup."""
+        enter = self.enter_command(argv, cwd=cwd, leaf=self.next_leaf("p"))
+        return HostProcess(enter.argv, env=env, stdin=stdin, cgroup=enter.cgroup, cwd=enter.cwd)
+
+    def next_leaf(self, prefix: str) -> str:
+        """A fresh leaf cgroup name, unique within the sandbox."""
+        self._leaf_counter = getattr(self, "_leaf_counter", 0) + 1
+        return f"{prefix}{self._leaf_counter}"
 
     @abc.abstractmethod
     def shell_argv(self, script: str) -> list[str]:

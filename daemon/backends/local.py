@@ -28,7 +28,7 @@ from ..config import Config
 from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from ..fsaccess import SandboxFiles
 from ..process import HostProcess, in_cgroup
-from .base import Backend, BackendStatus, SandboxRuntime, SandboxSpec
+from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, SandboxRuntime, SandboxSpec, run_dir_base
 from .local_launch import INIT_READY, bwrap_argv, init_pid, root_layout, unshare_argv
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,9 @@ class UidPool:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, config: Config, cgroups: CgroupDriver, hidden_paths: Sequence[str]) -> None:
+    def __init__(self, config: Config, cgroups: CgroupDriver, hidden_paths: Sequence[str], run_base: Path | None = None) -> None:
         self.config = config
+        self.run_base = run_base or run_dir_base(cgroups.daemon_id)
         self.cgroups = cgroups
         self.hidden_paths = [os.path.realpath(p) for p in hidden_paths]
         self.sandboxes_dir = config.state_path / "sandboxes"
@@ -136,12 +137,12 @@ class LocalBackend(Backend):
             raise InvalidArgument(f"local image {image} is not a directory")
         return os.path.realpath(image)
 
-    def init_argv(self, rootfs: str, sandbox_dir: Path, network: bool, uid: int) -> list[str]:
+    def init_argv(self, rootfs: str, sandbox_dir: Path, run_dir: Path, network: bool, uid: int) -> list[str]:
         layout = root_layout(rootfs, self.hidden_paths)
         workdir = self.config.local.workdir
         if self.launcher == "bwrap":
-            return bwrap_argv(self.bwrap, layout, sandbox_dir, workdir, network)
-        return unshare_argv(self.unshare, layout, sandbox_dir, workdir, network, uid)
+            return bwrap_argv(self.bwrap, layout, sandbox_dir, run_dir, workdir, network)
+        return unshare_argv(self.unshare, layout, sandbox_dir, run_dir, workdir, network, uid)
 
     async def create(self, spec: SandboxSpec) -> SandboxRuntime:
         if not self._status.available:
@@ -167,17 +168,25 @@ class LocalBackend(Backend):
             if group.paths and group.paths[0].name == record.get("sandbox_id"):
                 await asyncio.to_thread(group.kill)
                 await asyncio.to_thread(group.remove)
-        sandbox_dir = record.get("sandbox_dir")
-        if sandbox_dir and Path(sandbox_dir).parent == self.sandboxes_dir:
-            await asyncio.to_thread(shutil.rmtree, sandbox_dir, True)
+        for key, parent in (("sandbox_dir", self.sandboxes_dir), ("run_dir", self.run_base)):
+            path = record.get(key)
+            if path and Path(path).parent == parent:
+                await asyncio.to_thread(shutil.rmtree, path, True)
+
+    async def close(self) -> None:
+        try:
+            self.run_base.rmdir()
+        except OSError:
+            pass
 
     async def reap_orphans(self) -> None:
         for group in self.cgroups.existing_groups():
             await asyncio.to_thread(group.kill)
             await asyncio.to_thread(group.remove)
-        if self.sandboxes_dir.is_dir():
-            for leftover in self.sandboxes_dir.iterdir():
-                await asyncio.to_thread(shutil.rmtree, leftover, True)
+        for base in (self.sandboxes_dir, self.run_base):
+            if base.is_dir():
+                for leftover in base.iterdir():
+                    await asyncio.to_thread(shutil.rmtree, leftover, True)
 
 
 def _is_process(pid: int, names: tuple[str, ...]) -> bool:
@@ -203,12 +212,12 @@ class LocalSandbox(SandboxRuntime):
         self.uid = uid
         self.sandbox_dir = sandbox_dir
         self.workdir = backend.config.local.workdir
+        self.run_dir = backend.run_base / spec.sandbox_id
         self.limits = backend.status().limits
         self.cgroup: CgroupGroup | None = None
         self.files: SandboxFiles | None = None
         self.init_pid = 0
         self._launcher: subprocess.Popen | None = None
-        self._leaves = count()
         self._shell = "/bin/sh"
 
     async def start(self, rootfs: str) -> None:
@@ -218,6 +227,11 @@ class LocalSandbox(SandboxRuntime):
             os.chown(path, self.uid, self.uid)
         os.chmod(self.sandbox_dir, 0o711)
         self.sandbox_dir.parent.chmod(0o711)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(self.run_dir, self.uid, self.uid)
+        os.chmod(self.run_dir, 0o700)
+        self.run_dir_host = str(self.run_dir)
+        self.run_dir_sandbox = RUN_DIR_IN_SANDBOX
         if self.backend.cgroups.can_track:
             lim = self.spec.limits
             self.cgroup = self.backend.cgroups.create(
@@ -225,10 +239,11 @@ class LocalSandbox(SandboxRuntime):
             )
         if self.backend.launcher == "none":
             self.workdir = str(self.sandbox_dir / "workspace")
+            self.run_dir_sandbox = self.run_dir_host
             self.isolation = "none"
             self.files = SandboxFiles("/", self.workdir, self.uid, self.uid, self.backend.config.exec.max_file_bytes)
             return
-        argv = self.backend.init_argv(rootfs, self.sandbox_dir, self.spec.network, self.uid)
+        argv = self.backend.init_argv(rootfs, self.sandbox_dir, self.run_dir, self.spec.network, self.uid)
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
         # Spawned from the event loop thread on purpose: nothing here may die with a worker.
         self._launcher = subprocess.Popen(
@@ -261,6 +276,7 @@ class LocalSandbox(SandboxRuntime):
             "sandbox_id": self.spec.sandbox_id,
             "launcher_pid": self._launcher.pid if self._launcher else 0,
             "sandbox_dir": str(self.sandbox_dir),
+            "run_dir": str(self.run_dir),
         }
 
     def alive(self) -> bool:
@@ -271,13 +287,11 @@ class LocalSandbox(SandboxRuntime):
     def shell_argv(self, script: str) -> list[str]:
         return [self._shell, "-c", script]
 
-    def start_process(
-        self, argv: Sequence[str], *, env: dict[str, str], cwd: str, stdin: bytes | AsyncIterable[bytes] | None
-    ) -> HostProcess:
-        leaf = self.cgroup.leaf(f"p{next(self._leaves)}") if self.cgroup else None
+    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str) -> EnterCommand:
+        cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
         if self.isolation == "none":
             drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
-            return HostProcess([*drop, *argv], env=env, stdin=stdin, cgroup=leaf, cwd=cwd or self.workdir)
+            return EnterCommand([*drop, *argv], cgroup, cwd or self.workdir)
         enter = [
             self.backend.nsenter, "-t", str(self.init_pid), "-m", "-p", "-i", "-u", "-n",
             "-r", "-w", "-S", str(self.uid), "-G", str(self.uid), "--",
@@ -285,7 +299,7 @@ class LocalSandbox(SandboxRuntime):
         if cwd and os.path.normpath(cwd) != self.workdir:
             # nsenter can only take the target's cwd; change directory once inside.
             enter += ["/bin/sh", "-c", 'cd -- "$1" || exit 126; shift; exec "$@"', "sh", cwd]
-        return HostProcess([*enter, *argv], env=env, stdin=stdin, cgroup=leaf)
+        return EnterCommand([*enter, *argv], cgroup, "/")
 
     async def destroy(self) -> None:
         if self.cgroup:
@@ -301,5 +315,6 @@ class LocalSandbox(SandboxRuntime):
         if self.cgroup:
             await asyncio.to_thread(self.cgroup.remove)
         await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
+        await asyncio.to_thread(shutil.rmtree, self.run_dir, True)
         self.backend.uids.give_back(self.uid)
 

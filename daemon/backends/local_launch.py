@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .base import RUN_DIR_IN_SANDBOX
+
 SKIPPED_TOP_LEVEL = {"proc", "dev", "sys", "tmp", "run", "lost+found"}
 INIT_READY = b"corral-init-ready\n"
 # Init keeps the namespaces alive until its stdin (held by the daemon) closes.
@@ -41,7 +43,7 @@ def root_layout(rootfs: str, hidden_paths: list[str]) -> list[Mount]:
     return layout
 
 
-def bwrap_argv(bwrap: str, layout: list[Mount], sandbox_dir: Path, workdir: str, network: bool) -> list[str]:
+def bwrap_argv(bwrap: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool) -> list[str]:
     argv = [
         bwrap,
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -56,6 +58,7 @@ def bwrap_argv(bwrap: str, layout: list[Mount], sandbox_dir: Path, workdir: str,
         "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run",
         "--bind", str(sandbox_dir / "tmp"), "/tmp",
         "--bind", str(sandbox_dir / "workspace"), workdir,
+        "--bind", str(run_dir), RUN_DIR_IN_SANDBOX,
         "--remount-ro", "/",
         "--chdir", workdir,
         "--", "/bin/sh", "-c", INIT_SCRIPT,
@@ -66,7 +69,7 @@ def bwrap_argv(bwrap: str, layout: list[Mount], sandbox_dir: Path, workdir: str,
 # the same layout as bubblewrap, then chroots into it as the sandbox user to become init.
 _UNSHARE_SETUP = r"""
 set -eu
-R=$1 SANDBOX=$2 WORKDIR=$3 SANDBOX_UID=$4 REAPER=$5 REAPER_CODE=$6; shift 6
+R=$1 SANDBOX=$2 RUNDIR=$3 WORKDIR=$4 SANDBOX_UID=$5 REAPER=$6 REAPER_CODE=$7; shift 7
 mount -t tmpfs -o mode=0755 corral-root "$R"
 while [ $# -gt 0 ]; do
   kind=$1 src=$2 dst=$3; shift 3
@@ -86,6 +89,7 @@ ln -s /proc/self/fd "$R/dev/fd"; ln -s fd/0 "$R/dev/stdin"; ln -s fd/1 "$R/dev/s
 mount -t tmpfs -o mode=0755,nosuid,nodev run "$R/run"
 mount --bind "$SANDBOX/tmp" "$R/tmp"
 mount --bind "$SANDBOX/workspace" "$R$WORKDIR"
+mkdir -p "$R/run/corral" && mount --bind "$RUNDIR" "$R/run/corral"
 mount -o remount,ro,nosuid "$R"
 echo corral > /proc/sys/kernel/hostname
 cd "$R"
@@ -106,13 +110,13 @@ _REAPER_CODE = (
 )
 
 
-def unshare_argv(unshare: str, layout: list[Mount], sandbox_dir: Path, workdir: str, network: bool, uid: int) -> list[str]:
+def unshare_argv(unshare: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool, uid: int) -> list[str]:
     (sandbox_dir / "root").mkdir(exist_ok=True)
     argv = [unshare, "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--propagation", "private"]
     if not network:
         argv.append("--net")
     argv += ["--", "/bin/sh", "-c", _UNSHARE_SETUP.replace("$INIT", INIT_SCRIPT.replace('"', '\\"')),
-             "corral-setup", str(sandbox_dir / "root"), str(sandbox_dir), workdir, str(uid),
+             "corral-setup", str(sandbox_dir / "root"), str(sandbox_dir), str(run_dir), workdir, str(uid),
              sys.executable, _REAPER_CODE]
     for m in layout:
         argv += [m.kind, m.src or "-", m.dst]
