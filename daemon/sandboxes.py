@@ -11,7 +11,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .backends.base import Backend, Limits, SandboxRuntime, SandboxSpec
@@ -86,6 +86,12 @@ class SandboxManager:
         self._sandboxes: dict[str, Sandbox] = {}
         self._closing = False
         self._reaper: asyncio.Task | None = None
+        self._destroy_hooks: list[Callable[[str], Awaitable[None]]] = []
+
+    def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
+        """Registers `await hook(sandbox_id)`, run before a sandbox is torn down (shells and
+        kernels close their sessions there)."""
+        self._destroy_hooks.append(hook)
 
     # -- lifecycle of the manager -------------------------------------------------------------------
 
@@ -205,6 +211,11 @@ class SandboxManager:
             return
         sandbox.state = "stopping"
         try:
+            for hook in self._destroy_hooks:
+                try:
+                    await hook(sandbox_id)
+                except Exception:  # noqa: BLE001 - teardown goes on; the runtime kill is final
+                    log.exception("destroy hook failed for %s", sandbox_id)
             if sandbox.runtime:
                 await sandbox.runtime.destroy()
         finally:
