@@ -36,3 +36,29 @@ class HeadTailBuffer:
 
     def getvalue(self) -> bytes:
         return bytes(self._head + self._tail)
+
+
+def _utf8_sequence_length(lead: int) -> int:
+    if lead >= 0xF0:
+        return 4
+    if lead >= 0xE0:
+        return 3
+    if lead >= 0xC0:
+        return 2
+    return 1
+
+
+def utf8_safe(buffer: HeadTailBuffer) -> bytes:
+    """The buffer's value with the cut between head and tail moved to UTF-8 character boundaries,
+    so that truncation never leaves half a character (for text; other bytes are left alone)."""
+    head, tail = bytes(buffer._head), bytes(buffer._tail)
+    for back in range(1, min(4, len(head)) + 1):
+        byte = head[-back]
+        if byte & 0xC0 != 0x80:  # the last lead byte: is its sequence complete?
+            if byte >= 0xC0 and _utf8_sequence_length(byte) > back:
+                head = head[:-back]
+            break
+    skip = 0
+    while skip < min(3, len(tail)) and tail[skip] & 0xC0 == 0x80:
+        skip += 1
+    return head + tail[skip:]

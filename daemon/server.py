@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from corral.v1 import sandbox_pb2, sandbox_pb2_grpc
+from corral.v1 import sandbox_pb2, sandbox_pb2_grpc, shell_pb2, shell_pb2_grpc
 
 from .backends.local import LocalBackend
 from .cgroups import CgroupDriver
@@ -32,13 +32,18 @@ from .node import NodeInfo, version
 from .notify import sd_notify
 from .sandboxes import SandboxManager
 from .services.sandbox import SandboxServicer
+from .services.shell import ShellServicer
+from .shells import ShellManager
 from .state import StateStore
 from .transfer import TarTransfer
 
 log = logging.getLogger("corral.daemon")
 
 MAX_MESSAGE_BYTES = 96 << 20  # above exec.max_file_bytes' default so a full ReadFile fits
-SERVICE_NAMES = [sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name]
+SERVICE_NAMES = [
+    sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
+    shell_pb2.DESCRIPTOR.services_by_name["ShellService"].full_name,
+]
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -70,6 +75,7 @@ class Daemon:
         self.backends = {"local": LocalBackend(config, self.cgroups, [p for p in hidden if p != "/"])}
         self.metrics = Metrics()
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
+        self.shells = ShellManager(config, self.manager)
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self._socket_bound = False
@@ -95,6 +101,7 @@ class Daemon:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
         self.server = grpc.aio.server(interceptors=[GuardInterceptor(*guards)], options=options)
+        shell_pb2_grpc.add_ShellServiceServicer_to_server(ShellServicer(self.shells, self.config.exec), self.server)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
             SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)), self.server
         )
@@ -129,6 +136,7 @@ class Daemon:
         await self.health.enter_graceful_shutdown()
         if self.server:
             await self.server.stop(self.config.daemon.grace_period_s)
+        await self.shells.close()
         await self.manager.close()
         for backend in self.backends.values():
             await backend.close()

@@ -1,0 +1,198 @@
+"""A host-side pseudo-terminal running a program (usually "enter the sandbox, run bash").
+
+The child is started with a plain spawn (vfork + exec) of util-linux `setsid --ctty`, which makes
+the pty its controlling terminal. ptyprocess (and pty.fork) would fork the daemon's multi-threaded
+interpreter and run Python in the child before exec, which is not safe next to gRPC's threads.
+The master side is read with loop.add_reader; no thread per terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import struct
+import subprocess
+import termios
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .cgroups import CgroupGroup
+from .process import READ_CHUNK, in_cgroup
+
+
+def set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class Terminal:
+    """One pty with a child process; output goes to `on_output`, extra pipes to `on_side`."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        rows: int,
+        cols: int,
+        cgroup: CgroupGroup | None,
+        stderr_to_pipe: bool,
+    ) -> None:
+        self.cgroup = cgroup
+        master, slave = os.openpty()
+        set_size(master, rows, cols)
+        attrs = termios.tcgetattr(slave)
+        # Raw bytes out (no \n -> \r\n) and no echo of what we type; canonical input stays on so
+        # that ^D is end-of-file for a program reading the terminal.
+        attrs[1] &= ~termios.ONLCR
+        attrs[3] &= ~(termios.ECHO | termios.ECHONL)
+        attrs[0] &= ~termios.IXON
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        err_r = err_w = None
+        if stderr_to_pipe:
+            err_r, err_w = os.pipe()
+        try:
+            self._popen = subprocess.Popen(
+                ["setsid", "--ctty", *in_cgroup(argv, cgroup)],
+                stdin=slave,
+                stdout=slave,
+                stderr=err_w if err_w is not None else slave,
+                env=env,
+                cwd=cwd,
+                close_fds=True,
+            )
+        finally:
+            os.close(slave)
+            if err_w is not None:
+                os.close(err_w)
+        self.pid = self._popen.pid
+        self.master = master
+        self.stderr_fd = err_r
+        os.set_blocking(master, False)
+        if err_r is not None:
+            os.set_blocking(err_r, False)
+        self._pidfd = os.pidfd_open(self.pid)
+        self.exited: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._readers: list[int] = []
+
+    def attach(self, on_output: Callable[[bytes], None], on_stderr: Callable[[bytes], None] | None = None) -> None:
+        """Starts delivering output. Called once."""
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._pidfd, self._on_exit)
+        loop.add_reader(self.master, self._pump, self.master, on_output)
+        self._readers = [self._pidfd, self.master]
+        if self.stderr_fd is not None:
+            loop.add_reader(self.stderr_fd, self._pump, self.stderr_fd, on_stderr or on_output)
+            self._readers.append(self.stderr_fd)
+
+    def _pump(self, fd: int, sink: Callable[[bytes], None]) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:  # EIO: the slave side is closed (every process holding it is gone)
+            data = b""
+        if data:
+            sink(data)
+        else:
+            asyncio.get_running_loop().remove_reader(fd)
+
+    def drain(self, fd: int, sink: Callable[[bytes], None]) -> None:
+        """Reads whatever is buffered now, without waiting."""
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            sink(data)
+
+    def _on_exit(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:
+            return  # not dead after all (only reachable from close(), after SIGKILL)
+        self._popen.returncode = status
+        code = os.waitstatus_to_exitcode(status)
+        if not self.exited.done():
+            self.exited.set_result(code if code >= 0 else 128 - code)
+
+    def write(self, data: bytes) -> None:
+        """Writes input; the pty's input buffer takes a few KiB, which is all callers send."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.master, view):]
+            except BlockingIOError:
+                termios.tcdrain(self.master)
+
+    def resize(self, rows: int, cols: int) -> None:
+        set_size(self.master, rows, cols)  # the kernel sends SIGWINCH to the foreground group
+
+    def inner_pids(self) -> set[int]:
+        """Processes started inside the terminal, without the host-side wrapper (nsenter, which
+        must not die of a signal meant for the shell's commands)."""
+        if self.cgroup is not None:
+            return self.cgroup.pids() - {self.pid}
+        try:
+            pgid = os.getpgid(self.pid)
+        except ProcessLookupError:
+            return set()
+        return {p for p in _all_pids() if _pgid(p) == pgid}
+
+    def shell_pid(self) -> int | None:
+        """The first process inside (the shell): the wrapper itself when nothing wraps it."""
+        try:
+            children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else self.pid
+
+    def signal_inner(self, sig: int, *, spare: set[int] = frozenset()) -> None:
+        for pid in self.inner_pids() - set(spare):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    async def close(self) -> None:
+        """Kills everything in the terminal and releases it."""
+        loop = asyncio.get_running_loop()
+        for fd in self._readers:
+            loop.remove_reader(fd)
+        self._readers = []
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.kill)
+        if not self.exited.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self.exited), 5)
+            except TimeoutError:
+                pass
+            if not self.exited.done():
+                self._on_exit()
+        for fd in (self.master, self.stderr_fd, self._pidfd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.remove)
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return -1

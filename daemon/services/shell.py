@@ -1,0 +1,99 @@
+"""ShellService: translates corral.v1 shell messages to ShellManager calls and back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from corral.v1 import shell_pb2 as pb
+from corral.v1 import shell_pb2_grpc
+
+from ..config import ExecConfig
+from ..errors import FailedPrecondition, InvalidArgument
+from ..shell_session import ShellSession
+from ..shells import AttachExited, AttachOutput, ShellManager
+
+
+def shell_info(sandbox_id: str, session: ShellSession) -> pb.ShellInfo:
+    return pb.ShellInfo(sandbox_id=sandbox_id, name=session.name, pid=session.pid,
+                        turns=session.turns, restarts=session.restarts)
+
+
+def _size(size: pb.TerminalSize, has: bool) -> tuple[int, int] | None:
+    if not has:
+        return None
+    if not (0 < size.rows <= 1000 and 0 < size.cols <= 1000):
+        raise InvalidArgument("terminal size must be 1..1000 rows and columns")
+    return size.rows, size.cols
+
+
+class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
+    def __init__(self, shells: ShellManager, exec_config: ExecConfig) -> None:
+        self.shells = shells
+        self.exec_config = exec_config
+
+    async def OpenShell(self, request: pb.OpenShellRequest, context) -> pb.OpenShellResponse:
+        session = await self.shells.open(
+            request.sandbox_id, request.name, env=dict(request.env), cwd=request.cwd,
+            size=_size(request.size, request.HasField("size")), program=request.program,
+        )
+        return pb.OpenShellResponse(shell=shell_info(request.sandbox_id, session))
+
+    async def RunInShell(self, request: pb.RunInShellRequest, context) -> pb.RunInShellResponse:
+        cfg = self.exec_config
+        timeout_s = request.timeout_ms / 1000 if request.timeout_ms else cfg.default_timeout_s
+        if timeout_s > cfg.max_timeout_s:
+            raise InvalidArgument(f"timeout {timeout_s:g}s is over this daemon's maximum of {cfg.max_timeout_s:g}s")
+        limit = request.output_limit_bytes or cfg.default_output_limit_bytes
+        if limit > cfg.max_output_limit_bytes:
+            raise InvalidArgument(f"output limit {limit} is over the maximum of {cfg.max_output_limit_bytes} bytes")
+        if "\0" in request.command:
+            raise InvalidArgument("command contains a NUL byte")
+        result, plain = await self.shells.run(
+            request.sandbox_id, request.name, request.command, timeout_s=timeout_s,
+            idle_timeout_s=request.idle_timeout_ms / 1000, output_limit=limit, strip_ansi=request.strip_ansi,
+        )
+        response = pb.RunInShellResponse(
+            output=result.output, exit_code=result.exit_code, timed_out=result.timed_out,
+            timeout_reason=result.timeout_reason, truncated=result.truncated,
+            output_total_bytes=result.output_total, duration_ms=result.duration_ms,
+            shell_restarted=result.shell_restarted,
+        )
+        if plain is not None:
+            response.output_plain = plain
+        return response
+
+    async def CloseShell(self, request, context) -> pb.CloseShellResponse:
+        await self.shells.close_shell(request.sandbox_id, request.name)
+        return pb.CloseShellResponse()
+
+    async def ListShells(self, request, context) -> pb.ListShellsResponse:
+        return pb.ListShellsResponse(shells=[shell_info(request.sandbox_id, s) for s in self.shells.list(request.sandbox_id)])
+
+    async def Attach(self, request_iterator, context) -> AsyncIterator[pb.AttachResponse]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("message") != "start":
+            raise FailedPrecondition("the first Attach message must be `start`")
+        start = first.start
+
+        async def inputs():
+            async for message in request_iterator:
+                kind = message.WhichOneof("message")
+                if kind == "start":
+                    raise FailedPrecondition("`start` may only come first")
+                if kind == "resize":
+                    yield "resize", _size(message.resize, True)
+                elif kind is not None:
+                    yield kind, getattr(message, kind)
+
+        events = self.shells.attach(
+            start.sandbox_id, size=_size(start.size, start.HasField("size")), term=start.term,
+            program=start.program, inputs=inputs(),
+        )
+        try:
+            async for event in events:
+                if isinstance(event, AttachOutput):
+                    yield pb.AttachResponse(output=event.data)
+                elif isinstance(event, AttachExited):
+                    yield pb.AttachResponse(exited=pb.AttachExited(exit_code=event.exit_code))
+        finally:
+            await events.aclose()

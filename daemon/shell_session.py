@@ -1,0 +1,298 @@
+"""A persistent shell session: bash under a host-side pty, one command per turn, end of command
+found by a per-session random sentinel that carries the exit code.
+
+How a turn works, and why:
+- The command text goes to a file in the sandbox's run directory, and the shell gets one short
+  line: `. FILE || rc=$?; printf SENTINEL`. Sourcing keeps state (cd, export, functions,
+  `source venv/bin/activate`) in the shell; the line stays far below the terminal's 4 KiB line
+  limit whatever the command's size; multi-line commands and heredocs need no quoting.
+- The shell is non-interactive (its stderr is a pipe, not the pty): no prompt, so PS1 and
+  PROMPT_COMMAND cannot disturb anything; no job-control chatter for `cmd &`; `set -e` inside a
+  sourced `... ||` list cannot kill it. stdin and stdout stay on the pty, so programs see a
+  terminal. `exec bash` starts another non-interactive bash on the same pty, which the session
+  notices (the shell's command line changes) and resynchronises with.
+- On timeout, the foreground gets SIGINT (the shell itself traps it and carries on to the
+  sentinel), then end-of-file on the terminal (for `read x`, `cat`, a REPL), then SIGKILL; if the
+  shell is beyond saving it is restarted and the result says so. Signals go to the processes of
+  the session's cgroup, never to the host-side nsenter that holds the pty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .backends.base import SandboxRuntime
+from .output import HeadTailBuffer, utf8_safe
+from .pty import Terminal
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 20.0
+GRACE_S = 1.0
+EXEC_POLL_S = 0.05
+STRAY_LIMIT = 64 << 10
+ANSI_RE = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(data: bytes) -> bytes:
+    return ANSI_RE.sub(b"", data)
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    output: bytes
+    exit_code: int
+    timed_out: bool
+    timeout_reason: str
+    truncated: bool
+    output_total: int
+    duration_ms: int
+    shell_restarted: bool
+
+
+class _Turn:
+    """Collects one command's output until the sentinel shows up in stdout."""
+
+    def __init__(self, sentinel: re.Pattern[bytes], max_len: int, limit: int, stray: bytes) -> None:
+        self.sentinel = sentinel
+        self.max_len = max_len
+        self.buffer = HeadTailBuffer(limit)
+        self.buffer.write(stray)
+        self.pending = b""  # stdout tail held back while it could be the start of a sentinel
+        self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.last_output = time.monotonic()
+
+    def on_stdout(self, data: bytes) -> None:
+        self.last_output = time.monotonic()
+        if self.done.done():
+            return
+        self.pending += data
+        match = self.sentinel.search(self.pending)
+        if match:
+            self.buffer.write(self.pending[: match.start()])
+            self.pending = b""
+            self.done.set_result(int(match.group(1)))
+            return
+        cut = max(0, len(self.pending) - self.max_len)
+        if cut:
+            self.buffer.write(self.pending[:cut])
+            self.pending = self.pending[cut:]
+
+    def on_stderr(self, data: bytes) -> None:
+        self.last_output = time.monotonic()
+        if not self.done.done():
+            self.buffer.write(data)
+
+    def flush(self) -> None:
+        self.buffer.write(self.pending)
+        self.pending = b""
+
+
+class ShellSession:
+    def __init__(
+        self,
+        runtime: SandboxRuntime,
+        name: str,
+        *,
+        env: dict[str, str],
+        cwd: str,
+        rows: int,
+        cols: int,
+        program: str,
+        slot: int,
+    ) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.env = env
+        self.cwd = cwd
+        self.size = (rows, cols)
+        self.program = program
+        self.turns = 0
+        self.restarts = 0
+        self.token = secrets.token_hex(8)
+        prefix = f"__CORRAL_{self.token}_".encode()
+        self._sentinel = re.compile(b"\n" + re.escape(prefix) + rb"(-?\d+)__\n")
+        self._sentinel_max = len(prefix) + 16
+        self._cmd_host = Path(runtime.run_dir_host) / f"sh{slot}.cmd"
+        self._cmd_sandbox = f"{runtime.run_dir_sandbox}/sh{slot}.cmd"
+        self._terminal: Terminal | None = None
+        self._turn: _Turn | None = None
+        self._stray = bytearray()
+        self._shell_cmdline = b""
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self._terminal.pid if self._terminal else 0
+
+    def _line(self, rc_expr: str) -> bytes:
+        # printf's format is fixed, so nothing the user does to IFS or aliases changes the marker.
+        return (
+            f"trap : INT; printf '\\n__CORRAL_{self.token}_%d__\\n' \"{rc_expr}\"\n"
+        ).encode()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        argv = [self.program, "--noprofile", "--norc"] if os.path.basename(self.program) == "bash" else [self.program]
+        enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"))
+        self._terminal = Terminal(
+            enter.argv, env=self.env, cwd=enter.cwd, rows=self.size[0], cols=self.size[1],
+            cgroup=enter.cgroup, stderr_to_pipe=True,
+        )
+        self._terminal.attach(self._on_stdout, self._on_stderr)
+        self._turn = _Turn(self._sentinel, self._sentinel_max, 1 << 16, b"")
+        self._terminal.write(b"set +m 2>/dev/null; " + self._line("0"))
+        try:
+            await asyncio.wait_for(self._wait_turn_or_exit(self._turn), START_TIMEOUT_S)
+        except TimeoutError:
+            await self._terminal.close()
+            raise RuntimeError(f"the shell did not start within {START_TIMEOUT_S:g}s")
+        finally:
+            self._turn = None
+        if self._terminal.exited.done():
+            raise RuntimeError(f"the shell exited at once (exit {self._terminal.exited.result()})")
+        self._shell_cmdline = self._cmdline()
+
+    async def close(self) -> None:
+        if self._terminal:
+            await self._terminal.close()
+            self._terminal = None
+        self._cmd_host.unlink(missing_ok=True)
+
+    async def _restart(self) -> None:
+        await self.close()
+        self.restarts += 1
+        self._stray.clear()
+        await self.start()
+
+    # -- output routing ------------------------------------------------------------------------------
+
+    def _on_stdout(self, data: bytes) -> None:
+        if self._turn:
+            self._turn.on_stdout(data)
+        elif len(self._stray) < STRAY_LIMIT:  # background output between turns goes to the next one
+            self._stray += data[: STRAY_LIMIT - len(self._stray)]
+
+    def _on_stderr(self, data: bytes) -> None:
+        if self._turn:
+            self._turn.on_stderr(data)
+        elif len(self._stray) < STRAY_LIMIT:
+            self._stray += data[: STRAY_LIMIT - len(self._stray)]
+
+    def _cmdline(self) -> bytes:
+        pid = self._terminal.shell_pid() if self._terminal else None
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+        except OSError:
+            return b""
+
+    # -- a turn --------------------------------------------------------------------------------------
+
+    async def run(
+        self, command: str, *, timeout_s: float, idle_timeout_s: float, output_limit: int, strip: bool
+    ) -> tuple[TurnResult, bytes | None]:
+        async with self._lock:
+            result = await self._run_locked(command, timeout_s, idle_timeout_s, output_limit)
+        return result, (strip_ansi(result.output) if strip else None)
+
+    async def _run_locked(self, command: str, timeout_s: float, idle_timeout_s: float, limit: int) -> TurnResult:
+        restarted = False
+        if self._terminal is None or self._terminal.exited.done():
+            await self._restart()
+            restarted = True
+        started = time.monotonic()
+        text = command if command.endswith("\n") else command + "\n"
+        self._cmd_host.write_bytes(text.encode("utf-8", "surrogateescape"))
+        turn = _Turn(self._sentinel, self._sentinel_max, limit, bytes(self._stray))
+        self._stray.clear()
+        self._turn = turn
+        self.turns += 1
+        terminal = self._terminal
+        terminal.write(f"__corral_rc=0; . '{self._cmd_sandbox}' || __corral_rc=$?; ".encode() + self._line("$__corral_rc"))
+        timed_out, reason = False, ""
+        try:
+            outcome = await self._wait(turn, started + timeout_s, idle_timeout_s)
+            if outcome in ("timeout", "idle_timeout"):
+                timed_out, reason = True, outcome
+                outcome = await self._interrupt(turn)
+        finally:
+            self._turn = None
+        turn.flush()
+        if outcome == "done":
+            exit_code = turn.done.result()
+        else:  # the shell died, or could not be brought back: start a fresh one
+            exit_code = terminal.exited.result() if terminal.exited.done() else 137
+            await self._restart()
+            restarted = True
+        output = turn.buffer.getvalue()
+        if turn.buffer.truncated:
+            output = utf8_safe(turn.buffer)
+        self._shell_cmdline = self._cmdline()
+        return TurnResult(
+            output=output,
+            exit_code=exit_code,
+            timed_out=timed_out,
+            timeout_reason=reason,
+            truncated=turn.buffer.truncated,
+            output_total=turn.buffer.total,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            shell_restarted=restarted,
+        )
+
+    async def _wait_turn_or_exit(self, turn: _Turn) -> str:
+        await asyncio.wait({turn.done, self._terminal.exited}, return_when=asyncio.FIRST_COMPLETED)
+        return "done" if turn.done.done() else "exited"
+
+    async def _wait(self, turn: _Turn, deadline: float, idle_timeout_s: float) -> str:
+        """Waits for the sentinel; returns "done", "exited", "timeout" or "idle_timeout"."""
+        terminal = self._terminal
+        while True:
+            now = time.monotonic()
+            wake = deadline
+            if idle_timeout_s:
+                wake = min(wake, turn.last_output + idle_timeout_s)
+            wake = min(wake, now + EXEC_POLL_S)  # also look for an exec'd shell now and then
+            done, _ = await asyncio.wait(
+                {turn.done, terminal.exited}, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED
+            )
+            if turn.done.done():
+                return "done"
+            if terminal.exited.done():
+                return "exited"
+            now = time.monotonic()
+            if now >= deadline:
+                return "timeout"
+            if idle_timeout_s and now - turn.last_output >= idle_timeout_s:
+                return "idle_timeout"
+            if self._cmdline() != self._shell_cmdline:
+                # The shell exec'd another program (`exec bash`): this turn's line died with the
+                # old process. Ask the new shell for the marker; a non-shell will time out.
+                self._shell_cmdline = self._cmdline()
+                terminal.write(self._line("0"))
+
+    async def _interrupt(self, turn: _Turn) -> str:
+        """SIGINT, then end-of-file, then SIGKILL for the foreground; "done" once the shell prints
+        its marker again, else "exited"/"stuck"."""
+        terminal = self._terminal
+        shell = terminal.shell_pid()
+        steps = (
+            lambda: terminal.signal_inner(2),
+            lambda: terminal.write(b"\x04"),
+            lambda: terminal.signal_inner(9, spare={shell} if shell else set()),
+        )
+        for step in steps:
+            step()
+            try:
+                await asyncio.wait_for(self._wait_turn_or_exit(turn), GRACE_S)
+            except TimeoutError:
+                continue
+            return "done" if turn.done.done() else "exited"
+        return "stuck"

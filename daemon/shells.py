@@ -1,0 +1,161 @@
+"""ShellManager: the named shell sessions of every sandbox, and interactive attach terminals."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from .commands import sandbox_environment
+from .config import Config
+from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from .pty import Terminal
+from .sandboxes import SandboxManager
+from .shell_session import ShellSession, TurnResult
+
+DEFAULT_NAME = "main"
+DEFAULT_SIZE = (40, 200)
+ATTACH_SIZE = (24, 80)
+MAX_SESSIONS_PER_SANDBOX = 64
+
+
+@dataclass(frozen=True)
+class AttachOutput:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class AttachExited:
+    exit_code: int
+
+
+class ShellManager:
+    def __init__(self, config: Config, sandboxes: SandboxManager) -> None:
+        self.config = config
+        self.sandboxes = sandboxes
+        self._sessions: dict[str, dict[str, ShellSession]] = {}
+        self._slots: dict[str, int] = {}
+        sandboxes.on_destroy(self.close_sandbox)
+
+    def _program(self, runtime, program: str) -> str:
+        if program and ("\0" in program or not program.strip()):
+            raise InvalidArgument("invalid shell program")
+        return program or runtime.shell_argv("")[0]
+
+    async def open(
+        self, sandbox_id: str, name: str, *, env: dict[str, str], cwd: str, size: tuple[int, int] | None, program: str
+    ) -> ShellSession:
+        name = name or DEFAULT_NAME
+        if "/" in name or len(name) > 64:
+            raise InvalidArgument("a shell name is at most 64 characters, without '/'")
+        if cwd and not cwd.startswith("/"):
+            raise InvalidArgument(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+        with self.sandboxes.using(sandbox_id) as sandbox:
+            sessions = self._sessions.setdefault(sandbox_id, {})
+            if name in sessions:
+                raise AlreadyExists(f"sandbox {sandbox_id} already has a shell named {name!r}")
+            if len(sessions) >= MAX_SESSIONS_PER_SANDBOX:
+                raise FailedPrecondition(f"sandbox {sandbox_id} already has {MAX_SESSIONS_PER_SANDBOX} shells")
+            runtime = sandbox.runtime
+            slot = self._slots[sandbox_id] = self._slots.get(sandbox_id, 0) + 1
+            rows, cols = size or DEFAULT_SIZE
+            session = ShellSession(
+                runtime, name,
+                env=sandbox_environment(runtime.workdir, sandbox.env, env),
+                cwd=cwd, rows=rows, cols=cols, program=self._program(runtime, program), slot=slot,
+            )
+            sessions[name] = session  # reserve the name while the shell starts
+            try:
+                await session.start()
+            except BaseException as err:
+                sessions.pop(name, None)
+                await session.close()
+                if isinstance(err, RuntimeError):
+                    raise FailedPrecondition(f"could not start {session.program!r} in {sandbox_id}: {err}") from err
+                raise
+            return session
+
+    def get(self, sandbox_id: str, name: str) -> ShellSession:
+        self.sandboxes.get(sandbox_id)  # NOT_FOUND for an unknown sandbox first
+        session = self._sessions.get(sandbox_id, {}).get(name or DEFAULT_NAME)
+        if session is None:
+            raise NotFound(f"sandbox {sandbox_id} has no shell named {name or DEFAULT_NAME!r}")
+        return session
+
+    async def run(
+        self, sandbox_id: str, name: str, command: str, *, timeout_s: float, idle_timeout_s: float,
+        output_limit: int, strip_ansi: bool,
+    ) -> tuple[TurnResult, bytes | None]:
+        session = self.get(sandbox_id, name)
+        with self.sandboxes.using(sandbox_id):
+            return await session.run(
+                command, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, output_limit=output_limit, strip=strip_ansi
+            )
+
+    def list(self, sandbox_id: str) -> list[ShellSession]:
+        self.sandboxes.get(sandbox_id)
+        return list(self._sessions.get(sandbox_id, {}).values())
+
+    async def close_shell(self, sandbox_id: str, name: str) -> None:
+        session = self.get(sandbox_id, name)
+        self._sessions[sandbox_id].pop(session.name, None)
+        await session.close()
+
+    async def close_sandbox(self, sandbox_id: str) -> None:
+        sessions = self._sessions.pop(sandbox_id, {})
+        self._slots.pop(sandbox_id, None)
+        await asyncio.gather(*(s.close() for s in sessions.values()), return_exceptions=True)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self.close_sandbox(sid) for sid in list(self._sessions)), return_exceptions=True)
+
+    # -- interactive terminals -----------------------------------------------------------------------
+
+    async def attach(
+        self, sandbox_id: str, *, size: tuple[int, int] | None, term: str, program: str,
+        inputs: AsyncIterator[tuple[str, object]],
+    ) -> AsyncIterator[AttachOutput | AttachExited]:
+        """An interactive shell for as long as the caller iterates. `inputs` yields ("input",
+        bytes), ("resize", (rows, cols)) and ("signal", number)."""
+        with self.sandboxes.using(sandbox_id) as sandbox:
+            runtime = sandbox.runtime
+            env = sandbox_environment(runtime.workdir, sandbox.env, {"TERM": term or "xterm-256color"})
+            env.pop("PAGER", None)
+            env.pop("GIT_PAGER", None)
+            rows, cols = size or ATTACH_SIZE
+            enter = runtime.enter_command([self._program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"))
+            terminal = Terminal(enter.argv, env=env, cwd=enter.cwd, rows=rows, cols=cols,
+                                cgroup=enter.cgroup, stderr_to_pipe=False)
+            queue: asyncio.Queue[bytes] = asyncio.Queue()
+            terminal.attach(queue.put_nowait)
+
+            async def pump_inputs() -> None:
+                async for kind, value in inputs:
+                    if kind == "input":
+                        terminal.write(value)
+                    elif kind == "resize":
+                        terminal.resize(*value)
+                    elif kind == "signal":
+                        terminal.signal_inner(int(value), spare={terminal.shell_pid() or 0})
+
+            feeder = asyncio.ensure_future(pump_inputs())
+            try:
+                while True:
+                    getter = asyncio.ensure_future(queue.get())
+                    await asyncio.wait({getter, terminal.exited, feeder}, return_when=asyncio.FIRST_COMPLETED)
+                    if getter.done():
+                        yield AttachOutput(getter.result())
+                        continue
+                    getter.cancel()
+                    if terminal.exited.done():
+                        terminal.drain(terminal.master, queue.put_nowait)
+                        while not queue.empty():
+                            yield AttachOutput(queue.get_nowait())
+                        yield AttachExited(terminal.exited.result())
+                        return
+                    if feeder.done():  # the client closed its side: end the terminal
+                        feeder.result()
+                        return
+            finally:
+                feeder.cancel()
+                await terminal.close()
