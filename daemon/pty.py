@@ -160,23 +160,21 @@ class Terminal:
 
     async def close(self) -> None:
         """Kills everything in the terminal and releases it."""
-        loop = asyncio.get_running_loop()
-        for fd in self._readers:
-            loop.remove_reader(fd)
-        self._readers = []
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         if self.cgroup is not None:
             await asyncio.to_thread(self.cgroup.kill)
-        if not self.exited.done():
+        if not self.exited.done():  # the pidfd reader is still on: it reaps the wrapper
             try:
                 await asyncio.wait_for(asyncio.shield(self.exited), 5)
             except TimeoutError:
                 pass
-            if not self.exited.done():
-                self._on_exit()
+        loop = asyncio.get_running_loop()
+        for fd in self._readers:
+            loop.remove_reader(fd)
+        self._readers = []
         for fd in (self.master, self.stderr_fd, self._pidfd):
             if fd is not None:
                 try:

@@ -38,6 +38,18 @@ START_TIMEOUT_S = 20.0
 GRACE_S = 1.0
 EXEC_POLL_S = 0.05
 STRAY_LIMIT = 64 << 10
+# What a timeout's SIGINT does: the shell's INT trap marks the turn aborted and installs a DEBUG
+# trap that, with extdebug, skips every further command and unwinds functions and the sourced
+# command file (returning 2 from a DEBUG trap simulates `return`); the turn line then removes it.
+# Only commands read from stdin (the turn line itself) have an empty BASH_SOURCE. The DEBUG trap
+# exists only after an interrupt, so normal commands pay nothing for it.
+_BASH_INIT = (
+    "set +m 2>/dev/null; \\builtin shopt -s extdebug 2>/dev/null; "
+    "__corral_stop() { return 2; }; "
+    "__corral_interrupted() { __corral_abort=1; "
+    "\\builtin trap '(( ${#BASH_SOURCE[@]} == 0 )) || __corral_stop' DEBUG; }; "
+)
+_POSIX_INIT = "set +m 2>/dev/null; trap : INT; "
 ANSI_RE = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 
@@ -114,6 +126,7 @@ class ShellSession:
         self.cwd = cwd
         self.size = (rows, cols)
         self.program = program
+        self._bash = os.path.basename(program) == "bash"
         self.turns = 0
         self.restarts = 0
         self.token = secrets.token_hex(8)
@@ -132,16 +145,29 @@ class ShellSession:
     def pid(self) -> int:
         return self._terminal.pid if self._terminal else 0
 
-    def _line(self, rc_expr: str) -> bytes:
-        # printf's format is fixed, so nothing the user does to IFS or aliases changes the marker.
+    def _marker(self, rc_expr: str) -> str:
+        # A fixed printf format, called past aliases and functions, so nothing the user redefines
+        # changes the marker.
+        printf = "\\builtin printf" if self._bash else "printf"
+        return f"{printf} '\\n__CORRAL_{self.token}_%d__\\n' \"{rc_expr}\"\n"
+
+    def _init_line(self) -> bytes:
+        """Sets up the shell; sent at start and again after the shell exec'd a new one."""
+        return ((_BASH_INIT if self._bash else _POSIX_INIT) + self._marker("0")).encode()
+
+    def _turn_line(self) -> bytes:
+        source = f"__corral_rc=0; . '{self._cmd_sandbox}' || __corral_rc=$?; "
+        if not self._bash:  # plain sh: an interrupt stops the current command only
+            return (source + self._marker("$__corral_rc")).encode()
         return (
-            f"trap : INT; printf '\\n__CORRAL_{self.token}_%d__\\n' \"{rc_expr}\"\n"
+            "\\builtin trap __corral_interrupted INT; __corral_abort=; " + source + "\\builtin trap - DEBUG; "
+            + self._marker("$(( __corral_abort ? 130 : __corral_rc ))")
         ).encode()
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        argv = [self.program, "--noprofile", "--norc"] if os.path.basename(self.program) == "bash" else [self.program]
+        argv = [self.program, "--noprofile", "--norc"] if self._bash else [self.program]
         enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"))
         self._terminal = Terminal(
             enter.argv, env=self.env, cwd=enter.cwd, rows=self.size[0], cols=self.size[1],
@@ -149,7 +175,7 @@ class ShellSession:
         )
         self._terminal.attach(self._on_stdout, self._on_stderr)
         self._turn = _Turn(self._sentinel, self._sentinel_max, 1 << 16, b"")
-        self._terminal.write(b"set +m 2>/dev/null; " + self._line("0"))
+        self._terminal.write(self._init_line())
         try:
             await asyncio.wait_for(self._wait_turn_or_exit(self._turn), START_TIMEOUT_S)
         except TimeoutError:
@@ -216,7 +242,7 @@ class ShellSession:
         self._turn = turn
         self.turns += 1
         terminal = self._terminal
-        terminal.write(f"__corral_rc=0; . '{self._cmd_sandbox}' || __corral_rc=$?; ".encode() + self._line("$__corral_rc"))
+        terminal.write(self._turn_line())
         timed_out, reason = False, ""
         try:
             outcome = await self._wait(turn, started + timeout_s, idle_timeout_s)
@@ -276,7 +302,7 @@ class ShellSession:
                 # The shell exec'd another program (`exec bash`): this turn's line died with the
                 # old process. Ask the new shell for the marker; a non-shell will time out.
                 self._shell_cmdline = self._cmdline()
-                terminal.write(self._line("0"))
+                terminal.write(self._init_line())
 
     async def _interrupt(self, turn: _Turn) -> str:
         """SIGINT, then end-of-file, then SIGKILL for the foreground; "done" once the shell prints

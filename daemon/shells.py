@@ -138,11 +138,17 @@ class ShellManager:
                     elif kind == "signal":
                         terminal.signal_inner(int(value), spare={terminal.shell_pid() or 0})
 
+            # The client half-closing its side only means "no more input": the terminal lives
+            # until the shell exits or the call is cancelled.
             feeder = asyncio.ensure_future(pump_inputs())
+            getter: asyncio.Future | None = None
             try:
                 while True:
                     getter = asyncio.ensure_future(queue.get())
-                    await asyncio.wait({getter, terminal.exited, feeder}, return_when=asyncio.FIRST_COMPLETED)
+                    waiting = {getter, terminal.exited} | (set() if feeder.done() else {feeder})
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    if feeder.done() and feeder.exception():
+                        raise feeder.exception()
                     if getter.done():
                         yield AttachOutput(getter.result())
                         continue
@@ -153,9 +159,8 @@ class ShellManager:
                             yield AttachOutput(queue.get_nowait())
                         yield AttachExited(terminal.exited.result())
                         return
-                    if feeder.done():  # the client closed its side: end the terminal
-                        feeder.result()
-                        return
             finally:
+                if getter is not None:
+                    getter.cancel()
                 feeder.cancel()
                 await terminal.close()
