@@ -39,8 +39,10 @@ class Terminal:
         cols: int,
         cgroup: CgroupGroup | None,
         stderr_to_pipe: bool,
+        wrapped: bool = True,
     ) -> None:
         self.cgroup = cgroup
+        self.wrapped = wrapped
         master, slave = os.openpty()
         set_size(master, rows, cols)
         attrs = termios.tcgetattr(slave)
@@ -136,7 +138,7 @@ class Terminal:
         """Processes started inside the terminal, without the host-side wrapper (nsenter, which
         must not die of a signal meant for the shell's commands)."""
         if self.cgroup is not None:
-            return self.cgroup.pids() - {self.pid}
+            return self.cgroup.pids() - ({self.pid} if self.wrapped else set())
         try:
             pgid = os.getpgid(self.pid)
         except ProcessLookupError:
@@ -144,15 +146,22 @@ class Terminal:
         return {p for p in _all_pids() if _pgid(p) == pgid}
 
     def shell_pid(self) -> int | None:
-        """The first process inside (the shell): the wrapper itself when nothing wraps it."""
+        """The first process inside (the shell): the wrapper's child, or the spawned process itself
+        when nothing wraps it."""
+        if not self.wrapped:
+            return self.pid
         try:
             children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
         except OSError:
             return None
-        return int(children[0]) if children else self.pid
+        return int(children[0]) if children else None
 
-    def signal_inner(self, sig: int, *, spare: set[int] = frozenset()) -> None:
-        for pid in self.inner_pids() - set(spare):
+    def signal_inner(self, sig: int, *, spare: set[int] = frozenset(), first: int | None = None) -> None:
+        """Sends `sig` to the processes inside, `first` before the others (the shell must see
+        SIGINT before its foreground child dies of it, or it would run on to the next command)."""
+        targets = self.inner_pids() - set(spare)
+        ordered = ([first] if first in targets else []) + [p for p in targets if p != first]
+        for pid in ordered:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:

@@ -171,7 +171,7 @@ class ShellSession:
         enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"))
         self._terminal = Terminal(
             enter.argv, env=self.env, cwd=enter.cwd, rows=self.size[0], cols=self.size[1],
-            cgroup=enter.cgroup, stderr_to_pipe=True,
+            cgroup=enter.cgroup, stderr_to_pipe=True, wrapped=enter.wrapped,
         )
         self._terminal.attach(self._on_stdout, self._on_stderr)
         self._turn = _Turn(self._sentinel, self._sentinel_max, 1 << 16, b"")
@@ -310,7 +310,7 @@ class ShellSession:
         terminal = self._terminal
         shell = terminal.shell_pid()
         steps = (
-            lambda: terminal.signal_inner(2),
+            lambda: terminal.signal_inner(2, first=shell),
             lambda: terminal.write(b"\x04"),
             lambda: terminal.signal_inner(9, spare={shell} if shell else set()),
         )

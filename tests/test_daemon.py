@@ -231,6 +231,22 @@ def test_isolation_none_only_when_explicitly_allowed(tmp_path):
             assert b"Permission denied" in r.stderr
             sb.write_file("f.txt", b"none")
             assert sb.exec(["cat", "f.txt"], timeout=10).stdout == b"none"
+            # Shells work the same way without namespaces: state, interrupts, restarts.
+            from corral.v1 import shell_pb2, shell_pb2_grpc
+
+            with grpc.insecure_channel(f"unix:{d.socket}") as channel:
+                shells = shell_pb2_grpc.ShellServiceStub(channel)
+                shells.OpenShell(shell_pb2.OpenShellRequest(sandbox_id=sb.id), timeout=30)
+
+                def run(cmd, timeout_ms=10_000):
+                    return shells.RunInShell(shell_pb2.RunInShellRequest(
+                        sandbox_id=sb.id, command=cmd, timeout_ms=timeout_ms), timeout=30)
+
+                run("cd /tmp; export N=1")
+                assert run("pwd; echo $N; id -u").output == f"/tmp\n1\n{uid.decode()}\n".encode()
+                timed = run("sleep 100; echo never", timeout_ms=500)
+                assert timed.timed_out and b"never" not in timed.output and not timed.shell_restarted
+                assert run("echo $N").output == b"1\n"
     finally:
         d.stop()
 

@@ -48,6 +48,9 @@ class EnterCommand:
     argv: list[str]
     cgroup: "CgroupGroup | None"  # the leaf cgroup the host process must join (see process.in_cgroup)
     cwd: str  # host-side working directory for the spawn
+    # True when the spawned host process stays outside as the parent of the program (nsenter
+    # forking into a pid namespace); False when it becomes the program itself.
+    wrapped: bool = True
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,8 @@ class LocalSandbox(SandboxRuntime):
             self.cgroup = self.backend.cgroups.create(
                 self.spec.sandbox_id, lim.memory_bytes, lim.pids, lim.cpu_millicores
             )
+        if os.path.exists(os.path.join(rootfs, "bin/bash")):
+            self._shell = "/bin/bash"
         if self.backend.launcher == "none":
             self.workdir = str(self.sandbox_dir / "workspace")
             self.run_dir_sandbox = self.run_dir_host
@@ -263,8 +265,6 @@ class LocalSandbox(SandboxRuntime):
                 f"{err.decode(errors='replace').strip() or 'no error output'}"
             )
         self.init_pid = init_pid(self._launcher.pid, 1 if self.backend.launcher == "bwrap" else 2)
-        if os.path.exists(os.path.join(rootfs, "bin/bash")):
-            self._shell = "/bin/bash"
         self.files = SandboxFiles(
             f"/proc/{self.init_pid}/root", self.workdir, self.uid, self.uid,
             self.backend.config.exec.max_file_bytes,
@@ -291,7 +291,7 @@ class LocalSandbox(SandboxRuntime):
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
         if self.isolation == "none":
             drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
-            return EnterCommand([*drop, *argv], cgroup, cwd or self.workdir)
+            return EnterCommand([*drop, *argv], cgroup, cwd or self.workdir, wrapped=False)
         enter = [
             self.backend.nsenter, "-t", str(self.init_pid), "-m", "-p", "-i", "-u", "-n",
             "-r", "-w", "-S", str(self.uid), "-G", str(self.uid), "--",
