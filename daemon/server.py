@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from corral.v1 import kernel_pb2, kernel_pb2_grpc
 from corral.v1 import sandbox_pb2, sandbox_pb2_grpc, shell_pb2, shell_pb2_grpc
 
 from .backends.local import LocalBackend
@@ -27,10 +28,12 @@ from .cgroups import CgroupDriver
 from .config import Config
 from .errors import map_errors
 from .interceptors import GuardInterceptor, bearer_token_guard, metrics_guard
+from .kernels import KernelManager
 from .metrics import Metrics
 from .node import NodeInfo, version
 from .notify import sd_notify
 from .sandboxes import SandboxManager
+from .services.kernel import KernelServicer
 from .services.sandbox import SandboxServicer
 from .services.shell import ShellServicer
 from .shells import ShellManager
@@ -43,6 +46,7 @@ MAX_MESSAGE_BYTES = 96 << 20  # above exec.max_file_bytes' default so a full Rea
 SERVICE_NAMES = [
     sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
     shell_pb2.DESCRIPTOR.services_by_name["ShellService"].full_name,
+    kernel_pb2.DESCRIPTOR.services_by_name["KernelService"].full_name,
 ]
 
 
@@ -76,6 +80,7 @@ class Daemon:
         self.metrics = Metrics()
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
         self.shells = ShellManager(config, self.manager)
+        self.kernels = KernelManager(config, self.manager)
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self._socket_bound = False
@@ -101,6 +106,7 @@ class Daemon:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
         self.server = grpc.aio.server(interceptors=[GuardInterceptor(*guards)], options=options)
+        kernel_pb2_grpc.add_KernelServiceServicer_to_server(KernelServicer(self.kernels), self.server)
         shell_pb2_grpc.add_ShellServiceServicer_to_server(ShellServicer(self.shells, self.config.exec), self.server)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
             SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)), self.server
@@ -137,6 +143,7 @@ class Daemon:
         if self.server:
             await self.server.stop(self.config.daemon.grace_period_s)
         await self.shells.close()
+        await self.kernels.close()
         await self.manager.close()
         for backend in self.backends.values():
             await backend.close()

@@ -1,0 +1,593 @@
+"""KernelManager: real ipykernel processes inside sandboxes, driven over zmq Unix sockets.
+
+A kernel runs inside its sandbox as the sandbox's user. Its connection file asks for the `ipc`
+transport with the socket prefix in the sandbox's run directory, which the host sees under another
+path: the kernel gets the sandbox-side path, the daemon's jupyter_client the host-side one, and
+both reach the same Unix sockets through the bind mount: the daemon opens no TCP port. (ipykernel
+itself, hard-wired, still listens on 127.0.0.1 of the sandbox's network namespace for output from
+forked children, accepting only messages that carry its random token.)
+
+One `KernelProcess` is one incarnation of a kernel (a process, its client and the tasks reading
+its channels); `Kernel` is what the caller addresses by id, and survives restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+from jupyter_client.asynchronous.client import AsyncKernelClient
+
+from .backends.base import SandboxRuntime
+from .commands import sandbox_environment
+from .config import Config
+from .errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from .process import KILL_WAIT_S, HostProcess
+from .sandboxes import Sandbox, SandboxManager
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PYTHON = "python3"
+MAX_KERNELS_PER_SANDBOX = 32
+START_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 30.0
+# After a timeout's SIGINT, how long the cell gets to stop before the kernel is killed (code stuck
+# in C without checking for signals never sees the interrupt).
+INTERRUPT_GRACE_S = 5.0
+# kernel_info is resent this often until its reply and its iopub status both arrive: a SUB socket
+# that connected late misses messages, and the first cell's output must not be lost.
+HANDSHAKE_RETRY_S = 0.25
+# The client's sockets connect before the kernel binds; zmq retries the connect at this interval.
+# With the default (100 ms) the first message waited ~140 ms after the bind here, with 5 ms ~5 ms.
+RECONNECT_IVL_MS = 5
+UNIX_PATH_MAX = 107
+OUTPUT_TAIL_BYTES = 8192
+# Ports are just suffixes with the ipc transport: sockets are "<prefix>-1" ... "<prefix>-5".
+PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+# Exit status of the probe when the interpreter runs but has no ipykernel.
+NO_IPYKERNEL = 3
+PROBE_CODE = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('ipykernel') else {NO_IPYKERNEL})"
+# SIGINT must reach the kernel, but not a host-side launcher (nsenter) that waits for it as its
+# parent and would otherwise die of it: such a launcher starts with SIGINT ignored, which ipykernel
+# overrides for the duration of each cell (its pre_handler_hook installs Python's default handler).
+IGNORE_SIGINT = ["/bin/sh", "-c", "trap '' INT; exec \"$@\"", "corral-kernel"]
+
+
+# -- events of one cell ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamOutput:
+    name: str  # "stdout" | "stderr"
+    text: str
+
+
+@dataclass(frozen=True)
+class DisplayOutput:
+    data: dict[str, bytes]  # MIME type -> UTF-8 text or decoded binary
+
+
+@dataclass(frozen=True)
+class ResultOutput:
+    data: dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class ErrorOutput:
+    ename: str
+    evalue: str
+    traceback: list[str]
+
+
+@dataclass(frozen=True)
+class CellDone:
+    execution_count: int
+    failed: bool
+    timed_out: bool
+    kernel_died: bool
+    duration_ms: int
+
+
+KernelEvent = StreamOutput | DisplayOutput | ResultOutput | ErrorOutput | CellDone
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    sandbox_id: str
+    kernel_id: str
+    state: str  # "idle" | "busy" | "dead"
+    execution_count: int
+    python: str
+
+
+# -- jupyter message content -> events ---------------------------------------------------------------
+
+
+def _is_text_mime(mime: str) -> bool:
+    return (
+        mime.startswith("text/")
+        or mime in ("application/json", "application/javascript", "image/svg+xml")
+        or mime.endswith(("+json", "+xml"))
+    )
+
+
+def mime_bytes(mime: str, value: object) -> bytes:
+    """One value of a Jupyter MIME bundle as the bytes the contract promises: JSON values arrive
+    parsed, text types are UTF-8, binary types arrive base64-encoded and leave decoded."""
+    if not isinstance(value, str):
+        return json.dumps(value).encode()
+    if _is_text_mime(mime):
+        return value.encode()
+    try:
+        return base64.b64decode("".join(value.split()), validate=True)
+    except (binascii.Error, ValueError):
+        return value.encode()  # an unknown type that was not base64 after all
+
+
+def mime_bundle(data: dict) -> dict[str, bytes]:
+    return {mime: mime_bytes(mime, value) for mime, value in data.items()}
+
+
+def output_event(msg: dict) -> KernelEvent | None:
+    """The event an iopub message carries for the caller, if any."""
+    kind, content = msg["msg_type"], msg["content"]
+    if kind == "stream":
+        return StreamOutput(content.get("name", "stdout"), content.get("text", ""))
+    if kind in ("display_data", "update_display_data"):
+        return DisplayOutput(mime_bundle(content.get("data", {})))
+    if kind == "execute_result":
+        return ResultOutput(mime_bundle(content.get("data", {})))
+    if kind == "error":
+        return error_event(content)
+    return None
+
+
+def error_event(content: dict) -> ErrorOutput:
+    return ErrorOutput(content.get("ename", ""), content.get("evalue", ""), list(content.get("traceback", [])))
+
+
+# -- one kernel process -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelFiles:
+    """Where one kernel's connection file and sockets live, from both sides of the bind mount."""
+
+    host_prefix: str
+    sandbox_prefix: str
+
+    @classmethod
+    def of(cls, runtime: SandboxRuntime, name: str) -> "KernelFiles":
+        files = cls(f"{runtime.run_dir_host}/{name}", f"{runtime.run_dir_sandbox}/{name}")
+        longest = max(len(f"{p}-{max(PORTS.values())}".encode()) for p in (files.host_prefix, files.sandbox_prefix))
+        if longest > UNIX_PATH_MAX:
+            raise FailedPrecondition(f"the sandbox's run directory path is too long for Unix sockets ({longest} > {UNIX_PATH_MAX} bytes)")
+        return files
+
+    def connection_info(self, prefix: str, key: str) -> dict:
+        return {"transport": "ipc", "ip": prefix, **PORTS, "key": key,
+                "signature_scheme": "hmac-sha256", "kernel_name": ""}
+
+    @property
+    def connection_file_host(self) -> str:
+        return f"{self.host_prefix}.json"
+
+    @property
+    def connection_file_sandbox(self) -> str:
+        return f"{self.sandbox_prefix}.json"
+
+    def sockets(self) -> list[str]:
+        return [f"{self.host_prefix}-{port}" for port in PORTS.values()]
+
+    def write(self, key: str) -> dict:
+        """Writes the kernel's (sandbox-side) connection file; returns the host-side info. The file
+        belongs to the sandbox user, who owns the run directory: the kernel reads and rewrites it."""
+        self.remove()
+        owner = os.stat(os.path.dirname(self.host_prefix))
+        fd = os.open(self.connection_file_host, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.connection_info(self.sandbox_prefix, key), fh)
+        os.chown(self.connection_file_host, owner.st_uid, owner.st_gid)
+        return self.connection_info(self.host_prefix, key)
+
+    def remove(self) -> None:
+        for path in (self.connection_file_host, *self.sockets()):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+class KernelProcess:
+    """One running ipykernel and the daemon's client for it. Messages from the shell and iopub
+    channels are routed by their parent's msg_id to whichever request is waiting for them."""
+
+    def __init__(self, proc: HostProcess, client: AsyncKernelClient, files: KernelFiles) -> None:
+        self.proc = proc
+        self.client = client
+        self.files = files
+        self._output_tail = bytearray()
+        self._listeners: dict[str, asyncio.Queue] = {}
+        self.exited: asyncio.Task = asyncio.ensure_future(proc.run(self._keep_tail, None))
+        self._pumps = [asyncio.ensure_future(self._pump(channel)) for channel in (client.shell_channel, client.iopub_channel)]
+
+    @classmethod
+    async def start(cls, runtime: SandboxRuntime, argv: list[str], *, env: dict[str, str], cwd: str,
+                    leaf: str, files: KernelFiles, context: zmq.asyncio.Context) -> "KernelProcess":
+        host_info = files.write(secrets.token_hex(16))
+        try:
+            enter = runtime.enter_command([*argv, "-f", files.connection_file_sandbox], cwd=cwd, leaf=leaf)
+            host_argv = [*IGNORE_SIGINT, *enter.argv] if enter.wrapped else enter.argv
+            proc = HostProcess(host_argv, env=env, stdin=None, cgroup=enter.cgroup, cwd=enter.cwd)
+        except BaseException:
+            files.remove()
+            raise
+        client = AsyncKernelClient(context=context)
+        client.load_connection_info(host_info)
+        client.start_channels(hb=False, stdin=False)  # death is seen through the process, not heartbeats
+        kernel = cls(proc, client, files)
+        try:
+            await kernel._handshake()
+        except BaseException:
+            await kernel.stop()
+            raise
+        return kernel
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.done()
+
+    @property
+    def output_tail(self) -> str:
+        return self._output_tail.decode(errors="replace").strip()
+
+    def _keep_tail(self, _stream: int, data: bytes) -> None:
+        self._output_tail += data
+        del self._output_tail[:-OUTPUT_TAIL_BYTES]
+
+    async def _pump(self, channel) -> None:
+        while True:
+            try:
+                msg = await channel.get_msg()
+            except zmq.ZMQError:
+                return  # the socket is closed: this incarnation is being stopped
+            except Exception:  # noqa: BLE001 - one bad message (e.g. a bad signature) must not end the channel
+                log.exception("dropping an unreadable message from a kernel")
+                continue
+            queue = self._listeners.get(msg["parent_header"].get("msg_id", ""))
+            if queue is not None:
+                queue.put_nowait(msg)
+
+    async def _next(self, queue: asyncio.Queue, timeout: float | None) -> dict | None:
+        """The next message for a request; None on timeout or once the kernel has exited (after
+        what it sent before dying)."""
+        if not queue.empty():
+            return queue.get_nowait()
+        if self.exited.done():
+            return None
+        getter = asyncio.ensure_future(queue.get())
+        try:
+            await asyncio.wait({getter, self.exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()  # a cancelled Queue.get leaves its item in the queue
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        return None
+
+    async def _handshake(self) -> None:
+        """Returns once the kernel answers on shell and publishes on iopub (so our SUB socket is
+        connected); raises if it exits or stays silent."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            msg_id = self.client.kernel_info()
+            queue = self._listeners[msg_id] = asyncio.Queue()
+            try:
+                replied = published = False
+                retry_at = time.monotonic() + HANDSHAKE_RETRY_S
+                while not (replied and published):
+                    # Until the reply, wait as long as the kernel takes to boot; after it, the
+                    # iopub status is due at once, or the SUB socket missed it.
+                    wait_until = deadline if not replied else min(retry_at, deadline)
+                    msg = await self._next(queue, max(0.0, wait_until - time.monotonic()))
+                    if msg is None:
+                        break
+                    if msg["msg_type"] == "kernel_info_reply":
+                        replied, retry_at = True, time.monotonic() + HANDSHAKE_RETRY_S
+                    elif msg["msg_type"] == "status":
+                        published = True
+                else:
+                    return
+            finally:
+                self._listeners.pop(msg_id, None)
+            if not self.alive:
+                exit = await self.exited
+                raise FailedPrecondition(
+                    f"the kernel exited during startup (exit code {exit.exit_code}): {self.output_tail or 'no output'}"
+                )
+            if time.monotonic() >= deadline:
+                raise FailedPrecondition(
+                    f"the kernel did not answer within {START_TIMEOUT_S:g}s: {self.output_tail or 'no output'}"
+                )
+
+    def interrupt(self) -> None:
+        """SIGINT to the kernel's process group (the launcher ignores it: see IGNORE_SIGINT)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGINT)
+
+    async def run_cell(self, code: str, timeout_s: float) -> AsyncIterator[KernelEvent]:
+        """Yields the cell's outputs, then one CellDone. On timeout the kernel is interrupted; if the
+        cell ignores that too, the kernel is killed (reported as died)."""
+        started = time.monotonic()
+        msg_id = self.client.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
+        queue = self._listeners[msg_id] = asyncio.Queue()
+        count, failed, timed_out, died = 0, False, False, False
+        reply: dict | None = None
+        idle = False
+        deadline = started + timeout_s
+        finished = False
+        try:
+            while reply is None or not idle:
+                msg = await self._next(queue, max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    if not self.alive:
+                        died = True
+                        break
+                    if timed_out:  # the interrupt did not stop it
+                        await self.stop()
+                        died = True
+                        break
+                    timed_out = True
+                    self.interrupt()
+                    deadline = time.monotonic() + INTERRUPT_GRACE_S
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "execute_reply":
+                    reply = content
+                    count = content.get("execution_count") or count
+                    if content.get("status") == "error" and not failed:
+                        # The error normally comes on iopub first; if it went missing, the reply has it.
+                        failed = True
+                        yield error_event(content)
+                elif kind == "status":
+                    idle = content.get("execution_state") == "idle"
+                elif kind == "execute_input":
+                    count = content.get("execution_count") or count
+                else:
+                    event = output_event(msg)
+                    if event is not None:
+                        failed = failed or isinstance(event, ErrorOutput)
+                        yield event
+            finished = True
+        finally:
+            self._listeners.pop(msg_id, None)
+            if not finished and self.alive:
+                self.interrupt()  # the caller went away mid-cell: free the kernel for the next one
+        yield CellDone(count, failed, timed_out, died, int((time.monotonic() - started) * 1000))
+
+    async def stop(self) -> None:
+        """Kills the kernel's tree and closes the client. No shutdown_request: nothing of the
+        kernel's state is kept, and a kill cannot hang on a busy kernel."""
+        for pump in self._pumps:
+            pump.cancel()
+        if not self.exited.done():
+            # Killed rather than cancelled: HostProcess.run closes its pipes and pidfd only when
+            # it returns normally.
+            await self.proc.kill_tree()
+            try:
+                await asyncio.wait_for(asyncio.shield(self.exited), KILL_WAIT_S)
+            except TimeoutError:
+                self.exited.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.exited
+        for pump in self._pumps:
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+        for channel in (self.client.shell_channel, self.client.iopub_channel, self.client.control_channel):
+            channel.close()
+        self.files.remove()
+
+
+# -- kernels as the caller sees them -----------------------------------------------------------------
+
+
+@dataclass
+class Kernel:
+    sandbox_id: str
+    kernel_id: str
+    python: str
+    cwd: str
+    env: dict[str, str]
+    name: str  # leaf cgroup and file prefix in the run directory, e.g. "k3"
+    process: KernelProcess | None = None
+    execution_count: int = 0
+    busy: bool = False
+    # One cell at a time: a second Execute waits for the first (as Jupyter queues them).
+    cell_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Start, restart and shutdown never interleave; they do not wait for a running cell.
+    lifecycle_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def state(self) -> str:
+        if self.process is None or not self.process.alive:
+            return "dead"
+        return "busy" if self.busy else "idle"
+
+    def info(self) -> KernelInfo:
+        return KernelInfo(self.sandbox_id, self.kernel_id, self.state, self.execution_count, self.python)
+
+
+class KernelManager:
+    def __init__(self, config: Config, sandboxes: SandboxManager) -> None:
+        self.config = config
+        self.sandboxes = sandboxes
+        self._kernels: dict[str, dict[str, Kernel]] = {}
+        self._zmq: zmq.asyncio.Context | None = None
+        sandboxes.on_destroy(self.close_sandbox)
+
+    def _context(self) -> zmq.asyncio.Context:
+        """One zmq context (one IO thread) for every kernel client, made on first use."""
+        if self._zmq is None:
+            self._zmq = zmq.asyncio.Context()
+            self._zmq.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        return self._zmq
+
+    def _get(self, sandbox_id: str, kernel_id: str) -> Kernel:
+        self.sandboxes.get(sandbox_id)  # NOT_FOUND for the sandbox first
+        kernel = self._kernels.get(sandbox_id, {}).get(kernel_id)
+        if kernel is None:
+            raise NotFound(f"no kernel {kernel_id!r} in sandbox {sandbox_id}")
+        return kernel
+
+    def _timeout(self, timeout_s: float) -> float:
+        limits = self.config.exec
+        timeout_s = timeout_s or limits.default_timeout_s
+        if timeout_s > limits.max_timeout_s:
+            raise InvalidArgument(f"timeout {timeout_s:g}s is over this daemon's maximum of {limits.max_timeout_s:g}s")
+        return timeout_s
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self, sandbox_id: str, python: str, cwd: str, env: dict[str, str]) -> KernelInfo:
+        python = python or DEFAULT_PYTHON
+        if "\0" in python or "\0" in cwd:
+            raise InvalidArgument("python and cwd must not contain NUL bytes")
+        if cwd and not cwd.startswith("/"):
+            raise InvalidArgument(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+        for key, value in env.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise InvalidArgument(f"invalid environment variable name or value: {key!r}")
+        with self.sandboxes.using(sandbox_id) as sandbox:
+            kernels = self._kernels.setdefault(sandbox_id, {})
+            if len(kernels) >= MAX_KERNELS_PER_SANDBOX:
+                raise ResourceExhausted(f"sandbox {sandbox_id} already runs {MAX_KERNELS_PER_SANDBOX} kernels")
+            kernel = Kernel(sandbox_id, f"k-{secrets.token_hex(4)}", python, cwd, dict(env),
+                            sandbox.runtime.next_leaf("k"))
+            kernels[kernel.kernel_id] = kernel  # listed (dead) while it starts, so close_sandbox sees it
+            try:
+                async with kernel.lifecycle_lock:
+                    await self._probe(sandbox.runtime, kernel, self._environment(sandbox, kernel))
+                    await self._launch(sandbox, kernel)
+            except BaseException:
+                kernels.pop(kernel.kernel_id, None)
+                raise
+            return kernel.info()
+
+    def _environment(self, sandbox: Sandbox, kernel: Kernel) -> dict[str, str]:
+        runtime = sandbox.runtime
+        defaults = {
+            # IPython's profile and history belong with the daemon's files, not in the workspace.
+            "IPYTHONDIR": f"{runtime.run_dir_sandbox}/ipython",
+            "JUPYTER_PLATFORM_DIRS": "1",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        }
+        return sandbox_environment(runtime.workdir, sandbox.env, {**defaults, **kernel.env})
+
+    async def _probe(self, runtime: SandboxRuntime, kernel: Kernel, env: dict[str, str]) -> None:
+        """FAILED_PRECONDITION, saying what is missing, unless `python` runs and has ipykernel.
+        find_spec instead of an import: the answer without paying for ipykernel's import twice."""
+        proc = runtime.start_process([kernel.python, "-c", PROBE_CODE], env=env, cwd=kernel.cwd, stdin=None)
+        output = bytearray()
+        exit = await proc.run(lambda _s, data: output.extend(data[:OUTPUT_TAIL_BYTES - len(output)]), PROBE_TIMEOUT_S)
+        detail = output.decode(errors="replace").strip()
+        if exit.exit_code == NO_IPYKERNEL:
+            raise FailedPrecondition(
+                f"{kernel.python} in this sandbox has no ipykernel: install it in the image "
+                "(apt-get install python3-ipykernel or pip install ipykernel)"
+            )
+        if exit.exit_code in (126, 127):
+            raise FailedPrecondition(
+                f"cannot run {kernel.python} in this sandbox"
+                f"{f' in {kernel.cwd}' if kernel.cwd else ''}: {detail or f'exit code {exit.exit_code}'}"
+            )
+        if exit.exit_code != 0:
+            raise FailedPrecondition(f"{kernel.python} failed to start (exit code {exit.exit_code}): {detail or 'no output'}")
+
+    async def _launch(self, sandbox: Sandbox, kernel: Kernel) -> None:
+        runtime = sandbox.runtime
+        kernel.process = await KernelProcess.start(
+            runtime,
+            [kernel.python, "-m", "ipykernel_launcher", "--HistoryManager.hist_file=:memory:"],
+            env=self._environment(sandbox, kernel),
+            cwd=kernel.cwd,
+            leaf=kernel.name,
+            files=KernelFiles.of(runtime, kernel.name),
+            context=self._context(),
+        )
+        kernel.execution_count = 0
+
+    async def restart(self, sandbox_id: str, kernel_id: str) -> KernelInfo:
+        """A fresh process under the same id; a cell running in the old one ends as kernel_died."""
+        with self.sandboxes.using(sandbox_id) as sandbox:
+            kernel = self._get(sandbox_id, kernel_id)
+            async with kernel.lifecycle_lock:
+                if kernel.process is not None:
+                    await kernel.process.stop()
+                    kernel.process = None
+                await self._launch(sandbox, kernel)
+            return kernel.info()
+
+    async def shutdown(self, sandbox_id: str, kernel_id: str) -> None:
+        kernel = self._get(sandbox_id, kernel_id)
+        self._kernels[sandbox_id].pop(kernel_id, None)
+        await self._stop(kernel)
+
+    async def _stop(self, kernel: Kernel) -> None:
+        async with kernel.lifecycle_lock:
+            if kernel.process is not None:
+                await kernel.process.stop()
+
+    def list(self, sandbox_id: str) -> list[KernelInfo]:
+        self.sandboxes.get(sandbox_id)
+        return [k.info() for k in self._kernels.get(sandbox_id, {}).values()]
+
+    async def close_sandbox(self, sandbox_id: str) -> None:
+        """Stops every kernel of a sandbox (called before the sandbox is destroyed)."""
+        kernels = self._kernels.pop(sandbox_id, {})
+        await asyncio.gather(*(self._stop(k) for k in kernels.values()), return_exceptions=True)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self.close_sandbox(sid) for sid in list(self._kernels)), return_exceptions=True)
+        if self._zmq is not None:
+            self._zmq.destroy(linger=0)
+            self._zmq = None
+
+    # -- cells -------------------------------------------------------------------------------------
+
+    def interrupt(self, sandbox_id: str, kernel_id: str) -> None:
+        kernel = self._get(sandbox_id, kernel_id)
+        if kernel.process is None or not kernel.process.alive:
+            raise FailedPrecondition(f"kernel {kernel_id} is dead; RestartKernel brings it back")
+        kernel.process.interrupt()
+
+    async def execute(self, sandbox_id: str, kernel_id: str, code: str, timeout_s: float) -> AsyncIterator[KernelEvent]:
+        """Yields the cell's outputs as the kernel sends them, then exactly one CellDone. Closing the
+        iterator early interrupts the cell."""
+        timeout_s = self._timeout(timeout_s)
+        with self.sandboxes.using(sandbox_id):
+            kernel = self._get(sandbox_id, kernel_id)
+            async with kernel.cell_lock:
+                process = kernel.process
+                if process is None or not process.alive:
+                    raise FailedPrecondition(f"kernel {kernel_id} is dead; RestartKernel brings it back")
+                kernel.busy = True
+                try:
+                    async for event in process.run_cell(code, timeout_s):
+                        if isinstance(event, CellDone):
+                            if kernel.process is process:
+                                kernel.execution_count = max(kernel.execution_count, event.execution_count)
+                            if event.kernel_died and process.output_tail:
+                                log.warning("kernel %s in %s died: %s", kernel_id, sandbox_id, process.output_tail[-2000:])
+                        yield event
+                finally:
+                    kernel.busy = False

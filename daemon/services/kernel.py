@@ -1,0 +1,93 @@
+"""KernelService: translates corral.v1 kernel messages to KernelManager calls and back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from corral.v1 import kernel_pb2 as pb
+from corral.v1 import kernel_pb2_grpc
+
+from ..kernels import CellDone, DisplayOutput, ErrorOutput, KernelEvent, KernelInfo, KernelManager, ResultOutput, StreamOutput
+
+STATES = {"idle": pb.KERNEL_STATE_IDLE, "busy": pb.KERNEL_STATE_BUSY, "dead": pb.KERNEL_STATE_DEAD}
+STREAMS = {"stdout": pb.STREAM_NAME_STDOUT, "stderr": pb.STREAM_NAME_STDERR}
+
+
+def kernel_info(info: KernelInfo) -> pb.KernelInfo:
+    return pb.KernelInfo(sandbox_id=info.sandbox_id, kernel_id=info.kernel_id, state=STATES[info.state],
+                         execution_count=info.execution_count, python=info.python)
+
+
+def kernel_error(event: ErrorOutput) -> pb.KernelError:
+    return pb.KernelError(ename=event.ename, evalue=event.evalue, traceback=event.traceback)
+
+
+def kernel_done(event: CellDone) -> pb.KernelDone:
+    return pb.KernelDone(execution_count=event.execution_count, failed=event.failed, timed_out=event.timed_out,
+                         kernel_died=event.kernel_died, duration_ms=event.duration_ms)
+
+
+def execute_response(event: KernelEvent) -> pb.ExecuteResponse:
+    if isinstance(event, StreamOutput):
+        return pb.ExecuteResponse(stream=pb.KernelStream(name=STREAMS.get(event.name, pb.STREAM_NAME_UNSPECIFIED), text=event.text))
+    if isinstance(event, DisplayOutput):
+        return pb.ExecuteResponse(display=pb.KernelDisplay(data=event.data))
+    if isinstance(event, ResultOutput):
+        return pb.ExecuteResponse(result=pb.KernelDisplay(data=event.data))
+    if isinstance(event, ErrorOutput):
+        return pb.ExecuteResponse(error=kernel_error(event))
+    return pb.ExecuteResponse(done=kernel_done(event))
+
+
+class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
+    def __init__(self, kernels: KernelManager) -> None:
+        self.kernels = kernels
+
+    async def StartKernel(self, request: pb.StartKernelRequest, context) -> pb.StartKernelResponse:
+        info = await self.kernels.start(request.sandbox_id, request.python, request.cwd, dict(request.env))
+        return pb.StartKernelResponse(kernel=kernel_info(info))
+
+    async def Execute(self, request: pb.ExecuteRequest, context) -> AsyncIterator[pb.ExecuteResponse]:
+        events = self.kernels.execute(request.sandbox_id, request.kernel_id, request.code, request.timeout_ms / 1000)
+        try:
+            async for event in events:
+                yield execute_response(event)
+        finally:
+            await events.aclose()
+
+    async def ExecuteGathered(self, request: pb.ExecuteGatheredRequest, context) -> pb.ExecuteGatheredResponse:
+        reply = pb.ExecuteGatheredResponse()
+        stdout: list[str] = []
+        stderr: list[str] = []
+        events = self.kernels.execute(request.sandbox_id, request.kernel_id, request.code, request.timeout_ms / 1000)
+        try:
+            async for event in events:
+                if isinstance(event, StreamOutput):
+                    (stderr if event.name == "stderr" else stdout).append(event.text)
+                elif isinstance(event, DisplayOutput):
+                    reply.displays.append(pb.KernelDisplay(data=event.data))
+                elif isinstance(event, ResultOutput):
+                    reply.result.CopyFrom(pb.KernelDisplay(data=event.data))
+                elif isinstance(event, ErrorOutput):
+                    reply.error.CopyFrom(kernel_error(event))
+                elif isinstance(event, CellDone):
+                    reply.done.CopyFrom(kernel_done(event))
+        finally:
+            await events.aclose()
+        reply.stdout, reply.stderr = "".join(stdout), "".join(stderr)
+        return reply
+
+    async def InterruptKernel(self, request: pb.InterruptKernelRequest, context) -> pb.InterruptKernelResponse:
+        self.kernels.interrupt(request.sandbox_id, request.kernel_id)
+        return pb.InterruptKernelResponse()
+
+    async def RestartKernel(self, request: pb.RestartKernelRequest, context) -> pb.RestartKernelResponse:
+        info = await self.kernels.restart(request.sandbox_id, request.kernel_id)
+        return pb.RestartKernelResponse(kernel=kernel_info(info))
+
+    async def ShutdownKernel(self, request: pb.ShutdownKernelRequest, context) -> pb.ShutdownKernelResponse:
+        await self.kernels.shutdown(request.sandbox_id, request.kernel_id)
+        return pb.ShutdownKernelResponse()
+
+    async def ListKernels(self, request: pb.ListKernelsRequest, context) -> pb.ListKernelsResponse:
+        return pb.ListKernelsResponse(kernels=[kernel_info(k) for k in self.kernels.list(request.sandbox_id)])

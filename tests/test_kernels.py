@@ -1,0 +1,351 @@
+"""KernelService against a real daemon: ipykernel processes inside local sandboxes (bubblewrap and
+unshare launchers, and one test without namespaces), driven through the raw gRPC stubs.
+
+The sandbox's python is the host image's python3, which needs ipykernel (Debian: python3-ipykernel).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import grpc
+import pytest
+
+from corral.sdk import Client
+from corral.v1 import kernel_pb2 as kpb
+from corral.v1 import kernel_pb2_grpc
+from tests.conftest import DaemonProcess, require_backend
+
+pytestmark = pytest.mark.local
+
+
+@pytest.fixture
+def stub(daemon):
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        yield kernel_pb2_grpc.KernelServiceStub(channel)
+
+
+@pytest.fixture
+def kernel(stub, sandbox) -> kpb.KernelInfo:
+    return stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id), timeout=60).kernel
+
+
+def run(stub, kernel: kpb.KernelInfo, code: str, timeout_ms: int = 0) -> kpb.ExecuteGatheredResponse:
+    request = kpb.ExecuteGatheredRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id, code=code,
+                                         timeout_ms=timeout_ms)
+    return stub.ExecuteGathered(request, timeout=60)
+
+
+def stream(stub, kernel: kpb.KernelInfo, code: str, timeout_ms: int = 0):
+    request = kpb.ExecuteRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id, code=code, timeout_ms=timeout_ms)
+    return stub.Execute(request, timeout=60)
+
+
+def state_of(stub, kernel: kpb.KernelInfo) -> int:
+    (info,) = stub.ListKernels(kpb.ListKernelsRequest(sandbox_id=kernel.sandbox_id)).kernels
+    return info.state
+
+
+def tiny_png() -> bytes:
+    """A valid 1x1 red PNG, built by hand so the test needs no imaging library."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\x00\xff\x00\x00")
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+def eventfds(pid: int) -> int:
+    """How many eventfds a process holds: every zmq socket has one (its mailbox)."""
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            held += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[eventfd]"
+    return held
+
+
+def host_processes_with(marker: str) -> list[int]:
+    """Host pids whose environment carries `marker` (the test runs as root, like the daemon)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+# -- cells ----------------------------------------------------------------------------------------
+
+
+def test_state_persists_across_cells(stub, kernel):
+    assert run(stub, kernel, "x = 41").done.execution_count == 1
+    reply = run(stub, kernel, "x + 1")
+    assert reply.result.data["text/plain"] == b"42"
+    assert reply.done.execution_count == 2 and not reply.done.failed
+
+
+def test_stdout_and_stderr_arrive_as_stream_events_then_one_done(stub, kernel):
+    code = "import sys\nprint('to out')\nsys.stdout.flush()\nprint('to err', file=sys.stderr)\nsys.stderr.flush()"
+    events = list(stream(stub, kernel, code))
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[-1] == "done" and kinds.count("done") == 1
+    texts = [(e.stream.name, e.stream.text) for e in events if e.HasField("stream")]
+    assert (kpb.STREAM_NAME_STDOUT, "to out\n") in texts
+    assert (kpb.STREAM_NAME_STDERR, "to err\n") in texts
+    gathered = run(stub, kernel, code)
+    assert (gathered.stdout, gathered.stderr) == ("to out\n", "to err\n")
+    assert not gathered.HasField("result")
+
+
+def test_last_expression_is_the_result_as_text_plain(stub, kernel):
+    reply = run(stub, kernel, "'ab' * 2")
+    assert reply.result.data["text/plain"] == b"'abab'"
+    assert not run(stub, kernel, "y = 1").HasField("result")  # an assignment has no value
+
+
+def test_display_data_carries_decoded_png_bytes_and_html(stub, kernel):
+    png = tiny_png()
+    code = (
+        "from IPython.display import HTML, Image, display\n"
+        f"display(Image(data=bytes.fromhex('{png.hex()}')))\n"
+        "display(HTML('<b>bold</b>'))\n"
+        "{'answer': 42}"
+    )
+    reply = run(stub, kernel, code)
+    image, html = reply.displays
+    assert image.data["image/png"] == png  # the bytes themselves, not base64
+    assert html.data["text/html"] == b"<b>bold</b>"
+    assert reply.result.data["text/plain"] == b"{'answer': 42}"
+    json_reply = run(stub, kernel, "from IPython.display import JSON\nJSON({'a': [1, 2]})")
+    assert json.loads(json_reply.result.data["application/json"]) == {"a": [1, 2]}
+
+
+def test_an_exception_is_an_error_event_and_the_kernel_goes_on(stub, kernel):
+    events = list(stream(stub, kernel, "raise ValueError('bad value')"))
+    (error,) = [e.error for e in events if e.HasField("error")]
+    assert (error.ename, error.evalue) == ("ValueError", "bad value")
+    assert any("ValueError" in line for line in error.traceback)
+    assert events[-1].done.failed
+    assert run(stub, kernel, "1 + 1").result.data["text/plain"] == b"2"
+
+
+def test_timeout_interrupts_the_cell_and_keeps_the_state(stub, kernel):
+    run(stub, kernel, "survivor = 'still here'")
+    started = time.monotonic()
+    reply = run(stub, kernel, "import time\ntime.sleep(60)", timeout_ms=500)
+    assert time.monotonic() - started < 10
+    assert reply.done.timed_out and not reply.done.kernel_died
+    assert reply.error.ename == "KeyboardInterrupt"
+    assert run(stub, kernel, "survivor").result.data["text/plain"] == b"'still here'"
+    assert state_of(stub, kernel) == kpb.KERNEL_STATE_IDLE
+
+
+def test_interrupt_rpc_stops_a_running_cell(stub, kernel):
+    events = stream(stub, kernel, "import time\nprint('started', flush=True)\ntime.sleep(60)")
+    first = next(events)
+    assert first.stream.text == "started\n"
+    assert state_of(stub, kernel) == kpb.KERNEL_STATE_BUSY
+    started = time.monotonic()
+    stub.InterruptKernel(kpb.InterruptKernelRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id))
+    rest = list(events)
+    assert time.monotonic() - started < 10
+    assert [e.error.ename for e in rest if e.HasField("error")] == ["KeyboardInterrupt"]
+    assert not rest[-1].done.timed_out and not rest[-1].done.kernel_died
+    assert run(stub, kernel, "'alive'").result.data["text/plain"] == b"'alive'"
+
+
+def test_a_cell_that_ignores_the_interrupt_is_killed_after_its_grace(stub, kernel):
+    code = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)"
+    started = time.monotonic()
+    reply = run(stub, kernel, code, timeout_ms=300)
+    assert time.monotonic() - started < 15
+    assert reply.done.timed_out and reply.done.kernel_died
+    assert state_of(stub, kernel) == kpb.KERNEL_STATE_DEAD
+
+
+def test_a_cell_whose_caller_goes_away_is_interrupted(stub, kernel):
+    events = stream(stub, kernel, "import time\nprint('started', flush=True)\ntime.sleep(60)")
+    assert next(events).stream.text == "started\n"
+    events.cancel()
+    # Had the abandoned cell kept running, this one would queue behind it and time out.
+    reply = run(stub, kernel, "'next'", timeout_ms=10_000)
+    assert not reply.done.timed_out
+    assert reply.result.data["text/plain"] == b"'next'"
+
+
+# -- kernel lifecycle -----------------------------------------------------------------------------
+
+
+def test_kernel_death_is_reported_and_restart_gives_a_fresh_kernel(stub, kernel):
+    run(stub, kernel, "before_death = 1")
+    reply = run(stub, kernel, "import os\nos._exit(1)")
+    assert reply.done.kernel_died
+    assert state_of(stub, kernel) == kpb.KERNEL_STATE_DEAD
+    with pytest.raises(grpc.RpcError) as err:
+        run(stub, kernel, "1")
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    restarted = stub.RestartKernel(
+        kpb.RestartKernelRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id), timeout=60
+    ).kernel
+    assert restarted.kernel_id == kernel.kernel_id
+    assert restarted.state == kpb.KERNEL_STATE_IDLE and restarted.execution_count == 0
+    assert run(stub, kernel, "'before_death' in dir()").result.data["text/plain"] == b"False"
+
+
+def test_restart_during_a_cell_ends_it_as_kernel_died(stub, kernel):
+    events = stream(stub, kernel, "import time\nprint('started', flush=True)\ntime.sleep(60)")
+    assert next(events).stream.text == "started\n"
+    stub.RestartKernel(kpb.RestartKernelRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id), timeout=60)
+    assert list(events)[-1].done.kernel_died
+    assert run(stub, kernel, "2 * 21").result.data["text/plain"] == b"42"
+
+
+def test_missing_ipykernel_is_failed_precondition(stub, sandbox):
+    """A fresh venv made inside the sandbox is a real python without ipykernel (it does not see
+    the system's dist-packages), like an image that never installed it."""
+    sandbox.exec(["python3", "-m", "venv", "--without-pip", "/tmp/bare"], check=True)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id, python="/tmp/bare/bin/python"), timeout=60)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "/tmp/bare/bin/python in this sandbox has no ipykernel" in err.value.details()
+    assert "pip install ipykernel" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id, python="/no/such/python"), timeout=60)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cannot run /no/such/python" in err.value.details()
+    assert stub.ListKernels(kpb.ListKernelsRequest(sandbox_id=sandbox.id)).kernels == []
+
+
+def test_unknown_kernel_or_sandbox_is_not_found(stub, sandbox):
+    ids = {"sandbox_id": sandbox.id, "kernel_id": "k-00000000"}
+    calls = [
+        lambda: run(stub, kpb.KernelInfo(**ids), "1"),
+        lambda: list(stream(stub, kpb.KernelInfo(**ids), "1")),
+        lambda: stub.InterruptKernel(kpb.InterruptKernelRequest(**ids)),
+        lambda: stub.RestartKernel(kpb.RestartKernelRequest(**ids)),
+        lambda: stub.ShutdownKernel(kpb.ShutdownKernelRequest(**ids)),
+        lambda: stub.ListKernels(kpb.ListKernelsRequest(sandbox_id="sb-000000000000")),
+        lambda: stub.StartKernel(kpb.StartKernelRequest(sandbox_id="sb-000000000000")),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_shutdown_stops_the_kernel_and_forgets_it(stub, sandbox):
+    marker = f"CORRAL_TEST_{uuid.uuid4().hex}"
+    kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id, env={marker: "1"}), timeout=60).kernel
+    assert host_processes_with(marker)
+    stub.ShutdownKernel(kpb.ShutdownKernelRequest(sandbox_id=sandbox.id, kernel_id=kernel.kernel_id))
+    assert host_processes_with(marker) == []
+    assert stub.ListKernels(kpb.ListKernelsRequest(sandbox_id=sandbox.id)).kernels == []
+    left = sandbox.exec(["ls", "-A", "/run/corral"], check=True).stdout.decode().split()
+    assert [name for name in left if name.startswith("k")] == []  # sockets and connection file
+
+
+def test_destroying_the_sandbox_stops_its_kernels(daemon, stub, client):
+    """The processes die with the sandbox anyway; the daemon's side of each kernel (its client
+    sockets) must go with them: the daemon holds no more zmq sockets than before."""
+    marker = f"CORRAL_TEST_{uuid.uuid4().hex}"
+    sandbox = client.create_sandbox(image="host")
+    warm = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id), timeout=60).kernel
+    stub.ShutdownKernel(kpb.ShutdownKernelRequest(sandbox_id=sandbox.id, kernel_id=warm.kernel_id))
+    eventfds_before = eventfds(daemon.proc.pid)
+    for _ in range(2):
+        stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id, env={marker: "1"}), timeout=60)
+    assert len(host_processes_with(marker)) >= 2
+    sandbox.destroy()
+    assert host_processes_with(marker) == []
+    assert eventfds(daemon.proc.pid) <= eventfds_before
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ListKernels(kpb.ListKernelsRequest(sandbox_id=sandbox.id))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_kernel_talks_over_unix_sockets_in_the_run_dir(daemon, stub, sandbox, kernel):
+    """The connection file asks for the ipc transport in the run directory, the five channel
+    sockets are Unix sockets there, and the daemon holds no TCP socket to reach them.
+
+    ipykernel itself always listens on one loopback TCP port, inside the sandbox's network
+    namespace: the pipe through which forked children (multiprocessing) send their output, guarded
+    by a random token. That one is allowed; nothing else, and no TCP connection at all."""
+    listing = sandbox.exec(["python3", "-c", (
+        "import json, os, stat, glob\n"
+        "(path,) = glob.glob('/run/corral/k*.json')\n"
+        "info = json.load(open(path))\n"
+        "ports = [info[k] for k in ('shell_port', 'iopub_port', 'stdin_port', 'control_port', 'hb_port')]\n"
+        "socks = [stat.S_ISSOCK(os.stat(f\"{info['ip']}-{p}\").st_mode) for p in ports]\n"
+        "print(json.dumps({'transport': info['transport'], 'ip': info['ip'], 'sockets': socks}))"
+    )], check=True)
+    info = json.loads(listing.stdout)
+    assert info["transport"] == "ipc" and info["ip"].startswith("/run/corral/")
+    assert info["sockets"] == [True] * 5
+    namespace: dict = {}
+    exec(SOCKETS_OF, namespace)
+    assert namespace["sockets_of"](daemon.proc.pid)["inet"] == []
+    held = json.loads(run(stub, kernel, SOCKETS_OF + "print(json.dumps(sockets_of('self')))").stdout)
+    assert held["unix"] >= 5
+    loopback_listen = ["tcp", "0A", "0100007F"]
+    assert all([table, state, local.split(":")[0]] == loopback_listen for table, state, local in held["inet"])
+    assert len(held["inet"]) <= 1
+
+
+# Lists the sockets a process holds, by inode, against its network namespace's tables.
+SOCKETS_OF = r"""
+import json, os, re
+def sockets_of(pid):
+    held = set()
+    for fd in os.listdir(f'/proc/{pid}/fd'):
+        try:
+            m = re.fullmatch(r'socket:\[(\d+)\]', os.readlink(f'/proc/{pid}/fd/{fd}'))
+        except OSError:
+            continue
+        if m:
+            held.add(m.group(1))
+    def rows(table):
+        try:
+            return [line.split() for line in open(f'/proc/{pid}/net/{table}').read().splitlines()[1:]]
+        except FileNotFoundError:
+            return []
+    unix = sum(1 for r in rows('unix') if r[6] in held)
+    inet = [(t, r[3], r[1]) for t in ('tcp', 'tcp6', 'udp', 'udp6') for r in rows(t) if r[9] in held]
+    return {'unix': unix, 'inet': inet}
+"""
+
+
+def test_kernels_work_without_namespaces(tmp_path):
+    """isolation = "none": the kernel is the spawned process itself (no launcher in between), run as
+    the sandbox uid on the host; cells, timeouts, interrupts and restarts behave the same."""
+    require_backend("local")
+    config = tmp_path / "none.toml"
+    config.write_text('[local]\nisolation = "none"\nallow_no_isolation = true\n')
+    for parent in [tmp_path, *tmp_path.parents]:  # the sandbox uid walks the host's real paths
+        if parent == Path("/tmp"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o011)
+    d = DaemonProcess(tmp_path, "--config", str(config)).start()
+    try:
+        with Client(d.address) as c, c.create_sandbox(image="host") as sb, \
+                grpc.insecure_channel(f"unix:{d.socket}") as channel:
+            stub = kernel_pb2_grpc.KernelServiceStub(channel)
+            kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sb.id), timeout=60).kernel
+            run(stub, kernel, "kept = 7")
+            reply = run(stub, kernel, "import time\ntime.sleep(60)", timeout_ms=300)
+            assert reply.done.timed_out and not reply.done.kernel_died
+            assert run(stub, kernel, "kept * 6").result.data["text/plain"] == b"42"
+            assert run(stub, kernel, "import os\nos._exit(3)").done.kernel_died
+            stub.RestartKernel(kpb.RestartKernelRequest(sandbox_id=sb.id, kernel_id=kernel.kernel_id), timeout=60)
+            assert run(stub, kernel, "'kept' in dir()").result.data["text/plain"] == b"False"
+    finally:
+        assert d.stop() == 0
