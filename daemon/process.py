@@ -112,12 +112,15 @@ class HostProcess:
                 await asyncio.wait_for(exited, KILL_WAIT_S)
         except BaseException:
             # Cancelled (the client went away) or the tree would not die: kill it, wait a little
-            # for the main process so that it is reaped, and let the error travel on.
+            # for the main process so that it is reaped, release the fds, let the error travel on.
             await self.kill_tree()
             try:
                 await asyncio.wait_for(asyncio.shield(exited), KILL_WAIT_S)
             except (TimeoutError, asyncio.CancelledError):
                 pass
+            loop.remove_reader(self._pidfd)
+            self._reap()
+            self._close()
             raise
         finally:
             loop.remove_reader(self._pidfd)

@@ -92,6 +92,8 @@ mount --bind "$SANDBOX/workspace" "$R$WORKDIR"
 mkdir -p "$R/run/corral" && mount --bind "$RUNDIR" "$R/run/corral"
 mount -o remount,ro,nosuid "$R"
 echo corral > /proc/sys/kernel/hostname
+# A fresh network namespace starts with loopback down (bubblewrap brings it up itself).
+if command -v ip >/dev/null; then ip link set lo up 2>/dev/null || true; fi
 cd "$R"
 exec "$REAPER" -c "$REAPER_CODE" chroot --userspec="$SANDBOX_UID:$SANDBOX_UID" --groups="$SANDBOX_UID" "$R" /bin/sh -c "cd \"$WORKDIR\" && $INIT"
 """

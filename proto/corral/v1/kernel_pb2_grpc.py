@@ -26,9 +26,11 @@ if _version_not_supported:
 
 
 class KernelServiceStub:
-    """KernelService runs real ipykernel processes inside sandboxes. A kernel's zmq sockets use the
-    `ipc` transport: Unix sockets in the sandbox's run directory, which the daemon also sees, so no
-    TCP port is opened. State persists across Execute calls until Restart or Shutdown.
+    """KernelService runs real ipykernel processes inside sandboxes. A kernel's zmq channels use the
+    `ipc` transport: Unix sockets in the sandbox's run directory, which the daemon also sees, so the
+    daemon opens no TCP port. (ipykernel itself still listens on 127.0.0.1 inside the sandbox's own
+    network namespace, for output from forked children, accepting only its random token.) State
+    persists across Execute calls until Restart or Shutdown.
     """
 
     def __init__(self, channel):
@@ -75,9 +77,11 @@ class KernelServiceStub:
 
 
 class KernelServiceServicer:
-    """KernelService runs real ipykernel processes inside sandboxes. A kernel's zmq sockets use the
-    `ipc` transport: Unix sockets in the sandbox's run directory, which the daemon also sees, so no
-    TCP port is opened. State persists across Execute calls until Restart or Shutdown.
+    """KernelService runs real ipykernel processes inside sandboxes. A kernel's zmq channels use the
+    `ipc` transport: Unix sockets in the sandbox's run directory, which the daemon also sees, so the
+    daemon opens no TCP port. (ipykernel itself still listens on 127.0.0.1 inside the sandbox's own
+    network namespace, for output from forked children, accepting only its random token.) State
+    persists across Execute calls until Restart or Shutdown.
     """
 
     def StartKernel(self, request, context):
@@ -178,9 +182,11 @@ def add_KernelServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class KernelService:
-    """KernelService runs real ipykernel processes inside sandboxes. A kernel's zmq sockets use the
-    `ipc` transport: Unix sockets in the sandbox's run directory, which the daemon also sees, so no
-    TCP port is opened. State persists across Execute calls until Restart or Shutdown.
+    """KernelService runs real ipykernel processes inside sandboxes. A kernel's zmq channels use the
+    `ipc` transport: Unix sockets in the sandbox's run directory, which the daemon also sees, so the
+    daemon opens no TCP port. (ipykernel itself still listens on 127.0.0.1 inside the sandbox's own
+    network namespace, for output from forked children, accepting only its random token.) State
+    persists across Execute calls until Restart or Shutdown.
     """
 
     @staticmethod
