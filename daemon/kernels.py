@@ -14,8 +14,6 @@ its channels); `Kernel` is what the caller addresses by id, and survives restart
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import json
 import logging
@@ -34,6 +32,7 @@ from .backends.base import SandboxRuntime
 from .commands import sandbox_environment
 from .config import Config
 from .errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from .kernel_events import CellDone, ErrorOutput, GatheredCell, KernelEvent, error_event, gather, output_event
 from .process import KILL_WAIT_S, HostProcess
 from .sandboxes import Sandbox, SandboxManager
 
@@ -65,44 +64,6 @@ PROBE_CODE = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spe
 IGNORE_SIGINT = ["/bin/sh", "-c", "trap '' INT; exec \"$@\"", "corral-kernel"]
 
 
-# -- events of one cell ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StreamOutput:
-    name: str  # "stdout" | "stderr"
-    text: str
-
-
-@dataclass(frozen=True)
-class DisplayOutput:
-    data: dict[str, bytes]  # MIME type -> UTF-8 text or decoded binary
-
-
-@dataclass(frozen=True)
-class ResultOutput:
-    data: dict[str, bytes]
-
-
-@dataclass(frozen=True)
-class ErrorOutput:
-    ename: str
-    evalue: str
-    traceback: list[str]
-
-
-@dataclass(frozen=True)
-class CellDone:
-    execution_count: int
-    failed: bool
-    timed_out: bool
-    kernel_died: bool
-    duration_ms: int
-
-
-KernelEvent = StreamOutput | DisplayOutput | ResultOutput | ErrorOutput | CellDone
-
-
 @dataclass(frozen=True)
 class KernelInfo:
     sandbox_id: str
@@ -110,52 +71,6 @@ class KernelInfo:
     state: str  # "idle" | "busy" | "dead"
     execution_count: int
     python: str
-
-
-# -- jupyter message content -> events ---------------------------------------------------------------
-
-
-def _is_text_mime(mime: str) -> bool:
-    return (
-        mime.startswith("text/")
-        or mime in ("application/json", "application/javascript", "image/svg+xml")
-        or mime.endswith(("+json", "+xml"))
-    )
-
-
-def mime_bytes(mime: str, value: object) -> bytes:
-    """One value of a Jupyter MIME bundle as the bytes the contract promises: JSON values arrive
-    parsed, text types are UTF-8, binary types arrive base64-encoded and leave decoded."""
-    if not isinstance(value, str):
-        return json.dumps(value).encode()
-    if _is_text_mime(mime):
-        return value.encode()
-    try:
-        return base64.b64decode("".join(value.split()), validate=True)
-    except (binascii.Error, ValueError):
-        return value.encode()  # an unknown type that was not base64 after all
-
-
-def mime_bundle(data: dict) -> dict[str, bytes]:
-    return {mime: mime_bytes(mime, value) for mime, value in data.items()}
-
-
-def output_event(msg: dict) -> KernelEvent | None:
-    """The event an iopub message carries for the caller, if any."""
-    kind, content = msg["msg_type"], msg["content"]
-    if kind == "stream":
-        return StreamOutput(content.get("name", "stdout"), content.get("text", ""))
-    if kind in ("display_data", "update_display_data"):
-        return DisplayOutput(mime_bundle(content.get("data", {})))
-    if kind == "execute_result":
-        return ResultOutput(mime_bundle(content.get("data", {})))
-    if kind == "error":
-        return error_event(content)
-    return None
-
-
-def error_event(content: dict) -> ErrorOutput:
-    return ErrorOutput(content.get("ename", ""), content.get("evalue", ""), list(content.get("traceback", [])))
 
 
 # -- one kernel process -------------------------------------------------------------------------------
@@ -591,3 +506,10 @@ class KernelManager:
                         yield event
                 finally:
                     kernel.busy = False
+
+    async def execute_gathered(self, sandbox_id: str, kernel_id: str, code: str, timeout_s: float) -> GatheredCell:
+        events = self.execute(sandbox_id, kernel_id, code, timeout_s)
+        try:
+            return await gather(events, self.config.exec.default_output_limit_bytes)
+        finally:
+            await events.aclose()

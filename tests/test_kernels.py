@@ -349,3 +349,24 @@ def test_kernels_work_without_namespaces(tmp_path):
             assert run(stub, kernel, "'kept' in dir()").result.data["text/plain"] == b"False"
     finally:
         assert d.stop() == 0
+
+
+def test_gathered_output_is_capped_keeping_head_and_tail():
+    """Unit test of the gathering step: a cell that prints far more than the cap keeps its start
+    and its end, and says it was truncated."""
+    import asyncio
+
+    from corral.daemon.kernel_events import CellDone, StreamOutput, gather
+
+    async def events():
+        yield StreamOutput("stdout", "START\n")
+        for _ in range(1000):
+            yield StreamOutput("stdout", "x" * 1000)
+        yield StreamOutput("stdout", "\nEND\n")
+        yield StreamOutput("stderr", "warn\n")
+        yield CellDone(1, False, False, False, 5)
+
+    cell = asyncio.run(gather(events(), 4096))
+    assert cell.truncated and len(cell.stdout) == 4096
+    assert cell.stdout.startswith("START\n") and cell.stdout.endswith("\nEND\n")
+    assert cell.stderr == "warn\n" and cell.done.execution_count == 1

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from corral.v1 import kernel_pb2 as pb
 from corral.v1 import kernel_pb2_grpc
 
-from ..kernels import CellDone, DisplayOutput, ErrorOutput, KernelEvent, KernelInfo, KernelManager, ResultOutput, StreamOutput
+from ..kernel_events import CellDone, DisplayOutput, ErrorOutput, KernelEvent, ResultOutput, StreamOutput
+from ..kernels import KernelInfo, KernelManager
 
 STATES = {"idle": pb.KERNEL_STATE_IDLE, "busy": pb.KERNEL_STATE_BUSY, "dead": pb.KERNEL_STATE_DEAD}
 STREAMS = {"stdout": pb.STREAM_NAME_STDOUT, "stderr": pb.STREAM_NAME_STDERR}
@@ -56,25 +57,19 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
             await events.aclose()
 
     async def ExecuteGathered(self, request: pb.ExecuteGatheredRequest, context) -> pb.ExecuteGatheredResponse:
-        reply = pb.ExecuteGatheredResponse()
-        stdout: list[str] = []
-        stderr: list[str] = []
-        events = self.kernels.execute(request.sandbox_id, request.kernel_id, request.code, request.timeout_ms / 1000)
-        try:
-            async for event in events:
-                if isinstance(event, StreamOutput):
-                    (stderr if event.name == "stderr" else stdout).append(event.text)
-                elif isinstance(event, DisplayOutput):
-                    reply.displays.append(pb.KernelDisplay(data=event.data))
-                elif isinstance(event, ResultOutput):
-                    reply.result.CopyFrom(pb.KernelDisplay(data=event.data))
-                elif isinstance(event, ErrorOutput):
-                    reply.error.CopyFrom(kernel_error(event))
-                elif isinstance(event, CellDone):
-                    reply.done.CopyFrom(kernel_done(event))
-        finally:
-            await events.aclose()
-        reply.stdout, reply.stderr = "".join(stdout), "".join(stderr)
+        cell = await self.kernels.execute_gathered(
+            request.sandbox_id, request.kernel_id, request.code, request.timeout_ms / 1000
+        )
+        reply = pb.ExecuteGatheredResponse(
+            stdout=cell.stdout, stderr=cell.stderr, truncated=cell.truncated,
+            displays=[pb.KernelDisplay(data=d.data) for d in cell.displays],
+        )
+        if cell.result is not None:
+            reply.result.CopyFrom(pb.KernelDisplay(data=cell.result.data))
+        if cell.error is not None:
+            reply.error.CopyFrom(kernel_error(cell.error))
+        if cell.done is not None:
+            reply.done.CopyFrom(kernel_done(cell.done))
         return reply
 
     async def InterruptKernel(self, request: pb.InterruptKernelRequest, context) -> pb.InterruptKernelResponse:

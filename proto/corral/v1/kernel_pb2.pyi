@@ -150,20 +150,22 @@ class ExecuteGatheredRequest(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., kernel_id: _Optional[str] = ..., code: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ExecuteGatheredResponse(_message.Message):
-    __slots__ = ("stdout", "stderr", "result", "displays", "error", "done")
+    __slots__ = ("stdout", "stderr", "result", "displays", "error", "done", "truncated")
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     DISPLAYS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     stdout: str
     stderr: str
     result: KernelDisplay
     displays: _containers.RepeatedCompositeFieldContainer[KernelDisplay]
     error: KernelError
     done: KernelDone
-    def __init__(self, stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., result: _Optional[_Union[KernelDisplay, _Mapping]] = ..., displays: _Optional[_Iterable[_Union[KernelDisplay, _Mapping]]] = ..., error: _Optional[_Union[KernelError, _Mapping]] = ..., done: _Optional[_Union[KernelDone, _Mapping]] = ...) -> None: ...
+    truncated: bool
+    def __init__(self, stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., result: _Optional[_Union[KernelDisplay, _Mapping]] = ..., displays: _Optional[_Iterable[_Union[KernelDisplay, _Mapping]]] = ..., error: _Optional[_Union[KernelError, _Mapping]] = ..., done: _Optional[_Union[KernelDone, _Mapping]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class InterruptKernelRequest(_message.Message):
     __slots__ = ("sandbox_id", "kernel_id")
