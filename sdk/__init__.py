@@ -6,11 +6,27 @@
         result = sandbox.exec(["echo", "hi"], timeout=10)
         print(result.exit_code, result.stdout)
 
-`AsyncClient` / `AsyncSandbox` are the asyncio twins, with the same methods. Every failure is a
-`CorralError` subclass; results are the frozen dataclasses in `corral.sdk.types`.
+Persistent shell sessions and IPython kernels:
+
+    shell = sandbox.shell()    # the session "main": cwd and variables carry over between runs
+    shell.run("cd /tmp && export X=1")
+    print(shell.run("pwd; echo $X").text)
+    kernel = sandbox.kernel()  # needs ipykernel in the sandbox's python
+    print(kernel.execute("1 + 1").result_text)
+
+`AsyncClient` / `AsyncSandbox` (`AsyncShell`, `AsyncKernel`) are the asyncio twins, with the same
+methods. Every failure is a `CorralError` subclass; results are the frozen dataclasses in
+`corral.sdk.types`.
 """
 
-from corral.sdk.client import AsyncClient, AsyncExecStream, AsyncSandbox
+from corral.sdk.client import (
+    AsyncClient,
+    AsyncExecStream,
+    AsyncKernel,
+    AsyncKernelExecuteStream,
+    AsyncSandbox,
+    AsyncShell,
+)
 from corral.sdk.errors import (
     AlreadyExists,
     Cancelled,
@@ -29,7 +45,7 @@ from corral.sdk.errors import (
     Unavailable,
     Unimplemented,
 )
-from corral.sdk.sync_client import Client, ExecStream, Sandbox
+from corral.sdk.sync_client import Client, ExecStream, Kernel, KernelExecuteStream, Sandbox, Shell
 from corral.sdk.types import (
     BackendStatus,
     ExecEvent,
@@ -39,17 +55,31 @@ from corral.sdk.types import (
     ExecResult,
     ExecStarted,
     FileEntry,
+    KernelDisplayEvent,
+    KernelDoneEvent,
+    KernelErrorEvent,
+    KernelErrorInfo,
+    KernelEvent,
+    KernelInfo,
+    KernelResult,
+    KernelResultEvent,
+    KernelStreamEvent,
     LimitStatus,
     NodeInfo,
     ResourceLimits,
     SandboxInfo,
+    ShellInfo,
+    ShellResult,
 )
 
 __all__ = [
     "AlreadyExists",
     "AsyncClient",
     "AsyncExecStream",
+    "AsyncKernel",
+    "AsyncKernelExecuteStream",
     "AsyncSandbox",
+    "AsyncShell",
     "BackendStatus",
     "Cancelled",
     "Client",
@@ -67,6 +97,17 @@ __all__ = [
     "FileEntry",
     "Internal",
     "InvalidArgument",
+    "Kernel",
+    "KernelDisplayEvent",
+    "KernelDoneEvent",
+    "KernelErrorEvent",
+    "KernelErrorInfo",
+    "KernelEvent",
+    "KernelExecuteStream",
+    "KernelInfo",
+    "KernelResult",
+    "KernelResultEvent",
+    "KernelStreamEvent",
     "LimitStatus",
     "NodeInfo",
     "NotFound",
@@ -77,6 +118,9 @@ __all__ = [
     "Sandbox",
     "SandboxInfo",
     "SandboxNotFound",
+    "Shell",
+    "ShellInfo",
+    "ShellResult",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",

@@ -13,7 +13,7 @@ import grpc
 from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
 from corral.sdk._core import call_deadline
 from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
-from corral.v1 import sandbox_pb2_grpc
+from corral.v1 import kernel_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
 
 ResponseT = TypeVar("ResponseT")
 ResultT = TypeVar("ResultT")
@@ -31,14 +31,28 @@ class AsyncTransport:
         self._channel: grpc.aio.Channel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sandbox_service: sandbox_pb2_grpc.SandboxServiceStub | None = None
+        self._shell_service: shell_pb2_grpc.ShellServiceStub | None = None
+        self._kernel_service: kernel_pb2_grpc.KernelServiceStub | None = None
         self._closed = False
 
     @property
     def sandbox_service(self) -> sandbox_pb2_grpc.SandboxServiceStub:
-        """The SandboxService stub; later services (shells, kernels, rollouts) share the channel."""
+        """The SandboxService stub; every service's stub shares the one channel."""
         self._open_channel()
         assert self._sandbox_service is not None
         return self._sandbox_service
+
+    @property
+    def shell_service(self) -> shell_pb2_grpc.ShellServiceStub:
+        self._open_channel()
+        assert self._shell_service is not None
+        return self._shell_service
+
+    @property
+    def kernel_service(self) -> kernel_pb2_grpc.KernelServiceStub:
+        self._open_channel()
+        assert self._kernel_service is not None
+        return self._kernel_service
 
     async def unary(self, method: Callable[..., Any], request: Any, *, timeout: float | None = None) -> Any:
         with self._translate:
@@ -94,6 +108,8 @@ class AsyncTransport:
             self._channel = grpc.aio.insecure_channel(self.address.grpc_target, options=channel_options())
             self._loop = loop
             self._sandbox_service = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+            self._shell_service = shell_pb2_grpc.ShellServiceStub(self._channel)
+            self._kernel_service = kernel_pb2_grpc.KernelServiceStub(self._channel)
         elif loop is not self._loop:
             raise FailedPrecondition("this AsyncClient is bound to the event loop of its first call; "
                                      "create one client per event loop")

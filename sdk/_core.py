@@ -1,5 +1,6 @@
 """The wire logic both clients share, without any I/O: request builders, call deadlines, decoders from
-protobuf to the types in `corral.sdk.types`, the ExecStream event-order check and the ReadFile plan.
+protobuf to the types in `corral.sdk.types`, the ExecStream and kernel Execute event-order checks,
+the ReadFile plan, and the messages of an interactive shell (Attach).
 
 The sync and async clients only choose which channel to send these requests on.
 """
@@ -23,12 +24,26 @@ from corral.sdk.types import (
     ExecResult,
     ExecStarted,
     FileEntry,
+    KernelDisplayEvent,
+    KernelDoneEvent,
+    KernelErrorEvent,
+    KernelErrorInfo,
+    KernelEvent,
+    KernelInfo,
+    KernelResult,
+    KernelResultEvent,
+    KernelStreamEvent,
     LimitStatus,
     NodeInfo,
     ResourceLimits,
     SandboxInfo,
+    ShellInfo,
+    ShellResult,
+    ShellTimeoutReason,
 )
+from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import sandbox_pb2 as pb
+from corral.v1 import shell_pb2 as shell_pb
 
 # The deadline of calls other than exec, unless the client is given another.
 DEFAULT_CALL_TIMEOUT_S = 30.0
@@ -37,6 +52,17 @@ DEFAULT_CALL_TIMEOUT_S = 30.0
 # over a client-side DEADLINE_EXCEEDED, which would lose the output.
 EXEC_DEADLINE_MARGIN_S = 10.0
 DEFAULT_EXEC_TIMEOUT_S = 60.0
+# A shell command's deadline is its timeout plus this: on expiry the daemon sends SIGINT, then
+# stdin EOF, then SIGKILL, with a grace period between each (a few seconds in all), and only then
+# answers with the partial output.
+SHELL_DEADLINE_MARGIN_S = 15.0
+DEFAULT_SHELL_NAME = "main"
+# A cell's deadline is its timeout plus this: on expiry the daemon interrupts the kernel, waits a
+# grace period, and kills the kernel if the cell ignored the interrupt.
+KERNEL_DEADLINE_MARGIN_S = 15.0
+# StartKernel and RestartKernel: the daemon checks the interpreter (up to 30 s) and then waits up
+# to 60 s for the kernel to answer, so their deadline is longer than the usual call's.
+KERNEL_START_TIMEOUT_S = 100.0
 
 Command = str | Sequence[str]
 
@@ -54,6 +80,16 @@ def call_deadline(timeout: float | None, default: float) -> float:
 def exec_deadline(timeout: float) -> float:
     """Seconds an Exec or ExecStream call may take in all, for a command timeout in seconds."""
     return timeout + EXEC_DEADLINE_MARGIN_S
+
+
+def shell_deadline(timeout: float) -> float:
+    """Seconds a RunInShell call may take in all, for a command timeout in seconds."""
+    return timeout + SHELL_DEADLINE_MARGIN_S
+
+
+def kernel_deadline(timeout: float) -> float:
+    """Seconds an Execute or ExecuteGathered call may take in all, for a cell timeout in seconds."""
+    return timeout + KERNEL_DEADLINE_MARGIN_S
 
 
 # ---- requests --------------------------------------------------------------------------------
@@ -201,6 +237,113 @@ def read_file_plan(sandbox_id: str, path: str, *, offset: int,
     return b"".join(parts)
 
 
+# ---- shell requests --------------------------------------------------------------------------
+
+def build_open_shell_request(sandbox_id: str, name: str, *, env: Mapping[str, str] | None, cwd: str | None,
+                             rows: int | None, cols: int | None, program: str | None) -> shell_pb.OpenShellRequest:
+    request = shell_pb.OpenShellRequest(
+        sandbox_id=sandbox_id,
+        name=_shell_name(name),
+        env=_string_map("env", env),
+        cwd=cwd or "",
+        program=program or "",
+    )
+    size = _terminal_size(rows, cols)
+    if size is not None:
+        request.size.CopyFrom(size)
+    return request
+
+
+def build_run_in_shell_request(sandbox_id: str, name: str, cmd: str, *, timeout: float,
+                               idle_timeout: float | None, output_limit: int | None,
+                               strip_ansi: bool) -> shell_pb.RunInShellRequest:
+    if not isinstance(cmd, str):
+        raise InvalidArgument(f"a shell command is str (any bash text), got {type(cmd).__name__}")
+    return shell_pb.RunInShellRequest(
+        sandbox_id=sandbox_id,
+        name=_shell_name(name),
+        command=cmd,
+        timeout_ms=_positive_ms("timeout", timeout),
+        idle_timeout_ms=0 if idle_timeout is None else _positive_ms("idle_timeout", idle_timeout),
+        output_limit_bytes=_non_negative("output_limit", output_limit),
+        strip_ansi=strip_ansi,
+    )
+
+
+def build_close_shell_request(sandbox_id: str, name: str) -> shell_pb.CloseShellRequest:
+    return shell_pb.CloseShellRequest(sandbox_id=sandbox_id, name=_shell_name(name))
+
+
+def build_list_shells_request(sandbox_id: str) -> shell_pb.ListShellsRequest:
+    return shell_pb.ListShellsRequest(sandbox_id=sandbox_id)
+
+
+def build_attach_start(sandbox_id: str, *, rows: int | None, cols: int | None, term: str | None,
+                       program: str | None) -> shell_pb.AttachRequest:
+    """The first message of an Attach stream: which sandbox, the terminal size and $TERM."""
+    start = shell_pb.AttachStart(sandbox_id=sandbox_id, term=term or "", program=program or "")
+    size = _terminal_size(rows, cols)
+    if size is not None:
+        start.size.CopyFrom(size)
+    return shell_pb.AttachRequest(start=start)
+
+
+def build_attach_input(data: bytes) -> shell_pb.AttachRequest:
+    return shell_pb.AttachRequest(input=bytes(data))
+
+
+def build_attach_resize(rows: int, cols: int) -> shell_pb.AttachRequest:
+    size = _terminal_size(rows, cols)
+    if size is None:
+        raise InvalidArgument("a resize needs both rows and cols")
+    return shell_pb.AttachRequest(resize=size)
+
+
+def attach_output_or_exit(response: shell_pb.AttachResponse) -> bytes | int:
+    """An Attach reply: terminal output as bytes, or the shell's exit code as int once it ended."""
+    kind = response.WhichOneof("message")
+    if kind == "output":
+        return response.output
+    if kind == "exited":
+        return response.exited.exit_code
+    raise ProtocolError("Attach sent a message with neither output nor exited set")
+
+
+# ---- kernel requests -------------------------------------------------------------------------
+
+def build_start_kernel_request(sandbox_id: str, *, python: str | None, cwd: str | None,
+                               env: Mapping[str, str] | None) -> kernel_pb.StartKernelRequest:
+    return kernel_pb.StartKernelRequest(sandbox_id=sandbox_id, python=python or "", cwd=cwd or "",
+                                        env=_string_map("env", env))
+
+
+def build_execute_request(sandbox_id: str, kernel_id: str, code: str, *, timeout: float) -> kernel_pb.ExecuteRequest:
+    return kernel_pb.ExecuteRequest(sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code),
+                                    timeout_ms=_positive_ms("timeout", timeout))
+
+
+def build_execute_gathered_request(sandbox_id: str, kernel_id: str, code: str, *,
+                                   timeout: float) -> kernel_pb.ExecuteGatheredRequest:
+    return kernel_pb.ExecuteGatheredRequest(sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code),
+                                            timeout_ms=_positive_ms("timeout", timeout))
+
+
+def build_interrupt_kernel_request(sandbox_id: str, kernel_id: str) -> kernel_pb.InterruptKernelRequest:
+    return kernel_pb.InterruptKernelRequest(sandbox_id=sandbox_id, kernel_id=kernel_id)
+
+
+def build_restart_kernel_request(sandbox_id: str, kernel_id: str) -> kernel_pb.RestartKernelRequest:
+    return kernel_pb.RestartKernelRequest(sandbox_id=sandbox_id, kernel_id=kernel_id)
+
+
+def build_shutdown_kernel_request(sandbox_id: str, kernel_id: str) -> kernel_pb.ShutdownKernelRequest:
+    return kernel_pb.ShutdownKernelRequest(sandbox_id=sandbox_id, kernel_id=kernel_id)
+
+
+def build_list_kernels_request(sandbox_id: str) -> kernel_pb.ListKernelsRequest:
+    return kernel_pb.ListKernelsRequest(sandbox_id=sandbox_id)
+
+
 # ---- decoders --------------------------------------------------------------------------------
 
 def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
@@ -339,6 +482,114 @@ class ExecEventDecoder:
             raise ProtocolError("ExecStream ended without an exited event")
 
 
+def shell_info_from_proto(shell: shell_pb.ShellInfo) -> ShellInfo:
+    return ShellInfo(sandbox_id=shell.sandbox_id, name=shell.name, pid=shell.pid, turns=shell.turns,
+                     restarts=shell.restarts)
+
+
+def find_shell(response: shell_pb.ListShellsResponse, name: str) -> ShellInfo | None:
+    """The session called `name` in a ListShells reply, or None."""
+    name = _shell_name(name)
+    for shell in response.shells:
+        if shell.name == name:
+            return shell_info_from_proto(shell)
+    return None
+
+
+def shell_result_from_proto(response: shell_pb.RunInShellResponse) -> ShellResult:
+    reason: ShellTimeoutReason | None = None
+    if response.timed_out:
+        # A reason this SDK does not know (a newer daemon) still says that a limit expired.
+        reason = "idle_timeout" if response.timeout_reason == "idle_timeout" else "timeout"
+    return ShellResult(
+        output=response.output,
+        exit_code=response.exit_code,
+        timed_out=response.timed_out,
+        timeout_reason=reason,
+        truncated=response.truncated,
+        output_total_bytes=response.output_total_bytes,
+        duration_ms=response.duration_ms,
+        shell_restarted=response.shell_restarted,
+        output_plain=response.output_plain if response.HasField("output_plain") else None,
+    )
+
+
+def kernel_info_from_proto(kernel: kernel_pb.KernelInfo) -> KernelInfo:
+    return KernelInfo(
+        sandbox_id=kernel.sandbox_id,
+        id=kernel.kernel_id,
+        state=_enum_name(kernel_pb.KernelState, "KERNEL_STATE_", kernel.state),
+        execution_count=kernel.execution_count,
+        python=kernel.python,
+    )
+
+
+def find_kernel(response: kernel_pb.ListKernelsResponse, kernel_id: str) -> KernelInfo | None:
+    """The kernel `kernel_id` in a ListKernels reply, or None."""
+    for kernel in response.kernels:
+        if kernel.kernel_id == kernel_id:
+            return kernel_info_from_proto(kernel)
+    return None
+
+
+def kernel_result_from_proto(response: kernel_pb.ExecuteGatheredResponse) -> KernelResult:
+    if not response.HasField("done"):
+        raise ProtocolError("ExecuteGathered answered without the cell's done event")
+    error = response.error if response.HasField("error") else None
+    return KernelResult(
+        stdout=response.stdout,
+        stderr=response.stderr,
+        result=dict(response.result.data) if response.HasField("result") else None,
+        displays=[dict(display.data) for display in response.displays],
+        error=None if error is None else KernelErrorInfo(ename=error.ename, evalue=error.evalue,
+                                                         traceback=list(error.traceback)),
+        execution_count=response.done.execution_count,
+        timed_out=response.done.timed_out,
+        kernel_died=response.done.kernel_died,
+        duration_ms=response.done.duration_ms,
+    )
+
+
+def kernel_event_from_proto(response: kernel_pb.ExecuteResponse) -> KernelEvent:
+    kind = response.WhichOneof("event")
+    if kind == "stream":
+        return KernelStreamEvent(name=_kernel_stream_name(response.stream.name), text=response.stream.text)
+    if kind == "display":
+        return KernelDisplayEvent(data=dict(response.display.data))
+    if kind == "result":
+        return KernelResultEvent(data=dict(response.result.data))
+    if kind == "error":
+        error = response.error
+        return KernelErrorEvent(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback))
+    if kind == "done":
+        done = response.done
+        return KernelDoneEvent(execution_count=done.execution_count, failed=done.failed, timed_out=done.timed_out,
+                               kernel_died=done.kernel_died, duration_ms=done.duration_ms)
+    raise ProtocolError("Execute sent an event with none of stream/display/result/error/done set")
+
+
+class KernelEventDecoder:
+    """Decodes one Execute stream's responses and enforces the order the contract fixes: any
+    number of stream/display/result/error events, then exactly one `done`, then nothing.
+
+    One instance per stream; `finish()` is called when the stream ends by itself.
+    """
+
+    def __init__(self) -> None:
+        self._done = False
+
+    def decode(self, response: kernel_pb.ExecuteResponse) -> KernelEvent:
+        event = kernel_event_from_proto(response)
+        if self._done:
+            raise ProtocolError(f"Execute sent {type(event).__name__} after the done event")
+        self._done = isinstance(event, KernelDoneEvent)
+        return event
+
+    def finish(self) -> None:
+        if not self._done:
+            raise ProtocolError("Execute ended without a done event")
+
+
 # ---- helpers ---------------------------------------------------------------------------------
 
 _BACKEND_BY_NAME: Mapping[str, int] = types.MappingProxyType({
@@ -362,6 +613,39 @@ def _output_stream_name(number: int) -> str:
     if number == pb.OUTPUT_STREAM_STDERR:
         return "stderr"
     raise ProtocolError(f"ExecStream sent output for unknown stream {number}")
+
+
+def _kernel_stream_name(number: int) -> str:
+    if number == kernel_pb.STREAM_NAME_STDOUT:
+        return "stdout"
+    if number == kernel_pb.STREAM_NAME_STDERR:
+        return "stderr"
+    raise ProtocolError(f"Execute sent output for unknown stream {number}")
+
+
+def _shell_name(name: str | None) -> str:
+    if name is None:
+        return DEFAULT_SHELL_NAME
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"a shell name is a non-empty str, got {name!r}")
+    return name
+
+
+def _terminal_size(rows: int | None, cols: int | None) -> shell_pb.TerminalSize | None:
+    """None when both are None (the daemon's default size); both must be given otherwise."""
+    if rows is None and cols is None:
+        return None
+    if rows is None or cols is None:
+        raise InvalidArgument(f"give both rows and cols, or neither; got rows={rows!r}, cols={cols!r}")
+    if _non_negative("rows", rows) == 0 or _non_negative("cols", cols) == 0:
+        raise InvalidArgument(f"rows and cols must be positive, got {rows}x{cols}")
+    return shell_pb.TerminalSize(rows=rows, cols=cols)
+
+
+def _cell_code(code: str) -> str:
+    if not isinstance(code, str):
+        raise InvalidArgument(f"cell code is str, got {type(code).__name__}")
+    return code
 
 
 def _datetime_from_ms(unix_ms: int) -> datetime:

@@ -11,7 +11,7 @@ import grpc
 from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
 from corral.sdk._core import call_deadline
 from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
-from corral.v1 import sandbox_pb2_grpc
+from corral.v1 import kernel_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
 
 ResponseT = TypeVar("ResponseT")
 ResultT = TypeVar("ResultT")
@@ -25,8 +25,10 @@ class SyncTransport:
         self._translate = RpcErrorTranslator(str(address))
         self._channel = grpc.insecure_channel(address.grpc_target, options=channel_options())
         self._closed = False
-        # Later services (shells, kernels, rollouts) get their stubs from the same channel.
+        # Every service's stub shares the one channel.
         self.sandbox_service = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        self.shell_service = shell_pb2_grpc.ShellServiceStub(self._channel)
+        self.kernel_service = kernel_pb2_grpc.KernelServiceStub(self._channel)
 
     def unary(self, method: Callable[..., ResponseT], request: Any, *, timeout: float | None = None) -> ResponseT:
         self._ensure_open()
@@ -53,6 +55,15 @@ class SyncTransport:
                 # the one worth raising.
                 producer.reraise_failure()
                 raise
+
+    def interactive_stream(self, method: Callable[..., Any], requests: Iterable[Any]) -> ResponseStream[Any]:
+        """A bidirectional call without a deadline, for an interactive terminal that lasts as long
+        as its user: grpc sends `requests` from its own thread, the replies are iterated here, and
+        `close()` cancels the call."""
+        self._ensure_open()
+        with self._translate:
+            call = method(iter(requests), metadata=self._metadata)
+        return ResponseStream(call, self._translate)
 
     def run_plan(self, method: Callable[..., Any], plan: Generator[Any, Any, ResultT]) -> ResultT:
         """Drives a request plan from `_core` (e.g. `read_file_plan`): sends each request it yields,

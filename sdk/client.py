@@ -1,4 +1,5 @@
-"""The asyncio client: `AsyncClient`, `AsyncSandbox` and `AsyncExecStream`.
+"""The asyncio client: `AsyncClient`, `AsyncSandbox`, `AsyncExecStream`, `AsyncShell`, `AsyncKernel`
+and `AsyncKernelExecuteStream`.
 
 Twin of `sync_client.py` (blocking): same classes, methods and signatures, checked by
 tests/test_sdk_shape.py. Requests, deadlines and decoding live in `_core`; this module only makes
@@ -11,7 +12,7 @@ import asyncio
 import logging
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -20,8 +21,20 @@ from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
 from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, iterate_in_thread
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command
-from corral.sdk.errors import CorralError, NotFound
-from corral.sdk.types import ExecEvent, ExecResult, FileEntry, NodeInfo, SandboxInfo
+from corral.sdk.errors import AlreadyExists, CorralError, NotFound
+from corral.sdk.types import (
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    KernelEvent,
+    KernelInfo,
+    KernelResult,
+    NodeInfo,
+    SandboxInfo,
+    ShellInfo,
+    ShellResult,
+)
+from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import sandbox_pb2 as pb
 
 _log = logging.getLogger(__name__)
@@ -193,6 +206,54 @@ class AsyncSandbox:
                     archive.write(response.chunk)
             return await asyncio.to_thread(extract_archive, archive, local_dir)
 
+    async def shell(self, name: str = _core.DEFAULT_SHELL_NAME, *, env: Mapping[str, str] | None = None,
+                    cwd: str | None = None, rows: int | None = None, cols: int | None = None,
+                    program: str | None = None, open: bool = True) -> AsyncShell:
+        """A persistent shell session called `name`: cwd, variables and functions carry over from
+        one `AsyncShell.run` to the next.
+
+        With `open` (the default) the session is started, or, when the sandbox already has one of
+        that name, attached to (so `shell("main")` twice gives the same session; `env`, `cwd`,
+        `rows`, `cols` and `program` then keep the values it was opened with). `open=False` only
+        makes a handle, for a session opened elsewhere. `env`: extra variables; `cwd`: starting
+        directory (None: the workdir); `rows`/`cols`: terminal size (None: 40x200); `program`:
+        the shell inside the sandbox (None: bash, else sh).
+        """
+        shell = AsyncShell(self._transport, self.id, name)
+        if open:
+            await shell._open(_core.build_open_shell_request(self.id, name, env=env, cwd=cwd, rows=rows,
+                                                             cols=cols, program=program))
+        return shell
+
+    async def list_shells(self) -> list[ShellInfo]:
+        """The sandbox's shell sessions; `shell(name, open=False)` gives a handle on one."""
+        response = await self._transport.unary(self._transport.shell_service.ListShells,
+                                               _core.build_list_shells_request(self.id))
+        return [_core.shell_info_from_proto(shell) for shell in response.shells]
+
+    async def kernel(self, *, python: str | None = None, cwd: str | None = None,
+                     env: Mapping[str, str] | None = None) -> AsyncKernel:
+        """Starts an IPython kernel; its state persists across `AsyncKernel.execute` calls.
+
+        `python`: the interpreter inside the sandbox (None: python3), which must have ipykernel
+        (FailedPrecondition says what is missing otherwise). `cwd`: its working directory (None:
+        the workdir). `env`: extra variables.
+        """
+        request = _core.build_start_kernel_request(self.id, python=python, cwd=cwd, env=env)
+        response = await self._transport.unary(self._transport.kernel_service.StartKernel, request,
+                                               timeout=_kernel_start_deadline(self._transport))
+        return AsyncKernel(self._transport, _core.kernel_info_from_proto(response.kernel))
+
+    async def get_kernel(self, kernel_id: str) -> AsyncKernel:
+        """A handle on a running kernel of this sandbox; raises NotFound for an unknown id."""
+        return AsyncKernel(self._transport, await _lookup_kernel(self._transport, self.id, kernel_id))
+
+    async def list_kernels(self) -> list[KernelInfo]:
+        """The sandbox's kernels; `get_kernel(id)` gives a handle on one."""
+        response = await self._transport.unary(self._transport.kernel_service.ListKernels,
+                                               _core.build_list_kernels_request(self.id))
+        return [_core.kernel_info_from_proto(kernel) for kernel in response.kernels]
+
     async def refresh(self) -> SandboxInfo:
         """Asks the daemon for this sandbox's current state and returns it (also in `.info`)."""
         response = await self._transport.unary(self._transport.sandbox_service.GetSandbox,
@@ -261,3 +322,242 @@ class AsyncExecStream:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         traceback: TracebackType | None) -> None:
         await self.close()
+
+
+class AsyncShell:
+    """A persistent shell session in a sandbox (see `AsyncSandbox.shell`). As an async context
+    manager it closes the session on exit: `async with await sandbox.shell() as shell: ...`.
+
+    Commands in one session run one at a time, in order; several sessions of a sandbox are
+    independent.
+    """
+
+    def __init__(self, transport: AsyncTransport, sandbox_id: str, name: str) -> None:
+        self._transport = transport
+        self._sandbox_id = sandbox_id
+        self._name = name
+        self._info: ShellInfo | None = None
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._sandbox_id
+
+    @property
+    def info(self) -> ShellInfo | None:
+        """What the daemon last said about this session (None for a handle made with
+        `open=False` until `refresh()`)."""
+        return self._info
+
+    async def run(self, cmd: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S, idle_timeout: float | None = None,
+                  output_limit: int | None = None, strip_ansi: bool = False, check: bool = False) -> ShellResult:
+        """Runs one command (any bash text: several lines, heredocs, ...) in the session and
+        returns its exit code and output.
+
+        `timeout`: seconds, after which the command is interrupted (SIGINT, stdin EOF, then
+        SIGKILL) and `timed_out` is set; the session stays usable. `idle_timeout`: the same after
+        this many seconds without output (None: no such limit). `output_limit`: bytes kept (None:
+        the daemon's default, 1 MiB). `strip_ansi`: also return the output without ANSI escapes
+        in `output_plain`. `check`: raise CommandExitError unless the result is `ok`.
+        """
+        request = _core.build_run_in_shell_request(self._sandbox_id, self._name, cmd, timeout=timeout,
+                                                   idle_timeout=idle_timeout, output_limit=output_limit,
+                                                   strip_ansi=strip_ansi)
+        response = await self._transport.unary(self._transport.shell_service.RunInShell, request,
+                                               timeout=_core.shell_deadline(timeout))
+        result = _core.shell_result_from_proto(response)
+        return result.check() if check else result
+
+    async def refresh(self) -> ShellInfo:
+        """Asks the daemon about this session and returns it (also in `.info`); NotFound once the
+        session is gone."""
+        response = await self._transport.unary(self._transport.shell_service.ListShells,
+                                               _core.build_list_shells_request(self._sandbox_id))
+        info = _core.find_shell(response, self._name)
+        if info is None:
+            raise NotFound(f"sandbox {self._sandbox_id} has no shell named {self._name!r}")
+        self._info = info
+        return info
+
+    async def close(self) -> None:
+        """Ends the session and kills everything it started. Closing a session that is already
+        gone is not an error."""
+        if self._closed:
+            return
+        try:
+            await self._transport.unary(self._transport.shell_service.CloseShell,
+                                        _core.build_close_shell_request(self._sandbox_id, self._name))
+        except NotFound:
+            pass  # closed elsewhere, or its sandbox is gone: the goal is reached
+        self._closed = True
+
+    async def _open(self, request: object) -> None:
+        """OpenShell; on ALREADY_EXISTS, attaches to the existing session instead. A session
+        closed between the two calls is opened again, once."""
+        for attempt in range(2):
+            try:
+                response = await self._transport.unary(self._transport.shell_service.OpenShell, request)
+            except AlreadyExists:
+                try:
+                    await self.refresh()
+                    return
+                except NotFound:
+                    if attempt:
+                        raise
+                    continue
+            self._info = _core.shell_info_from_proto(response.shell)
+            return
+
+    async def __aenter__(self) -> AsyncShell:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await _close_after(self.close, exc, f"shell {self._name!r} of sandbox {self._sandbox_id}")
+
+    def __repr__(self) -> str:
+        return f"AsyncShell(sandbox_id={self._sandbox_id!r}, name={self._name!r})"
+
+
+class AsyncKernel:
+    """An IPython kernel in a sandbox (see `AsyncSandbox.kernel`). As an async context manager it
+    shuts the kernel down on exit: `async with await sandbox.kernel() as kernel: ...`."""
+
+    def __init__(self, transport: AsyncTransport, info: KernelInfo) -> None:
+        self._transport = transport
+        self._info = info
+        self._shut_down = False
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._info.sandbox_id
+
+    @property
+    def info(self) -> KernelInfo:
+        """What the daemon last said about this kernel; `refresh()` asks again."""
+        return self._info
+
+    async def execute(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> KernelResult:
+        """Runs one cell and returns everything it produced. `timeout`: seconds, after which the
+        kernel is interrupted and `timed_out` is set (a cell that ignores the interrupt gets the
+        kernel killed: `kernel_died`). A cell that raises is not an SDK error: see `.error`."""
+        request = _core.build_execute_gathered_request(self.sandbox_id, self.id, code, timeout=timeout)
+        response = await self._transport.unary(self._transport.kernel_service.ExecuteGathered, request,
+                                               timeout=_core.kernel_deadline(timeout))
+        return _core.kernel_result_from_proto(response)
+
+    def execute_stream(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> AsyncKernelExecuteStream:
+        """Runs one cell and streams its events as the kernel sends them: KernelStreamEvent,
+        KernelDisplayEvent, KernelResultEvent and KernelErrorEvent, then one KernelDoneEvent.
+
+        Closing the stream before KernelDoneEvent (or leaving its `async with` block) interrupts
+        the cell. Not a coroutine: `async with kernel.execute_stream(code) as events: async for e
+        in events`.
+        """
+        request = _core.build_execute_request(self.sandbox_id, self.id, code, timeout=timeout)
+        return AsyncKernelExecuteStream(self._transport.server_stream(
+            self._transport.kernel_service.Execute, request, timeout=_core.kernel_deadline(timeout)))
+
+    async def interrupt(self) -> None:
+        """Interrupts the running cell (SIGINT to the kernel), as Jupyter's stop button does."""
+        await self._transport.unary(self._transport.kernel_service.InterruptKernel,
+                                    _core.build_interrupt_kernel_request(self.sandbox_id, self.id))
+
+    async def restart(self) -> KernelInfo:
+        """Replaces the kernel process with a fresh one under the same id: all state is lost."""
+        response = await self._transport.unary(self._transport.kernel_service.RestartKernel,
+                                               _core.build_restart_kernel_request(self.sandbox_id, self.id),
+                                               timeout=_kernel_start_deadline(self._transport))
+        self._info = _core.kernel_info_from_proto(response.kernel)
+        return self._info
+
+    async def refresh(self) -> KernelInfo:
+        """Asks the daemon for this kernel's state and returns it (also in `.info`)."""
+        self._info = await _lookup_kernel(self._transport, self.sandbox_id, self.id)
+        return self._info
+
+    async def shutdown(self) -> None:
+        """Stops the kernel. Shutting down a kernel that is already gone is not an error."""
+        if self._shut_down:
+            return
+        try:
+            await self._transport.unary(self._transport.kernel_service.ShutdownKernel,
+                                        _core.build_shutdown_kernel_request(self.sandbox_id, self.id))
+        except NotFound:
+            pass  # shut down elsewhere, or its sandbox is gone: the goal is reached
+        self._shut_down = True
+
+    async def __aenter__(self) -> AsyncKernel:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await _close_after(self.shutdown, exc, f"kernel {self.id} of sandbox {self.sandbox_id}")
+
+    def __repr__(self) -> str:
+        return f"AsyncKernel(id={self.id!r}, sandbox_id={self.sandbox_id!r})"
+
+
+class AsyncKernelExecuteStream:
+    """The events of one streamed cell (see `AsyncKernel.execute_stream`); iterate it with
+    `async for`, ideally in an `async with` block. Closing it before KernelDoneEvent cancels the
+    call, which interrupts the cell."""
+
+    def __init__(self, responses: AsyncResponseStream[kernel_pb.ExecuteResponse]) -> None:
+        self._responses = responses
+        self._decoder = _core.KernelEventDecoder()
+
+    def __aiter__(self) -> AsyncKernelExecuteStream:
+        return self
+
+    async def __anext__(self) -> KernelEvent:
+        try:
+            response = await self._responses.__anext__()
+        except StopAsyncIteration:
+            if not self._responses.closed:
+                self._decoder.finish()  # a stream that ended by itself must have said how
+            raise
+        return self._decoder.decode(response)
+
+    async def close(self) -> None:
+        await self._responses.close()
+
+    async def __aenter__(self) -> AsyncKernelExecuteStream:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.close()
+
+
+def _kernel_start_deadline(transport: AsyncTransport) -> float:
+    return max(transport.default_timeout, _core.KERNEL_START_TIMEOUT_S)
+
+
+async def _lookup_kernel(transport: AsyncTransport, sandbox_id: str, kernel_id: str) -> KernelInfo:
+    response = await transport.unary(transport.kernel_service.ListKernels,
+                                     _core.build_list_kernels_request(sandbox_id))
+    info = _core.find_kernel(response, kernel_id)
+    if info is None:
+        raise NotFound(f"sandbox {sandbox_id} has no kernel {kernel_id!r}")
+    return info
+
+
+async def _close_after(close: Callable[[], Awaitable[None]], exc: BaseException | None, what: str) -> None:
+    """Runs `close` when leaving an `async with` block; when the block raised, that exception is
+    the one the caller needs to see, so a failure to close is only logged."""
+    if exc is None:
+        await close()
+        return
+    try:
+        await close()
+    except CorralError as error:
+        _log.warning("could not close %s: %s", what, error)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 if TYPE_CHECKING:
-    from corral.sdk.types import ExecResult
+    from corral.sdk.types import ExecResult, ShellResult
 
 
 class CorralError(Exception):
@@ -123,10 +123,11 @@ class ProtocolError(CorralError):
 class CommandExitError(CorralError):
     """A command run with `check=True` exited non-zero, was killed or timed out.
 
-    `result` is the full `ExecResult`, output included.
+    `result` is the full `ExecResult` (from `exec`) or `ShellResult` (from `Shell.run`), output
+    included.
     """
 
-    def __init__(self, result: ExecResult) -> None:
+    def __init__(self, result: ExecResult | ShellResult) -> None:
         super().__init__(_describe_failure(result))
         self.result = result
 
@@ -196,18 +197,25 @@ class RpcErrorTranslator:
             raise error_from_rpc(exc, address=self.address) from exc
 
 
-# Enough stderr to show the error a command printed last, short enough for a one-line message.
+# Enough output to show the error a command printed last, short enough for a one-line message.
 _STDERR_TAIL_BYTES = 500
 
 
-def _describe_failure(result: ExecResult) -> str:
+def _describe_failure(result: ExecResult | ShellResult) -> str:
+    # An ExecResult has stderr, signal and oom_killed; a ShellResult has one interleaved output
+    # and says which of its limits expired.
     if result.timed_out:
-        what = f"timed out after {result.duration_ms} ms"
-    elif result.oom_killed:
+        if getattr(result, "timeout_reason", None) == "idle_timeout":
+            what = f"was interrupted by its idle timeout after {result.duration_ms} ms"
+        else:
+            what = f"timed out after {result.duration_ms} ms"
+    elif getattr(result, "oom_killed", False):
         what = f"was killed by the out-of-memory killer (exit code {result.exit_code})"
-    elif result.signal:
+    elif getattr(result, "signal", 0):
         what = f"was killed by signal {result.signal}"
     else:
         what = f"exited with code {result.exit_code}"
-    stderr_tail = result.stderr[-_STDERR_TAIL_BYTES:].decode(errors="replace").strip()
-    return f"command {what}" + (f"; stderr: {stderr_tail}" if stderr_tail else "")
+    stderr = getattr(result, "stderr", None)
+    label, tail_of = ("stderr", stderr) if stderr is not None else ("output", result.output)
+    tail = tail_of[-_STDERR_TAIL_BYTES:].decode(errors="replace").strip()
+    return f"command {what}" + (f"; {label}: {tail}" if tail else "")

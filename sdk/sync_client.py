@@ -1,4 +1,4 @@
-"""The blocking client: `Client`, `Sandbox` and `ExecStream`.
+"""The blocking client: `Client`, `Sandbox`, `ExecStream`, `Shell`, `Kernel` and `KernelExecuteStream`.
 
 Twin of `client.py` (asyncio): same classes, methods and signatures, checked by
 tests/test_sdk_shape.py. Requests, deadlines and decoding live in `_core`; this module only makes
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -19,8 +19,20 @@ from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command
 from corral.sdk._sync_transport import ResponseStream, SyncTransport
-from corral.sdk.errors import CorralError, NotFound
-from corral.sdk.types import ExecEvent, ExecResult, FileEntry, NodeInfo, SandboxInfo
+from corral.sdk.errors import AlreadyExists, CorralError, NotFound
+from corral.sdk.types import (
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    KernelEvent,
+    KernelInfo,
+    KernelResult,
+    NodeInfo,
+    SandboxInfo,
+    ShellInfo,
+    ShellResult,
+)
+from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import sandbox_pb2 as pb
 
 _log = logging.getLogger(__name__)
@@ -184,6 +196,54 @@ class Sandbox:
                     archive.write(response.chunk)
             return extract_archive(archive, local_dir)
 
+    def shell(self, name: str = _core.DEFAULT_SHELL_NAME, *, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, rows: int | None = None, cols: int | None = None,
+              program: str | None = None, open: bool = True) -> Shell:
+        """A persistent shell session called `name`: cwd, variables and functions carry over from
+        one `Shell.run` to the next.
+
+        With `open` (the default) the session is started, or, when the sandbox already has one of
+        that name, attached to (so `shell("main")` twice gives the same session; `env`, `cwd`,
+        `rows`, `cols` and `program` then keep the values it was opened with). `open=False` only
+        makes a handle, for a session opened elsewhere. `env`: extra variables; `cwd`: starting
+        directory (None: the workdir); `rows`/`cols`: terminal size (None: 40x200); `program`:
+        the shell inside the sandbox (None: bash, else sh).
+        """
+        shell = Shell(self._transport, self.id, name)
+        if open:
+            shell._open(_core.build_open_shell_request(self.id, name, env=env, cwd=cwd, rows=rows, cols=cols,
+                                                       program=program))
+        return shell
+
+    def list_shells(self) -> list[ShellInfo]:
+        """The sandbox's shell sessions; `shell(name, open=False)` gives a handle on one."""
+        response = self._transport.unary(self._transport.shell_service.ListShells,
+                                         _core.build_list_shells_request(self.id))
+        return [_core.shell_info_from_proto(shell) for shell in response.shells]
+
+    def kernel(self, *, python: str | None = None, cwd: str | None = None,
+               env: Mapping[str, str] | None = None) -> Kernel:
+        """Starts an IPython kernel; its state persists across `Kernel.execute` calls.
+
+        `python`: the interpreter inside the sandbox (None: python3), which must have ipykernel
+        (FailedPrecondition says what is missing otherwise). `cwd`: its working directory (None:
+        the workdir). `env`: extra variables.
+        """
+        request = _core.build_start_kernel_request(self.id, python=python, cwd=cwd, env=env)
+        response = self._transport.unary(self._transport.kernel_service.StartKernel, request,
+                                         timeout=_kernel_start_deadline(self._transport))
+        return Kernel(self._transport, _core.kernel_info_from_proto(response.kernel))
+
+    def get_kernel(self, kernel_id: str) -> Kernel:
+        """A handle on a running kernel of this sandbox; raises NotFound for an unknown id."""
+        return Kernel(self._transport, _lookup_kernel(self._transport, self.id, kernel_id))
+
+    def list_kernels(self) -> list[KernelInfo]:
+        """The sandbox's kernels; `get_kernel(id)` gives a handle on one."""
+        response = self._transport.unary(self._transport.kernel_service.ListKernels,
+                                         _core.build_list_kernels_request(self.id))
+        return [_core.kernel_info_from_proto(kernel) for kernel in response.kernels]
+
     def refresh(self) -> SandboxInfo:
         """Asks the daemon for this sandbox's current state and returns it (also in `.info`)."""
         response = self._transport.unary(self._transport.sandbox_service.GetSandbox,
@@ -251,3 +311,238 @@ class ExecStream:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.close()
+
+
+class Shell:
+    """A persistent shell session in a sandbox (see `Sandbox.shell`). As a context manager it
+    closes the session on exit.
+
+    Commands in one session run one at a time, in order; several sessions of a sandbox are
+    independent.
+    """
+
+    def __init__(self, transport: SyncTransport, sandbox_id: str, name: str) -> None:
+        self._transport = transport
+        self._sandbox_id = sandbox_id
+        self._name = name
+        self._info: ShellInfo | None = None
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._sandbox_id
+
+    @property
+    def info(self) -> ShellInfo | None:
+        """What the daemon last said about this session (None for a handle made with
+        `open=False` until `refresh()`)."""
+        return self._info
+
+    def run(self, cmd: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S, idle_timeout: float | None = None,
+            output_limit: int | None = None, strip_ansi: bool = False, check: bool = False) -> ShellResult:
+        """Runs one command (any bash text: several lines, heredocs, ...) in the session and
+        returns its exit code and output.
+
+        `timeout`: seconds, after which the command is interrupted (SIGINT, stdin EOF, then
+        SIGKILL) and `timed_out` is set; the session stays usable. `idle_timeout`: the same after
+        this many seconds without output (None: no such limit). `output_limit`: bytes kept (None:
+        the daemon's default, 1 MiB). `strip_ansi`: also return the output without ANSI escapes
+        in `output_plain`. `check`: raise CommandExitError unless the result is `ok`.
+        """
+        request = _core.build_run_in_shell_request(self._sandbox_id, self._name, cmd, timeout=timeout,
+                                                   idle_timeout=idle_timeout, output_limit=output_limit,
+                                                   strip_ansi=strip_ansi)
+        response = self._transport.unary(self._transport.shell_service.RunInShell, request,
+                                         timeout=_core.shell_deadline(timeout))
+        result = _core.shell_result_from_proto(response)
+        return result.check() if check else result
+
+    def refresh(self) -> ShellInfo:
+        """Asks the daemon about this session and returns it (also in `.info`); NotFound once the
+        session is gone."""
+        response = self._transport.unary(self._transport.shell_service.ListShells,
+                                         _core.build_list_shells_request(self._sandbox_id))
+        info = _core.find_shell(response, self._name)
+        if info is None:
+            raise NotFound(f"sandbox {self._sandbox_id} has no shell named {self._name!r}")
+        self._info = info
+        return info
+
+    def close(self) -> None:
+        """Ends the session and kills everything it started. Closing a session that is already
+        gone is not an error."""
+        if self._closed:
+            return
+        try:
+            self._transport.unary(self._transport.shell_service.CloseShell,
+                                  _core.build_close_shell_request(self._sandbox_id, self._name))
+        except NotFound:
+            pass  # closed elsewhere, or its sandbox is gone: the goal is reached
+        self._closed = True
+
+    def _open(self, request: object) -> None:
+        """OpenShell; on ALREADY_EXISTS, attaches to the existing session instead. A session
+        closed between the two calls is opened again, once."""
+        for attempt in range(2):
+            try:
+                response = self._transport.unary(self._transport.shell_service.OpenShell, request)
+            except AlreadyExists:
+                try:
+                    self.refresh()
+                    return
+                except NotFound:
+                    if attempt:
+                        raise
+                    continue
+            self._info = _core.shell_info_from_proto(response.shell)
+            return
+
+    def __enter__(self) -> Shell:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        _close_after(self.close, exc, f"shell {self._name!r} of sandbox {self._sandbox_id}")
+
+    def __repr__(self) -> str:
+        return f"Shell(sandbox_id={self._sandbox_id!r}, name={self._name!r})"
+
+
+class Kernel:
+    """An IPython kernel in a sandbox (see `Sandbox.kernel`). As a context manager it shuts the
+    kernel down on exit."""
+
+    def __init__(self, transport: SyncTransport, info: KernelInfo) -> None:
+        self._transport = transport
+        self._info = info
+        self._shut_down = False
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._info.sandbox_id
+
+    @property
+    def info(self) -> KernelInfo:
+        """What the daemon last said about this kernel; `refresh()` asks again."""
+        return self._info
+
+    def execute(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> KernelResult:
+        """Runs one cell and returns everything it produced. `timeout`: seconds, after which the
+        kernel is interrupted and `timed_out` is set (a cell that ignores the interrupt gets the
+        kernel killed: `kernel_died`). A cell that raises is not an SDK error: see `.error`."""
+        request = _core.build_execute_gathered_request(self.sandbox_id, self.id, code, timeout=timeout)
+        response = self._transport.unary(self._transport.kernel_service.ExecuteGathered, request,
+                                         timeout=_core.kernel_deadline(timeout))
+        return _core.kernel_result_from_proto(response)
+
+    def execute_stream(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> KernelExecuteStream:
+        """Runs one cell and streams its events as the kernel sends them: KernelStreamEvent,
+        KernelDisplayEvent, KernelResultEvent and KernelErrorEvent, then one KernelDoneEvent.
+
+        Closing the stream before KernelDoneEvent (or leaving its `with` block) interrupts the cell.
+        """
+        request = _core.build_execute_request(self.sandbox_id, self.id, code, timeout=timeout)
+        return KernelExecuteStream(self._transport.server_stream(self._transport.kernel_service.Execute, request,
+                                                                 timeout=_core.kernel_deadline(timeout)))
+
+    def interrupt(self) -> None:
+        """Interrupts the running cell (SIGINT to the kernel), as Jupyter's stop button does."""
+        self._transport.unary(self._transport.kernel_service.InterruptKernel,
+                              _core.build_interrupt_kernel_request(self.sandbox_id, self.id))
+
+    def restart(self) -> KernelInfo:
+        """Replaces the kernel process with a fresh one under the same id: all state is lost."""
+        response = self._transport.unary(self._transport.kernel_service.RestartKernel,
+                                         _core.build_restart_kernel_request(self.sandbox_id, self.id),
+                                         timeout=_kernel_start_deadline(self._transport))
+        self._info = _core.kernel_info_from_proto(response.kernel)
+        return self._info
+
+    def refresh(self) -> KernelInfo:
+        """Asks the daemon for this kernel's state and returns it (also in `.info`)."""
+        self._info = _lookup_kernel(self._transport, self.sandbox_id, self.id)
+        return self._info
+
+    def shutdown(self) -> None:
+        """Stops the kernel. Shutting down a kernel that is already gone is not an error."""
+        if self._shut_down:
+            return
+        try:
+            self._transport.unary(self._transport.kernel_service.ShutdownKernel,
+                                  _core.build_shutdown_kernel_request(self.sandbox_id, self.id))
+        except NotFound:
+            pass  # shut down elsewhere, or its sandbox is gone: the goal is reached
+        self._shut_down = True
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        _close_after(self.shutdown, exc, f"kernel {self.id} of sandbox {self.sandbox_id}")
+
+    def __repr__(self) -> str:
+        return f"Kernel(id={self.id!r}, sandbox_id={self.sandbox_id!r})"
+
+
+class KernelExecuteStream:
+    """The events of one streamed cell (see `Kernel.execute_stream`); iterate it, ideally in a
+    `with` block. Closing it before KernelDoneEvent cancels the call, which interrupts the cell."""
+
+    def __init__(self, responses: ResponseStream[kernel_pb.ExecuteResponse]) -> None:
+        self._responses = responses
+        self._decoder = _core.KernelEventDecoder()
+
+    def __iter__(self) -> KernelExecuteStream:
+        return self
+
+    def __next__(self) -> KernelEvent:
+        try:
+            response = next(self._responses)
+        except StopIteration:
+            if not self._responses.closed:
+                self._decoder.finish()  # a stream that ended by itself must have said how
+            raise
+        return self._decoder.decode(response)
+
+    def close(self) -> None:
+        self._responses.close()
+
+    def __enter__(self) -> KernelExecuteStream:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+def _kernel_start_deadline(transport: SyncTransport) -> float:
+    return max(transport.default_timeout, _core.KERNEL_START_TIMEOUT_S)
+
+
+def _lookup_kernel(transport: SyncTransport, sandbox_id: str, kernel_id: str) -> KernelInfo:
+    response = transport.unary(transport.kernel_service.ListKernels, _core.build_list_kernels_request(sandbox_id))
+    info = _core.find_kernel(response, kernel_id)
+    if info is None:
+        raise NotFound(f"sandbox {sandbox_id} has no kernel {kernel_id!r}")
+    return info
+
+
+def _close_after(close: Callable[[], None], exc: BaseException | None, what: str) -> None:
+    """Runs `close` when leaving a `with` block; when the block raised, that exception is the one
+    the caller needs to see, so a failure to close is only logged."""
+    if exc is None:
+        close()
+        return
+    try:
+        close()
+    except CorralError as error:
+        _log.warning("could not close %s: %s", what, error)

@@ -19,6 +19,8 @@ IsolationLevel = Literal["none", "namespaces", "container", "unspecified", "unkn
 LimitKind = Literal["memory", "pids", "cpu", "wall_clock", "network", "unspecified", "unknown"]
 FileType = Literal["file", "directory", "symlink", "other", "unspecified", "unknown"]
 OutputStreamName = Literal["stdout", "stderr"]
+ShellTimeoutReason = Literal["timeout", "idle_timeout"]
+KernelState = Literal["idle", "busy", "dead", "unspecified", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -177,3 +179,167 @@ class NodeInfo:
     # "v1", "v2", "hybrid" or "none".
     cgroup_mode: str
     sandbox_count: int
+
+
+@dataclass(frozen=True)
+class ShellInfo:
+    """One named shell session of a sandbox."""
+
+    sandbox_id: str
+    name: str
+    # The daemon-side process id of the session's shell, for diagnostics.
+    pid: int
+    # Commands run in the session so far.
+    turns: int
+    # How many times the shell died (or could not be recovered) and was restarted.
+    restarts: int
+
+
+@dataclass(frozen=True)
+class ShellResult:
+    """How one command in a shell session ended, with its output.
+
+    `output` is stdout and stderr interleaved as the terminal showed them, raw bytes (no CRLF
+    translation).
+    """
+
+    output: bytes
+    # The command's $?: 130 after an interrupt, 128 + n after signal n.
+    exit_code: int
+    # The timeout or the idle timeout expired and the command was interrupted; the shell stays usable.
+    timed_out: bool
+    # Which limit expired when timed_out, else None.
+    timeout_reason: ShellTimeoutReason | None
+    # True when the output was longer than the output limit; `output` then holds its first and
+    # last halves.
+    truncated: bool
+    output_total_bytes: int
+    duration_ms: int
+    # The shell died or could not be recovered and was restarted before or during this command:
+    # cwd, variables and functions are back to the session's starting state.
+    shell_restarted: bool
+    # `output` without ANSI escape sequences, when the run asked for `strip_ansi`; else None.
+    output_plain: bytes | None
+
+    @property
+    def ok(self) -> bool:
+        """The command exited 0 within its timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def text(self) -> str:
+        """`output` decoded as UTF-8; undecodable bytes become U+FFFD."""
+        return self.output.decode(errors="replace")
+
+    def check(self) -> ShellResult:
+        """Returns self when `ok`, else raises CommandExitError carrying this result."""
+        if not self.ok:
+            raise CommandExitError(self)
+        return self
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One IPython kernel of a sandbox."""
+
+    sandbox_id: str
+    # Daemon-assigned, e.g. "k-1a2b3c4d"; stays the same across restarts.
+    id: str
+    state: KernelState
+    # Cells executed since the last (re)start.
+    execution_count: int
+    # The python executable inside the sandbox.
+    python: str
+
+
+@dataclass(frozen=True)
+class KernelErrorInfo:
+    """The exception a cell raised."""
+
+    ename: str
+    evalue: str
+    # Traceback lines, with the kernel's ANSI colours.
+    traceback: list[str]
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """Everything one cell produced, gathered.
+
+    Rich outputs are MIME bundles: MIME type to content; text types (text/plain, text/html,
+    application/json, ...) are UTF-8 bytes, binary types (image/png, ...) the decoded bytes.
+    """
+
+    # Everything printed to stdout / stderr, concatenated.
+    stdout: str
+    stderr: str
+    # The value of the cell's last expression, when there was one.
+    result: dict[str, bytes] | None
+    # display_data outputs, in order.
+    displays: list[dict[str, bytes]]
+    # Set when the cell raised.
+    error: KernelErrorInfo | None
+    execution_count: int
+    # The timeout expired and the kernel was interrupted; the kernel stays usable.
+    timed_out: bool
+    # The kernel process died while running the cell; `Kernel.restart()` brings it back.
+    kernel_died: bool
+    duration_ms: int
+
+    @property
+    def ok(self) -> bool:
+        """The cell ran to the end without raising, timing out or killing the kernel."""
+        return self.error is None and not self.timed_out and not self.kernel_died
+
+    @property
+    def result_text(self) -> str | None:
+        """The last expression's text/plain representation (e.g. "42"), or None."""
+        if self.result is None or "text/plain" not in self.result:
+            return None
+        return self.result["text/plain"].decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class KernelStreamEvent:
+    """Text the cell printed."""
+
+    name: OutputStreamName
+    text: str
+
+
+@dataclass(frozen=True)
+class KernelDisplayEvent:
+    """A display_data output (MIME bundle as in KernelResult)."""
+
+    data: dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class KernelResultEvent:
+    """The value of the cell's last expression (MIME bundle as in KernelResult)."""
+
+    data: dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class KernelErrorEvent:
+    """The cell raised."""
+
+    ename: str
+    evalue: str
+    traceback: list[str]
+
+
+@dataclass(frozen=True)
+class KernelDoneEvent:
+    """Last event of a cell: how it ended (fields as in KernelResult)."""
+
+    execution_count: int
+    # The cell raised (a KernelErrorEvent came before this one).
+    failed: bool
+    timed_out: bool
+    kernel_died: bool
+    duration_ms: int
+
+
+KernelEvent = Union[KernelStreamEvent, KernelDisplayEvent, KernelResultEvent, KernelErrorEvent, KernelDoneEvent]

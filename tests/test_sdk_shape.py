@@ -7,13 +7,33 @@ import re
 
 import pytest
 
-from corral.sdk import AsyncClient, AsyncExecStream, AsyncSandbox, Client, ExecStream, Sandbox
+from corral.sdk import (
+    AsyncClient,
+    AsyncExecStream,
+    AsyncKernel,
+    AsyncKernelExecuteStream,
+    AsyncSandbox,
+    AsyncShell,
+    Client,
+    ExecStream,
+    Kernel,
+    KernelExecuteStream,
+    Sandbox,
+    Shell,
+)
 
-TWINS = [(Client, AsyncClient), (Sandbox, AsyncSandbox), (ExecStream, AsyncExecStream)]
+TWINS = [
+    (Client, AsyncClient),
+    (Sandbox, AsyncSandbox),
+    (ExecStream, AsyncExecStream),
+    (Shell, AsyncShell),
+    (Kernel, AsyncKernel),
+    (KernelExecuteStream, AsyncKernelExecuteStream),
+]
 TWIN_IDS = [sync.__name__ for sync, _ in TWINS]
 
 # Async methods that return a stream object instead of being awaited.
-NOT_COROUTINES = {"exec_stream"}
+NOT_COROUTINES = {"exec_stream", "execute_stream"}
 
 # Protocol methods each side must have, sync name -> async name.
 PROTOCOL_TWINS = {
@@ -79,3 +99,16 @@ def test_keyword_only_options_of_exec() -> None:
     positional = [name for name, parameter in parameters.items()
                   if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert positional == ["self", "cmd"]
+
+
+@pytest.mark.parametrize(("method", "positional"), [
+    (Shell.run, ["self", "cmd"]),
+    (Kernel.execute, ["self", "code"]),
+    (Kernel.execute_stream, ["self", "code"]),
+    (Sandbox.shell, ["self", "name"]),
+    (Sandbox.kernel, ["self"]),
+], ids=["Shell.run", "Kernel.execute", "Kernel.execute_stream", "Sandbox.shell", "Sandbox.kernel"])
+def test_keyword_only_options_of_shells_and_kernels(method: object, positional: list[str]) -> None:
+    parameters = inspect.signature(method).parameters
+    assert [name for name, parameter in parameters.items()
+            if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD] == positional
