@@ -22,12 +22,20 @@ Guard = Callable[[str, grpc.aio.ServicerContext], AsyncContextManager[None]]
 class GuardInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, *guards: Guard) -> None:
         self.guards = guards
+        self._wrapped: dict[str, object] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method.rsplit("/", 1)[-1]
+        # The registered handler of a method never changes, so it is wrapped once, not per call.
+        method = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            handler = await continuation(handler_call_details)
+            if handler is None:
+                return None
+            wrapped = self._wrapped[method] = self._wrap(handler, method.rsplit("/", 1)[-1])
+        return wrapped
+
+    def _wrap(self, handler, method: str):
         guards = self.guards
 
         async def enter(stack, context):

@@ -40,18 +40,21 @@ class Terminal:
         cgroup: CgroupGroup | None,
         stderr_to_pipe: bool,
         wrapped: bool = True,
+        interactive: bool = False,
     ) -> None:
         self.cgroup = cgroup
         self.wrapped = wrapped
         master, slave = os.openpty()
         set_size(master, rows, cols)
-        attrs = termios.tcgetattr(slave)
-        # Raw bytes out (no \n -> \r\n) and no echo of what we type; canonical input stays on so
-        # that ^D is end-of-file for a program reading the terminal.
-        attrs[1] &= ~termios.ONLCR
-        attrs[3] &= ~(termios.ECHO | termios.ECHONL)
-        attrs[0] &= ~termios.IXON
-        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        if not interactive:
+            attrs = termios.tcgetattr(slave)
+            # For programmatic sessions: raw bytes out (no \n -> \r\n) and no echo of what we
+            # type; canonical input stays on so that ^D is end-of-file for a program reading
+            # the terminal. An interactive terminal keeps the usual settings.
+            attrs[1] &= ~termios.ONLCR
+            attrs[3] &= ~(termios.ECHO | termios.ECHONL)
+            attrs[0] &= ~termios.IXON
+            termios.tcsetattr(slave, termios.TCSANOW, attrs)
         err_r = err_w = None
         if stderr_to_pipe:
             err_r, err_w = os.pipe()

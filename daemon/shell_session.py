@@ -136,6 +136,7 @@ class ShellSession:
         self._cmd_host = Path(runtime.run_dir_host) / f"sh{slot}.cmd"
         self._cmd_sandbox = f"{runtime.run_dir_sandbox}/sh{slot}.cmd"
         self._terminal: Terminal | None = None
+        self._cmd_fd: int | None = None
         self._turn: _Turn | None = None
         self._stray = bytearray()
         self._shell_cmdline = b""
@@ -187,10 +188,24 @@ class ShellSession:
             raise RuntimeError(f"the shell exited at once (exit {self._terminal.exited.result()})")
         self._shell_cmdline = self._cmdline()
 
+    def _write_command(self, data: bytes) -> None:
+        # Overwrite in place and truncate after: opening with O_TRUNC costs ~0.1-0.3 ms a turn on
+        # ext4, most of the daemon's own time in a turn; this costs a few microseconds.
+        if self._cmd_fd is None:
+            self._cmd_fd = os.open(self._cmd_host, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        view = memoryview(data)
+        offset = 0
+        while offset < len(data):
+            offset += os.pwrite(self._cmd_fd, view[offset:], offset)
+        os.ftruncate(self._cmd_fd, len(data))
+
     async def close(self) -> None:
         if self._terminal:
             await self._terminal.close()
             self._terminal = None
+        if self._cmd_fd is not None:
+            os.close(self._cmd_fd)
+            self._cmd_fd = None
         self._cmd_host.unlink(missing_ok=True)
 
     async def _restart(self) -> None:
@@ -236,7 +251,7 @@ class ShellSession:
             restarted = True
         started = time.monotonic()
         text = command if command.endswith("\n") else command + "\n"
-        self._cmd_host.write_bytes(text.encode("utf-8", "surrogateescape"))
+        self._write_command(text.encode("utf-8", "surrogateescape"))
         turn = _Turn(self._sentinel, self._sentinel_max, limit, bytes(self._stray))
         self._stray.clear()
         self._turn = turn
@@ -261,7 +276,6 @@ class ShellSession:
         output = turn.buffer.getvalue()
         if turn.buffer.truncated:
             output = utf8_safe(turn.buffer)
-        self._shell_cmdline = self._cmdline()
         return TurnResult(
             output=output,
             exit_code=exit_code,

@@ -125,7 +125,8 @@ class ShellManager:
             rows, cols = size or ATTACH_SIZE
             enter = runtime.enter_command([self._program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"))
             terminal = Terminal(enter.argv, env=env, cwd=enter.cwd, rows=rows, cols=cols,
-                                cgroup=enter.cgroup, stderr_to_pipe=False, wrapped=enter.wrapped)
+                                cgroup=enter.cgroup, stderr_to_pipe=False, wrapped=enter.wrapped,
+                                interactive=True)
             queue: asyncio.Queue[bytes] = asyncio.Queue()
             terminal.attach(queue.put_nowait)
 

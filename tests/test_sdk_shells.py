@@ -146,10 +146,10 @@ def _cli_shell(daemon, *args: str, stdin: bytes) -> subprocess.CompletedProcess:
 def test_cli_shell_with_piped_stdin(daemon, sandbox):
     done = _cli_shell(daemon, sandbox.id, stdin=b"echo hi; exit 3\n")
     assert done.returncode == 3, done.stderr
-    assert b"hi\n" in done.stdout
+    assert b"hi\r\n" in done.stdout  # an interactive terminal: the usual CRLF output
     # Without an `exit`, the end of stdin ends the shell, which exits with its last status.
     ended = _cli_shell(daemon, sandbox.id, stdin=b"echo $((6 * 7))\nsleep 0.5; (exit 5)\n")
-    assert ended.returncode == 5 and b"42\n" in ended.stdout
+    assert ended.returncode == 5 and b"42\r\n" in ended.stdout
     # Only the program is checked here: dash's exit status in a terminal whose foreground process
     # group came from outside the sandbox's pid namespace is not the one it was given.
     sh = _cli_shell(daemon, sandbox.id, "--program", "sh", stdin=b"echo prog=$0; exit 4\n")
