@@ -7,6 +7,8 @@ The sync and async clients only choose which channel to send these requests on.
 
 from __future__ import annotations
 
+from typing import Any, Protocol, TypeVar
+
 import enum
 import types
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
@@ -445,6 +447,18 @@ def node_info_from_proto(response: pb.GetNodeInfoResponse) -> NodeInfo:
         cgroup_mode=response.cgroup_mode,
         sandbox_count=response.sandbox_count,
     )
+
+
+EventT = TypeVar("EventT")
+
+
+class StreamDecoder(Protocol):
+    """Turns one server stream's responses into typed events, checking their order."""
+
+    def decode(self, response: Any) -> Any: ...
+
+    def finish(self) -> None:
+        """Called when the stream ended by itself: raises if its final event never came."""
 
 
 class ExecEventDecoder:

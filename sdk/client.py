@@ -15,12 +15,13 @@ import posixpath
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Generic, Self
 
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
 from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, iterate_in_thread
-from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command
+from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command, EventT
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
 from corral.sdk.types import (
     ExecEvent,
@@ -292,19 +293,18 @@ class AsyncSandbox:
         return f"AsyncSandbox(id={self.id!r}, backend={self._info.backend!r}, image={self._info.image!r})"
 
 
-class AsyncExecStream:
-    """The events of one streamed command (see `AsyncSandbox.exec_stream`); iterate it with
-    `async for`, ideally in an `async with` block. Closing it before ExecExited cancels the call,
-    which kills the command."""
+class _AsyncEventStream(Generic[EventT]):
+    """Typed events decoded from one server stream; iterate it, ideally in an `async with`
+    block. Closing it before the final event cancels the call."""
 
-    def __init__(self, responses: AsyncResponseStream[pb.ExecStreamResponse]) -> None:
+    def __init__(self, responses: AsyncResponseStream, decoder: _core.StreamDecoder) -> None:
         self._responses = responses
-        self._decoder = _core.ExecEventDecoder()
+        self._decoder = decoder
 
-    def __aiter__(self) -> AsyncExecStream:
+    def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> ExecEvent:
+    async def __anext__(self) -> EventT:
         try:
             response = await self._responses.__anext__()
         except StopAsyncIteration:
@@ -316,12 +316,20 @@ class AsyncExecStream:
     async def close(self) -> None:
         await self._responses.close()
 
-    async def __aenter__(self) -> AsyncExecStream:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         traceback: TracebackType | None) -> None:
         await self.close()
+
+
+class AsyncExecStream(_AsyncEventStream[ExecEvent]):
+    """The events of one streamed command (see `AsyncSandbox.exec_stream`). Closing it before
+    ExecExited cancels the call, which kills the command."""
+
+    def __init__(self, responses: AsyncResponseStream[pb.ExecStreamResponse]) -> None:
+        super().__init__(responses, _core.ExecEventDecoder())
 
 
 class AsyncShell:
@@ -506,36 +514,13 @@ class AsyncKernel:
         return f"AsyncKernel(id={self.id!r}, sandbox_id={self.sandbox_id!r})"
 
 
-class AsyncKernelExecuteStream:
-    """The events of one streamed cell (see `AsyncKernel.execute_stream`); iterate it with
-    `async for`, ideally in an `async with` block. Closing it before KernelDoneEvent cancels the
-    call, which interrupts the cell."""
+class AsyncKernelExecuteStream(_AsyncEventStream[KernelEvent]):
+    """The events of one streamed cell (see `AsyncKernel.execute_stream`). Closing it before
+    KernelDoneEvent cancels the call, which interrupts the cell."""
 
     def __init__(self, responses: AsyncResponseStream[kernel_pb.ExecuteResponse]) -> None:
-        self._responses = responses
-        self._decoder = _core.KernelEventDecoder()
+        super().__init__(responses, _core.KernelEventDecoder())
 
-    def __aiter__(self) -> AsyncKernelExecuteStream:
-        return self
-
-    async def __anext__(self) -> KernelEvent:
-        try:
-            response = await self._responses.__anext__()
-        except StopAsyncIteration:
-            if not self._responses.closed:
-                self._decoder.finish()  # a stream that ended by itself must have said how
-            raise
-        return self._decoder.decode(response)
-
-    async def close(self) -> None:
-        await self._responses.close()
-
-    async def __aenter__(self) -> AsyncKernelExecuteStream:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        traceback: TracebackType | None) -> None:
-        await self.close()
 
 
 def _kernel_start_deadline(transport: AsyncTransport) -> float:

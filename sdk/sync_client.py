@@ -13,11 +13,12 @@ import posixpath
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Generic, Self
 
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
-from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command
+from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command, EventT
 from corral.sdk._sync_transport import ResponseStream, SyncTransport
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
 from corral.sdk.types import (
@@ -282,18 +283,18 @@ class Sandbox:
         return f"Sandbox(id={self.id!r}, backend={self._info.backend!r}, image={self._info.image!r})"
 
 
-class ExecStream:
-    """The events of one streamed command (see `Sandbox.exec_stream`); iterate it, ideally in a
-    `with` block. Closing it before ExecExited cancels the call, which kills the command."""
+class _EventStream(Generic[EventT]):
+    """Typed events decoded from one server stream; iterate it, ideally in a `with` block.
+    Closing it before the final event cancels the call."""
 
-    def __init__(self, responses: ResponseStream[pb.ExecStreamResponse]) -> None:
+    def __init__(self, responses: ResponseStream, decoder: _core.StreamDecoder) -> None:
         self._responses = responses
-        self._decoder = _core.ExecEventDecoder()
+        self._decoder = decoder
 
-    def __iter__(self) -> ExecStream:
+    def __iter__(self) -> Self:
         return self
 
-    def __next__(self) -> ExecEvent:
+    def __next__(self) -> EventT:
         try:
             response = next(self._responses)
         except StopIteration:
@@ -305,12 +306,20 @@ class ExecStream:
     def close(self) -> None:
         self._responses.close()
 
-    def __enter__(self) -> ExecStream:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.close()
+
+
+class ExecStream(_EventStream[ExecEvent]):
+    """The events of one streamed command (see `Sandbox.exec_stream`). Closing it before
+    ExecExited cancels the call, which kills the command."""
+
+    def __init__(self, responses: ResponseStream[pb.ExecStreamResponse]) -> None:
+        super().__init__(responses, _core.ExecEventDecoder())
 
 
 class Shell:
@@ -493,35 +502,13 @@ class Kernel:
         return f"Kernel(id={self.id!r}, sandbox_id={self.sandbox_id!r})"
 
 
-class KernelExecuteStream:
-    """The events of one streamed cell (see `Kernel.execute_stream`); iterate it, ideally in a
-    `with` block. Closing it before KernelDoneEvent cancels the call, which interrupts the cell."""
+class KernelExecuteStream(_EventStream[KernelEvent]):
+    """The events of one streamed cell (see `Kernel.execute_stream`). Closing it before
+    KernelDoneEvent cancels the call, which interrupts the cell."""
 
     def __init__(self, responses: ResponseStream[kernel_pb.ExecuteResponse]) -> None:
-        self._responses = responses
-        self._decoder = _core.KernelEventDecoder()
+        super().__init__(responses, _core.KernelEventDecoder())
 
-    def __iter__(self) -> KernelExecuteStream:
-        return self
-
-    def __next__(self) -> KernelEvent:
-        try:
-            response = next(self._responses)
-        except StopIteration:
-            if not self._responses.closed:
-                self._decoder.finish()  # a stream that ended by itself must have said how
-            raise
-        return self._decoder.decode(response)
-
-    def close(self) -> None:
-        self._responses.close()
-
-    def __enter__(self) -> KernelExecuteStream:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.close()
 
 
 def _kernel_start_deadline(transport: SyncTransport) -> float:
