@@ -34,6 +34,9 @@ class Hierarchy:
     version: int  # 1 or 2
     base: Path  # corral-<daemon_id> under the daemon's own cgroup
     controllers: frozenset[str]
+    mount_root: str = "/"  # the cgroup path the mount shows at its mount point
+    mount_point: str = ""
+    key: str = ""  # how /proc/PID/cgroup names this hierarchy: a v1 controller, "" for v2
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,12 @@ def _mountinfo() -> list[tuple[str, str, str, str]]:
 
 def _self_cgroups() -> dict[str, str]:
     """Maps a v1 controller name (or "" for v2) to this process's cgroup path."""
+    return _cgroup_paths("/proc/self/cgroup")
+
+
+def _cgroup_paths(proc_file: str) -> dict[str, str]:
     paths: dict[str, str] = {}
-    with open("/proc/self/cgroup") as fh:
+    with open(proc_file) as fh:
         for line in fh:
             _, names, path = line.rstrip("\n").split(":", 2)
             for name in names.split(",") if names else [""]:
@@ -118,7 +125,8 @@ class CgroupDriver:
             own = selfs.get(next(iter(ctrls)), "/")
             own_dir = _join(root, point, own)
             if _writable_dir(own_dir):
-                self.hierarchies.append(Hierarchy(1, own_dir / name, frozenset(ctrls)))
+                key = next(iter(sorted(ctrls)))
+                self.hierarchies.append(Hierarchy(1, own_dir / name, frozenset(ctrls), root, point, key))
                 taken |= ctrls
             else:
                 for c in ctrls:
@@ -134,7 +142,7 @@ class CgroupDriver:
             wanted = (available & set(CONTROLLERS)) - taken
             if wanted and self._create:
                 wanted = self._delegate_v2(own_dir, wanted)
-            self.hierarchies.insert(0, Hierarchy(2, own_dir / name, frozenset(wanted)))
+            self.hierarchies.insert(0, Hierarchy(2, own_dir / name, frozenset(wanted), root, point, ""))
             taken |= wanted
             break
         for c in CONTROLLERS:
@@ -209,6 +217,16 @@ class CgroupDriver:
                 h.base.rmdir()
             except OSError:
                 pass
+
+    def group_of(self, pid: int) -> "CgroupGroup | None":
+        """The cgroup a process lives in (e.g. a container's, made by its engine), in every
+        hierarchy we use: leaves created under it inherit its limits."""
+        try:
+            paths = _cgroup_paths(f"/proc/{pid}/cgroup")
+        except OSError:
+            return None
+        dirs = [_join(h.mount_root, h.mount_point, paths.get(h.key, "/")) for h in self.hierarchies]
+        return CgroupGroup(dirs, self.hierarchies) if dirs else None
 
     def existing_groups(self) -> list["CgroupGroup"]:
         """Sandbox groups left in our base directories (after a crash)."""

@@ -57,6 +57,13 @@ class LocalConfig:
 
 
 @dataclass
+class DockerConfig:
+    socket: str = ""  # empty: $DOCKER_HOST, else unix:///var/run/docker.sock
+    pull: bool = False  # pull images missing locally (no registry is assumed by default)
+    default_image: str = ""  # the image of requests that name none
+
+
+@dataclass
 class LimitsConfig:
     memory_bytes: int = 4 << 30
     pids: int = 1024
@@ -70,6 +77,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     exec: ExecConfig = field(default_factory=ExecConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
+    docker: DockerConfig = field(default_factory=DockerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # The bearer token for the TCP listener (from token_file or CORRAL_TOKEN); never from TOML text.
     token: str = ""

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 
 from .backends.base import BackendStatus
+from .backends.base import run_dir_base
+from .backends.docker import DockerBackend
 from .backends.local import LocalBackend
+from .uids import UidPool
 from .cgroups import CgroupDriver
 from .config import Config
 
@@ -13,9 +16,12 @@ from .config import Config
 def probe(config: Config) -> tuple[str, dict[str, BackendStatus]]:
     """(cgroup mode, status per backend) without creating anything."""
     cgroups = CgroupDriver("doctor", create=False)
-    local = LocalBackend(config, cgroups, hidden_paths=[])
+    uids = UidPool(config.local.uid_base, config.local.uid_count)
+    run_base = run_dir_base("doctor")
+    local = LocalBackend(config, cgroups, hidden_paths=[], run_base=run_base, uids=uids)
+    docker = DockerBackend(config, cgroups, "doctor", run_base, uids)
     unavailable = BackendStatus(False, "not supported by this version of corral", "none", {})
-    return cgroups.mode, {"local": local.status(), "docker": unavailable, "singularity": unavailable}
+    return cgroups.mode, {"local": local.status(), "docker": docker.status(), "singularity": unavailable}
 
 
 def report(config: Config) -> str:

@@ -165,7 +165,7 @@ class SandboxManager:
         sandbox = Sandbox(
             sandbox_id=f"sb-{secrets.token_hex(6)}",
             backend=backend,
-            image=image or "host",
+            image=image or self._default_image(backend),
             limits=limits,
             network=network,
             env=dict(env),
@@ -188,6 +188,12 @@ class SandboxManager:
         self.metrics.sandboxes_live.set(len(self._sandboxes))
         self.metrics.sandboxes_created.labels(backend).inc()
         return sandbox
+
+    def _default_image(self, backend: str) -> str:
+        default = {"local": "host", "docker": self.config.docker.default_image}.get(backend, "")
+        if not default:
+            raise InvalidArgument(f"the {backend} backend needs an image (this node configures no default)")
+        return default
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._sandboxes.get(sandbox_id)

@@ -23,6 +23,8 @@ from grpc_reflection.v1alpha import reflection
 from corral.v1 import kernel_pb2, kernel_pb2_grpc
 from corral.v1 import sandbox_pb2, sandbox_pb2_grpc, shell_pb2, shell_pb2_grpc
 
+from .backends.base import run_dir_base
+from .backends.docker import DockerBackend
 from .backends.local import LocalBackend
 from .cgroups import CgroupDriver
 from .config import Config
@@ -39,6 +41,7 @@ from .services.shell import ShellServicer
 from .shells import ShellManager
 from .state import StateStore
 from .transfer import TarTransfer
+from .uids import UidPool
 
 log = logging.getLogger("corral.daemon")
 
@@ -76,7 +79,12 @@ class Daemon:
         self.cgroups = CgroupDriver(self.state.daemon_id)
         self.socket_path = Path(config.daemon.socket).absolute()
         hidden = [config.daemon.state_dir, str(self.socket_path.parent)]
-        self.backends = {"local": LocalBackend(config, self.cgroups, [p for p in hidden if p != "/"])}
+        run_base = run_dir_base(self.state.daemon_id)
+        uids = UidPool(config.local.uid_base, config.local.uid_count)
+        self.backends = {
+            "local": LocalBackend(config, self.cgroups, [p for p in hidden if p != "/"], run_base, uids),
+            "docker": DockerBackend(config, self.cgroups, self.state.daemon_id, run_base, uids),
+        }
         self.metrics = Metrics()
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
         self.shells = ShellManager(config, self.manager)

@@ -105,13 +105,13 @@ def backend_to_proto(backend: str | None) -> int:
     return number
 
 
-def build_create_sandbox_request(*, image: str, backend: str | None, memory_bytes: int | None,
+def build_create_sandbox_request(*, image: str | None, backend: str | None, memory_bytes: int | None,
                                  pids: int | None, cpu_millicores: int | None, network: bool,
                                  env: Mapping[str, str] | None, labels: Mapping[str, str] | None,
                                  idle_timeout: float | None) -> pb.CreateSandboxRequest:
     return pb.CreateSandboxRequest(
         backend=backend_to_proto(backend),
-        image=image,
+        image=image or "",
         limits=pb.ResourceLimits(
             memory_bytes=_non_negative("memory_bytes", memory_bytes),
             pids=_non_negative("pids", pids),

@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox = sub.add_parser("sandbox", help="create, list and remove sandboxes")
     ssub = sandbox.add_subparsers(dest="sandbox_cmd", required=True)
     create = ssub.add_parser("create", help="create a sandbox and print its id")
-    create.add_argument("--image", default="host")
+    create.add_argument("--image", default=None, help="default: the backend's default image on the node")
     create.add_argument("--backend", default=None, choices=["local", "docker", "singularity"])
     create.add_argument("--network", action="store_true", help="allow network access")
     create.add_argument("--memory", type=int, default=None, help="memory limit in bytes")

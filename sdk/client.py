@@ -59,14 +59,16 @@ class AsyncClient:
         """The daemon address this client talks to, e.g. "unix:///run/corral/corral.sock"."""
         return str(self._transport.address)
 
-    async def create_sandbox(self, image: str = "host", backend: str | None = None, *,
+    async def create_sandbox(self, image: str | None = None, backend: str | None = None, *,
                              memory_bytes: int | None = None, pids: int | None = None,
                              cpu_millicores: int | None = None, network: bool = False,
                              env: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
                              idle_timeout: float | None = None, timeout: float | None = None) -> AsyncSandbox:
         """Creates a sandbox and waits until it can run commands.
 
-        `backend`: "local", "docker", "singularity", or None for the daemon's default. Limits left
+        `image`: "host" or a root filesystem directory (local), an image name (docker), or None
+        for the daemon's default image of the backend. `backend`: "local", "docker",
+        "singularity", or None for the daemon's default. Limits left
         None take the daemon's defaults. `idle_timeout`: seconds without calls before the daemon
         destroys it (None: the daemon's default). `timeout`: deadline of this call (pulling an
         image can take longer than the client default).

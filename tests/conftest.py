@@ -79,17 +79,49 @@ class DaemonProcess:
         return self.proc.wait(timeout)
 
 
-@pytest.fixture(scope="session", params=["bwrap", "unshare"])
+DOCKER_TEST_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
+
+# Every test that uses the `daemon` fixture (and so `client` and `sandbox`) runs once per case:
+# the conformance suite. A case is a backend (and, for local, a launcher) with its test image.
+BACKEND_CASES = {
+    "local-bwrap": ("local", '[local]\nisolation = "bwrap"\n'),
+    "local-unshare": ("local", '[local]\nisolation = "unshare"\n'),
+    "docker": ("docker", f'[daemon]\ndefault_backend = "docker"\n[docker]\ndefault_image = "{DOCKER_TEST_IMAGE}"\n'),
+}
+
+
+def require_image(backend: str) -> None:
+    """The test image a backend case needs (scripts/build_test_images.sh builds them)."""
+    if backend != "docker":
+        return
+    found = subprocess.run(["docker", "image", "inspect", DOCKER_TEST_IMAGE], capture_output=True).returncode == 0
+    if not found:
+        reason = f"docker test image {DOCKER_TEST_IMAGE} is missing: run scripts/build_test_images.sh"
+        if backend in REQUIRED:
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session", params=list(BACKEND_CASES))
 def daemon(request, tmp_path_factory) -> DaemonProcess:
-    """One daemon per local launcher for the whole session, so that every test using it runs on
-    both bubblewrap and the unshare fallback (tests that kill or restart daemons make their own)."""
-    require_backend("local")
+    """One daemon per backend case for the whole session (tests that kill or restart daemons make
+    their own). Sandboxes created without an image get the case's test image."""
+    backend, config_text = BACKEND_CASES[request.param]
+    require_backend(backend)
+    require_image(backend)
     root = tmp_path_factory.mktemp(f"daemon-{request.param}")
     config = root / "corral.toml"
-    config.write_text(f'[local]\nisolation = "{request.param}"\n')
+    config.write_text(config_text)
     proc = DaemonProcess(root, "--config", str(config)).start()
+    proc.backend = backend
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def backend(daemon) -> str:
+    """The backend the current conformance case runs on."""
+    return daemon.backend
 
 
 @pytest.fixture
@@ -102,5 +134,5 @@ def client(daemon):
 
 @pytest.fixture
 def sandbox(client):
-    with client.create_sandbox(image="host") as sb:
+    with client.create_sandbox() as sb:
         yield sb

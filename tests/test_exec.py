@@ -112,7 +112,7 @@ def test_missing_program_gives_a_nonzero_exit(sandbox):
 
 
 def test_200_concurrent_execs_over_20_sandboxes(client):
-    sandboxes = [client.create_sandbox(image="host") for _ in range(20)]
+    sandboxes = [client.create_sandbox() for _ in range(20)]
     try:
         def run(i: int) -> tuple[int, bytes]:
             sb = sandboxes[i % 20]
@@ -130,7 +130,7 @@ async def test_async_client_against_the_daemon(daemon):
     from corral.sdk import AsyncClient
 
     async with AsyncClient(daemon.address) as client:
-        async with await client.create_sandbox(image="host") as sb:
+        async with await client.create_sandbox() as sb:
             r = await sb.exec("echo async; exit 2", timeout=10)
             assert (r.exit_code, r.stdout) == (2, b"async\n")
             kinds = [type(e).__name__ async for e in sb.exec_stream(["echo", "x"], timeout=10)]

@@ -34,13 +34,15 @@ def test_no_network_host_loopback_unreachable(sandbox):
         listener.close()
 
 
-def test_network_when_asked(client):
+def test_network_when_asked(client, backend):
+    if backend == "docker":
+        pytest.skip("a container on Docker's bridge network has its own loopback, not the host's")
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        with client.create_sandbox(image="host", network=True) as sb:
+        with client.create_sandbox(network=True) as sb:
             r = sb.exec(["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"], timeout=20)
             assert r.exit_code == 0, r.stderr
     finally:
@@ -82,7 +84,7 @@ def test_daemon_socket_and_state_unreachable(daemon, sandbox):
 
 
 def test_sandboxes_do_not_see_each_other(client):
-    with client.create_sandbox(image="host") as a, client.create_sandbox(image="host") as b:
+    with client.create_sandbox() as a, client.create_sandbox() as b:
         a.exec("sleep 120 >/dev/null 2>&1 & echo x > /tmp/a-was-here", timeout=10).check()
         assert b"sleep 120" not in b.exec("ps -eo args", timeout=10).stdout
         assert b.exec("test -e /tmp/a-was-here", timeout=10).exit_code != 0
@@ -93,7 +95,7 @@ def _limit(sandbox, kind):
 
 
 def test_fork_bomb_stopped_by_pids_limit(client):
-    with client.create_sandbox(image="host", pids=64) as sb:
+    with client.create_sandbox(pids=64) as sb:
         if not _limit(sb, "pids").enforced:
             pytest.skip(f"pids limit not enforced here: {_limit(sb, 'pids').reason}")
         # The shell keeps busy after the bomb so that the timeout, not an exit, ends the call: the
@@ -106,7 +108,7 @@ def test_fork_bomb_stopped_by_pids_limit(client):
 
 
 def test_memory_hog_is_killed_with_clear_status(client):
-    with client.create_sandbox(image="host", memory_bytes=64 << 20) as sb:
+    with client.create_sandbox(memory_bytes=64 << 20) as sb:
         if not _limit(sb, "memory").enforced:
             pytest.skip(f"memory limit not enforced here: {_limit(sb, 'memory').reason}")
         r = sb.exec(["python3", "-c", "x = bytearray(512 << 20); print(len(x))"], timeout=30)

@@ -258,7 +258,7 @@ def test_destroying_the_sandbox_stops_its_kernels(daemon, stub, client):
     """The processes die with the sandbox anyway; the daemon's side of each kernel (its client
     sockets) must go with them: the daemon holds no more zmq sockets than before."""
     marker = f"CORRAL_TEST_{uuid.uuid4().hex}"
-    sandbox = client.create_sandbox(image="host")
+    sandbox = client.create_sandbox()
     warm = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id), timeout=60).kernel
     stub.ShutdownKernel(kpb.ShutdownKernelRequest(sandbox_id=sandbox.id, kernel_id=warm.kernel_id))
     eventfds_before = eventfds(daemon.proc.pid)
@@ -336,7 +336,7 @@ def test_kernels_work_without_namespaces(tmp_path):
         parent.chmod(parent.stat().st_mode | 0o011)
     d = DaemonProcess(tmp_path, "--config", str(config)).start()
     try:
-        with Client(d.address) as c, c.create_sandbox(image="host") as sb, \
+        with Client(d.address) as c, c.create_sandbox() as sb, \
                 grpc.insecure_channel(f"unix:{d.socket}") as channel:
             stub = kernel_pb2_grpc.KernelServiceStub(channel)
             kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sb.id), timeout=60).kernel

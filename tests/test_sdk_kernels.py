@@ -133,7 +133,7 @@ def test_start_errors(sandbox, kernel):
 
 async def test_async_kernel(daemon):
     async with AsyncClient(daemon.address) as client:
-        async with await client.create_sandbox(image="host") as sandbox:
+        async with await client.create_sandbox() as sandbox:
             try:
                 await sandbox.list_kernels()
             except Unimplemented:

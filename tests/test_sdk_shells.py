@@ -116,7 +116,7 @@ def test_arguments_are_checked_before_sending(sandbox):
 
 async def test_async_shell(daemon):
     async with AsyncClient(daemon.address) as client:
-        async with await client.create_sandbox(image="host") as sandbox:
+        async with await client.create_sandbox() as sandbox:
             shell = await sandbox.shell()
             await shell.run("cd /tmp; N=3")
             result = await shell.run("echo $N; pwd")

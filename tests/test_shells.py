@@ -212,7 +212,7 @@ def test_attach_interactive_terminal(shells, sandbox):
 
 
 def test_50_sandboxes_20_turns_each(client, shells):
-    sandboxes = [client.create_sandbox(image="host") for _ in range(50)]
+    sandboxes = [client.create_sandbox() for _ in range(50)]
     try:
         def drive(i: int) -> bool:
             s = Session(shells, sandboxes[i].id)

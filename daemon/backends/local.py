@@ -20,15 +20,16 @@ import shutil
 import signal
 import subprocess
 from collections.abc import AsyncIterable, Sequence
-from itertools import count
 from pathlib import Path
 
 from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
 from ..config import Config
-from ..errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from ..errors import FailedPrecondition, InvalidArgument
 from ..fsaccess import SandboxFiles
+from ..uids import UidPool
 from ..process import HostProcess, in_cgroup
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, SandboxRuntime, SandboxSpec, run_dir_base
+from .nsenter import nsenter_argv
 from .local_launch import INIT_READY, bwrap_argv, init_pid, root_layout, unshare_argv
 
 log = logging.getLogger(__name__)
@@ -44,39 +45,19 @@ def _version(tool: str) -> str:
         return ""
 
 
-class UidPool:
-    """Hands each sandbox its own host uid, so sandboxes cannot touch each other's files or
-    processes even when they share the host network."""
-
-    def __init__(self, base: int, size: int) -> None:
-        self.base, self.size = base, size
-        self._free = count(base)
-        self._released: list[int] = []
-        self._used: set[int] = set()
-
-    def take(self) -> int:
-        uid = self._released.pop() if self._released else next(self._free)
-        if uid >= self.base + self.size:
-            raise ResourceExhausted(f"all {self.size} sandbox uids from {self.base} are in use")
-        self._used.add(uid)
-        return uid
-
-    def give_back(self, uid: int) -> None:
-        if uid in self._used:
-            self._used.discard(uid)
-            self._released.append(uid)
-
-
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, config: Config, cgroups: CgroupDriver, hidden_paths: Sequence[str], run_base: Path | None = None) -> None:
+    def __init__(
+        self, config: Config, cgroups: CgroupDriver, hidden_paths: Sequence[str],
+        run_base: Path | None = None, uids: UidPool | None = None,
+    ) -> None:
         self.config = config
         self.run_base = run_base or run_dir_base(cgroups.daemon_id)
         self.cgroups = cgroups
         self.hidden_paths = [os.path.realpath(p) for p in hidden_paths]
         self.sandboxes_dir = config.state_path / "sandboxes"
-        self.uids = UidPool(config.local.uid_base, config.local.uid_count)
+        self.uids = uids or UidPool(config.local.uid_base, config.local.uid_count)
         self.bwrap = shutil.which("bwrap")
         self.nsenter = shutil.which("nsenter")
         self.unshare = shutil.which("unshare")
@@ -292,14 +273,7 @@ class LocalSandbox(SandboxRuntime):
         if self.isolation == "none":
             drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
             return EnterCommand([*drop, *argv], cgroup, cwd or self.workdir, wrapped=False)
-        enter = [
-            self.backend.nsenter, "-t", str(self.init_pid), "-m", "-p", "-i", "-u", "-n",
-            "-r", "-w", "-S", str(self.uid), "-G", str(self.uid), "--",
-        ]
-        if cwd and os.path.normpath(cwd) != self.workdir:
-            # nsenter can only take the target's cwd; change directory once inside.
-            enter += ["/bin/sh", "-c", 'cd -- "$1" || exit 126; shift; exec "$@"', "sh", cwd]
-        return EnterCommand([*enter, *argv], cgroup, "/")
+        return EnterCommand(nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd), cgroup, "/")
 
     async def destroy(self) -> None:
         if self.cgroup:

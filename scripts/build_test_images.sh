@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the container images the tests use, from scratch, without any registry:
+#   corral-test/base:bookworm    a debootstrap --variant=minbase root filesystem, `docker import`ed
+#   corral-test/python:bookworm  base + python3, ipykernel, venv, procps, git (apt inside the build)
+# The root filesystem tarball is cached under $CACHE_DIR, keyed by this script's content, so a
+# second run on the same machine takes seconds; a fresh machine needs about two minutes.
+# Needs root, debootstrap and a running Docker engine.
+set -euo pipefail
+
+SUITE=${SUITE:-bookworm}
+CACHE_DIR=${CACHE_DIR:-/var/cache/corral-test-images}
+here=$(cd "$(dirname "$0")" && pwd)
+key=$(sha256sum "$here/build_test_images.sh" | cut -c1-16)
+rootfs_tar="$CACHE_DIR/$SUITE-minbase-$key.tar"
+
+mirror() {
+  # The machine's own Debian mirror (deb822 or one-line sources), else the default one.
+  local uri
+  uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -v security | head -n1 || true)
+  [[ -n "$uri" ]] || uri=$(grep -hsE '^deb ' /etc/apt/sources.list | awk '{print $2}' | head -n1 || true)
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+if [[ ! -s "$rootfs_tar" ]]; then
+  mkdir -p "$CACHE_DIR"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  echo "debootstrap $SUITE from $(mirror)"
+  debootstrap --variant=minbase "$SUITE" "$work/rootfs" "$(mirror)" >"$work/debootstrap.log" 2>&1 \
+    || { tail -n 30 "$work/debootstrap.log"; exit 1; }
+  tar -C "$work/rootfs" -cf "$rootfs_tar.tmp" .
+  mv "$rootfs_tar.tmp" "$rootfs_tar"
+fi
+
+image_id() { docker image inspect -f '{{index .Config.Labels "io.corral.test-key"}}' "$1" 2>/dev/null || true; }
+
+if [[ "$(image_id corral-test/base:$SUITE)" != "$key" ]]; then
+  docker import --change "LABEL io.corral.test-key=$key" "$rootfs_tar" "corral-test/base:$SUITE" >/dev/null
+fi
+if [[ "$(image_id corral-test/python:$SUITE)" != "$key" ]]; then
+  docker build -q -t "corral-test/python:$SUITE" --label "io.corral.test-key=$key" - >/dev/null <<DOCKERFILE
+FROM corral-test/base:$SUITE
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
+      python3 python3-ipykernel python3-venv procps git iproute2 \
+    && rm -rf /var/lib/apt/lists/*
+DOCKERFILE
+fi
+echo "images: corral-test/base:$SUITE corral-test/python:$SUITE (key $key)"
