@@ -62,6 +62,10 @@ def from_os_error(err: OSError, path: str) -> DaemonError:
         return InvalidArgument(f"{path}: {reason}")
     if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return ResourceExhausted(f"{path}: {reason}")
+    if err.errno in (errno.ENXIO, errno.ENODEV):  # a fifo without a reader, a device
+        return InvalidArgument(f"{path}: not a regular file")
+    if err.errno in (errno.ETXTBSY, errno.EBUSY):
+        return FailedPrecondition(f"{path}: {reason}")
     return DaemonError(f"{path}: {reason}")
 
 

@@ -30,6 +30,7 @@ _SYSCALLS = {
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 KEEP = 0xFFFFFFFF  # "leave unchanged" for setres[ug]id
+MAX_OFFSET = (1 << 63) - 1
 
 
 class _OpenHow(ctypes.Structure):
@@ -49,6 +50,21 @@ def openat2(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
     return _syscall(
         "openat2", ctypes.c_int(root_fd), path.encode(), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))
     )
+
+
+def create_private_file(path: str | os.PathLike[str], mode: int) -> int:
+    """Creates a fresh file for the daemon in a directory the sandbox user owns (its run
+    directory) and returns a write fd. Whatever the sandbox left under that name (a symlink to a
+    host file, a fifo) is unlinked, never followed: the fd always refers to the daemon's own new
+    inode, owned by root, so writing to it can never land outside."""
+    directory, name = os.path.split(os.fspath(path))
+    dir_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(name, dir_fd=dir_fd)
+        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 @contextlib.contextmanager
@@ -124,20 +140,24 @@ class SandboxFiles:
 
     def read(self, path: str, offset: int, limit: int) -> tuple[bytes, int, bool]:
         path = self.absolute(path)
+        if offset > MAX_OFFSET:
+            raise InvalidArgument(f"offset {offset} is past any file's end")
         limit = min(limit or self.max_bytes, self.max_bytes)
         with _as_user(self.uid, self.gid):
-            fd = self._open(path, os.O_RDONLY)
+            # O_NONBLOCK: opening a fifo the sandbox made must not park a daemon thread forever.
+            fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
             try:
                 st = os.fstat(fd)
                 if stat.S_ISDIR(st.st_mode):
                     raise InvalidArgument(f"{path}: is a directory")
-                data = os.pread(fd, limit, offset) if stat.S_ISREG(st.st_mode) else os.read(fd, limit)
+                if not stat.S_ISREG(st.st_mode):
+                    raise InvalidArgument(f"{path}: not a regular file")
+                data = os.pread(fd, limit, offset)
             except OSError as err:
                 raise from_os_error(err, path) from err
             finally:
                 os.close(fd)
-        size = st.st_size if stat.S_ISREG(st.st_mode) else len(data)
-        return data, size, offset + len(data) < size
+        return data, st.st_size, offset + len(data) < st.st_size
 
     def write(self, path: str, data: bytes, mode: int, make_parents: bool) -> int:
         path = self.absolute(path)
@@ -149,8 +169,10 @@ class SandboxFiles:
         with _as_user(self.uid, self.gid):
             if make_parents:
                 self._make_dirs(os.path.dirname(path))
-            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, mode)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise InvalidArgument(f"{path}: not a regular file")
                 os.fchmod(fd, mode)  # the daemon's umask must not change what was asked for
                 view = memoryview(data)
                 while view:

@@ -30,6 +30,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from .backends.base import SandboxRuntime
 from .commands import sandbox_environment
+from .fsaccess import create_private_file
 from .config import Config
 from .errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from .kernel_events import CellDone, ErrorOutput, GatheredCell, KernelEvent, error_event, gather, output_event
@@ -111,10 +112,12 @@ class KernelFiles:
         belongs to the sandbox user, who owns the run directory: the kernel reads and rewrites it."""
         self.remove()
         owner = os.stat(os.path.dirname(self.host_prefix))
-        fd = os.open(self.connection_file_host, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = create_private_file(self.connection_file_host, 0o600)
+        # fchown on the fd, never chown on the path: the sandbox user owns the directory and could
+        # swap the name for a symlink to a host file in between.
+        os.fchown(fd, owner.st_uid, owner.st_gid)
         with os.fdopen(fd, "w") as fh:
             json.dump(self.connection_info(self.sandbox_prefix, key), fh)
-        os.chown(self.connection_file_host, owner.st_uid, owner.st_gid)
         return self.connection_info(self.host_prefix, key)
 
     def remove(self) -> None:
@@ -141,9 +144,9 @@ class KernelProcess:
                     leaf: str, files: KernelFiles, context: zmq.asyncio.Context) -> "KernelProcess":
         host_info = files.write(secrets.token_hex(16))
         try:
-            enter = runtime.enter_command([*argv, "-f", files.connection_file_sandbox], cwd=cwd, leaf=leaf)
+            enter = runtime.enter_command([*argv, "-f", files.connection_file_sandbox], cwd=cwd, leaf=leaf, env=env)
             host_argv = [*IGNORE_SIGINT, *enter.argv] if enter.wrapped else enter.argv
-            proc = HostProcess(host_argv, env=env, stdin=None, cgroup=enter.cgroup, cwd=enter.cwd)
+            proc = HostProcess(host_argv, env=enter.env, stdin=None, cgroup=enter.cgroup, cwd=enter.cwd)
         except BaseException:
             files.remove()
             raise

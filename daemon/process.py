@@ -82,6 +82,7 @@ class HostProcess:
         self.pid = self._popen.pid
         self._pidfd = os.pidfd_open(self.pid)
         self._exited = False
+        self._stdin_error: Exception | None = None
 
     async def run(
         self, on_output: Callable[[int, bytes], None], timeout: float | None
@@ -132,6 +133,8 @@ class HostProcess:
         for fd, stream in pipes.items():
             self._drain(fd, stream, on_output)
         self._close()
+        if self._stdin_error is not None:
+            raise self._stdin_error
         exit_code, sig = _decode_wait_status(self._status)
         return ProcessExit(exit_code, sig, timed_out, int((time.monotonic() - self.started) * 1000))
 
@@ -171,6 +174,11 @@ class HostProcess:
                     await _write_all(fd, chunk)
         except (BrokenPipeError, OSError):
             pass  # the command closed its stdin early; that is its business
+        except Exception as err:  # noqa: BLE001 - the input stream itself failed (a bad request)
+            # The command must not go on with half its input as if it were all (a tar that
+            # unpacks a truncated archive): kill it, and make run() raise this error instead.
+            self._stdin_error = err
+            await self.kill_tree()
         finally:
             pipe.close()
 

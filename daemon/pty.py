@@ -125,14 +125,24 @@ class Terminal:
         if not self.exited.done():
             self.exited.set_result(code if code >= 0 else 128 - code)
 
-    def write(self, data: bytes) -> None:
-        """Writes input; the pty's input buffer takes a few KiB, which is all callers send."""
+    async def write(self, data: bytes, timeout: float = 10.0) -> None:
+        """Writes input, waiting (without blocking the loop) while the terminal's input buffer is
+        full; TimeoutError if the program has not read it after `timeout`."""
+        loop = asyncio.get_running_loop()
         view = memoryview(data)
+        deadline = loop.time() + timeout
         while view:
             try:
                 view = view[os.write(self.master, view):]
+                continue
             except BlockingIOError:
-                termios.tcdrain(self.master)
+                pass
+            ready = loop.create_future()
+            loop.add_writer(self.master, lambda: ready.done() or ready.set_result(None))
+            try:
+                await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
+            finally:
+                loop.remove_writer(self.master)
 
     def resize(self, rows: int, cols: int) -> None:
         set_size(self.master, rows, cols)  # the kernel sends SIGWINCH to the foreground group

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .backends.base import Backend, Limits, SandboxRuntime, SandboxSpec
@@ -26,6 +28,7 @@ from .state import StateStore
 log = logging.getLogger(__name__)
 
 IDLE_SWEEP_S = 1.0
+FILE_THREADS = 16
 
 
 @dataclass
@@ -87,6 +90,7 @@ class SandboxManager:
         self._closing = False
         self._reaper: asyncio.Task | None = None
         self._destroy_hooks: list[Callable[[str], Awaitable[None]]] = []
+        self._files_pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="sandbox-files")
 
     def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
         """Registers `await hook(sandbox_id)`, run before a sandbox is torn down (shells and
@@ -121,6 +125,7 @@ class SandboxManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._sandboxes)), return_exceptions=True)
+        self._files_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _reap_idle(self) -> None:
         while True:
@@ -318,9 +323,12 @@ class SandboxManager:
     # -- files -------------------------------------------------------------------------------------
 
     async def files_call(self, sandbox_id: str, method: str, *args):
-        """Runs one blocking SandboxFiles method in a worker thread."""
+        """Runs one blocking SandboxFiles method in the file-operation pool: a pool of its own, so
+        that slow file calls can never starve the daemon's other blocking work (cgroup kills,
+        teardown) of threads."""
         with self.using(sandbox_id) as sandbox:
-            return await asyncio.to_thread(getattr(sandbox.runtime.files, method), *args)
+            call = functools.partial(getattr(sandbox.runtime.files, method), *args)
+            return await asyncio.get_running_loop().run_in_executor(self._files_pool, call)
 
 
 def _sandbox_ooms(sandbox: Sandbox) -> int:

@@ -20,6 +20,7 @@ How a turn works, and why:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backends.base import SandboxRuntime
+from .errors import FailedPrecondition
+from .fsaccess import create_private_file
 from .output import HeadTailBuffer, utf8_safe
 from .pty import Terminal
 
@@ -141,6 +144,7 @@ class ShellSession:
         self._stray = bytearray()
         self._shell_cmdline = b""
         self._lock = asyncio.Lock()
+        self.closed = False
 
     @property
     def pid(self) -> int:
@@ -169,14 +173,14 @@ class ShellSession:
 
     async def start(self) -> None:
         argv = [self.program, "--noprofile", "--norc"] if self._bash else [self.program]
-        enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"))
+        enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"), env=self.env)
         self._terminal = Terminal(
-            enter.argv, env=self.env, cwd=enter.cwd, rows=self.size[0], cols=self.size[1],
+            enter.argv, env=enter.env, cwd=enter.cwd, rows=self.size[0], cols=self.size[1],
             cgroup=enter.cgroup, stderr_to_pipe=True, wrapped=enter.wrapped,
         )
         self._terminal.attach(self._on_stdout, self._on_stderr)
         self._turn = _Turn(self._sentinel, self._sentinel_max, 1 << 16, b"")
-        self._terminal.write(self._init_line())
+        await self._terminal.write(self._init_line())
         try:
             await asyncio.wait_for(self._wait_turn_or_exit(self._turn), START_TIMEOUT_S)
         except TimeoutError:
@@ -192,7 +196,7 @@ class ShellSession:
         # Overwrite in place and truncate after: opening with O_TRUNC costs ~0.1-0.3 ms a turn on
         # ext4, most of the daemon's own time in a turn; this costs a few microseconds.
         if self._cmd_fd is None:
-            self._cmd_fd = os.open(self._cmd_host, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._cmd_fd = create_private_file(self._cmd_host, 0o644)
         view = memoryview(data)
         offset = 0
         while offset < len(data):
@@ -200,6 +204,11 @@ class ShellSession:
         os.ftruncate(self._cmd_fd, len(data))
 
     async def close(self) -> None:
+        """Ends the session for good (a running turn fails with FAILED_PRECONDITION)."""
+        self.closed = True
+        await self._release()
+
+    async def _release(self) -> None:
         if self._terminal:
             await self._terminal.close()
             self._terminal = None
@@ -209,7 +218,7 @@ class ShellSession:
         self._cmd_host.unlink(missing_ok=True)
 
     async def _restart(self) -> None:
-        await self.close()
+        await self._release()
         self.restarts += 1
         self._stray.clear()
         await self.start()
@@ -245,6 +254,8 @@ class ShellSession:
         return result, (strip_ansi(result.output) if strip else None)
 
     async def _run_locked(self, command: str, timeout_s: float, idle_timeout_s: float, limit: int) -> TurnResult:
+        if self.closed:
+            raise FailedPrecondition(f"shell {self.name!r} was closed")
         restarted = False
         if self._terminal is None or self._terminal.exited.done():
             await self._restart()
@@ -257,16 +268,22 @@ class ShellSession:
         self._turn = turn
         self.turns += 1
         terminal = self._terminal
-        terminal.write(self._turn_line())
         timed_out, reason = False, ""
         try:
-            outcome = await self._wait(turn, started + timeout_s, idle_timeout_s)
+            try:
+                await terminal.write(self._turn_line())
+            except TimeoutError:  # the shell has not read its input for seconds: beyond saving
+                outcome = "stuck"
+            else:
+                outcome = await self._wait(turn, started + timeout_s, idle_timeout_s)
             if outcome in ("timeout", "idle_timeout"):
                 timed_out, reason = True, outcome
                 outcome = await self._interrupt(turn)
         finally:
             self._turn = None
         turn.flush()
+        if self.closed:
+            raise FailedPrecondition(f"shell {self.name!r} was closed while the command ran")
         if outcome == "done":
             exit_code = turn.done.result()
         else:  # the shell died, or could not be brought back: start a fresh one
@@ -316,20 +333,27 @@ class ShellSession:
                 # The shell exec'd another program (`exec bash`): this turn's line died with the
                 # old process. Ask the new shell for the marker; a non-shell will time out.
                 self._shell_cmdline = self._cmdline()
-                terminal.write(self._init_line())
+                await terminal.write(self._init_line())
 
     async def _interrupt(self, turn: _Turn) -> str:
         """SIGINT, then end-of-file, then SIGKILL for the foreground; "done" once the shell prints
         its marker again, else "exited"/"stuck"."""
         terminal = self._terminal
         shell = terminal.shell_pid()
+        async def end_of_file() -> None:
+            with contextlib.suppress(TimeoutError):
+                await terminal.write(b"\x04", timeout=GRACE_S)
+
+        async def signal(sig: int, **kw) -> None:
+            terminal.signal_inner(sig, **kw)
+
         steps = (
-            lambda: terminal.signal_inner(2, first=shell),
-            lambda: terminal.write(b"\x04"),
-            lambda: terminal.signal_inner(9, spare={shell} if shell else set()),
+            lambda: signal(2, first=shell),
+            end_of_file,
+            lambda: signal(9, spare={shell} if shell else set()),
         )
         for step in steps:
-            step()
+            await step()
             try:
                 await asyncio.wait_for(self._wait_turn_or_exit(turn), GRACE_S)
             except TimeoutError:

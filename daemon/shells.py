@@ -17,6 +17,8 @@ DEFAULT_NAME = "main"
 DEFAULT_SIZE = (40, 200)
 ATTACH_SIZE = (24, 80)
 MAX_SESSIONS_PER_SANDBOX = 64
+# Input the program has not read after this long ends the attach with an error (backpressure).
+ATTACH_INPUT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -123,8 +125,8 @@ class ShellManager:
             env.pop("PAGER", None)
             env.pop("GIT_PAGER", None)
             rows, cols = size or ATTACH_SIZE
-            enter = runtime.enter_command([self._program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"))
-            terminal = Terminal(enter.argv, env=env, cwd=enter.cwd, rows=rows, cols=cols,
+            enter = runtime.enter_command([self._program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"), env=env)
+            terminal = Terminal(enter.argv, env=enter.env, cwd=enter.cwd, rows=rows, cols=cols,
                                 cgroup=enter.cgroup, stderr_to_pipe=False, wrapped=enter.wrapped,
                                 interactive=True)
             queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -133,7 +135,7 @@ class ShellManager:
             async def pump_inputs() -> None:
                 async for kind, value in inputs:
                     if kind == "input":
-                        terminal.write(value)
+                        await terminal.write(value, timeout=ATTACH_INPUT_TIMEOUT_S)
                     elif kind == "resize":
                         terminal.resize(*value)
                     elif kind == "signal":

@@ -6,6 +6,7 @@ no more than the sandbox user could anyway; the same code serves every backend.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterable, AsyncIterator
 
@@ -15,6 +16,7 @@ from .sandboxes import Exited, Output, SandboxManager
 
 TRANSFER_TIMEOUT_S = 3600.0
 NO_CAP = 1 << 62
+UPLOAD_QUEUE_CHUNKS = 16
 
 
 class TarTransfer:
@@ -26,16 +28,35 @@ class TarTransfer:
 
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes]) -> int:
         dest = await self.manager.files_call(sandbox_id, "make_dirs", path)
+        # The request stream is read to its end by a task of its own, whatever tar does: a bad
+        # message anywhere in it fails the call, even when tar had already seen a whole archive.
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=UPLOAD_QUEUE_CHUNKS)
         received = 0
+        tar_done = False
 
-        async def counted():
+        async def read_requests() -> None:
             nonlocal received
             async for chunk in chunks:
                 received += len(chunk)
+                if not tar_done:
+                    await queue.put(chunk)
+            if not tar_done:
+                await queue.put(None)
+
+        async def tar_input():
+            while (chunk := await queue.get()) is not None:
                 yield chunk
 
-        spec = self._spec(["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner"], counted(), 1 << 16)
-        outcome = await self.manager.exec(sandbox_id, spec)
+        reader = asyncio.ensure_future(read_requests())
+        spec = self._spec(["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner"], tar_input(), 1 << 16)
+        try:
+            outcome = await self.manager.exec(sandbox_id, spec)
+            tar_done = True  # tar may stop reading at the end-of-archive marker: read on, unqueued
+            while not queue.empty():
+                queue.get_nowait()
+            await reader
+        finally:
+            reader.cancel()
         if outcome.exit.exit_code != 0:
             raise InvalidArgument(f"could not unpack the archive into {dest}: {outcome.stderr.decode(errors='replace').strip()}")
         return received

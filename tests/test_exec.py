@@ -139,3 +139,18 @@ async def test_async_client_against_the_daemon(daemon):
             assert await sb.read_file("a.txt") == b"async file"
             sandbox_id = sb.id
         assert sandbox_id not in [s.id for s in await client.list_sandboxes()]
+
+
+def test_caller_environment_never_reaches_host_side_helpers(sandbox):
+    """The host-side steps that enter a sandbox run as root: LD_PRELOAD & co. must stay inside."""
+    stream = sandbox.exec_stream("echo $CORRAL_PROBE; sleep 5", env={"CORRAL_PROBE": "inside-only"}, timeout=30)
+    with stream:
+        pid = None
+        for event in stream:
+            if type(event).__name__ == "ExecStarted":
+                pid = event.pid
+            if type(event).__name__ == "ExecOutput":
+                assert event.data == b"inside-only\n"
+                break
+        host_environ = open(f"/proc/{pid}/environ", "rb").read()
+        assert b"CORRAL_PROBE" not in host_environ

@@ -75,3 +75,46 @@ def test_upload_and_download_tar(sandbox, tmp_path):
     sandbox.download("/workspace/in/project", str(out))
     assert (out / "project" / "data.bin").read_bytes() == (src / "data.bin").read_bytes()
     assert (out / "project" / "pkg" / "mod.py").read_bytes() == b"print('hi')\n"
+
+
+def test_fifo_is_refused_without_blocking(sandbox):
+    sandbox.exec("mkfifo /workspace/pipe", timeout=10).check()
+    for _ in range(20):  # more than the daemon has file threads: none may stay parked
+        with pytest.raises(errors.InvalidArgument, match="not a regular file"):
+            sandbox.read_file("pipe")
+    with pytest.raises(errors.InvalidArgument, match="not a regular file"):
+        sandbox.write_file("pipe", b"x")
+    sandbox.write_file("still-works.txt", b"ok")
+    assert sandbox.read_file("still-works.txt") == b"ok"
+
+
+def test_upload_rejects_a_bad_message_after_the_archive(daemon, sandbox):
+    import io
+    import tarfile
+
+    import grpc
+
+    from corral.v1 import sandbox_pb2 as pb
+    from corral.v1 import sandbox_pb2_grpc
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+
+    def messages():
+        yield pb.UploadRequest(start=pb.UploadStart(sandbox_id=sandbox.id, path="/workspace/up"))
+        yield pb.UploadRequest(chunk=buf.getvalue())
+        yield pb.UploadRequest(start=pb.UploadStart(sandbox_id=sandbox.id, path="/etc"))
+
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            sandbox_pb2_grpc.SandboxServiceStub(channel).Upload(messages(), timeout=30)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_huge_offset_is_invalid(sandbox):
+    sandbox.write_file("small.txt", b"x")
+    with pytest.raises(errors.InvalidArgument):
+        sandbox.read_file("small.txt", offset=2**63, limit=1)

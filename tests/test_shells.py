@@ -224,3 +224,25 @@ def test_50_sandboxes_20_turns_each(client, shells):
     finally:
         for sb in sandboxes:
             sb.destroy()
+
+
+def test_planted_symlink_in_run_dir_is_never_followed(shells, sandbox, tmp_path):
+    victim = tmp_path / "root-owned.txt"
+    victim.write_text("untouched")
+    tmp_path.chmod(0o755)
+    for slot in range(1, 4):
+        sandbox.exec(f"ln -sf {victim} /run/corral/sh{slot}.cmd", timeout=10).check()
+    s = Session(shells, sandbox.id, "victim-test")
+    assert s.run("echo ran").output == b"ran\n"
+    assert victim.read_text() == "untouched"
+
+
+def test_close_during_a_turn_fails_that_turn_cleanly(shells, sandbox):
+    s = Session(shells, sandbox.id, "closing-mid-turn")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(s.run, "sleep 30", 60)
+        time.sleep(0.5)
+        shells.CloseShell(pb.CloseShellRequest(sandbox_id=sandbox.id, name="closing-mid-turn"))
+        with pytest.raises(grpc.RpcError) as err:
+            running.result(timeout=30)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION

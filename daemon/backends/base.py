@@ -7,12 +7,13 @@ import abc
 import os
 import tempfile
 from pathlib import Path
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..cgroups import CgroupGroup, LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import HostProcess
+from .nsenter import HOST_ENV
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class EnterCommand:
     # True when the spawned host process stays outside as the parent of the program (nsenter
     # forking into a pid namespace); False when it becomes the program itself.
     wrapped: bool = True
+    # The environment to spawn argv with: the program's own environment is set inside.
+    env: dict[str, str] = field(default_factory=lambda: dict(HOST_ENV))
 
 
 @dataclass(frozen=True)
@@ -74,15 +77,16 @@ class SandboxRuntime(abc.ABC):
     run_dir_sandbox: str
 
     @abc.abstractmethod
-    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str) -> EnterCommand:
-        """The host command that runs argv inside the sandbox as its user, in leaf cgroup `leaf`."""
+    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
+        """The host command that runs argv inside the sandbox as its user, with environment `env`,
+        in leaf cgroup `leaf`. Spawn it with `EnterCommand.env`, never with `env`."""
 
     def start_process(
         self, argv: Sequence[str], *, env: dict[str, str], cwd: str, stdin: bytes | AsyncIterable[bytes] | None
     ) -> HostProcess:
         """Starts argv inside the sandbox with pipes, in a fresh process group and leaf cgroup."""
-        enter = self.enter_command(argv, cwd=cwd, leaf=self.next_leaf("p"))
-        return HostProcess(enter.argv, env=env, stdin=stdin, cgroup=enter.cgroup, cwd=enter.cwd)
+        enter = self.enter_command(argv, cwd=cwd, leaf=self.next_leaf("p"), env=env)
+        return HostProcess(enter.argv, env=enter.env, stdin=stdin, cgroup=enter.cgroup, cwd=enter.cwd)
 
     def next_leaf(self, prefix: str) -> str:
         """A fresh leaf cgroup name, unique within the sandbox."""

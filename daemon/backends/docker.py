@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -245,9 +245,10 @@ class DockerSandbox(SandboxRuntime):
     def shell_argv(self, script: str) -> list[str]:
         return [self._shell, "-c", script]
 
-    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str) -> EnterCommand:
+    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
         cgroup = self.cgroup.leaf(f"corral-{leaf}") if self.cgroup else None
-        return EnterCommand(nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd), cgroup, "/")
+        enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd, env)
+        return EnterCommand(enter, cgroup, "/")
 
     async def destroy(self) -> None:
         if self.cgroup:

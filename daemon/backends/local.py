@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from pathlib import Path
 
 from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
@@ -29,7 +29,7 @@ from ..fsaccess import SandboxFiles
 from ..uids import UidPool
 from ..process import HostProcess, in_cgroup
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, SandboxRuntime, SandboxSpec, run_dir_base
-from .nsenter import nsenter_argv
+from .nsenter import inside_env, nsenter_argv
 from .local_launch import INIT_READY, bwrap_argv, init_pid, root_layout, unshare_argv
 
 log = logging.getLogger(__name__)
@@ -268,12 +268,13 @@ class LocalSandbox(SandboxRuntime):
     def shell_argv(self, script: str) -> list[str]:
         return [self._shell, "-c", script]
 
-    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str) -> EnterCommand:
+    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
         if self.isolation == "none":
             drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
-            return EnterCommand([*drop, *argv], cgroup, cwd or self.workdir, wrapped=False)
-        return EnterCommand(nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd), cgroup, "/")
+            return EnterCommand([*drop, *inside_env(argv, env)], cgroup, cwd or self.workdir, wrapped=False)
+        enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd, env)
+        return EnterCommand(enter, cgroup, "/")
 
     async def destroy(self) -> None:
         if self.cgroup:

@@ -8,12 +8,25 @@ for `docker exec`.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+# The environment of the host-side steps that enter a sandbox (a cgroup-join shell, nsenter or
+# setpriv), which run as root on the host: never the caller's, so that LD_PRELOAD, GCONV_PATH and
+# the like cannot reach a root process. The caller's environment is set inside (`inside_env`).
+HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
-def nsenter_argv(nsenter: str, target_pid: int, uid: int, workdir: str, argv: Sequence[str], cwd: str) -> list[str]:
+def inside_env(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """argv started with exactly `env`, by the sandbox's own `env` program as the sandbox user."""
+    return ["env", "-i", *(f"{key}={value}" for key, value in env.items()), *argv]
+
+
+def nsenter_argv(
+    nsenter: str, target_pid: int, uid: int, workdir: str, argv: Sequence[str], cwd: str, env: Mapping[str, str]
+) -> list[str]:
     """Runs argv as `uid` in the mount, pid, ipc, uts and net namespaces and the root of
-    `target_pid`, starting in `cwd` (default: the target's own cwd, which is `workdir`)."""
+    `target_pid`, starting in `cwd` (default: the target's own cwd, which is `workdir`), with
+    environment `env`. Spawn it with HOST_ENV."""
     enter = [
         nsenter, "-t", str(target_pid), "-m", "-p", "-i", "-u", "-n",
         "-r", "-w", "-S", str(uid), "-G", str(uid), "--",
@@ -21,4 +34,4 @@ def nsenter_argv(nsenter: str, target_pid: int, uid: int, workdir: str, argv: Se
     if cwd and os.path.normpath(cwd) != workdir:
         # nsenter can only take the target's cwd; change directory once inside.
         enter += ["/bin/sh", "-c", 'cd -- "$1" || exit 126; shift; exec "$@"', "sh", cwd]
-    return [*enter, *argv]
+    return [*enter, *inside_env(argv, env)]
