@@ -9,6 +9,7 @@ left the group with setsid.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 
 from .cgroups import CgroupGroup
+
+log = logging.getLogger(__name__)
 
 STDOUT = 1
 STDERR = 2
@@ -110,7 +113,10 @@ class HostProcess:
             except TimeoutError:
                 timed_out = True
                 await self.kill_tree()
-                await asyncio.wait_for(exited, KILL_WAIT_S)
+                try:
+                    await asyncio.wait_for(asyncio.shield(exited), KILL_WAIT_S)
+                except TimeoutError:  # stuck in the kernel (D state): report it killed anyway
+                    log.warning("process %d did not die within %ss of SIGKILL", self.pid, KILL_WAIT_S)
         except BaseException:
             # Cancelled (the client went away) or the tree would not die: kill it, wait a little
             # for the main process so that it is reaped, release the fds, let the error travel on.

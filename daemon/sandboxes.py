@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 IDLE_SWEEP_S = 1.0
 FILE_THREADS = 16
+MIN_MEMORY_BYTES = 4 << 20  # below this not even a shell starts
+MIN_CPU_MILLICORES = 10
 
 
 @dataclass
@@ -46,6 +48,10 @@ class Sandbox:
     state: str = "starting"  # starting | running | failed | stopping
     runtime: SandboxRuntime | None = None
     busy: int = 0  # calls in flight; an idle sandbox is never reaped mid-call
+    # Set when creation has finished (either way) and when teardown has: a destroy that arrives
+    # mid-creation waits for the first, a second destroy for the second.
+    created: asyncio.Event = field(default_factory=asyncio.Event)
+    destroyed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,10 @@ class SandboxManager:
         for key, value in env.items():
             if not key or "=" in key or "\0" in key or "\0" in value:
                 raise InvalidArgument(f"invalid environment variable name or value: {key!r}")
+        if limits.memory_bytes and limits.memory_bytes < MIN_MEMORY_BYTES:
+            raise InvalidArgument(f"memory limit {limits.memory_bytes} is below the minimum of {MIN_MEMORY_BYTES} bytes")
+        if limits.cpu_millicores and limits.cpu_millicores < MIN_CPU_MILLICORES:
+            raise InvalidArgument(f"cpu limit {limits.cpu_millicores} is below the minimum of {MIN_CPU_MILLICORES} millicores")
         defaults = self.config.limits
         limits = Limits(
             memory_bytes=limits.memory_bytes or defaults.memory_bytes,
@@ -187,9 +197,13 @@ class SandboxManager:
         except BaseException:
             self._sandboxes.pop(sandbox.sandbox_id, None)
             self.state.remove(sandbox.sandbox_id)
+            sandbox.state = "failed"
+            sandbox.created.set()
+            sandbox.destroyed.set()
             raise
         self.state.save(sandbox.sandbox_id, sandbox.runtime.record())
         sandbox.state = "running"
+        sandbox.created.set()
         self.metrics.sandboxes_live.set(len(self._sandboxes))
         self.metrics.sandboxes_created.labels(backend).inc()
         return sandbox
@@ -218,7 +232,10 @@ class SandboxManager:
 
     async def destroy(self, sandbox_id: str) -> None:
         sandbox = self.get(sandbox_id)
-        if sandbox.state == "stopping":
+        if not sandbox.created.is_set():
+            await sandbox.created.wait()  # never leave a half-made sandbox running unlisted
+        if sandbox.state == "stopping" or sandbox.destroyed.is_set():
+            await sandbox.destroyed.wait()  # one teardown at a time; the second caller waits
             return
         sandbox.state = "stopping"
         try:
@@ -233,6 +250,7 @@ class SandboxManager:
             self._sandboxes.pop(sandbox_id, None)
             self.state.remove(sandbox_id)
             self.metrics.sandboxes_live.set(len(self._sandboxes))
+            sandbox.destroyed.set()
 
     @contextlib.contextmanager
     def using(self, sandbox_id: str):

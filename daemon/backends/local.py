@@ -206,6 +206,9 @@ class LocalSandbox(SandboxRuntime):
             path = self.sandbox_dir / sub
             path.mkdir(parents=True, exist_ok=True)
             os.chown(path, self.uid, self.uid)
+            # Nobody else may list or read it (bubblewrap, root without capabilities, still needs
+            # to pass through: hence x for others).
+            os.chmod(path, 0o711)
         os.chmod(self.sandbox_dir, 0o711)
         self.sandbox_dir.parent.chmod(0o711)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -215,9 +218,12 @@ class LocalSandbox(SandboxRuntime):
         self.run_dir_sandbox = RUN_DIR_IN_SANDBOX
         if self.backend.cgroups.can_track:
             lim = self.spec.limits
-            self.cgroup = self.backend.cgroups.create(
-                self.spec.sandbox_id, lim.memory_bytes, lim.pids, lim.cpu_millicores
-            )
+            try:
+                self.cgroup = self.backend.cgroups.create(
+                    self.spec.sandbox_id, lim.memory_bytes, lim.pids, lim.cpu_millicores
+                )
+            except OSError as err:
+                raise FailedPrecondition(f"cannot apply the sandbox's limits: {err.strerror} ({err.filename})") from err
         if os.path.exists(os.path.join(rootfs, "bin/bash")):
             self._shell = "/bin/bash"
         if self.backend.launcher == "none":

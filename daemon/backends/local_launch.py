@@ -74,7 +74,11 @@ mount -t tmpfs -o mode=0755 corral-root "$R"
 while [ $# -gt 0 ]; do
   kind=$1 src=$2 dst=$3; shift 3
   case $kind in
-    bind) mkdir -p "$R$dst"; mount --rbind "$src" "$R$dst"; mount -o remount,bind,ro,nosuid,nodev "$R$dst" ;;
+    bind) mkdir -p "$R$dst"; mount --rbind "$src" "$R$dst"
+          # remount acts on one mount: do it for every mount the recursive bind brought along
+          findmnt -R -rn -o TARGET "$R$dst" | while read -r m; do
+            mount -o remount,bind,ro,nosuid,nodev "$m" 2>/dev/null || true
+          done ;;
     link) ln -s "$src" "$R$dst" ;;
     hide) mount -t tmpfs -o mode=0755,size=4k corral-hidden "$R$dst" ;;
   esac
