@@ -64,6 +64,11 @@ class DockerConfig:
 
 
 @dataclass
+class SingularityConfig:
+    default_image: str = ""  # absolute path of the SIF file or sandbox directory for requests naming none
+
+
+@dataclass
 class LimitsConfig:
     memory_bytes: int = 4 << 30
     pids: int = 1024
@@ -78,6 +83,7 @@ class Config:
     exec: ExecConfig = field(default_factory=ExecConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
     docker: DockerConfig = field(default_factory=DockerConfig)
+    singularity: SingularityConfig = field(default_factory=SingularityConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # The bearer token for the TCP listener (from token_file or CORRAL_TOKEN); never from TOML text.
     token: str = ""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
-from .backends.base import BackendStatus
 from .backends.base import run_dir_base
+from .backends.base import BackendStatus
 from .backends.docker import DockerBackend
 from .backends.local import LocalBackend
+from .backends.singularity import SingularityBackend
 from .uids import UidPool
 from .cgroups import CgroupDriver
 from .config import Config
@@ -20,8 +21,8 @@ def probe(config: Config) -> tuple[str, dict[str, BackendStatus]]:
     run_base = run_dir_base("doctor")
     local = LocalBackend(config, cgroups, hidden_paths=[], run_base=run_base, uids=uids)
     docker = DockerBackend(config, cgroups, "doctor", run_base, uids)
-    unavailable = BackendStatus(False, "not supported by this version of corral", "none", {})
-    return cgroups.mode, {"local": local.status(), "docker": docker.status(), "singularity": unavailable}
+    singularity = SingularityBackend(config, cgroups, "doctor", run_base, uids)
+    return cgroups.mode, {"local": local.status(), "docker": docker.status(), "singularity": singularity.status()}
 
 
 def report(config: Config) -> str:

@@ -209,7 +209,11 @@ class SandboxManager:
         return sandbox
 
     def _default_image(self, backend: str) -> str:
-        default = {"local": "host", "docker": self.config.docker.default_image}.get(backend, "")
+        default = {
+            "local": "host",
+            "docker": self.config.docker.default_image,
+            "singularity": self.config.singularity.default_image,
+        }.get(backend, "")
         if not default:
             raise InvalidArgument(f"the {backend} backend needs an image (this node configures no default)")
         return default

@@ -26,6 +26,7 @@ from corral.v1 import sandbox_pb2, sandbox_pb2_grpc, shell_pb2, shell_pb2_grpc
 from .backends.base import run_dir_base
 from .backends.docker import DockerBackend
 from .backends.local import LocalBackend
+from .backends.singularity import SingularityBackend
 from .cgroups import CgroupDriver
 from .config import Config
 from .errors import map_errors
@@ -84,6 +85,7 @@ class Daemon:
         self.backends = {
             "local": LocalBackend(config, self.cgroups, [p for p in hidden if p != "/"], run_base, uids),
             "docker": DockerBackend(config, self.cgroups, self.state.daemon_id, run_base, uids),
+            "singularity": SingularityBackend(config, self.cgroups, self.state.daemon_id, run_base, uids),
         }
         self.metrics = Metrics()
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)

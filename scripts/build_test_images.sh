@@ -2,6 +2,7 @@
 # Builds the container images the tests use, from scratch, without any registry:
 #   corral-test/base:bookworm    a debootstrap --variant=minbase root filesystem, `docker import`ed
 #   corral-test/python:bookworm  base + python3, ipykernel, venv, procps, git (apt inside the build)
+#   $CACHE_DIR/python-<suite>-<key>.sif  the same image as a SIF for Apptainer (when installed)
 # The root filesystem tarball is cached under $CACHE_DIR, keyed by this script's content, so a
 # second run on the same machine takes seconds; a fresh machine needs about two minutes.
 # Needs root, debootstrap and a running Docker engine.
@@ -21,8 +22,10 @@ mirror() {
   echo "${uri:-http://deb.debian.org/debian}"
 }
 
+mkdir -p "$CACHE_DIR"
+# Files cached under an older key are stale.
+find "$CACHE_DIR" -maxdepth 1 -type f \( -name "*-minbase-*.tar" -o -name "python-*.sif" \) ! -name "*$key*" -delete
 if [[ ! -s "$rootfs_tar" ]]; then
-  mkdir -p "$CACHE_DIR"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   echo "debootstrap $SUITE from $(mirror)"
@@ -45,4 +48,11 @@ RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
     && rm -rf /var/lib/apt/lists/*
 DOCKERFILE
 fi
-echo "images: corral-test/base:$SUITE corral-test/python:$SUITE (key $key)"
+sif="$CACHE_DIR/python-$SUITE-$key.sif"
+apptainer=$(command -v apptainer || command -v singularity || true)
+if [[ -n "$apptainer" && ! -s "$sif" ]]; then
+  "$apptainer" build -F "$sif.tmp" "docker-daemon://corral-test/python:$SUITE" >/dev/null
+  mv "$sif.tmp" "$sif"
+fi
+[[ -s "$sif" ]] && ln -sf "$sif" "$CACHE_DIR/python-$SUITE.sif"
+echo "images: corral-test/base:$SUITE corral-test/python:$SUITE${apptainer:+ $CACHE_DIR/python-$SUITE.sif} (key $key)"

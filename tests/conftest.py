@@ -80,6 +80,7 @@ class DaemonProcess:
 
 
 DOCKER_TEST_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
+SIF_TEST_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif")
 
 # Every test that uses the `daemon` fixture (and so `client` and `sandbox`) runs once per case:
 # the conformance suite. A case is a backend (and, for local, a launcher) with its test image.
@@ -87,16 +88,24 @@ BACKEND_CASES = {
     "local-bwrap": ("local", '[local]\nisolation = "bwrap"\n'),
     "local-unshare": ("local", '[local]\nisolation = "unshare"\n'),
     "docker": ("docker", f'[daemon]\ndefault_backend = "docker"\n[docker]\ndefault_image = "{DOCKER_TEST_IMAGE}"\n'),
+    "singularity": (
+        "singularity",
+        f'[daemon]\ndefault_backend = "singularity"\n[singularity]\ndefault_image = "{SIF_TEST_IMAGE}"\n',
+    ),
 }
 
 
 def require_image(backend: str) -> None:
     """The test image a backend case needs (scripts/build_test_images.sh builds them)."""
-    if backend != "docker":
+    if backend == "docker":
+        found = subprocess.run(["docker", "image", "inspect", DOCKER_TEST_IMAGE], capture_output=True).returncode == 0
+        image = DOCKER_TEST_IMAGE
+    elif backend == "singularity":
+        found, image = os.path.exists(SIF_TEST_IMAGE), SIF_TEST_IMAGE
+    else:
         return
-    found = subprocess.run(["docker", "image", "inspect", DOCKER_TEST_IMAGE], capture_output=True).returncode == 0
     if not found:
-        reason = f"docker test image {DOCKER_TEST_IMAGE} is missing: run scripts/build_test_images.sh"
+        reason = f"{backend} test image {image} is missing: run scripts/build_test_images.sh"
         if backend in REQUIRED:
             pytest.fail(reason)
         pytest.skip(reason)
