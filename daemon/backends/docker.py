@@ -16,6 +16,7 @@ removes whatever a crashed one left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -213,7 +214,14 @@ class DockerSandbox(SandboxRuntime):
         if lim.cpu_millicores:
             kwargs.update(nano_cpus=lim.cpu_millicores * 1_000_000)
         client = self.backend._client
-        self.container = await self.backend._engine(client.containers.run, self.spec.image, **kwargs)
+        try:
+            self.container = await self.backend._engine(client.containers.run, self.spec.image, **kwargs)
+        except BaseException:
+            # A container the engine created but could not start must not outlive the error.
+            with contextlib.suppress(Exception):
+                leftover = await self.backend._engine(client.containers.get, kwargs["name"])
+                await self.backend._engine(leftover.remove, force=True)
+            raise
         await self.backend._engine(self.container.reload)
         self.init_pid = int(self.container.attrs["State"]["Pid"])
         if not self.init_pid:
