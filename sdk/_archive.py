@@ -105,6 +105,36 @@ def download_spool() -> IO[bytes]:
     return tempfile.SpooledTemporaryFile(max_size=DOWNLOAD_SPOOL_MEMORY_BYTES)
 
 
+def _check_member(member: tarfile.TarInfo) -> None:
+    """Our own check before tarfile's "data" filter, which some Python releases could be tricked
+    past (fixed in 3.11.13/3.12.11/3.13.4): no absolute names, no `..`, no link that leaves the
+    archive's tree, nothing but files, directories and links."""
+    def escapes(name: str) -> bool:
+        parts = PurePosixPath(name).parts
+        return name.startswith("/") or ".." in parts
+
+    if escapes(member.name):
+        raise ProtocolError(f"the downloaded archive has an unsafe member name: {member.name!r}")
+    if member.issym() or member.islnk():
+        target = member.linkname if member.islnk() else str(PurePosixPath(member.name).parent / member.linkname)
+        if member.linkname.startswith("/") or _leaves(target):
+            raise ProtocolError(f"the downloaded archive has a link leaving it: {member.name!r} -> {member.linkname!r}")
+    elif not (member.isfile() or member.isdir()):
+        raise ProtocolError(f"the downloaded archive has a special file: {member.name!r}")
+
+
+def _leaves(path: str) -> bool:
+    depth = 0
+    for part in PurePosixPath(path).parts:
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif part not in (".", "/"):
+            depth += 1
+    return False
+
+
 def extract_archive(archive: IO[bytes], local_dir: str | os.PathLike[str]) -> Path:
     """Unpacks a complete tar archive into `local_dir` (created if missing) and returns the path of
     its top-level entry.
@@ -119,6 +149,8 @@ def extract_archive(archive: IO[bytes], local_dir: str | os.PathLike[str]) -> Pa
     try:
         with tarfile.open(fileobj=archive, mode="r:") as tar:
             members = tar.getmembers()
+            for member in members:
+                _check_member(member)
             tar.extractall(destination, members=members, filter="data")
     except tarfile.TarError as error:
         raise ProtocolError(f"the downloaded archive cannot be unpacked safely: {error}") from error

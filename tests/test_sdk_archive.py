@@ -123,15 +123,41 @@ def test_unsafe_archives_are_refused(tmp_path: Path, name: str, symlink_to: str 
     assert not (tmp_path / "escape.txt").exists()
 
 
-def test_absolute_names_stay_inside(tmp_path: Path) -> None:
-    """The data filter strips the leading slash rather than writing to the absolute path."""
+def test_absolute_names_are_refused(tmp_path: Path) -> None:
+    """The daemon never sends absolute names, so an archive with one is refused whole."""
     outside = tmp_path / "absolute.txt"
-    top = extract_archive(malicious_archive(str(outside)), tmp_path / "out")
+    with pytest.raises(ProtocolError):
+        extract_archive(malicious_archive(str(outside)), tmp_path / "out")
     assert not outside.exists()
-    assert (tmp_path / "out" / outside.relative_to("/")).read_bytes() == b"evil"
-    assert top == tmp_path / "out" / outside.parts[1]
 
 
 def test_garbage_is_a_protocol_error(tmp_path: Path) -> None:
     with pytest.raises(ProtocolError):
         extract_archive(io.BytesIO(b"not a tar archive" * 100), tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        {"name": "../evil.txt"},
+        {"name": "/etc/evil"},
+        {"name": "ok/link", "type": tarfile.SYMTYPE, "linkname": "../../outside"},
+        {"name": "ok/abs", "type": tarfile.SYMTYPE, "linkname": "/etc/passwd"},
+        {"name": "ok/fifo", "type": tarfile.FIFOTYPE},
+    ],
+)
+def test_unsafe_members_are_refused_before_extraction(tmp_path, member):
+    import io
+
+    from corral.sdk._archive import extract_archive
+    from corral.sdk.errors import ProtocolError
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(member["name"])
+        info.type = member.get("type", tarfile.REGTYPE)
+        info.linkname = member.get("linkname", "")
+        tar.addfile(info, io.BytesIO(b"") if info.type == tarfile.REGTYPE else None)
+    with pytest.raises(ProtocolError):
+        extract_archive(buf, tmp_path / "out")
+    assert not (tmp_path / "evil.txt").exists()
