@@ -13,6 +13,7 @@ Processes only ever sit in leaves, which keeps v2's "no internal processes" rule
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -227,6 +228,13 @@ class CgroupDriver:
             return None
         dirs = [_join(h.mount_root, h.mount_point, paths.get(h.key, "/")) for h in self.hierarchies]
         return CgroupGroup(dirs, self.hierarchies) if dirs else None
+
+    async def remove_group(self, name: str) -> None:
+        """Kills and removes the sandbox group `name` left from an earlier run, if there is one."""
+        for group in self.existing_groups():
+            if group.paths and group.paths[0].name == name:
+                await asyncio.to_thread(group.kill)
+                await asyncio.to_thread(group.remove)
 
     def existing_groups(self) -> list["CgroupGroup"]:
         """Sandbox groups left in our base directories (after a crash)."""

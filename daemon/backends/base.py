@@ -4,7 +4,9 @@ file access, destroy them, and say what this node supports."""
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from collections.abc import AsyncIterable, Mapping, Sequence
@@ -130,3 +132,34 @@ class Backend(abc.ABC):
 
     async def close(self) -> None:
         """Releases what the backend holds (clients, pools)."""
+
+
+async def remove_sandbox_dirs(record: dict, sandboxes_dir: Path, run_base: Path) -> None:
+    """Removes the workspace and run directories a sandbox record names (only where they should
+    be: a damaged record must not point the daemon at other directories)."""
+    for key, parent in (("sandbox_dir", sandboxes_dir), ("run_dir", run_base)):
+        path = record.get(key)
+        if path and Path(path).parent == parent:
+            await asyncio.to_thread(shutil.rmtree, path, True)
+
+
+class EnteredSandbox(SandboxRuntime):
+    """What sandboxes entered through their init process share: liveness, shell, file access."""
+
+    init_pid: int = 0
+    _shell: str = "/bin/sh"
+
+    def alive(self) -> bool:
+        return bool(self.init_pid) and os.path.exists(f"/proc/{self.init_pid}")
+
+    def shell_argv(self, script: str) -> list[str]:
+        return [self._shell, "-c", script]
+
+    def open_files(self, uid: int, max_bytes: int) -> None:
+        """File access through the init's root; also picks bash as the shell where there is one."""
+        self.files = SandboxFiles(f"/proc/{self.init_pid}/root", self.workdir, uid, uid, max_bytes)
+        try:
+            self.files.kind("/bin/bash")
+            self._shell = "/bin/bash"
+        except Exception:  # noqa: BLE001 - no bash (or no answer): /bin/sh
+            pass

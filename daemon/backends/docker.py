@@ -29,7 +29,10 @@ from ..config import Config
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from ..fsaccess import SandboxFiles
 from ..uids import UidPool
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, SandboxRuntime, SandboxSpec
+from .base import (
+    RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnteredSandbox, EnterCommand, SandboxRuntime, SandboxSpec,
+    remove_sandbox_dirs,
+)
 from .nsenter import nsenter_argv
 
 log = logging.getLogger(__name__)
@@ -138,10 +141,7 @@ class DockerBackend(Backend):
 
     async def reap(self, record: dict) -> None:
         await self._remove_containers({LABEL_SANDBOX: record.get("sandbox_id", "")})
-        for key, parent in (("sandbox_dir", self.sandboxes_dir), ("run_dir", self.run_base)):
-            path = record.get(key)
-            if path and Path(path).parent == parent:
-                await asyncio.to_thread(shutil.rmtree, path, True)
+        await remove_sandbox_dirs(record, self.sandboxes_dir, self.run_base)
 
     async def reap_orphans(self) -> None:
         if self._status.available:
@@ -164,7 +164,7 @@ class DockerBackend(Backend):
             self._client.close()
 
 
-class DockerSandbox(SandboxRuntime):
+class DockerSandbox(EnteredSandbox):
     isolation = "container"
 
     def __init__(self, backend: DockerBackend, spec: SandboxSpec, uid: int) -> None:
@@ -181,7 +181,6 @@ class DockerSandbox(SandboxRuntime):
         self.init_pid = 0
         self.cgroup: CgroupGroup | None = None
         self.files: SandboxFiles | None = None
-        self._shell = "/bin/sh"
 
     async def start(self) -> None:
         workspace = self.sandbox_dir / "workspace"
@@ -227,16 +226,7 @@ class DockerSandbox(SandboxRuntime):
         if not self.init_pid:
             raise FailedPrecondition(f"container of {self.spec.image!r} is not running: {self.container.status}")
         self.cgroup = self.backend.cgroups.group_of(self.init_pid)
-        self.files = SandboxFiles(
-            f"/proc/{self.init_pid}/root", self.workdir, self.uid, self.uid, self.backend.config.exec.max_file_bytes
-        )
-        try:
-            self.files.kind("/bin/bash")
-            self._shell = "/bin/bash"
-        except NotFound:
-            pass
-        except Exception:  # noqa: BLE001 - any other answer means: use /bin/sh
-            pass
+        self.open_files(self.uid, self.backend.config.exec.max_file_bytes)
 
     def record(self) -> dict:
         return {
@@ -246,12 +236,6 @@ class DockerSandbox(SandboxRuntime):
             "sandbox_dir": str(self.sandbox_dir),
             "run_dir": str(self.run_dir),
         }
-
-    def alive(self) -> bool:
-        return bool(self.init_pid) and os.path.exists(f"/proc/{self.init_pid}")
-
-    def shell_argv(self, script: str) -> list[str]:
-        return [self._shell, "-c", script]
 
     def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
         cgroup = self.cgroup.leaf(f"corral-{leaf}") if self.cgroup else None

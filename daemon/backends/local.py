@@ -28,7 +28,10 @@ from ..errors import FailedPrecondition, InvalidArgument
 from ..fsaccess import SandboxFiles
 from ..uids import UidPool
 from ..process import HostProcess, in_cgroup
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, SandboxRuntime, SandboxSpec, run_dir_base
+from .base import (
+    RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, SandboxRuntime, SandboxSpec, remove_sandbox_dirs,
+    run_dir_base,
+)
 from .nsenter import inside_env, nsenter_argv
 from .local_launch import INIT_READY, bwrap_argv, init_pid, root_layout, unshare_argv
 
@@ -143,16 +146,10 @@ class LocalBackend(Backend):
 
     async def reap(self, record: dict) -> None:
         pid = record.get("launcher_pid")
-        if pid and _is_process(pid, "bwrap"):
+        if pid and _is_process(pid, ("bwrap", "unshare")):
             _kill(pid)
-        for group in self.cgroups.existing_groups():
-            if group.paths and group.paths[0].name == record.get("sandbox_id"):
-                await asyncio.to_thread(group.kill)
-                await asyncio.to_thread(group.remove)
-        for key, parent in (("sandbox_dir", self.sandboxes_dir), ("run_dir", self.run_base)):
-            path = record.get(key)
-            if path and Path(path).parent == parent:
-                await asyncio.to_thread(shutil.rmtree, path, True)
+        await self.cgroups.remove_group(record.get("sandbox_id", ""))
+        await remove_sandbox_dirs(record, self.sandboxes_dir, self.run_base)
 
     async def close(self) -> None:
         try:

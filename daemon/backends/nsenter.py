@@ -35,3 +35,4 @@ def nsenter_argv(
         # nsenter can only take the target's cwd; change directory once inside.
         enter += ["/bin/sh", "-c", 'cd -- "$1" || exit 126; shift; exec "$@"', "sh", cwd]
     return [*enter, *inside_env(argv, env)]
+

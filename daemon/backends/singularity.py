@@ -27,7 +27,10 @@ from ..errors import FailedPrecondition, InvalidArgument, NotFound
 from ..fsaccess import SandboxFiles
 from ..process import in_cgroup
 from ..uids import UidPool
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, SandboxRuntime, SandboxSpec
+from .base import (
+    RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnteredSandbox, EnterCommand, SandboxRuntime, SandboxSpec,
+    remove_sandbox_dirs,
+)
 from .nsenter import HOST_ENV, nsenter_argv
 
 log = logging.getLogger(__name__)
@@ -126,14 +129,8 @@ class SingularityBackend(Backend):
 
     async def reap(self, record: dict) -> None:
         await self.stop_instance(record.get("instance", ""))
-        for group in self.cgroups.existing_groups():
-            if group.paths and group.paths[0].name == record.get("sandbox_id"):
-                await asyncio.to_thread(group.kill)
-                await asyncio.to_thread(group.remove)
-        for key, parent in (("sandbox_dir", self.sandboxes_dir), ("run_dir", self.run_base)):
-            path = record.get(key)
-            if path and Path(path).parent == parent:
-                await asyncio.to_thread(shutil.rmtree, path, True)
+        await self.cgroups.remove_group(record.get("sandbox_id", ""))
+        await remove_sandbox_dirs(record, self.sandboxes_dir, self.run_base)
 
     async def reap_orphans(self) -> None:
         if not self._status.available:
@@ -145,7 +142,7 @@ class SingularityBackend(Backend):
                 await self.stop_instance(instance["instance"])
 
 
-class SingularitySandbox(SandboxRuntime):
+class SingularitySandbox(EnteredSandbox):
     isolation = "container"
 
     def __init__(self, backend: SingularityBackend, spec: SandboxSpec, uid: int) -> None:
@@ -163,7 +160,6 @@ class SingularitySandbox(SandboxRuntime):
         self.cgroup: CgroupGroup | None = None
         self.files: SandboxFiles | None = None
         self._started = False
-        self._shell = "/bin/sh"
 
     async def start(self) -> None:
         workspace = self.sandbox_dir / "workspace"
@@ -196,14 +192,7 @@ class SingularitySandbox(SandboxRuntime):
         if not found or not found[0].get("pid"):
             raise FailedPrecondition(f"instance {self.name} started but is not listed: {out}")
         self.init_pid = int(found[0]["pid"])
-        self.files = SandboxFiles(
-            f"/proc/{self.init_pid}/root", self.workdir, self.uid, self.uid, self.backend.config.exec.max_file_bytes
-        )
-        try:
-            self.files.kind("/bin/bash")
-            self._shell = "/bin/bash"
-        except Exception:  # noqa: BLE001 - no bash (or no answer): /bin/sh
-            pass
+        self.open_files(self.uid, self.backend.config.exec.max_file_bytes)
 
     def record(self) -> dict:
         return {
@@ -213,12 +202,6 @@ class SingularitySandbox(SandboxRuntime):
             "sandbox_dir": str(self.sandbox_dir),
             "run_dir": str(self.run_dir),
         }
-
-    def alive(self) -> bool:
-        return bool(self.init_pid) and os.path.exists(f"/proc/{self.init_pid}")
-
-    def shell_argv(self, script: str) -> list[str]:
-        return [self._shell, "-c", script]
 
     def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
