@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator
 
 from corral.v1 import shell_pb2 as pb
@@ -82,6 +83,8 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
                     raise FailedPrecondition("`start` may only come first")
                 if kind == "resize":
                     yield "resize", _size(message.resize, True)
+                elif kind == "signal" and not 1 <= message.signal <= signal.SIGRTMAX:
+                    raise InvalidArgument(f"{message.signal} is not a signal number")
                 elif kind is not None:
                     yield kind, getattr(message, kind)
 
