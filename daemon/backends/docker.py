@@ -61,6 +61,7 @@ class DockerBackend(Backend):
         self.nsenter = shutil.which("nsenter")
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="docker-engine")
         self._client = None
+        self._unreachable = False
         self._status = self._probe()
 
     @property
@@ -80,6 +81,7 @@ class DockerBackend(Backend):
         except ImportError:
             return BackendStatus(False, "the docker Python package is not installed (pip install 'corral[docker]')", "none", limits)
         problems = []
+        self._unreachable = False
         if os.geteuid() != 0:
             problems.append("the daemon is not root: it enters containers with nsenter")
         if not self.nsenter:
@@ -89,6 +91,7 @@ class DockerBackend(Backend):
             version = self._client.version().get("Version", "?")
         except docker.errors.DockerException as err:
             problems.append(f"cannot reach the Docker engine at {self.address}: {err}")
+            self._unreachable = True
             version = ""
         if problems:
             return BackendStatus(False, "; ".join(problems), "none", limits)
@@ -129,6 +132,11 @@ class DockerBackend(Backend):
 
     async def create(self, spec: SandboxSpec) -> SandboxRuntime:
         if not self._status.available:
+            # The engine may have come up since the daemon started: look again before refusing.
+            self._status = await asyncio.get_running_loop().run_in_executor(self._pool, self._probe)
+        if not self._status.available:
+            if self._unreachable:
+                raise Unavailable(f"the docker backend cannot make sandboxes now: {self._status.detail}")
             raise FailedPrecondition(f"the docker backend cannot make sandboxes here: {self._status.detail}")
         await self._image(spec.image)
         sandbox = DockerSandbox(self, spec, self.uids.take())

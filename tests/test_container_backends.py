@@ -1,0 +1,104 @@
+"""What is specific to the container backends: images, engines, leftovers after a crash. What
+they share with the local backend is the conformance suite (every test using `daemon`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+import pytest
+
+from corral.sdk import Client, errors
+from tests.conftest import DOCKER_TEST_IMAGE, SIF_TEST_IMAGE, DaemonProcess, require_backend, require_image
+
+
+def _containers(daemon_id: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=io.corral.daemon={daemon_id}"], capture_output=True, text=True
+    ).stdout
+    return out.split()
+
+
+def _instances(prefix: str) -> list[str]:
+    out = subprocess.run(["apptainer", "instance", "list", "--json"], capture_output=True, text=True).stdout
+    return [i["instance"] for i in json.loads(out or "{}").get("instances") or [] if i["instance"].startswith(prefix)]
+
+
+def test_docker_image_missing_is_not_found(tmp_path):
+    require_backend("docker")
+    d = DaemonProcess(tmp_path).start()
+    try:
+        with Client(d.address) as c:
+            with pytest.raises(errors.NotFound, match="not present"):
+                c.create_sandbox(image="corral-test/no-such-image:never", backend="docker")
+            with pytest.raises(errors.InvalidArgument):
+                c.create_sandbox(backend="docker")  # no default image configured
+    finally:
+        d.stop()
+
+
+def test_docker_engine_unreachable_is_unavailable_naming_the_socket(tmp_path):
+    require_backend("local")
+    config = tmp_path / "c.toml"
+    config.write_text('[docker]\nsocket = "unix:///nonexistent/docker.sock"\n')
+    d = DaemonProcess(tmp_path, "--config", str(config)).start()
+    try:
+        with Client(d.address) as c:
+            with pytest.raises(errors.Unavailable, match="/nonexistent/docker.sock"):
+                c.create_sandbox(image=DOCKER_TEST_IMAGE, backend="docker")
+            assert c.list_sandboxes() == []
+    finally:
+        d.stop()
+
+
+def test_docker_containers_carry_labels_and_crash_leftovers_are_removed(tmp_path):
+    require_backend("docker")
+    require_image("docker")
+    d = DaemonProcess(tmp_path).start()
+    with Client(d.address) as c:
+        daemon_id = c.node_info().daemon_id
+        for _ in range(2):
+            sb = c.create_sandbox(image=DOCKER_TEST_IMAGE, backend="docker")
+            sb.exec("sleep 1000 >/dev/null 2>&1 &", timeout=10)
+    assert len(_containers(daemon_id)) == 2
+    d.stop(signal.SIGKILL)
+    d.start()
+    try:
+        assert _containers(daemon_id) == []
+        assert not list((d.state_dir / "sandboxes").iterdir())
+    finally:
+        d.stop()
+
+
+def test_singularity_image_missing_is_not_found(tmp_path):
+    require_backend("singularity")
+    d = DaemonProcess(tmp_path).start()
+    try:
+        with Client(d.address) as c:
+            with pytest.raises(errors.NotFound, match="does not exist"):
+                c.create_sandbox(image="/nonexistent/image.sif", backend="singularity")
+            with pytest.raises(errors.InvalidArgument):
+                c.create_sandbox(image="relative.sif", backend="singularity")
+    finally:
+        d.stop()
+
+
+def test_singularity_crash_leftovers_are_stopped(tmp_path):
+    require_backend("singularity")
+    require_image("singularity")
+    d = DaemonProcess(tmp_path).start()
+    with Client(d.address) as c:
+        daemon_id = c.node_info().daemon_id
+        sb = c.create_sandbox(image=SIF_TEST_IMAGE, backend="singularity")
+        sb.exec("sleep 1000 >/dev/null 2>&1 &", timeout=10)
+    prefix = f"corral-{daemon_id}-"
+    assert len(_instances(prefix)) == 1
+    d.stop(signal.SIGKILL)
+    d.start()
+    try:
+        assert _instances(prefix) == []
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True).stdout
+        assert b"sleep 1000" not in ps
+    finally:
+        d.stop()
