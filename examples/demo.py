@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from corral.sdk import Client
+from corral.sdk import Client, CorralError
 
 
 def start_daemon(root: Path) -> tuple[subprocess.Popen, str]:
@@ -96,6 +96,21 @@ def main() -> int:
                     t0 = time.perf_counter()
                     sb.exec("sleep 100 & echo bg", timeout=30)
                     show("background child returns in", f"{(time.perf_counter() - t0) * 1000:.1f} ms")
+                    print("\nshell session and kernel")
+                    sh = sb.shell("main")
+                    sh.run("cd /tmp && export GREETING=hello")
+                    t0 = time.perf_counter()
+                    r = sh.run("echo $GREETING from $(pwd)", timeout=10)
+                    show("state kept across turns", f"{r.output!r} in {(time.perf_counter() - t0) * 1000:.1f} ms")
+                    r = sh.run("sleep 100; echo never", timeout=1)
+                    show("a turn that times out", f"timed_out={r.timed_out} exit={r.exit_code}, shell still usable: "
+                         f"{sh.run('echo yes', timeout=10).output!r}")
+                    try:
+                        kernel = sb.kernel()
+                        kernel.execute("import math; r = 2")
+                        show("kernel state kept across cells", kernel.execute("math.pi * r ** 2").result_text)
+                    except CorralError as err:  # the image's python has no ipykernel
+                        show("kernel", f"unavailable: {err}")
                     print()
                     show("live sandboxes inside the `with` block", len(client.list_sandboxes(labels={"demo": "1"})))
                 show("live sandboxes after it", len(client.list_sandboxes(labels={"demo": "1"})))
