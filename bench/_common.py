@@ -1,4 +1,5 @@
-"""What every benchmark shares: a throwaway daemon, timing, the results table and the JSON file.
+"""What every benchmark shares: a throwaway daemon, timing, the results table and the JSON file,
+and the container backends' test images and raw engines.
 
 Percentiles use linear interpolation between the closest ranks (numpy's default), so p99 of a
 short run is not just its maximum.
@@ -107,6 +108,98 @@ class Daemon:
         self.stop()
 
 
+# The test images of scripts/build_test_images.sh, as the test suite names them.
+DOCKER_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
+SIF_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif")
+BACKEND_IMAGES = {"local": "host", "docker": DOCKER_IMAGE, "singularity": SIF_IMAGE}
+BACKENDS = list(BACKEND_IMAGES)
+# What corral's sandboxes get as their workdir and run directory (daemon/config.py, backends/base.py).
+WORKDIR, RUN_DIR_IN_SANDBOX = "/workspace", "/run/corral"
+NSENTER_FLAGS = ["-m", "-p", "-i", "-u", "-n", "-r", "-w"]
+
+
+def apptainer_binary() -> str | None:
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def backend_missing(backend: str) -> str | None:
+    """Why `backend` (its test image, its engine) cannot be measured here; None if it can."""
+    if os.geteuid() != 0:
+        return "needs root (the daemon and the raw engines run as root)"
+    if backend == "local":
+        return None if shutil.which("bwrap") else "bwrap not installed (apt-get install bubblewrap)"
+    if not shutil.which("nsenter"):
+        return "nsenter not installed (apt-get install util-linux)"
+    if backend == "docker":
+        if not shutil.which("docker"):
+            return "docker CLI not installed"
+        found = subprocess.run(["docker", "image", "inspect", DOCKER_IMAGE], capture_output=True)
+        if found.returncode != 0:
+            return f"docker image {DOCKER_IMAGE} missing or engine down: run scripts/build_test_images.sh"
+        return None
+    if backend == "singularity":
+        if not apptainer_binary():
+            return "neither apptainer nor singularity is installed"
+        return None if os.path.exists(SIF_IMAGE) else f"{SIF_IMAGE} missing: run scripts/build_test_images.sh"
+    return f"unknown backend {backend!r}"
+
+
+class ApptainerInstance:
+    """An `apptainer instance start` of the test SIF with the daemon's own flags (see
+    daemon/backends/singularity.py): --containall --no-home --hostname corral, a workspace and a
+    run directory bound as in a corral sandbox, no network. Its binds live in `base` (made here
+    if None) so that a benchmark can start many without making directories inside the timing."""
+
+    def __init__(self, name: str, base: Path | None = None, image: str = SIF_IMAGE) -> None:
+        self.binary = apptainer_binary()
+        assert self.binary, "apptainer is not installed"
+        self.name, self.image = name, image
+        self.own_base = base is None
+        self.base = Path(tempfile.mkdtemp(prefix="corral-bench-sif-")) if base is None else base
+        for sub in ("workspace", "run"):
+            (self.base / sub).mkdir(exist_ok=True)
+        self.started = False
+
+    def argv(self) -> list[str]:
+        return [self.binary, "instance", "start", "--containall", "--no-home", "--hostname", "corral",
+                "--bind", f"{self.base / 'workspace'}:{WORKDIR}", "--bind", f"{self.base / 'run'}:{RUN_DIR_IN_SANDBOX}",
+                "--net", "--network", "none", self.image, self.name]
+
+    def start(self) -> ApptainerInstance:
+        self.started = True
+        done = subprocess.run(self.argv(), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"apptainer instance start failed: {done.stdout}{done.stderr}")
+        return self
+
+    def pid(self) -> int:
+        done = subprocess.run([self.binary, "instance", "list", "--json", self.name], capture_output=True, text=True,
+                              check=True)
+        found = [i for i in json.loads(done.stdout).get("instances") or [] if i.get("instance") == self.name]
+        if not found:
+            raise RuntimeError(f"instance {self.name} is not listed")
+        return int(found[0]["pid"])
+
+    def stop(self) -> None:
+        """As the daemon stops its instances: SIGKILL, and apptainer removes its record."""
+        if self.started:
+            subprocess.run([self.binary, "instance", "stop", "--signal", "SIGKILL", self.name], capture_output=True)
+            self.started = False
+        if self.own_base:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+def docker_container_of(sandbox_id: str) -> tuple[str, int]:
+    """The id and init pid of the container of a corral docker sandbox (found by its label)."""
+    ids = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label=io.corral.sandbox={sandbox_id}"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    if len(ids) != 1:
+        raise RuntimeError(f"expected one container labelled io.corral.sandbox={sandbox_id}, found {ids}")
+    pid = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", ids[0]], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    return ids[0], int(pid)
+
+
 def time_calls(fn: Callable[[], object], n: int) -> list[float]:
     """Milliseconds of each of `n` calls of `fn`."""
     samples = []
@@ -130,6 +223,25 @@ def interleaved(variants: dict[str, Callable[[], object]], n: int, warmup: int, 
     for block in range(1, blocks + 1):
         for name, fn in variants.items():
             samples[name] += time_calls(fn, counts[name] * block // blocks - len(samples[name]))
+    return samples
+
+
+def interleaved_phases(variants: dict[str, Callable[[], dict[str, float]]], n: int, warmup: int, *,
+                       blocks: int = 20) -> dict[str, dict[str, list[float]]]:
+    """`interleaved` for calls that time their own phases: each call returns {phase: ms} (say the
+    start of a sandbox and, untimed by the caller, its destruction); the result is
+    {variant: {phase: [ms, ...]}}. Same warm-up and alternating blocks."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
+    done = dict.fromkeys(variants, 0)
+    for block in range(1, blocks + 1):
+        for name, fn in variants.items():
+            while done[name] < n * block // blocks:
+                for phase, ms in fn().items():
+                    samples[name].setdefault(phase, []).append(ms)
+                done[name] += 1
     return samples
 
 
@@ -177,9 +289,11 @@ def print_header(title: str) -> None:
           f"load average {load}, Python {sys.version.split()[0]}, grpcio {grpc.__version__}")
 
 
-def write_json(path: str | None, results: dict, ratio_values: dict) -> None:
-    """Writes {"results": {name: {"p50_ms", "p99_ms", "n", ...}}, "ratios": {"a/b": x}}."""
+def write_json(path: str | None, results: dict, ratio_values: dict, extra: dict | None = None) -> None:
+    """Writes {"results": {name: {"p50_ms", "p99_ms", "n", ...}}, "ratios": {"a/b": x}}, plus the
+    keys of `extra` (what was measured: a backend, an image)."""
     if not path:
         return
-    Path(path).write_text(json.dumps({"results": results, "ratios": ratio_values}, indent=2) + "\n")
+    document = {"results": results, "ratios": ratio_values, **(extra or {})}
+    Path(path).write_text(json.dumps(document, indent=2) + "\n")
     print(f"\nwrote {path}")

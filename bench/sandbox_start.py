@@ -1,0 +1,242 @@
+"""Sandbox start: from asking for a sandbox to the end of its first command, per backend, through
+corral and through the raw engine doing the same without corral.
+
+Variants, all in one run, in alternating blocks (each call starts one sandbox, runs `true` in it,
+and destroys it; the destruction is timed apart and reported in its own table):
+  corral_local             client.create_sandbox(image="host", backend="local") + sb.exec(["true"])
+  raw_bwrap                for reference only: one `bwrap --unshare-pid --unshare-ipc --unshare-uts
+                           --unshare-net --new-session --ro-bind / / --proc /proc --dev /dev
+                           --tmpfs /tmp --tmpfs /run true` (nothing stays up, nothing to destroy)
+  corral_docker            create_sandbox(image=<test image>, backend="docker") + sb.exec(["true"])
+  raw_docker               docker SDK: containers.run(image, "sleep infinity", detach=True,
+                           init=True, network_mode="none") + container.exec_run("true");
+                           destroy: container.remove(force=True)
+  raw_docker_nsenter       the same container, but `true` through nsenter into its init (reload()
+                           for the pid first), as corral enters containers
+  raw_docker_as_corral     the engine calls of corral's docker backend, made directly: images.get,
+                           containers.run with its arguments (workspace and run-dir binds, labels,
+                           hostname, workdir, cap_drop ALL, no-new-privileges, the default memory
+                           and pids limits), reload(), then nsenter `true`: what is left between
+                           this and corral_docker is corral's own
+  corral_singularity       create_sandbox(image=<test SIF>, backend="singularity") + sb.exec(["true"])
+  raw_singularity          `apptainer instance start` with the daemon's flags + `apptainer exec
+                           --pwd /workspace instance://NAME true`; destroy: `apptainer instance
+                           stop --signal SIGKILL NAME` (as the daemon stops its instances)
+  raw_singularity_nsenter  the same instance, `instance list --json` for its pid, nsenter `true`
+
+Usage: python bench/sandbox_start.py [--quick] [--json PATH] [--backends local,docker,singularity]
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from _common import (BACKEND_IMAGES, BACKENDS, DOCKER_IMAGE, NSENTER_FLAGS, RUN_DIR_IN_SANDBOX, WORKDIR,
+                     ApptainerInstance, Daemon,
+                     backend_missing, interleaved_phases, parse_args, print_header, print_ratios, print_table,
+                     ratios, summary, write_json)
+
+RATIO_PAIRS = [("corral_local", "raw_bwrap"), ("corral_docker", "raw_docker"), ("corral_docker", "raw_docker_nsenter"),
+               ("corral_docker", "raw_docker_as_corral"), ("raw_docker_nsenter", "raw_docker"),
+               ("raw_docker_as_corral", "raw_docker_nsenter"), ("corral_singularity", "raw_singularity"),
+               ("corral_singularity", "raw_singularity_nsenter"), ("raw_singularity_nsenter", "raw_singularity")]
+RAW_VARIANTS = {"local": ["raw_bwrap"], "docker": ["raw_docker", "raw_docker_nsenter", "raw_docker_as_corral"],
+                "singularity": ["raw_singularity", "raw_singularity_nsenter"]}
+BWRAP = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--new-session",
+         "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run", "true"]
+
+
+def ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        raise RuntimeError(what)
+
+
+def corral_variant(client, backend: str) -> Callable[[], dict[str, float]]:
+    image = BACKEND_IMAGES[backend]
+
+    def cycle() -> dict[str, float]:
+        start = time.perf_counter()
+        sandbox = client.create_sandbox(image=image, backend=backend, timeout=120)
+        try:
+            result = sandbox.exec(["true"])
+            started = ms_since(start)
+            check(result.exit_code == 0, f"corral {backend}: `true` exited {result.exit_code}: {result.stderr!r}")
+        finally:
+            destroy_start = time.perf_counter()
+            sandbox.destroy()
+        return {"start": started, "destroy": ms_since(destroy_start)}
+
+    return cycle
+
+
+def raw_bwrap() -> dict[str, float]:
+    start = time.perf_counter()
+    done = subprocess.run(BWRAP, capture_output=True)
+    started = ms_since(start)
+    check(done.returncode == 0, f"bwrap exited {done.returncode}: {done.stderr!r}")
+    return {"start": started}
+
+
+class RawDocker:
+    """The docker SDK without corral: run a container, then its first command."""
+
+    def __init__(self) -> None:
+        import docker
+
+        self.client = docker.from_env(timeout=120)
+        self.live: set = set()  # containers to remove if a cycle fails half-way
+        self.base = Path(tempfile.mkdtemp(prefix="corral-bench-docker-"))
+        for sub in ("workspace", "run"):
+            (self.base / sub).mkdir()
+
+    def as_corral(self) -> dict:
+        """The arguments daemon/backends/docker.py gives containers.run, with the default limits
+        (4 GiB memory without swap, 1024 pids, no CPU limit) and labels of our own."""
+        return dict(
+            command=["sleep", "infinity"], detach=True, init=True, hostname="corral",
+            name=f"corral-bench-{secrets.token_hex(6)}", labels={"io.corral.bench": "sandbox_start"},
+            network_mode="none", working_dir=WORKDIR, environment={}, cap_drop=["ALL"],
+            security_opt=["no-new-privileges"], mem_limit=4 << 30, memswap_limit=4 << 30, pids_limit=1024,
+            volumes={str(self.base / "workspace"): {"bind": WORKDIR, "mode": "rw"},
+                     str(self.base / "run"): {"bind": RUN_DIR_IN_SANDBOX, "mode": "rw"}},
+        )
+
+    def cycle(self, nsenter: bool, as_corral: bool = False) -> dict[str, float]:
+        start = time.perf_counter()
+        if as_corral:
+            self.client.images.get(DOCKER_IMAGE)  # the backend's check that the node has the image
+            container = self.client.containers.run(DOCKER_IMAGE, **self.as_corral())
+        else:
+            container = self.client.containers.run(DOCKER_IMAGE, "sleep infinity", detach=True, init=True,
+                                                   network_mode="none")
+        self.live.add(container)
+        if nsenter:
+            container.reload()
+            done = subprocess.run(["nsenter", "-t", str(container.attrs["State"]["Pid"]), *NSENTER_FLAGS, "true"],
+                                  capture_output=True)
+            code = done.returncode
+        else:
+            code = container.exec_run("true").exit_code
+        started = ms_since(start)
+        check(code == 0, f"raw docker: `true` exited {code}")
+        destroy_start = time.perf_counter()
+        container.remove(force=True)
+        self.live.discard(container)
+        return {"start": started, "destroy": ms_since(destroy_start)}
+
+    def close(self) -> None:
+        for container in self.live:
+            container.remove(force=True)
+        self.client.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+class RawApptainer:
+    """`apptainer instance start` with the daemon's flags (binds made once, outside the timing)."""
+
+    def __init__(self) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="corral-bench-sif-"))
+        self.prefix = f"corral-bench-{secrets.token_hex(3)}"
+        self.count = 0
+        self.live: set[ApptainerInstance] = set()
+
+    def cycle(self, nsenter: bool) -> dict[str, float]:
+        self.count += 1
+        instance = ApptainerInstance(f"{self.prefix}-{self.count}", self.base)
+        start = time.perf_counter()
+        self.live.add(instance)
+        instance.start()
+        if nsenter:
+            argv = ["nsenter", "-t", str(instance.pid()), *NSENTER_FLAGS, "true"]
+        else:
+            argv = [instance.binary, "exec", "--pwd", WORKDIR, f"instance://{instance.name}", "true"]
+        done = subprocess.run(argv, capture_output=True)
+        started = ms_since(start)
+        check(done.returncode == 0, f"raw apptainer: `true` exited {done.returncode}: {done.stderr!r}")
+        destroy_start = time.perf_counter()
+        instance.stop()
+        self.live.discard(instance)
+        return {"start": started, "destroy": ms_since(destroy_start)}
+
+    def close(self) -> None:
+        for instance in self.live:
+            instance.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def main() -> None:
+    args = parse_args(__doc__.split("\n")[0], lambda p: p.add_argument(
+        "--backends", default=",".join(BACKENDS), help="comma-separated, of: " + ", ".join(BACKENDS)))
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if unknown := [b for b in backends if b not in BACKENDS]:
+        raise SystemExit(f"unknown backend(s): {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
+    n, warmup = (5, 1) if args.quick else (50, 3)
+
+    from corral.sdk import Client
+    from corral.sdk.errors import CorralError
+
+    print_header(f"sandbox start to first command, backends {', '.join(backends)}, n={n} per variant")
+    skipped: dict[str, str] = {}
+    variants: dict[str, Callable[[], dict[str, float]]] = {}
+    closers: list[Callable[[], None]] = []
+    with Daemon() as daemon:
+        try:
+            client = Client(daemon.address)
+            closers.append(client.close)
+            for backend in backends:
+                if reason := backend_missing(backend):
+                    skipped.update(dict.fromkeys([f"corral_{backend}", *RAW_VARIANTS[backend]], reason))
+                    continue
+                corral = corral_variant(client, backend)
+                try:
+                    corral()  # a first sandbox: does the daemon have this backend at all?
+                except CorralError as err:
+                    skipped[f"corral_{backend}"] = f"the daemon cannot: {err}"
+                else:
+                    variants[f"corral_{backend}"] = corral
+                if backend == "local":
+                    variants["raw_bwrap"] = raw_bwrap
+                elif backend == "docker":
+                    docker = RawDocker()
+                    closers.append(docker.close)
+                    variants["raw_docker"] = lambda docker=docker: docker.cycle(nsenter=False)
+                    variants["raw_docker_nsenter"] = lambda docker=docker: docker.cycle(nsenter=True)
+                    variants["raw_docker_as_corral"] = lambda docker=docker: docker.cycle(nsenter=True, as_corral=True)
+                elif backend == "singularity":
+                    apptainer = RawApptainer()
+                    closers.append(apptainer.close)
+                    variants["raw_singularity"] = lambda a=apptainer: a.cycle(nsenter=False)
+                    variants["raw_singularity_nsenter"] = lambda a=apptainer: a.cycle(nsenter=True)
+            samples = interleaved_phases(variants, n, warmup, blocks=min(20, n))
+        finally:
+            for close in reversed(closers):
+                try:
+                    close()
+                except Exception as err:  # noqa: BLE001 - close the rest; say what did not close
+                    print(f"cleanup: {close!r} failed: {err}")
+
+    start = {name: summary(s["start"]) for name, s in samples.items()}
+    destroy = {name: summary(s["destroy"]) for name, s in samples.items() if "destroy" in s}
+    start_ratios = ratios(start, RATIO_PAIRS)
+    destroy_ratios = ratios(destroy, RATIO_PAIRS)
+    print_table("start: create until the first command (`true`) has exited", start, skipped)
+    print_ratios(start_ratios)
+    print_table("destroy (not in start)", destroy)
+    print_ratios(destroy_ratios)
+    results = {name: {**start[name], **({"destroy": destroy[name]} if name in destroy else {})} for name in start}
+    flat = {**start_ratios, **{f"destroy:{k}": v for k, v in destroy_ratios.items()}}
+    write_json(args.json, results, flat, {"backends": backends, "skipped": skipped})
+
+
+if __name__ == "__main__":
+    main()
