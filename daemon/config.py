@@ -97,6 +97,16 @@ class ConfigError(ValueError):
     """The configuration is malformed; the message names the key."""
 
 
+def _same_kind(default: Any, value: Any) -> bool:
+    """A TOML value fits a key when it has the default's type (an integer fits a float key; a
+    boolean never fits a number key, though Python counts bool as int)."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
 def _merge(target: Any, values: dict[str, Any], where: str) -> None:
     known = {f.name: f for f in dataclasses.fields(target)}
     for key, value in values.items():
@@ -107,9 +117,7 @@ def _merge(target: Any, values: dict[str, Any], where: str) -> None:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}{key} must be a table")
             _merge(current, value, f"{where}{key}.")
-        elif isinstance(current, bool) != isinstance(value, bool) or not isinstance(
-            value, (type(current), int) if isinstance(current, float) else type(current)
-        ):
+        elif not _same_kind(current, value):
             raise ConfigError(
                 f"{where}{key} must be {type(current).__name__}, got {type(value).__name__}"
             )

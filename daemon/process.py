@@ -174,10 +174,10 @@ class HostProcess:
         data = self._stdin_data
         try:
             if isinstance(data, (bytes, bytearray, memoryview)):
-                await _write_all(fd, data)
+                await write_all(fd, data)
             else:
                 async for chunk in data:
-                    await _write_all(fd, chunk)
+                    await write_all(fd, chunk)
         except (BrokenPipeError, OSError):
             pass  # the command closed its stdin early; that is its business
         except Exception as err:  # noqa: BLE001 - the input stream itself failed (a bad request)
@@ -216,16 +216,21 @@ class HostProcess:
                 pipe.close()
 
 
-async def _write_all(fd: int, data: bytes) -> None:
+async def write_all(fd: int, data: bytes, timeout: float | None = None) -> None:
+    """Writes all of `data` to a non-blocking fd, waiting on the event loop (add_writer) while it
+    is full; TimeoutError when the reader has not made room within `timeout`."""
     loop = asyncio.get_running_loop()
     view = memoryview(data)
+    deadline = None if timeout is None else loop.time() + timeout
     while view:
         try:
             view = view[os.write(fd, view[:READ_CHUNK]):]
+            continue
         except BlockingIOError:
-            ready = loop.create_future()
-            loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
-            try:
-                await ready
-            finally:
-                loop.remove_writer(fd)
+            pass
+        writable = loop.create_future()
+        loop.add_writer(fd, writable.set_result, None)
+        try:
+            await asyncio.wait_for(writable, None if deadline is None else max(0.0, deadline - loop.time()))
+        finally:
+            loop.remove_writer(fd)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .cgroups import CgroupGroup
-from .process import READ_CHUNK, in_cgroup
+from .process import READ_CHUNK, in_cgroup, write_all
 
 
 def set_size(fd: int, rows: int, cols: int) -> None:
@@ -128,21 +128,7 @@ class Terminal:
     async def write(self, data: bytes, timeout: float = 10.0) -> None:
         """Writes input, waiting (without blocking the loop) while the terminal's input buffer is
         full; TimeoutError if the program has not read it after `timeout`."""
-        loop = asyncio.get_running_loop()
-        view = memoryview(data)
-        deadline = loop.time() + timeout
-        while view:
-            try:
-                view = view[os.write(self.master, view):]
-                continue
-            except BlockingIOError:
-                pass
-            ready = loop.create_future()
-            loop.add_writer(self.master, lambda: ready.done() or ready.set_result(None))
-            try:
-                await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
-            finally:
-                loop.remove_writer(self.master)
+        await write_all(self.master, data, timeout)
 
     def resize(self, rows: int, cols: int) -> None:
         set_size(self.master, rows, cols)  # the kernel sends SIGWINCH to the foreground group

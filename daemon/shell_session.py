@@ -185,7 +185,7 @@ class ShellSession:
             await asyncio.wait_for(self._wait_turn_or_exit(self._turn), START_TIMEOUT_S)
         except TimeoutError:
             await self._terminal.close()
-            raise RuntimeError(f"the shell did not start within {START_TIMEOUT_S:g}s")
+            raise RuntimeError(f"the shell did not start within {START_TIMEOUT_S:g}s") from None
         finally:
             self._turn = None
         if self._terminal.exited.done():

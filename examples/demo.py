@@ -9,7 +9,6 @@ bubblewrap; `corral doctor` says what is missing.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

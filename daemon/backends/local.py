@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
@@ -27,7 +27,7 @@ from ..config import Config
 from ..errors import FailedPrecondition, InvalidArgument
 from ..fsaccess import SandboxFiles
 from ..uids import UidPool
-from ..process import HostProcess, in_cgroup
+from ..process import in_cgroup
 from .base import (
     RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, SandboxRuntime, SandboxSpec, remove_sandbox_dirs,
     run_dir_base,

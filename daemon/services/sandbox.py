@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import grpc
 
 from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
