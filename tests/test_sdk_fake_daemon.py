@@ -144,7 +144,8 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     def Upload(self, request_iterator, context):
         self._check(context)
         self.upload_started.set()
-        context.add_callback(self.upload_ended.set)
+        if not context.add_callback(self.upload_ended.set):
+            self.upload_ended.set()  # the call was cancelled before the handler got this far
         first = next(request_iterator)
         if first.WhichOneof("message") != "start":
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message must carry start")
