@@ -77,6 +77,25 @@ class LimitsConfig:
 
 
 @dataclass
+class RolloutConfig:
+    # "byte" (the built-in byte-level tokenizer, what builtin LLM policies speak) or the local
+    # directory of a Hugging Face tokenizer with a chat template.
+    tokenizer: str = "byte"
+    init_workers: int = 8
+    run_workers: int = 64
+    eval_workers: int = 8
+    # Per stage, counted from when a worker takes a rollout; a task's own limits override them.
+    init_timeout_s: float = 300.0
+    run_timeout_s: float = 1800.0
+    eval_timeout_s: float = 600.0
+    queue_size: int = 1024
+    init_retries: int = 2
+    # One LLM request: its timeout and how many servers to try before the rollout is filtered.
+    llm_timeout_s: float = 600.0
+    llm_attempts: int = 3
+
+
+@dataclass
 class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -85,6 +104,7 @@ class Config:
     docker: DockerConfig = field(default_factory=DockerConfig)
     singularity: SingularityConfig = field(default_factory=SingularityConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     # The bearer token for the TCP listener (from token_file or CORRAL_TOKEN); never from TOML text.
     token: str = ""
 
@@ -175,6 +195,9 @@ def validate(config: Config) -> None:
         raise ConfigError('local.isolation = "none" requires local.allow_no_isolation = true')
     if config.daemon.default_backend not in ("local", "docker", "singularity"):
         raise ConfigError("daemon.default_backend must be one of local, docker, singularity")
+    for stage in ("init", "run", "eval"):
+        if getattr(config.rollout, f"{stage}_workers") < 1:
+            raise ConfigError(f"rollout.{stage}_workers must be at least 1")
     try:
         int(config.daemon.socket_mode, 8)
     except ValueError as err:

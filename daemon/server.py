@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from corral.v1 import kernel_pb2, kernel_pb2_grpc
+from corral.v1 import kernel_pb2, kernel_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from corral.v1 import sandbox_pb2, sandbox_pb2_grpc, shell_pb2, shell_pb2_grpc
 
 from .backends.base import run_dir_base
@@ -36,7 +36,9 @@ from .metrics import Metrics
 from .node import NodeInfo, version
 from .notify import sd_notify
 from .sandboxes import SandboxManager
+from .rollout.runtime import RolloutRuntime
 from .services.kernel import KernelServicer
+from .services.rollout import RolloutServicer
 from .services.sandbox import SandboxServicer
 from .services.shell import ShellServicer
 from .shells import ShellManager
@@ -51,6 +53,7 @@ SERVICE_NAMES = [
     sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
     shell_pb2.DESCRIPTOR.services_by_name["ShellService"].full_name,
     kernel_pb2.DESCRIPTOR.services_by_name["KernelService"].full_name,
+    rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name,
 ]
 
 
@@ -91,6 +94,7 @@ class Daemon:
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
         self.shells = ShellManager(config, self.manager)
         self.kernels = KernelManager(config, self.manager)
+        self.rollouts = RolloutRuntime(config.rollout, self.socket_path)
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self._socket_bound = False
@@ -117,6 +121,8 @@ class Daemon:
         ]
         self.server = grpc.aio.server(interceptors=[GuardInterceptor(*guards)], options=options)
         kernel_pb2_grpc.add_KernelServiceServicer_to_server(KernelServicer(self.kernels), self.server)
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(
+            RolloutServicer(self.rollouts.pipeline, self.rollouts.llms), self.server)
         shell_pb2_grpc.add_ShellServiceServicer_to_server(ShellServicer(self.shells, self.config.exec), self.server)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
             SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)), self.server
@@ -132,6 +138,7 @@ class Daemon:
         if self.config.daemon.tcp.listen:
             self.server.add_insecure_port(self.config.daemon.tcp.listen)
         await self.server.start()
+        self.rollouts.start()
         os.chmod(self.socket_path, int(self.config.daemon.socket_mode, 8))
         for name in ["", *SERVICE_NAMES]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -150,6 +157,9 @@ class Daemon:
     async def stop(self) -> None:
         sd_notify("STOPPING=1")
         await self.health.enter_graceful_shutdown()
+        # Rollouts first: they end as FILTERED (SHUTDOWN) and free their sandboxes through the
+        # socket, which must still serve.
+        await self.rollouts.close()
         if self.server:
             await self.server.stop(self.config.daemon.grace_period_s)
         await self.shells.close()

@@ -45,6 +45,9 @@ from corral.sdk.errors import (
     Unavailable,
     Unimplemented,
 )
+from corral.sdk.rollouts import AsyncRollouts, AsyncRolloutStream
+from corral.sdk.sync_rollouts import Rollouts, RolloutStream
+from corral.sdk.tasks import load_tasks, task_from
 from corral.sdk.sync_client import Client, ExecStream, Kernel, KernelExecuteStream, Sandbox, Shell
 from corral.sdk.types import (
     BackendStatus,
@@ -65,11 +68,16 @@ from corral.sdk.types import (
     KernelResultEvent,
     KernelStreamEvent,
     LimitStatus,
+    LLMServerInfo,
     NodeInfo,
     ResourceLimits,
+    RolloutResult,
+    RolloutStats,
+    RolloutTurn,
     SandboxInfo,
     ShellInfo,
     ShellResult,
+    StageStats,
 )
 
 __all__ = [
@@ -78,6 +86,8 @@ __all__ = [
     "AsyncExecStream",
     "AsyncKernel",
     "AsyncKernelExecuteStream",
+    "AsyncRolloutStream",
+    "AsyncRollouts",
     "AsyncSandbox",
     "AsyncShell",
     "BackendStatus",
@@ -108,6 +118,7 @@ __all__ = [
     "KernelResult",
     "KernelResultEvent",
     "KernelStreamEvent",
+    "LLMServerInfo",
     "LimitStatus",
     "NodeInfo",
     "NotFound",
@@ -115,13 +126,21 @@ __all__ = [
     "ProtocolError",
     "ResourceExhausted",
     "ResourceLimits",
+    "RolloutResult",
+    "RolloutStats",
+    "RolloutStream",
+    "RolloutTurn",
+    "Rollouts",
     "Sandbox",
     "SandboxInfo",
     "SandboxNotFound",
     "Shell",
     "ShellInfo",
     "ShellResult",
+    "StageStats",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
+    "load_tasks",
+    "task_from",
 ]

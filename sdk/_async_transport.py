@@ -13,7 +13,7 @@ import grpc
 from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
 from corral.sdk._core import call_deadline
 from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
-from corral.v1 import kernel_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
+from corral.v1 import kernel_pb2_grpc, rollout_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
 
 ResponseT = TypeVar("ResponseT")
 ResultT = TypeVar("ResultT")
@@ -33,6 +33,7 @@ class AsyncTransport:
         self._sandbox_service: sandbox_pb2_grpc.SandboxServiceStub | None = None
         self._shell_service: shell_pb2_grpc.ShellServiceStub | None = None
         self._kernel_service: kernel_pb2_grpc.KernelServiceStub | None = None
+        self._rollout_service: rollout_pb2_grpc.RolloutServiceStub | None = None
         self._closed = False
 
     @property
@@ -53,6 +54,28 @@ class AsyncTransport:
         self._open_channel()
         assert self._kernel_service is not None
         return self._kernel_service
+
+    @property
+    def rollout_service(self) -> rollout_pb2_grpc.RolloutServiceStub:
+        self._open_channel()
+        assert self._rollout_service is not None
+        return self._rollout_service
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call metadata (the bearer token) for calls made outside `unary`/`server_stream`."""
+        return self._metadata
+
+    @property
+    def translate(self) -> RpcErrorTranslator:
+        """Context manager turning gRPC errors into CorralErrors, for calls driven by their caller."""
+        return self._translate
+
+    def bidi_stream(self, method: Callable[..., Any]) -> Any:
+        """A bidirectional call without a deadline (it lasts as long as its caller keeps it); the
+        caller writes, reads and cancels it under `translate`."""
+        with self._translate:
+            return method(metadata=self._metadata)
 
     async def unary(self, method: Callable[..., Any], request: Any, *, timeout: float | None = None) -> Any:
         with self._translate:
@@ -110,6 +133,7 @@ class AsyncTransport:
             self._sandbox_service = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
             self._shell_service = shell_pb2_grpc.ShellServiceStub(self._channel)
             self._kernel_service = kernel_pb2_grpc.KernelServiceStub(self._channel)
+            self._rollout_service = rollout_pb2_grpc.RolloutServiceStub(self._channel)
         elif loop is not self._loop:
             raise FailedPrecondition("this AsyncClient is bound to the event loop of its first call; "
                                      "create one client per event loop")

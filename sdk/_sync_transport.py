@@ -11,7 +11,7 @@ import grpc
 from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
 from corral.sdk._core import call_deadline
 from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
-from corral.v1 import kernel_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
+from corral.v1 import kernel_pb2_grpc, rollout_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
 
 ResponseT = TypeVar("ResponseT")
 ResultT = TypeVar("ResultT")
@@ -29,6 +29,17 @@ class SyncTransport:
         self.sandbox_service = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
         self.shell_service = shell_pb2_grpc.ShellServiceStub(self._channel)
         self.kernel_service = kernel_pb2_grpc.KernelServiceStub(self._channel)
+        self.rollout_service = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call metadata (the bearer token) for calls made outside `unary`/`server_stream`."""
+        return self._metadata
+
+    @property
+    def translate(self) -> RpcErrorTranslator:
+        """Context manager turning gRPC errors into CorralErrors, for calls driven by their caller."""
+        return self._translate
 
     def unary(self, method: Callable[..., ResponseT], request: Any, *, timeout: float | None = None) -> ResponseT:
         self._ensure_open()

@@ -1,5 +1,5 @@
 """The `corral` command line: run the daemon, manage sandboxes, run commands, copy files, open a
-terminal in a sandbox."""
+terminal in a sandbox, run rollouts of tasks (`corral run`)."""
 
 from __future__ import annotations
 
@@ -301,6 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("src")
     cp.add_argument("dst")
     cp.set_defaults(func=_cp)
+
+    from corral.sdk.run_command import add_run_parser
+
+    add_run_parser(sub)
     return parser
 
 

@@ -23,6 +23,7 @@ from corral.sdk._archive import archive_name, download_spool, extract_archive, t
 from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, iterate_in_thread
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command, EventT
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
+from corral.sdk.rollouts import AsyncRollouts
 from corral.sdk.types import (
     ExecEvent,
     ExecResult,
@@ -58,6 +59,11 @@ class AsyncClient:
     def address(self) -> str:
         """The daemon address this client talks to, e.g. "unix:///run/corral/corral.sock"."""
         return str(self._transport.address)
+
+    @property
+    def rollouts(self) -> AsyncRollouts:
+        """The daemon's RolloutService: LLM servers, and rollouts of tasks."""
+        return AsyncRollouts(self._transport)
 
     async def create_sandbox(self, image: str | None = None, backend: str | None = None, *,
                              memory_bytes: int | None = None, pids: int | None = None,

@@ -21,6 +21,7 @@ from corral.sdk._archive import archive_name, download_spool, extract_archive, t
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command, EventT
 from corral.sdk._sync_transport import ResponseStream, SyncTransport
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
+from corral.sdk.sync_rollouts import Rollouts
 from corral.sdk.types import (
     ExecEvent,
     ExecResult,
@@ -56,6 +57,11 @@ class Client:
     def address(self) -> str:
         """The daemon address this client talks to, e.g. "unix:///run/corral/corral.sock"."""
         return str(self._transport.address)
+
+    @property
+    def rollouts(self) -> Rollouts:
+        """The daemon's RolloutService: LLM servers, and rollouts of tasks."""
+        return Rollouts(self._transport)
 
     def create_sandbox(self, image: str | None = None, backend: str | None = None, *,
                        memory_bytes: int | None = None, pids: int | None = None,

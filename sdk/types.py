@@ -343,3 +343,112 @@ class KernelDoneEvent:
 
 
 KernelEvent = Union[KernelStreamEvent, KernelDisplayEvent, KernelResultEvent, KernelErrorEvent, KernelDoneEvent]
+
+
+# -- rollouts ----------------------------------------------------------------------------------
+
+RolloutStatus = Literal["completed", "filtered", "cancelled", "unspecified", "unknown"]
+# Why an infrastructure failure filtered a rollout (never a reward).
+FilterReason = Literal["sandbox_start", "backend_crash", "llm_unreachable", "eval_infra", "shutdown",
+                       "staleness", "stage_timeout", "unspecified", "unknown"]
+FinishReason = Literal["submitted", "max_turns", "context_full", "timeout", "unparsable", "unspecified", "unknown"]
+LLMProtocolName = Literal["sglang", "vllm"]
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    name: str
+    # The arguments as a JSON object (text, as the model wrote them after parsing).
+    arguments_json: str
+
+
+@dataclass(frozen=True)
+class RolloutTurn:
+    """One agent turn: the ids the LLM generated (with logprobs and the weight version that made
+    them), the tool calls parsed from them, and the ids appended after them (template and
+    observation, loss mask 0)."""
+
+    rollout_id: str
+    index: int
+    generated_ids: list[int]
+    generated_logprobs: list[float]
+    weight_version: int
+    tool_calls: list[ToolCallRecord]
+    observation_ids: list[int]
+    format_error: bool
+    llm_finish_reason: str
+    llm_address: str
+    llm_time_ms: int
+    tool_time_ms: int
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """A finished rollout. Use `reward` only when `status == "completed"`; a "filtered" result is
+    an infrastructure failure (`filter_reason`, `error`), not a zero reward.
+
+    The trajectory is token-exact: prompt_ids + response_ids is the sequence the LLM saw, built by
+    appending exactly what it generated and the ids of each observation. response_mask (1 for
+    generated tokens), response_logprobs and weight_versions (-1 where mask is 0) have one entry
+    per response id.
+    """
+
+    rollout_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    status: RolloutStatus
+    filter_reason: FilterReason | None
+    error: str
+    reward: float
+    finish_reason: FinishReason | None
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    weight_versions: list[int]
+    turns: list[RolloutTurn]
+    # The conversation as text: [{"role": ..., "content": ...}], the prompt first.
+    messages: list[dict[str, str]]
+    # Seconds: "init_queue", "init", "run_queue", "run", "eval_queue", "eval", "total".
+    timings: Mapping[str, float]
+    format_errors: int
+    eval_output: bytes
+    metadata: Mapping[str, str]
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+
+@dataclass(frozen=True)
+class LLMServerInfo:
+    address: str
+    protocol: LLMProtocolName | Literal["unknown"]
+    weight: int
+    model: str
+    in_flight: int
+    healthy: bool
+    requests: int
+    failures: int
+
+
+@dataclass(frozen=True)
+class StageStats:
+    queued: int
+    in_flight: int
+    workers: int
+    completed: int
+    throughput_per_s: float
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    init: StageStats
+    run: StageStats
+    eval: StageStats
+    llm_servers: list[LLMServerInfo]
+    policy_version: int
+    results_completed: int
+    results_filtered: int
+    results_cancelled: int

@@ -127,6 +127,18 @@ def daemon(request, tmp_path_factory) -> DaemonProcess:
     proc.stop()
 
 
+@pytest.fixture(scope="session")
+def local_daemon(tmp_path_factory) -> DaemonProcess:
+    """One daemon on the local backend for tests that are about something other than backends
+    (rollouts, adapters): they run once, not once per backend case."""
+    require_backend("local")
+    root = tmp_path_factory.mktemp("daemon-local")
+    proc = DaemonProcess(root).start()
+    proc.backend = "local"
+    yield proc
+    proc.stop()
+
+
 @pytest.fixture
 def backend(daemon) -> str:
     """The backend the current conformance case runs on."""

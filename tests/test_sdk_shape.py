@@ -21,6 +21,8 @@ from corral.sdk import (
     Sandbox,
     Shell,
 )
+from corral.sdk.rollouts import AsyncRollouts, AsyncRolloutStream
+from corral.sdk.sync_rollouts import Rollouts, RolloutStream
 
 TWINS = [
     (Client, AsyncClient),
@@ -29,11 +31,13 @@ TWINS = [
     (Shell, AsyncShell),
     (Kernel, AsyncKernel),
     (KernelExecuteStream, AsyncKernelExecuteStream),
+    (Rollouts, AsyncRollouts),
+    (RolloutStream, AsyncRolloutStream),
 ]
 TWIN_IDS = [sync.__name__ for sync, _ in TWINS]
 
 # Async methods that return a stream object instead of being awaited.
-NOT_COROUTINES = {"exec_stream", "execute_stream"}
+NOT_COROUTINES = {"exec_stream", "execute_stream", "open_stream", "stream"}
 
 # Protocol methods each side must have, sync name -> async name.
 PROTOCOL_TWINS = {

@@ -1,0 +1,41 @@
+"""A daemon inside the calling process, on a private socket in a temporary directory: what
+`corral run` and `make demo` use when no daemon address is given, so that one command runs
+rollouts on a fresh machine.
+
+It is the same `Daemon` that `corral serve` runs (same backends, same RolloutService), only
+started and stopped by an `async with`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from corral.daemon.config import Config, load_config, validate
+from corral.daemon.server import Daemon
+
+
+@contextlib.asynccontextmanager
+async def embedded_daemon(config: Config | None = None, **rollout: object) -> AsyncIterator[str]:
+    """Starts a daemon (configuration: `config`, else the defaults and the environment) on a
+    socket in a fresh temporary directory and yields its address. `rollout` overrides keys of the
+    [rollout] section (e.g. tokenizer="byte", run_workers=8). Everything it made is removed on
+    exit."""
+    config = config or load_config(environ={})
+    with tempfile.TemporaryDirectory(prefix="corral-embedded-") as root:
+        config = dataclasses.replace(
+            config,
+            daemon=dataclasses.replace(config.daemon, socket=str(Path(root) / "corral.sock"),
+                                       state_dir=str(Path(root) / "state")),
+            rollout=dataclasses.replace(config.rollout, **rollout),
+        )
+        validate(config)
+        daemon = Daemon(config)
+        try:
+            await daemon.start()
+            yield f"unix://{daemon.socket_path}"
+        finally:
+            await daemon.stop()

@@ -1,0 +1,125 @@
+"""What the LLM clients share: the client interface, the errors, and one JSON-over-HTTP call that
+sorts failures into retryable (the server's fault: try another) and not (the request's fault).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Protocol
+
+import aiohttp
+
+from corral.daemon.rollout.types import Generation, LLMUnavailable, SamplingOptions
+
+
+class LLMServerError(Exception):
+    """One call to one LLM server failed.
+
+    `retryable`: the server (or the way to it) is at fault: connection refused or dropped, a
+    timeout, a 5xx, 408/429, or a response that does not follow the protocol. The pool retries
+    those on another server and takes the server out of rotation for a while (except 408/429,
+    which only move the request elsewhere). Not retryable: any other 4xx, which would fail the
+    same way anywhere.
+    """
+
+    def __init__(self, message: str, *, server: str = "", status: int | None = None, retryable: bool = True,
+                 take_out: bool | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.status = status
+        self.retryable = retryable
+        # Whether the failure says the server is unwell (not merely busy).
+        self.take_out = retryable and status not in (408, 429) if take_out is None else take_out
+
+
+class LLMRequestRejected(LLMUnavailable):
+    """An LLM server refused the request itself (a 4xx other than 408/429: e.g. the prompt is
+    longer than its context, or an unknown model). Not retried on another server. A subclass of
+    LLMUnavailable, so whoever maps LLMUnavailable to FILTER_REASON_LLM_UNREACHABLE maps this too;
+    `status` and `server` say what happened."""
+
+    def __init__(self, message: str, *, server: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.status = status
+
+
+class LLMClient(Protocol):
+    """A token-in/token-out client for one server."""
+
+    base_url: str
+
+    async def generate(self, input_ids: list[int], sampling: SamplingOptions) -> Generation:
+        """Raises LLMServerError."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class HTTPClientBase:
+    """Holds the base URL and the aiohttp session (shared when given, else owned and closed by
+    `close`)."""
+
+    def __init__(self, base_url: str, *, session: aiohttp.ClientSession | None = None,
+                 timeout_s: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._session = session
+        self._owns_session = session is None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            if not self._owns_session:
+                raise LLMServerError("the shared HTTP session is closed", server=self.base_url, retryable=False)
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None,
+                       timeout_s: float | None = None) -> Any:
+        """The decoded JSON answer; LLMServerError (retryable or not) for every failure."""
+        url = self.base_url + path
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s if timeout_s is None else timeout_s)
+        try:
+            async with self._get_session().request(method, url, json=payload, timeout=timeout) as response:
+                body = await response.read()
+                status = response.status
+        except asyncio.TimeoutError:
+            raise LLMServerError(f"{method} {url} timed out", server=self.base_url) from None
+        except aiohttp.ClientError as error:
+            raise LLMServerError(f"{method} {url} failed: {type(error).__name__}: {error}",
+                                 server=self.base_url) from None
+        if status >= 400:
+            detail = body[:500].decode(errors="replace")
+            retryable = status >= 500 or status in (408, 429)
+            raise LLMServerError(f"{method} {url} answered {status}: {detail}", server=self.base_url,
+                                 status=status, retryable=retryable)
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise LLMServerError(f"{method} {url} answered something that is not JSON: {body[:200]!r}",
+                                 server=self.base_url, status=status) from None
+
+
+def protocol_error(server: str, message: str) -> LLMServerError:
+    """A 200 answer that does not follow the protocol (retryable: the server is misbehaving)."""
+    return LLMServerError(f"{server}: {message}", server=server)
+
+
+def int_or_none(value: Any) -> int | None:
+    """An int when `value` is an int or a string of one, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,276 @@
+"""The pool of LLM servers the agent loop generates from: registered and removed at run time,
+load-balanced, sticky per rollout, with failover.
+
+Choosing a server for a call of rollout R:
+- Candidates: registered servers that are healthy, plus servers whose cool-down after a failure
+  has run out and that have nothing in flight (one probe request at a time; the first success
+  makes them healthy again, a failure starts a new cool-down).
+- Sticky: R goes to the server its previous call went to (its prefix is cached there) unless that
+  server is no candidate or is overloaded: in_flight/weight > overload_factor * (the least loaded
+  candidate's in_flight/weight) + 1. Otherwise (and for R's first call) the least loaded
+  candidate: the lowest (in_flight + 1) / weight, ties to the fewest requests per weight, then to
+  registration order. R then sticks to the server chosen.
+
+Failures (see client.LLMServerError): connection errors, timeouts, 5xx and malformed answers
+take the server out of rotation for `cooldown_s` and count a failure; 408/429 only count one. All
+of those are retried, on a server this call has not tried when there is one, at most
+`max_attempts` attempts per call, sleeping `backoff_s` doubling up to `max_backoff_s` before a
+retry that cannot go to a fresh server. Then LLMUnavailable. Any other 4xx raises
+LLMRequestRejected (a subclass of LLMUnavailable) at once: the request would fail anywhere.
+No server registered: LLMUnavailable at once.
+
+`pool.generate` has GenerateFn's signature, so the agent loop can take it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from yarl import URL
+
+from corral.daemon.rollout.llm.client import LLMClient, LLMRequestRejected, LLMServerError
+from corral.daemon.rollout.llm.sglang import SGLangClient
+from corral.daemon.rollout.llm.vllm import VLLMClient
+from corral.daemon.rollout.types import Generation, LLMUnavailable, SamplingOptions
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("sglang", "vllm")
+
+
+class ServerAlreadyRegistered(ValueError):
+    """register() for an address that is already in the pool (gRPC: ALREADY_EXISTS)."""
+
+
+class UnknownServer(KeyError):
+    """remove() for an address that is not in the pool (gRPC: NOT_FOUND)."""
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """One server as snapshot() reports it (the fields of the LLMServer message)."""
+
+    address: str
+    protocol: str
+    weight: int
+    model: str
+    in_flight: int
+    healthy: bool
+    requests: int
+    failures: int
+
+
+class _Server:
+    def __init__(self, address: str, protocol: str, weight: int, model: str, order: int) -> None:
+        self.address = address
+        self.protocol = protocol
+        self.weight = weight
+        self.model = model
+        self.order = order
+        self.client: LLMClient | None = None
+        self.in_flight = 0
+        self.healthy = True
+        self.down_until = 0.0
+        self.requests = 0
+        self.failures = 0
+        self.removed = False
+
+    @property
+    def load(self) -> float:
+        return self.in_flight / self.weight
+
+    def is_candidate(self, now: float) -> bool:
+        return self.healthy or (now >= self.down_until and self.in_flight == 0)
+
+    def stats(self) -> ServerStats:
+        return ServerStats(self.address, self.protocol, self.weight, self.model, self.in_flight,
+                           self.healthy, self.requests, self.failures)
+
+
+def normalize_address(address: str) -> str:
+    """The base URL as the pool keys it ("http://host:port", no trailing slash); ValueError when
+    it is not an http(s) URL with a host."""
+    text = address.strip().rstrip("/")
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        url = URL(text)
+    except ValueError as error:
+        raise ValueError(f"bad LLM server address {address!r}: {error}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"bad LLM server address {address!r}: want http(s)://host:port")
+    return str(url).rstrip("/")
+
+
+def normalize_protocol(protocol: str) -> str:
+    value = (protocol or "sglang").strip().lower()
+    if value not in PROTOCOLS:
+        raise ValueError(f"unknown LLM protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
+    return value
+
+
+class LLMPool:
+    """LLM servers shared by every rollout of a daemon; one aiohttp session for all of them
+    (created on first use, closed by `close()` unless it was given)."""
+
+    def __init__(self, *, timeout_s: float = 600.0, max_attempts: int = 4, backoff_s: float = 0.25,
+                 max_backoff_s: float = 4.0, overload_factor: float = 2.0, cooldown_s: float = 15.0,
+                 session: aiohttp.ClientSession | None = None, max_sticky: int = 200_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        self.timeout_s = timeout_s
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.overload_factor = overload_factor
+        self.cooldown_s = cooldown_s
+        self.max_sticky = max_sticky
+        self._clock = clock
+        self._servers: dict[str, _Server] = {}
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._session = session
+        self._owns_session = session is None
+        self._registered = 0
+
+    # ---- registry ----------------------------------------------------------------------------
+
+    def register(self, address: str, protocol: str = "sglang", weight: int = 1, model: str = "") -> ServerStats:
+        """Adds a server. ValueError for a bad address/protocol/weight, ServerAlreadyRegistered
+        when the address is in the pool already. Weight 0 means 1."""
+        key = normalize_address(address)
+        protocol = normalize_protocol(protocol)
+        if weight < 0:
+            raise ValueError("weight must be >= 0")
+        if key in self._servers:
+            raise ServerAlreadyRegistered(f"LLM server {key} is already registered")
+        self._registered += 1
+        server = _Server(key, protocol, weight or 1, model, self._registered)
+        self._servers[key] = server
+        return server.stats()
+
+    def remove(self, address: str) -> None:
+        """Takes a server out: no new requests go to it; requests in flight finish. UnknownServer
+        when it is not registered."""
+        key = normalize_address(address)
+        server = self._servers.pop(key, None)
+        if server is None:
+            raise UnknownServer(f"no LLM server {key} is registered")
+        server.removed = True  # its client (on the shared session) goes with the last reference
+
+    def __len__(self) -> int:
+        return len(self._servers)
+
+    def __contains__(self, address: str) -> bool:
+        try:
+            return normalize_address(address) in self._servers
+        except ValueError:
+            return False
+
+    def snapshot(self) -> list[ServerStats]:
+        return [server.stats() for server in self._servers.values()]
+
+    def forget(self, rollout_id: str) -> None:
+        """Drops the rollout's stickiness (call when the rollout ends)."""
+        self._sticky.pop(rollout_id, None)
+
+    # ---- generation --------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
+        if not self._servers:
+            raise LLMUnavailable("no LLM server is registered")
+        tried: set[str] = set()
+        last_error = "no LLM server is available"
+        backoff = self.backoff_s
+        for _ in range(self.max_attempts):
+            server = self._choose(rollout_id, tried)
+            if server is None or server.address in tried:
+                # Nothing fresh to try: back off, then take whatever is available by then.
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+                server = self._choose(rollout_id, tried)
+                if server is None:
+                    continue
+            tried.add(server.address)
+            try:
+                generation = await self._call(server, prompt_ids, sampling)
+            except LLMServerError as error:
+                last_error = str(error)
+                if not error.retryable:
+                    raise LLMRequestRejected(last_error, server=server.address, status=error.status) from None
+                continue
+            self._stick(rollout_id, server.address)
+            return generation
+        raise LLMUnavailable(f"no LLM server could generate after {self.max_attempts} attempts: {last_error}")
+
+    async def _call(self, server: _Server, prompt_ids: list[int], sampling: SamplingOptions) -> Generation:
+        client = self._client(server)
+        server.in_flight += 1
+        server.requests += 1
+        try:
+            generation = await client.generate(prompt_ids, sampling)
+        except LLMServerError as error:
+            server.failures += 1
+            if error.take_out:
+                if server.healthy:
+                    log.warning("LLM server %s taken out of rotation for %.0f s: %s", server.address,
+                                self.cooldown_s, error)
+                server.healthy = False
+                server.down_until = self._clock() + self.cooldown_s
+            raise
+        finally:
+            server.in_flight -= 1
+        if not server.healthy:
+            log.info("LLM server %s is back in rotation", server.address)
+            server.healthy = True
+        return generation
+
+    def _choose(self, rollout_id: str, tried: set[str]) -> _Server | None:
+        """The server for the next attempt (see the module docstring); one already tried only when
+        no untried candidate is left; None when no server is a candidate."""
+        now = self._clock()
+        candidates = [s for s in self._servers.values() if s.is_candidate(now)]
+        if not candidates:
+            return None
+        fresh = [s for s in candidates if s.address not in tried]
+        pool = fresh or candidates
+        least = min(pool, key=lambda s: ((s.in_flight + 1) / s.weight, s.requests / s.weight, s.order))
+        sticky = self._servers.get(self._sticky.get(rollout_id, ""))
+        if sticky is not None and sticky in pool and sticky.healthy \
+                and sticky.load <= self.overload_factor * least.load + 1:
+            return sticky
+        return least
+
+    def _stick(self, rollout_id: str, address: str) -> None:
+        self._sticky[rollout_id] = address
+        self._sticky.move_to_end(rollout_id)
+        while len(self._sticky) > self.max_sticky:
+            self._sticky.popitem(last=False)
+
+    def _client(self, server: _Server) -> LLMClient:
+        if server.client is None:
+            if self._session is None or self._session.closed:
+                if not self._owns_session:
+                    raise LLMServerError("the pool's HTTP session is closed", server=server.address, retryable=False)
+                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            if server.protocol == "vllm":
+                server.client = VLLMClient(server.address, session=self._session, timeout_s=self.timeout_s,
+                                           model=server.model)
+            else:
+                server.client = SGLangClient(server.address, session=self._session, timeout_s=self.timeout_s)
+        return server.client
+
+    async def close(self) -> None:
+        """Closes the shared session (when the pool created it). Registered servers stay."""
+        for server in self._servers.values():
+            server.client = None
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+        self._session = None
+

@@ -1,0 +1,335 @@
+"""The built-in reference LLM server: SGLang's native HTTP protocol in front of a built-in policy
+(`replay.ReplayPolicy` or `tiny.TinyPolicy`), so that the rollout pipeline, the clients and the
+trainer adapters run end to end without a GPU.
+
+Endpoints (the subset of SGLang's that the daemon and trainers use):
+- POST /generate: {"input_ids": [...] (or "text"), "sampling_params": {...}, "return_logprob":
+  bool} -> {"text", "output_ids", "meta_info": {"id", "finish_reason": {"type": "stop",
+  "matched": id-or-string} | {"type": "length", "length": n}, "prompt_tokens",
+  "completion_tokens", "cached_tokens", "weight_version" (a string of an int), "e2e_latency",
+  "output_token_logprobs": [[logprob, id, null], ...] (with return_logprob)}}. `output_ids`
+  always keeps the stop token (as SGLang's do); `text` drops special tokens unless
+  skip_special_tokens is false and trims the matched stop unless no_stop_trim is true.
+- GET /health, /health_generate: 200.
+- GET /get_model_info, /get_weight_version.
+- POST /update_weights_from_disk {"model_path", "weight_version"?}: {"success", "message",
+  "num_paused_requests"}; 400 when the policy has no weights (replay) or the file is unusable.
+Errors are 400 {"error": {"message": ...}}.
+
+Optional simulated latency (`latency_s` + `per_token_latency_s` per generated token, slept
+without blocking) lets benchmarks model a real server's timing.
+
+Command line:
+    python -m corral.daemon.rollout.llm.reference_server --policy replay --tasks FILE.jsonl --port N
+    python -m corral.daemon.rollout.llm.reference_server --policy tiny [--checkpoint PATH] --port N
+It prints the base URL on one line once it listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from google.protobuf import json_format
+
+from corral.daemon.rollout.llm.policies import GenerateParams, Policy, PolicyError, PolicyOutput
+from corral.daemon.rollout.tokenizer import ByteChatTokenizer
+from corral.v1 import rollout_pb2 as pb
+
+
+class ReferenceServer:
+    """An aiohttp server speaking SGLang's protocol for one policy.
+
+    Async callers: `url = await server.start()` ... `await server.stop()`. Sync callers (tests,
+    trainer scripts): `url = server.start_in_thread()` ... `server.stop_in_thread()`; the server
+    then runs its own event loop in a daemon thread.
+    """
+
+    def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 0, *, latency_s: float = 0.0,
+                 per_token_latency_s: float = 0.0, model_path: str | None = None) -> None:
+        self.policy = policy
+        self.host = host
+        self.port = port
+        self.latency_s = latency_s
+        self.per_token_latency_s = per_token_latency_s
+        self.model_path = model_path or f"builtin:{policy.name}"
+        self.tokenizer = ByteChatTokenizer()
+        # Generate requests answered (200) since start, for tests and benchmarks.
+        self.requests_served = 0
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/health_generate", self._health)
+        app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/get_weight_version", self._weight_version)
+        app.router.add_post("/update_weights_from_disk", self._update_weights)
+        return app
+
+    async def start(self) -> str:
+        """Listens (on a free port when port is 0) and returns the base URL."""
+        if self._runner is not None:
+            raise RuntimeError("the server is already running")
+        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.port = runner.addresses[0][1]
+        self._runner = runner
+        return self.url
+
+    async def stop(self) -> None:
+        """Stops listening and drops open connections (requests in flight fail on the client)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    def start_in_thread(self) -> str:
+        """Runs the server on its own event loop in a daemon thread; returns the base URL."""
+        if self._thread is not None:
+            raise RuntimeError("the server is already running in a thread")
+        started: Future[str] = Future()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                started.set_result(loop.run_until_complete(self.start()))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller
+                started.set_exception(error)
+                loop.close()
+                return
+            loop.run_forever()
+            loop.run_until_complete(self.stop())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"reference-server-{self.policy.name}", daemon=True)
+        self._thread.start()
+        try:
+            return started.result(timeout=30)
+        except BaseException:
+            self._thread.join(timeout=5)
+            self._thread = None
+            raise
+
+    def stop_in_thread(self) -> None:
+        thread, loop = self._thread, self._loop
+        if thread is None or loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.stop(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        self._thread = self._loop = None
+
+    # ---- handlers ------------------------------------------------------------------------------
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        started = time.monotonic()
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("the body is not JSON")
+        if not isinstance(body, dict):
+            return _error("the body must be a JSON object")
+        if body.get("stream"):
+            return _error("streaming is not supported by the reference server")
+        try:
+            input_ids = self._input_ids(body)
+            params = GenerateParams.from_sglang(body.get("sampling_params"))
+            output = await self.policy.generate(input_ids, params)
+        except PolicyError as error:
+            return _error(str(error))
+        version = self.policy.weight_version if output.weight_version is None else output.weight_version
+        if self.latency_s or self.per_token_latency_s:
+            await asyncio.sleep(self.latency_s + self.per_token_latency_s * len(output.output_ids))
+        self.requests_served += 1
+        params_raw = body.get("sampling_params") or {}
+        meta: dict[str, Any] = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": _finish_reason(output),
+            "prompt_tokens": len(input_ids),
+            "completion_tokens": len(output.output_ids),
+            "cached_tokens": 0,
+            "weight_version": str(version),
+            "e2e_latency": time.monotonic() - started,
+        }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[lp, token, None] for lp, token in zip(output.logprobs, output.output_ids)]
+        return web.json_response({
+            "text": self._text(output, skip_special=params_raw.get("skip_special_tokens", True),
+                               no_stop_trim=bool(params_raw.get("no_stop_trim", False))),
+            "output_ids": output.output_ids,
+            "meta_info": meta,
+        })
+
+    def _input_ids(self, body: dict[str, Any]) -> list[int]:
+        ids = body.get("input_ids")
+        if ids is None:
+            text = body.get("text")
+            if not isinstance(text, str):
+                raise PolicyError("give input_ids (a list of ints) or text (a string); batches are not supported")
+            return self.tokenizer.encode(text)
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise PolicyError("input_ids must be one list of ints (batches are not supported)")
+        vocab = self.tokenizer.vocab_size
+        if not ids or any(not 0 <= i < vocab for i in ids):
+            raise PolicyError(f"input_ids must be a non-empty list of ids in [0, {vocab})")
+        return ids
+
+    def _text(self, output: PolicyOutput, *, skip_special: bool, no_stop_trim: bool) -> str:
+        ids = output.output_ids
+        if not no_stop_trim and isinstance(output.matched, int) and ids and ids[-1] == output.matched:
+            ids = ids[:-1]
+        if skip_special:
+            ids = [i for i in ids if i < ByteChatTokenizer.BYTE_COUNT]
+        text = self.tokenizer.decode(ids)
+        if not no_stop_trim and isinstance(output.matched, str):
+            position = text.find(output.matched)
+            text = text[:position] if position >= 0 else text
+        return text
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "model_path": self.model_path,
+            "tokenizer_path": "builtin:bytes",
+            "is_generation": True,
+            "weight_version": str(self.policy.weight_version),
+            "vocab_size": self.tokenizer.vocab_size,
+            "policy": self.policy.name,
+        })
+
+    async def _weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": str(self.policy.weight_version)})
+
+    async def _update_weights(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            return _update_result(False, 'the body must be {"model_path": "...", "weight_version": "..."}')
+        raw_version = body.get("weight_version")
+        try:
+            version = None if raw_version in (None, "") else int(raw_version)
+        except (TypeError, ValueError):
+            return _update_result(False, f"weight_version must be an integer, not {raw_version!r}")
+        try:
+            new_version = await self.policy.load_weights(body["model_path"], version)
+        except PolicyError as error:
+            return _update_result(False, str(error))
+        return _update_result(True, f"loaded {body['model_path']}; weight version {new_version}")
+
+
+def _finish_reason(output: PolicyOutput) -> dict[str, Any]:
+    if output.finish_reason == "length":
+        return {"type": "length", "length": len(output.output_ids)}
+    reason: dict[str, Any] = {"type": output.finish_reason}
+    if output.matched is not None:
+        reason["matched"] = output.matched
+    return reason
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+def _update_result(success: bool, message: str) -> web.Response:
+    return web.json_response({"success": success, "message": message, "num_paused_requests": 0},
+                             status=200 if success else 400)
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def load_tasks_jsonl(path: str | Path) -> list[pb.Task]:
+    """Tasks from a JSONL file, one Task per line in the proto3 JSON mapping."""
+    tasks = []
+    with open(path, encoding="utf-8") as file:
+        for number, line in enumerate(file, 1):
+            if not line.strip():
+                continue
+            try:
+                tasks.append(json_format.Parse(line, pb.Task()))
+            except json_format.ParseError as error:
+                raise ValueError(f"{path}:{number}: {error}") from None
+    return tasks
+
+
+def make_policy(kind: str, *, tasks: str | None = None, checkpoint: str | None = None, seed: int = 0) -> Policy:
+    if kind == "replay":
+        from corral.daemon.rollout.llm.replay import ReplayPolicy
+
+        if not tasks:
+            raise ValueError("--policy replay needs --tasks FILE.jsonl")
+        return ReplayPolicy(load_tasks_jsonl(tasks))
+    if kind == "tiny":
+        from corral.daemon.rollout.llm.tiny import TinyPolicy
+
+        return TinyPolicy(seed=seed, checkpoint=checkpoint)
+    raise ValueError(f"unknown policy {kind!r} (replay or tiny)")
+
+
+async def _serve(server: ReferenceServer) -> None:
+    url = await server.start()
+    print(url, flush=True)
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopped.set)
+    try:
+        await stopped.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m corral.daemon.rollout.llm.reference_server",
+                                     description="The built-in reference LLM server (SGLang protocol).")
+    parser.add_argument("--policy", choices=("replay", "tiny"), required=True)
+    parser.add_argument("--tasks", help="JSONL tasks whose reference solutions the replay policy plays")
+    parser.add_argument("--checkpoint", help="a torch.save'd TinyByteLM state dict for the tiny policy")
+    parser.add_argument("--seed", type=int, default=0, help="the tiny policy's initial weights and sampling seed")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0: a free port (the URL is printed)")
+    parser.add_argument("--latency-s", type=float, default=0.0, help="simulated fixed latency per request")
+    parser.add_argument("--per-token-latency-s", type=float, default=0.0, help="simulated latency per generated token")
+    args = parser.parse_args(argv)
+    try:
+        policy = make_policy(args.policy, tasks=args.tasks, checkpoint=args.checkpoint, seed=args.seed)
+    except (OSError, ValueError, PolicyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    server = ReferenceServer(policy, args.host, args.port, latency_s=args.latency_s,
+                             per_token_latency_s=args.per_token_latency_s)
+    asyncio.run(_serve(server))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

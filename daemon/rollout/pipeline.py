@@ -1,0 +1,478 @@
+"""The rollout pipeline: INIT (create the sandbox, set the task up), RUN (the agent loop) and EVAL
+(evaluation and reward), each stage a pool of workers fed by a bounded queue.
+
+- A stage's timeout counts from when one of its workers takes the rollout: time queued is
+  excluded (and reported apart in the timings).
+- Bounded queues give backpressure: `submit` waits while the INIT queue is full, and a stage whose
+  next queue is full holds its rollout (and its worker) until there is room.
+- Results are delivered one by one as rollouts finish, in completion order; samples of one task
+  share a group id but never wait for each other.
+- Infrastructure failures become FILTERED results with a reason, never reward 0.
+- Every sandbox is destroyed when its rollout ends, whichever way it ends (result, filter,
+  cancel, shutdown). Cancelling frees it at once.
+
+Sandboxes are reached through the SDK's AsyncClient, over the daemon's own socket: the pipeline
+uses exactly the interface trainers use, and the trainer adapters reuse its pieces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from corral.daemon.rollout import results
+from corral.daemon.rollout.agent_loop import AgentLimits, AgentLoop
+from corral.daemon.rollout.evaluation import (
+    Evaluation,
+    EvaluationInfraError,
+    SetupFailed,
+    evaluate,
+    set_up,
+)
+from corral.daemon.rollout.tasks import (
+    check_task,
+    enabled_tools,
+    render_messages,
+    sampling_options,
+    task_limits,
+    tool_call_format,
+)
+from corral.daemon.rollout.tools import SandboxToolBox
+from corral.daemon.rollout.types import (
+    ChatTokenizer,
+    FinishReason,
+    GenerateFn,
+    LLMUnavailable,
+    SandboxFailure,
+    Trajectory,
+    TurnRecord,
+)
+from corral.sdk import AsyncClient, AsyncSandbox, CorralError, InvalidArgument, NotFound
+from corral.v1 import rollout_pb2 as pb
+from corral.v1 import sandbox_pb2
+
+_log = logging.getLogger(__name__)
+
+# How long destroying one sandbox may take before the pipeline gives up on it (the daemon's idle
+# reaper and shutdown still remove it).
+DESTROY_TIMEOUT_S = 60.0
+THROUGHPUT_WINDOW_S = 60.0
+
+
+class Stage(enum.Enum):
+    INIT = "init"
+    RUN = "run"
+    EVAL = "eval"
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    workers: int
+    timeout_s: float
+    queue_size: int = 1024
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    init: StageSettings = StageSettings(workers=8, timeout_s=300.0)
+    run: StageSettings = StageSettings(workers=64, timeout_s=1800.0)
+    eval: StageSettings = StageSettings(workers=8, timeout_s=600.0)
+    # Further attempts at creating and setting up a sandbox after an infrastructure failure.
+    init_retries: int = 2
+
+    def stage(self, stage: Stage) -> StageSettings:
+        return getattr(self, stage.value)
+
+
+class NoLLMServers(Exception):
+    """Nothing to generate with: no LLM server is registered (FAILED_PRECONDITION)."""
+
+
+class PipelineClosed(Exception):
+    """The pipeline is shutting down and takes no more rollouts (UNAVAILABLE)."""
+
+
+class RolloutFiltered(Exception):
+    """A rollout ends as FILTERED with this reason."""
+
+    def __init__(self, reason: int, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+ResultSink = Callable[[pb.RolloutResult], None]
+TurnSink = Callable[[pb.Turn], None]
+
+
+@dataclass(eq=False)
+class Rollout:
+    """One rollout on its way through the stages."""
+
+    rollout_id: str
+    task: pb.Task
+    options: pb.RolloutOptions
+    group_id: str
+    sample_index: int
+    deliver: ResultSink
+    on_turn: TurnSink | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+    enqueued_at: float = 0.0
+    # Seconds per stage and per stage queue ("init_queue", "init", ...), for StageTimings.
+    timings: dict[str, float] = field(default_factory=dict)
+    sandbox: AsyncSandbox | None = None
+    trajectory: Trajectory | None = None
+    evaluation: Evaluation | None = None
+    # The stage work in progress, cancelled by `cancel`.
+    active: asyncio.Task | None = None
+    # Why it is being stopped early: FILTER_REASON_SHUTDOWN for shutdown, None for a client cancel.
+    stop_reason: int | None = None
+    finished: bool = False
+
+
+class StageCounters:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.completed = 0
+        self._recent: collections.deque[float] = collections.deque()
+
+    def record_completion(self) -> None:
+        self.completed += 1
+        now = time.monotonic()
+        self._recent.append(now)
+        while self._recent and self._recent[0] < now - THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+
+    def throughput(self) -> float:
+        now = time.monotonic()
+        while self._recent and self._recent[0] < now - THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+        return len(self._recent) / THROUGHPUT_WINDOW_S
+
+
+class RolloutPipeline:
+    """Runs rollouts through INIT, RUN and EVAL. `start()` before use, `close()` at the end."""
+
+    def __init__(self, client: AsyncClient, generate: GenerateFn, tokenizer: ChatTokenizer, *,
+                 settings: PipelineSettings = PipelineSettings(),
+                 has_llm: Callable[[], bool] = lambda: True) -> None:
+        self._client = client
+        self._generate = generate
+        self._tokenizer = tokenizer
+        self._settings = settings
+        self._has_llm = has_llm
+        self._queues = {stage: asyncio.Queue[Rollout](settings.stage(stage).queue_size) for stage in Stage}
+        self._counters = {stage: StageCounters() for stage in Stage}
+        self._workers: list[asyncio.Task] = []
+        self._finishing: set[asyncio.Task] = set()
+        self._live: dict[str, Rollout] = {}
+        self._closed = False
+        self.policy_version = 0
+        self.totals = collections.Counter[int]()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for stage in Stage:
+            for number in range(self._settings.stage(stage).workers):
+                self._workers.append(asyncio.create_task(self._work(stage), name=f"rollout-{stage.value}-{number}"))
+
+    async def close(self) -> None:
+        """Stops taking rollouts, ends every unfinished one as FILTERED (reason SHUTDOWN) and
+        destroys their sandboxes."""
+        self._closed = True
+        for rollout in list(self._live.values()):
+            self._stop(rollout, pb.FILTER_REASON_SHUTDOWN)
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        # Rollouts still sitting in a queue had no worker to end them.
+        for rollout in list(self._live.values()):
+            self._finish(rollout, self._filtered(rollout, pb.FILTER_REASON_SHUTDOWN, "the daemon shut down"))
+        while self._finishing:
+            await asyncio.gather(*self._finishing, return_exceptions=True)
+
+    # -- the API the service uses ----------------------------------------------------------------
+
+    async def submit(self, task: pb.Task, options: pb.RolloutOptions, deliver: ResultSink,
+                     on_turn: TurnSink | None = None) -> list[Rollout]:
+        """Queues `options.n` rollouts of a task (waiting while the INIT queue is full) and returns
+        them. Each result goes to `deliver` when it is ready. Raises TaskError, NoLLMServers,
+        PipelineClosed."""
+        if self._closed:
+            raise PipelineClosed("the daemon is shutting down")
+        check_task(task)
+        if not self._has_llm():
+            raise NoLLMServers("no LLM server is registered: call RegisterLLM first")
+        group_id = options.group_id or secrets.token_hex(6)
+        rollouts = [
+            Rollout(rollout_id=f"{task.task_id}/{index}/{secrets.token_hex(4)}", task=task, options=options,
+                    group_id=group_id, sample_index=index, deliver=deliver,
+                    on_turn=on_turn if options.stream_turns else None)
+            for index in range(options.n or 1)
+        ]
+        for rollout in rollouts:
+            self._live[rollout.rollout_id] = rollout
+        for rollout in rollouts:
+            await self._enqueue(Stage.INIT, rollout)
+        return rollouts
+
+    def cancel(self, rollout_id: str) -> bool:
+        """Cancels a rollout (result status CANCELLED) and destroys its sandbox at once. False if
+        it is unknown or already finished."""
+        rollout = self._live.get(rollout_id)
+        if rollout is None:
+            return False
+        self._stop(rollout, None)
+        return True
+
+    def set_policy_version(self, version: int) -> None:
+        if version < self.policy_version:
+            raise ValueError(f"policy version {version} is older than the current {self.policy_version}")
+        self.policy_version = version
+
+    def stage_stats(self, stage: Stage) -> pb.StageStats:
+        counters = self._counters[stage]
+        return pb.StageStats(queued=self._queues[stage].qsize(), in_flight=counters.in_flight,
+                             workers=self._settings.stage(stage).workers, completed=counters.completed,
+                             throughput_per_s=counters.throughput())
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+    # -- stages --------------------------------------------------------------------------------
+
+    async def _enqueue(self, stage: Stage, rollout: Rollout) -> None:
+        rollout.enqueued_at = time.monotonic()
+        await self._queues[stage].put(rollout)
+
+    async def _work(self, stage: Stage) -> None:
+        queue = self._queues[stage]
+        counters = self._counters[stage]
+        while True:
+            rollout = await queue.get()
+            if rollout.finished:  # cancelled while it waited
+                continue
+            taken = time.monotonic()
+            rollout.timings[f"{stage.value}_queue"] = taken - rollout.enqueued_at
+            counters.in_flight += 1
+            work = asyncio.create_task(self._run_stage(stage, rollout))
+            rollout.active = work
+            try:
+                await asyncio.wait({work})
+            except asyncio.CancelledError:  # the pipeline is closing
+                work.cancel()
+                await asyncio.wait({work})
+                raise
+            finally:
+                counters.in_flight -= 1
+                rollout.active = None
+                rollout.timings[stage.value] = time.monotonic() - taken
+            counters.record_completion()
+            next_stage = await self._after_stage(stage, rollout, work)
+            if next_stage is not None:
+                await self._enqueue(next_stage, rollout)
+
+    async def _after_stage(self, stage: Stage, rollout: Rollout, work: asyncio.Task) -> Stage | None:
+        """Ends the rollout or names the stage it goes to next."""
+        if work.cancelled():
+            if rollout.stop_reason is not None:
+                self._finish(rollout, self._filtered(rollout, rollout.stop_reason, "the daemon shut down"))
+            else:
+                self._finish(rollout, self._result(rollout, pb.ROLLOUT_STATUS_CANCELLED, error="cancelled by the client"))
+            return None
+        error = work.exception()
+        if isinstance(error, RolloutFiltered):
+            self._finish(rollout, self._filtered(rollout, error.reason, str(error)))
+            return None
+        if error is not None:
+            _log.error("rollout %s: unexpected failure in %s", rollout.rollout_id, stage.value, exc_info=error)
+            reason = {Stage.INIT: pb.FILTER_REASON_SANDBOX_START, Stage.RUN: pb.FILTER_REASON_BACKEND_CRASH,
+                      Stage.EVAL: pb.FILTER_REASON_EVAL_INFRA}[stage]
+            self._finish(rollout, self._filtered(rollout, reason, f"{type(error).__name__}: {error}"))
+            return None
+        if stage is Stage.INIT:
+            return Stage.RUN
+        if stage is Stage.RUN:
+            return Stage.EVAL
+        self._finish(rollout, self._completed(rollout))
+        return None
+
+    async def _run_stage(self, stage: Stage, rollout: Rollout) -> None:
+        timeout = self._stage_timeout(stage, rollout)
+        if stage is Stage.INIT:
+            await self._init(rollout, timeout)
+        elif stage is Stage.RUN:
+            await self._run(rollout, timeout)
+            self._check_staleness(rollout)
+        else:
+            await self._eval(rollout, timeout)
+            self._check_staleness(rollout)
+
+    def _stage_timeout(self, stage: Stage, rollout: Rollout) -> float:
+        limits = task_limits(rollout.task)
+        own = {Stage.INIT: limits.init_timeout_s, Stage.RUN: limits.run_timeout_s,
+               Stage.EVAL: limits.eval_timeout_s}[stage]
+        return own or self._settings.stage(stage).timeout_s
+
+    async def _init(self, rollout: Rollout, timeout_s: float) -> None:
+        task = rollout.task
+        limits = task_limits(task)
+        attempts = self._settings.init_retries + 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                for attempt in range(1, attempts + 1):
+                    try:
+                        rollout.sandbox = await self._client.create_sandbox(
+                            image=task.image or None, backend=_backend_name(task.backend),
+                            memory_bytes=task.resources.memory_bytes or None, pids=task.resources.pids or None,
+                            cpu_millicores=task.resources.cpu_millicores or None,
+                            labels={"io.corral.rollout": rollout.rollout_id, "io.corral.task": task.task_id})
+                        await set_up(rollout.sandbox, task.setup, action_timeout_s=limits.action_timeout_s)
+                        return
+                    except (NotFound, InvalidArgument) as error:  # a bad image or request: retrying cannot help
+                        raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, f"creating the sandbox failed: {error}") from error
+                    except SetupFailed as error:
+                        raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
+                    except CorralError as error:
+                        await self._destroy_sandbox(rollout)
+                        if attempt == attempts:
+                            raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START,
+                                                  f"creating the sandbox failed {attempts} times: {error}") from error
+                        _log.warning("rollout %s: sandbox start failed (attempt %d of %d): %s",
+                                     rollout.rollout_id, attempt, attempts, error)
+        except TimeoutError:
+            raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
+
+    async def _run(self, rollout: Rollout, timeout_s: float) -> None:
+        task = rollout.task
+        assert rollout.sandbox is not None
+        limits = task_limits(task)
+        tools = SandboxToolBox(rollout.sandbox, enabled_tools(task), workdir=rollout.sandbox.info.workdir,
+                               max_observation_bytes=limits.max_observation_bytes)
+        loop = AgentLoop(
+            self._tokenizer, self._generate, tools,
+            limits=AgentLimits(max_turns=limits.max_turns, max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
+                               max_total_tokens=limits.max_total_tokens, action_timeout_s=limits.action_timeout_s),
+            tool_call_format=tool_call_format(task),
+            sampling=sampling_options(task, limits.max_new_tokens_per_turn),
+            rollout_id=rollout.rollout_id,
+            policy_version=lambda: self.policy_version,
+            on_turn=self._turn_sink(rollout),
+        )
+        rollout.trajectory = loop.trajectory
+        try:
+            async with asyncio.timeout(timeout_s):
+                await loop.run(render_messages(task))
+        except TimeoutError:
+            loop.trajectory.finish_reason = FinishReason.TIMEOUT
+        except LLMUnavailable as error:
+            raise RolloutFiltered(pb.FILTER_REASON_LLM_UNREACHABLE, str(error)) from error
+        except (SandboxFailure, CorralError) as error:
+            raise RolloutFiltered(pb.FILTER_REASON_BACKEND_CRASH, str(error)) from error
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(tools.close(), 10)
+
+    async def _eval(self, rollout: Rollout, timeout_s: float) -> None:
+        assert rollout.sandbox is not None
+        try:
+            async with asyncio.timeout(timeout_s):
+                rollout.evaluation = await evaluate(rollout.sandbox, rollout.task.evaluation, command_timeout_s=timeout_s)
+        except TimeoutError:
+            raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"EVAL ran past its {timeout_s:g} s") from None
+        except EvaluationInfraError as error:
+            raise RolloutFiltered(pb.FILTER_REASON_EVAL_INFRA, str(error)) from error
+        except CorralError as error:
+            raise RolloutFiltered(pb.FILTER_REASON_EVAL_INFRA, f"the evaluation failed: {error}") from error
+
+    def _check_staleness(self, rollout: Rollout) -> None:
+        if not rollout.options.HasField("max_staleness") or rollout.trajectory is None:
+            return
+        oldest = rollout.trajectory.oldest_weight_version
+        if oldest is not None and self.policy_version - oldest > rollout.options.max_staleness:
+            raise RolloutFiltered(pb.FILTER_REASON_STALENESS,
+                                  f"its oldest token is from policy version {oldest}, {self.policy_version - oldest} "
+                                  f"versions behind {self.policy_version} (max_staleness {rollout.options.max_staleness})")
+
+    def _turn_sink(self, rollout: Rollout) -> Callable[[TurnRecord], None] | None:
+        if rollout.on_turn is None:
+            return None
+        sink = rollout.on_turn
+        return lambda turn: sink(results.turn_to_proto(turn, rollout.rollout_id))
+
+    # -- ending --------------------------------------------------------------------------------
+
+    def _stop(self, rollout: Rollout, reason: int | None) -> None:
+        """Ends a rollout early: the stage working on it is cancelled (its worker then finishes
+        it), or, if it is waiting in a queue, it is finished here."""
+        rollout.stop_reason = reason
+        if rollout.active is not None:
+            rollout.active.cancel()
+        elif not rollout.finished:
+            if reason is None:
+                self._finish(rollout, self._result(rollout, pb.ROLLOUT_STATUS_CANCELLED, error="cancelled by the client"))
+            else:
+                self._finish(rollout, self._filtered(rollout, reason, "the daemon shut down"))
+
+    def _finish(self, rollout: Rollout, result: pb.RolloutResult) -> None:
+        """Delivers the result once the sandbox is gone; never twice."""
+        if rollout.finished:
+            return
+        rollout.finished = True
+        self._live.pop(rollout.rollout_id, None)
+        self.totals[result.status] += 1
+        task = asyncio.create_task(self._destroy_then_deliver(rollout, result))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    async def _destroy_then_deliver(self, rollout: Rollout, result: pb.RolloutResult) -> None:
+        await self._destroy_sandbox(rollout)
+        rollout.timings["total"] = time.monotonic() - rollout.submitted_at
+        result.timings.CopyFrom(results.stage_timings(rollout.timings))
+        try:
+            rollout.deliver(result)
+        except Exception:
+            _log.exception("rollout %s: delivering the result failed", rollout.rollout_id)
+
+    async def _destroy_sandbox(self, rollout: Rollout) -> None:
+        sandbox, rollout.sandbox = rollout.sandbox, None
+        if sandbox is None:
+            return
+        try:
+            await asyncio.wait_for(sandbox.destroy(), DESTROY_TIMEOUT_S)
+        except Exception as error:  # the daemon's reaper removes it later; the rollout must still end
+            _log.warning("rollout %s: destroying sandbox %s failed: %s", rollout.rollout_id, sandbox.id, error)
+
+    def _result(self, rollout: Rollout, status: int, *, reason: int = pb.FILTER_REASON_UNSPECIFIED,
+                error: str = "") -> pb.RolloutResult:
+        result = pb.RolloutResult(rollout_id=rollout.rollout_id, task_id=rollout.task.task_id,
+                                  group_id=rollout.group_id, sample_index=rollout.sample_index, status=status,
+                                  filter_reason=reason, error=error, metadata=rollout.task.metadata)
+        if rollout.trajectory is not None:
+            results.fill_trajectory(result, rollout.trajectory)
+        if rollout.evaluation is not None:
+            result.eval_output = rollout.evaluation.output
+        return result
+
+    def _filtered(self, rollout: Rollout, reason: int, error: str) -> pb.RolloutResult:
+        return self._result(rollout, pb.ROLLOUT_STATUS_FILTERED, reason=reason, error=error)
+
+    def _completed(self, rollout: Rollout) -> pb.RolloutResult:
+        result = self._result(rollout, pb.ROLLOUT_STATUS_COMPLETED)
+        assert rollout.evaluation is not None
+        result.reward = rollout.evaluation.reward
+        return result
+
+
+def _backend_name(backend: int) -> str | None:
+    if backend == sandbox_pb2.BACKEND_UNSPECIFIED:
+        return None
+    return sandbox_pb2.Backend.Name(backend).removeprefix("BACKEND_").lower()

@@ -1,0 +1,49 @@
+"""Turning a rollout's trajectory, evaluation and timings into a `corral.v1.RolloutResult`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from corral.daemon.rollout.types import FinishReason, Trajectory, TurnRecord
+from corral.v1 import rollout_pb2 as pb
+
+
+def turn_to_proto(turn: TurnRecord, rollout_id: str = "") -> pb.Turn:
+    return pb.Turn(
+        index=turn.index,
+        generated_ids=turn.generated_ids,
+        generated_logprobs=turn.generated_logprobs,
+        weight_version=turn.weight_version,
+        tool_calls=[pb.ToolCall(name=call.name, arguments_json=call.arguments_json()) for call in turn.tool_calls],
+        observation_ids=turn.observation_ids,
+        format_error=turn.format_error,
+        llm_finish_reason=turn.llm_finish_reason,
+        llm_time_ms=round(turn.llm_time_s * 1000),
+        tool_time_ms=round(turn.tool_time_s * 1000),
+        rollout_id=rollout_id,
+        llm_address=turn.llm_server,
+    )
+
+
+def finish_reason_to_proto(reason: FinishReason | None) -> int:
+    if reason is None:
+        return pb.FINISH_REASON_UNSPECIFIED
+    return pb.FinishReason.Value(f"FINISH_REASON_{reason.value}")
+
+
+def fill_trajectory(result: pb.RolloutResult, trajectory: Trajectory) -> None:
+    """Copies the token-exact trajectory into a result."""
+    result.finish_reason = finish_reason_to_proto(trajectory.finish_reason)
+    result.prompt_ids.extend(trajectory.prompt_ids)
+    result.response_ids.extend(trajectory.response_ids)
+    result.response_mask.extend(trajectory.response_mask)
+    result.response_logprobs.extend(trajectory.response_logprobs)
+    result.weight_versions.extend(trajectory.weight_versions)
+    result.turns.extend(turn_to_proto(turn, result.rollout_id) for turn in trajectory.turns)
+    result.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"]) for m in trajectory.messages)
+    result.format_errors = trajectory.format_errors
+
+
+def stage_timings(seconds: Mapping[str, float]) -> pb.StageTimings:
+    """StageTimings from {"init_queue": s, "init": s, ..., "total": s}; missing stages stay 0."""
+    return pb.StageTimings(**{f"{name}_ms": round(value * 1000) for name, value in seconds.items()})

@@ -1,0 +1,43 @@
+"""The daemon's rollout machinery, built from the `[rollout]` configuration: the LLM server pool,
+the tokenizer and the INIT / RUN / EVAL pipeline, with their start and shutdown order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.daemon.config import RolloutConfig
+from corral.daemon.rollout.llm.pool import LLMPool
+from corral.daemon.rollout.pipeline import PipelineSettings, RolloutPipeline, StageSettings
+from corral.daemon.rollout.tokenizer import load_tokenizer
+from corral.sdk import AsyncClient
+
+
+def pipeline_settings(config: RolloutConfig) -> PipelineSettings:
+    return PipelineSettings(
+        init=StageSettings(config.init_workers, config.init_timeout_s, config.queue_size),
+        run=StageSettings(config.run_workers, config.run_timeout_s, config.queue_size),
+        eval=StageSettings(config.eval_workers, config.eval_timeout_s, config.queue_size),
+        init_retries=config.init_retries,
+    )
+
+
+class RolloutRuntime:
+    """Owns the pool, the pipeline and the pipeline's client of this daemon's own socket (the
+    pipeline uses the same SDK calls as any trainer)."""
+
+    def __init__(self, config: RolloutConfig, socket_path: Path) -> None:
+        self.llms = LLMPool(timeout_s=config.llm_timeout_s, max_attempts=config.llm_attempts)
+        self.client = AsyncClient(f"unix://{socket_path}")
+        self.pipeline = RolloutPipeline(self.client, self.llms.generate, load_tokenizer(config.tokenizer),
+                                        settings=pipeline_settings(config),
+                                        has_llm=lambda: len(self.llms) > 0)
+
+    def start(self) -> None:
+        self.pipeline.start()
+
+    async def close(self) -> None:
+        """Ends unfinished rollouts (FILTERED, reason SHUTDOWN) and destroys their sandboxes; call
+        while the daemon still serves, since the pipeline reaches sandboxes through its socket."""
+        await self.pipeline.close()
+        await self.llms.close()
+        await self.client.close()

@@ -1,0 +1,25 @@
+import unittest
+
+from bits import clear_bit, is_power_of_two, popcount, set_bit, get_bit
+
+
+class BitsTest(unittest.TestCase):
+    def test_set_and_test(self):
+        value = set_bit(set_bit(0, 0), 5)
+        self.assertEqual(value, 33)
+        self.assertTrue(get_bit(value, 5))
+        self.assertFalse(get_bit(value, 4))
+
+    def test_clear_lowest(self):
+        self.assertEqual(clear_bit(0b111, 0), 0b110)
+
+    def test_popcount(self):
+        self.assertEqual(popcount(0b1011), 3)
+
+    def test_not_powers(self):
+        self.assertFalse(is_power_of_two(0))
+        self.assertFalse(is_power_of_two(6))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,1 @@
+"""Hidden tests: copied into the workdir only for evaluation."""
