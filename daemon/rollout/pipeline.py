@@ -330,11 +330,7 @@ class RolloutPipeline:
             async with asyncio.timeout(timeout_s):
                 for attempt in range(1, attempts + 1):
                     try:
-                        rollout.sandbox = await self._client.create_sandbox(
-                            image=task.image or None, backend=_backend_name(task.backend),
-                            memory_bytes=task.resources.memory_bytes or None, pids=task.resources.pids or None,
-                            cpu_millicores=task.resources.cpu_millicores or None,
-                            labels={"io.corral.rollout": rollout.rollout_id, "io.corral.task": task.task_id})
+                        rollout.sandbox = await self._create_sandbox(rollout)
                         await set_up(rollout.sandbox, task.setup, action_timeout_s=limits.action_timeout_s)
                         return
                     except (NotFound, InvalidArgument) as error:  # a bad image or request: retrying cannot help
@@ -350,6 +346,22 @@ class RolloutPipeline:
                                      rollout.rollout_id, attempt, attempts, error)
         except TimeoutError:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
+
+    async def _create_sandbox(self, rollout: Rollout) -> AsyncSandbox:
+        task = rollout.task
+        creating = asyncio.ensure_future(self._client.create_sandbox(
+            image=task.image or None, backend=_backend_name(task.backend),
+            memory_bytes=task.resources.memory_bytes or None, pids=task.resources.pids or None,
+            cpu_millicores=task.resources.cpu_millicores or None,
+            labels={"io.corral.rollout": rollout.rollout_id, "io.corral.task": task.task_id}))
+        try:
+            return await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            # Cancelled (or timed out) mid-creation: let the creation finish so that the sandbox
+            # is known and destroyed with the rollout, instead of being left half-made.
+            with contextlib.suppress(Exception):
+                rollout.sandbox = await asyncio.wait_for(creating, DESTROY_TIMEOUT_S)
+            raise
 
     async def _run(self, rollout: Rollout, timeout_s: float) -> None:
         task = rollout.task

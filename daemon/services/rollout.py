@@ -143,7 +143,7 @@ class _StreamSession:
 
     async def submit(self, submit: pb.SubmitRollout) -> None:
         try:
-            rollouts = await self.servicer._submit(submit.task, submit.options, self.deliver, self.events.put_nowait)
+            rollouts = await self.servicer._submit(submit.task, submit.options, self.deliver, self.send_turn)
         except (InvalidArgument, FailedPrecondition, Unavailable) as error:
             self.events.put_nowait(pb.StreamResponse(rejected=pb.RolloutRejected(
                 client_ref=submit.client_ref, task_id=submit.task.task_id, code=error.code.name, message=str(error))))
@@ -160,6 +160,9 @@ class _StreamSession:
         self.finished.add(result.rollout_id)
         self.events.put_nowait(pb.StreamResponse(result=result))
         self._maybe_end()
+
+    def send_turn(self, turn: pb.Turn) -> None:
+        self.events.put_nowait(pb.StreamResponse(turn=turn))
 
     def cancel(self, cancel: pb.CancelRollout) -> None:
         for rollout_id, task_id in list(self.unfinished.items()):

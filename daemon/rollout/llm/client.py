@@ -81,8 +81,9 @@ class HTTPClientBase:
             self._session = None
 
     async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None,
-                       timeout_s: float | None = None) -> Any:
-        """The decoded JSON answer; LLMServerError (retryable or not) for every failure."""
+                       timeout_s: float | None = None, json_answer: bool = True) -> Any:
+        """The decoded JSON answer (the raw body when not `json_answer`); LLMServerError
+        (retryable or not) for every failure."""
         url = self.base_url + path
         timeout = aiohttp.ClientTimeout(total=self.timeout_s if timeout_s is None else timeout_s)
         try:
@@ -99,6 +100,8 @@ class HTTPClientBase:
             retryable = status >= 500 or status in (408, 429)
             raise LLMServerError(f"{method} {url} answered {status}: {detail}", server=self.base_url,
                                  status=status, retryable=retryable)
+        if not json_answer:
+            return body
         try:
             return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError):

@@ -56,13 +56,16 @@ class ReferenceServer:
     """
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 0, *, latency_s: float = 0.0,
-                 per_token_latency_s: float = 0.0, model_path: str | None = None) -> None:
+                 per_token_latency_s: float = 0.0, model_path: str | None = None, grace_s: float = 1.0) -> None:
         self.policy = policy
         self.host = host
         self.port = port
         self.latency_s = latency_s
         self.per_token_latency_s = per_token_latency_s
         self.model_path = model_path or f"builtin:{policy.name}"
+        # How long stop() lets requests in flight finish before dropping their connections (a
+        # tiny value simulates a server that dies).
+        self.grace_s = max(grace_s, 0.001)
         self.tokenizer = ByteChatTokenizer()
         # Generate requests answered (200) since start, for tests and benchmarks.
         self.requests_served = 0
@@ -88,7 +91,7 @@ class ReferenceServer:
         """Listens (on a free port when port is 0) and returns the base URL."""
         if self._runner is not None:
             raise RuntimeError("the server is already running")
-        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=0.5)
+        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=self.grace_s)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:
@@ -101,7 +104,8 @@ class ReferenceServer:
         return self.url
 
     async def stop(self) -> None:
-        """Stops listening and drops open connections (requests in flight fail on the client)."""
+        """Stops listening; requests in flight get `grace_s` to finish, then their connections are
+        dropped (they fail on the client)."""
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()

@@ -113,7 +113,7 @@ class SGLangClient(HTTPClientBase):
     async def health(self) -> bool:
         """GET /health answers 200."""
         try:
-            await self._request("GET", "/health", timeout_s=10)
+            await self._request("GET", "/health", timeout_s=10, json_answer=False)
         except LLMServerError:
             return False
         return True

@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from corral.daemon.rollout.llm.client import HTTPClientBase, int_or_none, protocol_error
+from corral.daemon.rollout.llm.client import HTTPClientBase, LLMServerError, int_or_none, protocol_error
 from corral.daemon.rollout.types import Generation, SamplingOptions
 
 _TOKEN_ID_PREFIX = "token_id:"
@@ -117,8 +117,8 @@ class VLLMClient(HTTPClientBase):
 
     async def health(self) -> bool:
         try:
-            await self._request("GET", "/health", timeout_s=10)
-        except Exception:  # noqa: BLE001 - any failure is "not healthy"
+            await self._request("GET", "/health", timeout_s=10, json_answer=False)
+        except LLMServerError:
             return False
         return True
 

@@ -1,10 +1,10 @@
 import unittest
 
-from bits import clear_bit, is_power_of_two, popcount, set_bit, get_bit
+from bits import clear_bit, get_bit, is_power_of_two, popcount, set_bit
 
 
 class BitsTest(unittest.TestCase):
-    def test_set_and_test(self):
+    def test_set_and_get(self):
         value = set_bit(set_bit(0, 0), 5)
         self.assertEqual(value, 33)
         self.assertTrue(get_bit(value, 5))
@@ -16,7 +16,8 @@ class BitsTest(unittest.TestCase):
     def test_popcount(self):
         self.assertEqual(popcount(0b1011), 3)
 
-    def test_not_powers(self):
+    def test_powers_of_two(self):
+        self.assertTrue(is_power_of_two(64))
         self.assertFalse(is_power_of_two(0))
         self.assertFalse(is_power_of_two(6))
 

@@ -9,6 +9,11 @@ def clear_bit(value, index):
     return value & ~1 << index
 
 
+def toggle_bit(value, index):
+    """Flips bit `index`: a set bit becomes clear and a clear bit becomes set."""
+    return value | (1 << index)
+
+
 def get_bit(value, index):
     return bool((value >> index) & 1)
 

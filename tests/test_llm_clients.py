@@ -1,0 +1,441 @@
+"""LLM clients and the server pool over real HTTP: the SGLang client against the built-in
+reference server, the vLLM client against a stand-in of vLLM's completions endpoint, and the
+pool's stickiness, load balancing, failover, cool-down and run-time registration."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import pytest
+from aiohttp import web
+
+from corral.daemon.rollout.llm.client import LLMRequestRejected, LLMServerError
+from corral.daemon.rollout.llm.policies import GenerateParams
+from corral.daemon.rollout.llm.pool import LLMPool, ServerAlreadyRegistered, UnknownServer
+from corral.daemon.rollout.llm.reference_server import ReferenceServer
+from corral.daemon.rollout.llm.replay import ReplayPolicy
+from corral.daemon.rollout.llm.sglang import SGLangClient
+from corral.daemon.rollout.llm.tiny import TinyPolicy
+from corral.daemon.rollout.llm.vllm import VLLMClient
+from corral.daemon.rollout.tokenizer import ByteChatTokenizer
+from corral.daemon.rollout.types import LLMUnavailable, SamplingOptions
+from corral.v1 import rollout_pb2 as pb
+
+TOK = ByteChatTokenizer()
+IM_END_ID = TOK.special_ids["<|im_end|>"]
+PROMPT = TOK.encode_prompt([{"role": "user", "content": "Write something."}])
+SHORT = SamplingOptions(max_new_tokens=4, temperature=1.0)
+
+
+def replay_task() -> pb.Task:
+    task = pb.Task(task_id="t1")
+    task.prompt.messages.add(role="user", content="List the files.")
+    task.reference_solution.add(name="bash", arguments_json='{"command": "ls"}')
+    return task
+
+
+# ---- SGLang ---------------------------------------------------------------------------------------
+
+
+async def test_sglang_client_round_trip_against_the_reference_server(tmp_path):
+    import torch
+
+    from corral.daemon.rollout.llm.tiny_model import TinyByteLM
+
+    policy = TinyPolicy(seed=0)
+    server = ReferenceServer(policy)
+    url = await server.start()
+    client = SGLangClient(url, timeout_s=10)
+    try:
+        generation = await client.generate(PROMPT, SamplingOptions(max_new_tokens=12, temperature=0.7))
+        assert generation.server == url
+        assert 1 <= len(generation.output_ids) <= 12
+        assert len(generation.logprobs) == len(generation.output_ids)
+        assert all(math.isfinite(lp) and lp <= 0 for lp in generation.logprobs)
+        assert all(0 <= i < TOK.vocab_size for i in generation.output_ids)
+        assert generation.weight_version == 0
+        assert generation.finish_reason in ("stop", "length")
+        if generation.finish_reason == "length":
+            assert len(generation.output_ids) == 12
+        # The weight version follows the server's.
+        torch.save(TinyByteLM().state_dict(), tmp_path / "w.pt")
+        await policy.load_weights(str(tmp_path / "w.pt"), 5)
+        assert (await client.generate(PROMPT, SHORT)).weight_version == 5
+        assert await client.get_weight_version() == 5
+        assert await client.health()
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_sglang_client_keeps_the_stop_token():
+    server = ReferenceServer(ReplayPolicy([replay_task()]))
+    url = await server.start()
+    client = SGLangClient(url, timeout_s=10)
+    try:
+        prompt = TOK.encode_prompt([{"role": "user", "content": "List the files."}])
+        generation = await client.generate(prompt, SamplingOptions(max_new_tokens=200, stop_token_ids=(IM_END_ID,)))
+        assert generation.finish_reason == "stop"
+        assert generation.output_ids[-1] == IM_END_ID
+        assert TOK.decode(generation.output_ids) == '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call><|im_end|>'
+    finally:
+        await client.close()
+        await server.stop()
+
+
+def test_sglang_parse_appends_a_dropped_stop_token_and_rejects_missing_logprobs():
+    client = SGLangClient("http://127.0.0.1:1")
+    answer = {"output_ids": [10, 11], "meta_info": {
+        "finish_reason": {"type": "stop", "matched": IM_END_ID}, "weight_version": "3",
+        "output_token_logprobs": [[-0.5, 10, None], [-0.25, 11, None]]}}
+    generation = client.parse(answer)
+    assert generation.output_ids == [10, 11, IM_END_ID]
+    assert generation.logprobs == [-0.5, -0.25, 0.0]  # the dropped token's logprob is unknown
+    assert generation.weight_version == 3 and generation.finish_reason == "stop"
+    # When the logprobs still name it, its logprob is kept.
+    answer["meta_info"]["output_token_logprobs"].append([-0.125, IM_END_ID, None])
+    assert client.parse(answer).logprobs == [-0.5, -0.25, -0.125]
+    # Weight versions that are not integers are None; spans give the oldest.
+    answer["meta_info"]["weight_version"] = "step-9"
+    assert client.parse(answer).weight_version is None
+    answer["meta_info"]["weight_versions"] = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
+    assert client.parse(answer).weight_version == 4
+    del answer["meta_info"]["output_token_logprobs"]
+    with pytest.raises(LLMServerError, match="output_token_logprobs"):
+        client.parse(answer)
+    with pytest.raises(LLMServerError, match="2 output ids but 1 logprobs"):
+        client.parse({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "length"},
+                                                          "output_token_logprobs": [[-1.0, 1, None]]}})
+
+
+# ---- vLLM -------------------------------------------------------------------------------------------
+
+
+class VLLMStandIn:
+    """A stand-in for vLLM's OpenAI-compatible server, because vLLM itself cannot run here (no GPU):
+    GET /v1/models and POST /v1/completions with a token-id prompt, shaped as vLLM answers
+    (choices[0].token_ids with return_token_ids, logprobs.tokens as "token_id:<id>",
+    finish_reason and stop_reason), generating with the tiny policy. With `old=True` it answers
+    like vLLM before 0.10.2 (no token_ids field)."""
+
+    def __init__(self, old: bool = False) -> None:
+        self.policy = TinyPolicy(seed=1)
+        self.old = old
+        self.bodies: list[dict] = []
+        self.models_asked = 0
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.models_asked += 1
+        return web.json_response({"object": "list", "data": [{"id": "tiny-byte-lm", "object": "model"}]})
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        if body.get("model") != "tiny-byte-lm":
+            return web.json_response({"object": "error", "message": "model not found", "code": 404}, status=404)
+        params = GenerateParams(max_new_tokens=body["max_tokens"], temperature=body.get("temperature", 1.0),
+                                top_p=body.get("top_p", 1.0), top_k=body.get("top_k", -1),
+                                stop_token_ids=tuple(body.get("stop_token_ids", ())), seed=body.get("seed"))
+        out = await self.policy.generate(body["prompt"], params)
+        choice = {
+            "index": 0,
+            "text": TOK.decode(out.output_ids),
+            "logprobs": {"tokens": [f"token_id:{i}" for i in out.output_ids], "token_logprobs": out.logprobs,
+                         "text_offset": [0] * len(out.output_ids),
+                         "top_logprobs": [{f"token_id:{i}": lp} for i, lp in zip(out.output_ids, out.logprobs)]},
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.matched if out.matched in body.get("stop_token_ids", ()) else None,
+        }
+        if not self.old:
+            choice["token_ids"] = out.output_ids
+            choice["prompt_token_ids"] = body["prompt"]
+        return web.json_response({"id": "cmpl-1", "object": "text_completion", "model": body["model"],
+                                  "choices": [choice], "usage": {"prompt_tokens": len(body["prompt"]),
+                                                                 "completion_tokens": len(out.output_ids)}})
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["token_ids", "logprob_tokens"])
+async def test_vllm_client_against_a_completions_stand_in(old):
+    stand_in = VLLMStandIn(old=old)
+    url = await stand_in.start()
+    client = VLLMClient(url, timeout_s=10)
+    try:
+        first = await client.generate(PROMPT, SamplingOptions(max_new_tokens=16, temperature=0.9, top_k=50))
+        second = await client.generate(PROMPT, SamplingOptions(max_new_tokens=30, temperature=1.0,
+                                                               stop_token_ids=(IM_END_ID,)))
+        assert stand_in.models_asked == 1 and client.model == "tiny-byte-lm"
+        body = stand_in.bodies[0]
+        assert body["prompt"] == PROMPT and body["max_tokens"] == 16 and body["logprobs"] == 1
+        assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
+        assert body["top_k"] == 50 and "stop_token_ids" not in body
+        assert stand_in.bodies[1]["stop_token_ids"] == [IM_END_ID]
+        for generation in (first, second):
+            assert len(generation.output_ids) == len(generation.logprobs) >= 1
+            assert all(math.isfinite(lp) and lp <= 0 for lp in generation.logprobs)
+            assert generation.weight_version is None and generation.server == url
+            assert generation.finish_reason in ("stop", "length")
+        assert len(first.output_ids) == 16 or first.finish_reason == "stop"
+        # The logprobs are the policy's own (recomputed from its model).
+        import torch
+        from torch.nn import functional as F
+
+        with torch.no_grad():
+            logits, _ = stand_in.policy.model(torch.tensor([PROMPT + first.output_ids]))
+        expected = F.log_softmax(logits[0, len(PROMPT) - 1:-1] / 0.9, -1).gather(
+            -1, torch.tensor(first.output_ids)[:, None]).squeeze(-1).tolist()
+        assert first.logprobs == pytest.approx(expected, abs=1e-4)
+    finally:
+        await client.close()
+        await stand_in.stop()
+
+
+async def test_vllm_client_uses_the_given_model_and_maps_errors():
+    stand_in = VLLMStandIn()
+    url = await stand_in.start()
+    wrong = VLLMClient(url, model="other-model", timeout_s=10)
+    try:
+        with pytest.raises(LLMServerError) as info:
+            await wrong.generate(PROMPT, SHORT)
+        assert info.value.status == 404 and not info.value.retryable
+        assert stand_in.models_asked == 0
+    finally:
+        await wrong.close()
+        await stand_in.stop()
+    # The same client once the server is gone: a retryable connection error.
+    with pytest.raises(LLMServerError) as info:
+        await VLLMClient(url, model="tiny-byte-lm", timeout_s=5).generate(PROMPT, SHORT)
+    assert info.value.retryable and info.value.status is None
+
+
+def test_vllm_parse_appends_a_dropped_stop_token():
+    client = VLLMClient("http://127.0.0.1:1", model="m")
+    generation = client.parse({"choices": [{"token_ids": [5, 6], "finish_reason": "stop", "stop_reason": IM_END_ID,
+                                            "logprobs": {"token_logprobs": [-1.0, -2.0], "tokens": ["a", "b"]}}]})
+    assert generation.output_ids == [5, 6, IM_END_ID] and generation.logprobs == [-1.0, -2.0, 0.0]
+    with pytest.raises(LLMServerError, match="token_logprobs"):
+        client.parse({"choices": [{"token_ids": [5], "finish_reason": "length", "logprobs": None}]})
+
+
+# ---- the pool ---------------------------------------------------------------------------------------
+
+
+class Servers:
+    """Reference servers (tiny policy) for pool tests, stopped at the end."""
+
+    def __init__(self) -> None:
+        self.servers: list[ReferenceServer] = []
+
+    async def start(self, latency_s: float = 0.0, port: int = 0) -> ReferenceServer:
+        # grace_s: stop() drops requests in flight at once, as a crashing server would.
+        server = ReferenceServer(TinyPolicy(seed=0), port=port, latency_s=latency_s, grace_s=0.001)
+        await server.start()
+        self.servers.append(server)
+        return server
+
+    async def stop_all(self) -> None:
+        for server in self.servers:
+            await server.stop()
+
+
+@pytest.fixture
+async def servers():
+    group = Servers()
+    yield group
+    await group.stop_all()
+
+
+@pytest.fixture
+async def pool():
+    pool = LLMPool(timeout_s=10, backoff_s=0.01, max_backoff_s=0.05, cooldown_s=0.5)
+    yield pool
+    await pool.close()
+
+
+def stats(pool: LLMPool) -> dict:
+    return {s.address: s for s in pool.snapshot()}
+
+
+async def test_pool_keeps_a_rollout_on_its_server_and_spreads_new_ones(servers, pool):
+    a, b = await servers.start(), await servers.start()
+    pool.register(a.url)
+    pool.register(b.url + "/", protocol="sglang")  # normalised
+    first = await pool.generate(PROMPT, SHORT, "r1")
+    second = await pool.generate(PROMPT, SHORT, "r2")
+    assert {first.server, second.server} == {a.url, b.url}  # new rollouts go to the less used server
+    for _ in range(4):
+        assert (await pool.generate(PROMPT, SHORT, "r1")).server == first.server
+        assert (await pool.generate(PROMPT, SHORT, "r2")).server == second.server
+    # After forget, r1 is a new rollout: it goes to the least used server (tied: fewest requests).
+    pool.forget("r1")
+    await pool.generate(PROMPT, SHORT, "r2")  # second's server now has one request more
+    assert (await pool.generate(PROMPT, SHORT, "r1")).server == first.server
+    snapshot = stats(pool)
+    assert snapshot[a.url].requests + snapshot[b.url].requests == 12
+    assert all(s.healthy and s.in_flight == 0 and s.failures == 0 for s in snapshot.values())
+
+
+async def test_pool_sends_new_rollouts_to_the_least_loaded_server_by_weight(servers, pool):
+    a, b = await servers.start(latency_s=0.4), await servers.start(latency_s=0.4)
+    pool.register(a.url, weight=3)
+    pool.register(b.url, weight=1)
+    tasks = [asyncio.create_task(pool.generate(PROMPT, SHORT, f"r{i}")) for i in range(8)]
+    await asyncio.sleep(0.15)
+    in_flight = {s.address: s.in_flight for s in pool.snapshot()}
+    assert in_flight == {a.url: 6, b.url: 2}
+    generations = await asyncio.gather(*tasks)
+    assert sum(g.server == a.url for g in generations) == 6
+
+
+async def test_pool_spills_an_overloaded_sticky_server(servers, pool):
+    a = await servers.start(latency_s=0.6)
+    pool.register(a.url)
+    assert (await pool.generate(PROMPT, SHORT, "sticky")).server == a.url
+    busy = [asyncio.create_task(pool.generate(PROMPT, SHORT, f"busy{i}")) for i in range(4)]
+    await asyncio.sleep(0.1)
+    b = await servers.start()
+    pool.register(b.url)
+    # a has 4 in flight, b none: 4 > 2 * 0 + 1, so the sticky rollout moves to b (and stays there).
+    assert (await pool.generate(PROMPT, SHORT, "sticky")).server == b.url
+    assert (await pool.generate(PROMPT, SHORT, "sticky")).server == b.url
+    await asyncio.gather(*busy)
+    # One request in flight on the sticky server is no overload (1 <= 2 * 0 + 1): it stays.
+    pool._stick("holder", a.url)
+    pool._stick("stays", a.url)
+    hold = asyncio.create_task(pool.generate(PROMPT, SHORT, "holder"))
+    await asyncio.sleep(0.1)
+    assert stats(pool)[a.url].in_flight == 1 and stats(pool)[b.url].in_flight == 0
+    assert (await pool.generate(PROMPT, SHORT, "stays")).server == a.url
+    assert (await hold).server == a.url
+
+
+async def test_pool_fails_over_when_a_server_dies_and_takes_it_back_after_the_cool_down(servers, pool):
+    a, b = await servers.start(latency_s=0.3), await servers.start(latency_s=0.05)
+    pool.register(a.url)
+    pool.register(b.url)
+    assert (await pool.generate(PROMPT, SHORT, "r")).server == a.url  # a registered first: tie goes to it
+    in_flight = asyncio.create_task(pool.generate(PROMPT, SHORT, "r"))
+    await asyncio.sleep(0.1)
+    assert stats(pool)[a.url].in_flight == 1
+    await a.stop()  # dies with the request in flight
+    generation = await in_flight
+    assert generation.server == b.url  # retried on the other server
+    snapshot = stats(pool)
+    assert not snapshot[a.url].healthy and snapshot[a.url].failures == 1
+    assert snapshot[b.url].healthy
+    # While a cools down, everything goes to b, even new rollouts and even once a is back up.
+    a_again = await servers.start(latency_s=0.05, port=a.port)
+    assert a_again.url == a.url
+    for i in range(3):
+        assert (await pool.generate(PROMPT, SHORT, f"new{i}")).server == b.url
+    assert a_again.requests_served == 0
+    await asyncio.sleep(0.6)
+    # After the cool-down a is tried again (fewest requests), answers, and is healthy again.
+    assert (await pool.generate(PROMPT, SHORT, "later")).server == a.url
+    assert stats(pool)[a.url].healthy and a_again.requests_served == 1
+
+
+async def test_pool_retries_5xx_on_another_server(servers, pool):
+    async def broken(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "CUDA out of memory"}}, status=503)
+
+    app = web.Application()
+    app.router.add_post("/generate", broken)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    broken_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        good = await servers.start()
+        pool.register(broken_url)
+        pool.register(good.url)
+        generation = await pool.generate(PROMPT, SHORT, "r")
+        assert generation.server == good.url
+        snapshot = stats(pool)
+        assert not snapshot[broken_url].healthy and snapshot[broken_url].failures == 1
+        assert snapshot[good.url].requests == 1
+    finally:
+        await runner.cleanup()
+
+
+async def test_pool_raises_llm_unavailable_when_everything_is_down(servers, pool):
+    with pytest.raises(LLMUnavailable, match="no LLM server is registered"):
+        await pool.generate(PROMPT, SHORT, "r")
+    a, b = await servers.start(), await servers.start()
+    pool.register(a.url)
+    pool.register(b.url)
+    await a.stop()
+    await b.stop()
+    started = time.monotonic()
+    with pytest.raises(LLMUnavailable) as info:
+        await pool.generate(PROMPT, SHORT, "r")
+    assert not isinstance(info.value, LLMRequestRejected)
+    assert time.monotonic() - started < 2
+    snapshot = stats(pool)
+    assert all(not s.healthy and s.failures >= 1 and s.in_flight == 0 for s in snapshot.values())
+    assert sum(s.requests for s in snapshot.values()) <= pool.max_attempts
+
+
+async def test_pool_does_not_retry_a_rejected_request(pool):
+    replay = [ReferenceServer(ReplayPolicy([replay_task()])) for _ in range(2)]
+    for server in replay:
+        await server.start()
+        pool.register(server.url)
+    try:
+        with pytest.raises(LLMRequestRejected) as info:
+            await pool.generate(PROMPT, SHORT, "r")  # no replay task has this prompt: 400
+        assert info.value.status == 400 and isinstance(info.value, LLMUnavailable)
+        snapshot = pool.snapshot()
+        assert sum(s.requests for s in snapshot) == 1 and all(s.healthy for s in snapshot)
+    finally:
+        for server in replay:
+            await server.stop()
+
+
+async def test_pool_registers_and_removes_servers_at_run_time(servers, pool):
+    a, b = await servers.start(latency_s=0.3), await servers.start()
+    pool.register(a.url, weight=2, model="m")
+    with pytest.raises(ServerAlreadyRegistered):
+        pool.register(a.url + "/")
+    with pytest.raises(ValueError):
+        pool.register(b.url, protocol="tgi")
+    with pytest.raises(ValueError):
+        pool.register("ftp://host:1")
+    pending = asyncio.create_task(pool.generate(PROMPT, SHORT, "r"))
+    await asyncio.sleep(0.1)
+    pool.register(b.url, protocol="SGLANG")
+    pool.remove(a.url)  # the request in flight on a still finishes there
+    assert (await pending).server == a.url
+    assert [s.address for s in pool.snapshot()] == [b.url]
+    assert (await pool.generate(PROMPT, SHORT, "r")).server == b.url  # sticky to a, but a is gone
+    with pytest.raises(UnknownServer):
+        pool.remove(a.url)
+    assert a.url not in pool and b.url in pool and len(pool) == 1
+    info = pool.snapshot()[0]
+    assert (info.protocol, info.weight, info.model, info.requests) == ("sglang", 1, "", 1)
+
+
+async def test_pool_speaks_vllm_too(pool):
+    stand_in = VLLMStandIn()
+    url = await stand_in.start()
+    try:
+        pool.register(url, protocol="vllm", model="tiny-byte-lm")
+        generation = await pool.generate(PROMPT, SHORT, "r")
+        assert generation.server == url and len(generation.output_ids) == len(generation.logprobs) > 0
+        assert stand_in.models_asked == 0  # the registered model name is used
+    finally:
+        await stand_in.stop()
