@@ -24,7 +24,7 @@ import pytest
 from corral.daemon.rollout.agent_loop import AgentLimits, AgentLoop
 from corral.daemon.rollout.tokenizer import ByteChatTokenizer, HFChatTokenizer, load_tokenizer
 from corral.daemon.rollout.tool_calls import ToolCallFormat, render_tool_calls
-from corral.daemon.rollout.tools import SandboxToolBox, cut_middle, tool_instructions
+from corral.daemon.rollout.tools import TOOL_SPECS, SandboxToolBox, cut_middle, tool_instructions
 from corral.daemon.rollout.types import (
     NO_WEIGHT_VERSION,
     FinishReason,
@@ -33,6 +33,7 @@ from corral.daemon.rollout.types import (
     SamplingOptions,
     SandboxFailure,
     ToolCall,
+    ToolName,
     ToolResult,
     Trajectory,
 )
@@ -174,7 +175,8 @@ async def test_trajectory_is_token_exact_over_many_turns(bpe):
     assert len(emoji_bytes) > 1  # cut inside it below
     replies = [
         Reply(bpe.encode("Let me look at the repository first.\n" + hermes(bash("ls -la"))) + [im_end]),
-        Reply(char_by_char(bpe, "I will read the tests. " + hermes(bash("cat tests.py"))) + [im_end], weight_version=None),
+        Reply(char_by_char(bpe, "I will read the tests. " + hermes(bash("cat tests.py"))) + [im_end],
+              weight_version=None),
         # Cut by length after a complete call: fine, the continuation closes the turn.
         Reply(bpe.encode(hermes(bash("python main.py")) + "\nNow I will look at"), finish="length"),
         Reply(bpe.encode("Two at once: " + hermes(bash("pwd"), ToolCall("python", {"code": "1/0"}))) + [im_end]),
@@ -365,7 +367,8 @@ async def test_sampling_stop_ids_rollout_id_and_clipping():
 
 
 async def test_weight_version_falls_back_to_the_policy_version_and_on_turn_sees_each_turn():
-    llm = ScriptedLLM([byte_reply(hermes(bash("a")), weight_version=None), byte_reply(hermes(bash("b")), weight_version=5),
+    llm = ScriptedLLM([byte_reply(hermes(bash("a")), weight_version=None),
+                       byte_reply(hermes(bash("b")), weight_version=5),
                        byte_reply(hermes(SUBMIT), weight_version=None)])
     versions = iter([11, 12])
     seen = []
@@ -421,6 +424,12 @@ async def test_a_cancelled_run_leaves_a_consistent_trajectory():
 
 
 # --- observation truncation ---------------------------------------------------------------------------
+
+def test_every_tool_name_has_a_spec():
+    assert set(TOOL_SPECS) == {tool.value for tool in ToolName}
+    for fmt in ToolCallFormat:
+        assert "# Tools" in tool_instructions(TOOL_SPECS, fmt)
+
 
 def test_cut_middle_keeps_head_and_tail_with_a_marker():
     assert cut_middle("short", 100) == "short"

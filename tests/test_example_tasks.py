@@ -11,19 +11,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
 
+from corral.daemon.rollout.evaluation import printed_number_reward
 from corral.v1 import rollout_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 JSONL = ROOT / "examples" / "tasks" / "repair.jsonl"
 SANDBOX_PYTHON = Path("/usr/bin/python3")
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def _load_builder():
@@ -96,8 +96,7 @@ def _reward(task: rollout_pb2.Task, workdir: Path, env: dict[str, str]) -> tuple
     if task.evaluation.WhichOneof("reward") == "exit_status":
         reward = 1.0 if result.returncode == 0 else 0.0
     else:
-        numbers = _NUMBER.findall(result.stdout)
-        reward = float(numbers[-1]) if numbers else 0.0
+        reward = printed_number_reward(result.stdout.encode())  # as the daemon reads it
     return reward, "\n".join(output)
 
 
@@ -118,22 +117,30 @@ def _apply_reference(task: rollout_pb2.Task, workdir: Path, env: dict[str, str])
             assert call.name == "submit", f"{task.task_id}: unexpected reference call {call.name}"
 
 
+def _check_task(task: rollout_pb2.Task, root: Path, env: dict[str, str]) -> list[str]:
+    """Problems with one task: the buggy code already passing, or the reference fix failing."""
+    problems = []
+    buggy, fixed = root / task.task_id / "buggy", root / task.task_id / "fixed"
+    for workdir in (buggy, fixed):
+        workdir.mkdir(parents=True)
+        _write(workdir, task.setup.files)
+
+    reward, output = _reward(task, buggy, env)
+    if not 0.0 <= reward < 1.0:
+        problems.append(f"{task.task_id}: the buggy code already gets reward {reward}\n{output}")
+
+    _apply_reference(task, fixed, env)
+    reward, output = _reward(task, fixed, env)
+    if reward != 1.0:
+        problems.append(f"{task.task_id}: the reference solution gets reward {reward}\n{output}")
+    return problems
+
+
 @pytest.mark.skipif(not SANDBOX_PYTHON.exists(), reason="the tasks run under /usr/bin/python3, which is missing")
 def test_tasks_fail_before_and_pass_after_the_reference_fix(tmp_path):
     env = {"PATH": f"{SANDBOX_PYTHON.parent}:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    problems = []
-    for task in _tasks():
-        buggy, fixed = tmp_path / task.task_id / "buggy", tmp_path / task.task_id / "fixed"
-        for workdir in (buggy, fixed):
-            workdir.mkdir(parents=True)
-            _write(workdir, task.setup.files)
-
-        reward, output = _reward(task, buggy, env)
-        if not 0.0 <= reward < 1.0:
-            problems.append(f"{task.task_id}: the buggy code already gets reward {reward}\n{output}")
-
-        _apply_reference(task, fixed, env)
-        reward, output = _reward(task, fixed, env)
-        if reward != 1.0:
-            problems.append(f"{task.task_id}: the reference solution gets reward {reward}\n{output}")
+    # The tasks are independent; a few at a time keeps the whole check to a few seconds.
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(lambda task: _check_task(task, tmp_path, env), _tasks()))
+    problems = [problem for result in results for problem in result]
     assert not problems, "\n\n".join(problems)

@@ -323,30 +323,41 @@ async def test_pool_spills_an_overloaded_sticky_server(servers, pool):
     assert (await hold).server == a.url
 
 
-async def test_pool_fails_over_when_a_server_dies_and_takes_it_back_after_the_cool_down(servers, pool):
-    a, b = await servers.start(latency_s=0.3), await servers.start(latency_s=0.05)
-    pool.register(a.url)
-    pool.register(b.url)
-    assert (await pool.generate(PROMPT, SHORT, "r")).server == a.url  # a registered first: tie goes to it
-    in_flight = asyncio.create_task(pool.generate(PROMPT, SHORT, "r"))
-    await asyncio.sleep(0.1)
-    assert stats(pool)[a.url].in_flight == 1
-    await a.stop()  # dies with the request in flight
-    generation = await in_flight
-    assert generation.server == b.url  # retried on the other server
-    snapshot = stats(pool)
-    assert not snapshot[a.url].healthy and snapshot[a.url].failures == 1
-    assert snapshot[b.url].healthy
-    # While a cools down, everything goes to b, even new rollouts and even once a is back up.
-    a_again = await servers.start(latency_s=0.05, port=a.port)
-    assert a_again.url == a.url
-    for i in range(3):
-        assert (await pool.generate(PROMPT, SHORT, f"new{i}")).server == b.url
-    assert a_again.requests_served == 0
-    await asyncio.sleep(0.6)
-    # After the cool-down a is tried again (fewest requests), answers, and is healthy again.
-    assert (await pool.generate(PROMPT, SHORT, "later")).server == a.url
-    assert stats(pool)[a.url].healthy and a_again.requests_served == 1
+async def test_pool_fails_over_when_a_server_dies_and_takes_it_back_after_the_cool_down(servers):
+    now = [1000.0]  # the pool's clock, moved by hand past the cool-down
+    pool = LLMPool(timeout_s=10, backoff_s=0.01, cooldown_s=30, clock=lambda: now[0])
+    try:
+        a, b = await servers.start(latency_s=0.3), await servers.start(latency_s=0.05)
+        pool.register(a.url)
+        pool.register(b.url)
+        assert (await pool.generate(PROMPT, SHORT, "r")).server == a.url  # a registered first: tie goes to it
+        in_flight = asyncio.create_task(pool.generate(PROMPT, SHORT, "r"))
+        await asyncio.sleep(0.1)
+        assert stats(pool)[a.url].in_flight == 1
+        await a.stop()  # dies with the request in flight
+        generation = await in_flight
+        assert generation.server == b.url  # retried on the other server
+        snapshot = stats(pool)
+        assert not snapshot[a.url].healthy and snapshot[a.url].failures == 1
+        assert snapshot[b.url].healthy
+        # While a cools down, everything goes to b, even new rollouts and even once a is back up.
+        a_again = await servers.start(latency_s=0.2, port=a.port)
+        assert a_again.url == a.url
+        for i in range(3):
+            assert (await pool.generate(PROMPT, SHORT, f"new{i}")).server == b.url
+        now[0] += 29
+        assert (await pool.generate(PROMPT, SHORT, "new3")).server == b.url
+        assert a_again.requests_served == 0
+        now[0] += 2
+        # After the cool-down a gets one probe request at a time (it has the fewest requests);
+        # the others go to b. Once the probe succeeds a is healthy again and takes its share.
+        generations = await asyncio.gather(*(pool.generate(PROMPT, SHORT, f"later{i}") for i in range(3)))
+        assert [g.server for g in generations] == [a.url, b.url, b.url]
+        assert stats(pool)[a.url].healthy and a_again.requests_served == 1
+        generations = await asyncio.gather(*(pool.generate(PROMPT, SHORT, f"after{i}") for i in range(2)))
+        assert a.url in {g.server for g in generations}
+    finally:
+        await pool.close()
 
 
 async def test_pool_retries_5xx_on_another_server(servers, pool):

@@ -87,14 +87,19 @@ def tool_instructions(tools: Iterable[str], fmt: ToolCallFormat) -> str:
         if "submit" in enabled:
             lines += ["When the task is done, write a line containing only SUBMIT (outside any block)."]
         return "\n".join(lines)
-    schemas = "\n".join(json.dumps({"type": "function", "function": spec.schema()}, ensure_ascii=False)
-                        for spec in specs)
-    return ("# Tools\n\nYou may call one or more functions. The function signatures are within "
-            f"<tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\nFor each function call, write a "
-            "JSON object with the function name and its arguments within <tool_call></tool_call> XML tags:\n"
-            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n'
-            "The results come back in the next message." +
-            ("\nCall submit when the task is done." if "submit" in enabled else ""))
+    # Worded as Qwen's and Hermes' templates word it, which their models were trained on.
+    lines = ["# Tools", "",
+             "You may call one or more functions. The function signatures are within <tools></tools> XML tags:",
+             "<tools>",
+             *(json.dumps({"type": "function", "function": spec.schema()}, ensure_ascii=False) for spec in specs),
+             "</tools>", "",
+             "For each function call, write a JSON object with the function name and its arguments within "
+             "<tool_call></tool_call> XML tags:",
+             "<tool_call>", '{"name": <function-name>, "arguments": <args-json-object>}', "</tool_call>",
+             "The results come back in the next message."]
+    if "submit" in enabled:
+        lines.append("Call submit when the task is done.")
+    return "\n".join(lines)
 
 
 def format_reminder(fmt: ToolCallFormat) -> str:
@@ -112,9 +117,9 @@ def cut_middle(text: str, limit: int, already_cut: int = 0) -> str:
     Not `output.HeadTailBuffer`: that one streams bytes and joins head and tail without a marker;
     here a whole string is cut once and the marker must sit at the cut.
     """
-    data = text.encode()
+    data = text.encode(errors="replace")  # lone surrogates (from JSON escapes) become "?"
     if len(data) <= limit and not already_cut:
-        return text
+        return data.decode()
     budget = max(limit - len(_marker(len(data) + already_cut)), 0)
     head_bytes = budget // 2
     tail_bytes = budget - head_bytes
@@ -252,9 +257,9 @@ class SandboxToolBox:
                 raise _AgentError(f"no replacement: old_str {where} in {path}; it must occur exactly once"
                                   + (" (add surrounding lines to make it unique)" if count else ""))
             at = text.index(old)
-            await self._write(path, text[:at] + new + text[at + len(old):])
+            edited = text[:at] + new + text[at + len(old):]
+            await self._write(path, edited)
             first = text.count("\n", 0, at) + 1
-            edited = await self._read_text(path)
             return f"Edited {path}:\n" + _numbered(edited, first - _SNIPPET_CONTEXT_LINES,
                                                    first + new.count("\n") + _SNIPPET_CONTEXT_LINES)
         lines = text.splitlines(keepends=True)
@@ -344,7 +349,8 @@ class _SdkErrors:
                 raise SandboxFailure(f"sandbox {sandbox.id} is gone ({self.tool}): {gone}") from exc
             if self.tool == "bash":
                 self.toolbox._shell = None  # its session is gone: the next command opens a new one
-                raise _AgentError(f"the shell session ended ({exc.details}); the next command starts a new one") from exc
+                raise _AgentError(f"the shell session ended ({exc.details}); "
+                                  "the next command starts a new one") from exc
             if self.tool == "python":
                 self.toolbox._kernel = None
                 raise _AgentError(f"the kernel is gone ({exc.details}); the next cell starts a new one") from exc

@@ -1,0 +1,136 @@
+"""SWE-bench-style instances → corral tasks.
+
+An instance (one JSON object per line, as the SWE-bench datasets ship them) has instance_id, repo,
+base_commit, patch (the gold fix), test_patch (the tests that check it), FAIL_TO_PASS and
+PASS_TO_PASS (pytest ids, as lists or JSON-encoded lists), problem_statement, and an image name
+(`image_name`, else `image`, else the SWE-bench naming scheme). The images hold the repository at
+`base_commit` in /testbed, with its environment ready.
+
+The task it becomes: a Docker sandbox from that image; the problem statement as the prompt; tools
+bash, editor and submit. The test patch is hidden until evaluation: it is copied in and applied
+only after the agent stops, then pytest runs FAIL_TO_PASS + PASS_TO_PASS with a JUnit report, and
+the reward is the fraction of them that pass (1.0 means resolved). The reference solution applies
+the gold patch, so the replay policy can check the whole path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from corral.sdk.errors import InvalidArgument
+from corral.sdk.tasks import task_to_json
+from corral.v1 import rollout_pb2 as pb
+from corral.v1 import sandbox_pb2
+
+DEFAULT_WORKDIR = "/testbed"
+DEFAULT_IMAGE_PATTERN = "swebench/sweb.eval.x86_64.{instance_id_lower}:latest"
+TEST_PATCH_PATH = "/tmp/corral_eval/test.patch"
+GOLD_PATCH_PATH = "/tmp/corral_gold.patch"
+REPORT_PATH = "/tmp/corral_eval/report.xml"
+
+SYSTEM_PROMPT = (
+    "You are a software engineer working in the repository at {workdir}. Resolve the issue below by "
+    "editing the source code. Do not change the tests. When you are done, call submit."
+)
+USER_PROMPT = "Repository: {repo} (at commit {base_commit})\n\n<issue>\n{problem_statement}\n</issue>"
+REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+
+
+def _test_ids(value: Any, field: str, instance_id: str) -> list[str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise InvalidArgument(f"{instance_id}: {field} is not a JSON list") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise InvalidArgument(f"{instance_id}: {field} must be a list of test ids")
+    return value
+
+
+def instance_to_task(instance: Mapping[str, Any], *, workdir: str = DEFAULT_WORKDIR,
+                     image_pattern: str = DEFAULT_IMAGE_PATTERN, max_turns: int = 50) -> pb.Task:
+    """The corral task for one SWE-bench-style instance. InvalidArgument names what is missing."""
+    missing = [key for key in REQUIRED if key not in instance]
+    if missing:
+        raise InvalidArgument(f"{instance.get('instance_id', '<no instance_id>')}: missing {', '.join(missing)}")
+    instance_id = str(instance["instance_id"])
+    fail_to_pass = _test_ids(instance["FAIL_TO_PASS"], "FAIL_TO_PASS", instance_id)
+    pass_to_pass = _test_ids(instance["PASS_TO_PASS"], "PASS_TO_PASS", instance_id)
+    image = (instance.get("image_name") or instance.get("image")
+             or image_pattern.format(instance_id=instance_id, instance_id_lower=instance_id.lower()))
+
+    task = pb.Task(task_id=instance_id, backend=sandbox_pb2.BACKEND_DOCKER, image=image,
+                   tools=["bash", "editor", "submit"], limits=pb.TaskLimits(max_turns=max_turns))
+    task.prompt.messages.add(role="system", content=SYSTEM_PROMPT)
+    task.prompt.messages.add(role="user", content=USER_PROMPT)
+    task.prompt.fields.update({
+        "workdir": workdir, "repo": str(instance["repo"]), "base_commit": str(instance["base_commit"]),
+        "problem_statement": str(instance.get("problem_statement", "")),
+    })
+    tests = fail_to_pass + pass_to_pass
+    quoted_dir = shlex.quote(workdir)
+    task.evaluation.files.add(path=TEST_PATCH_PATH, content=str(instance["test_patch"]).encode())
+    task.evaluation.commands.extend([
+        # The test files are put back as they were at base_commit, so the agent cannot have
+        # changed what checks it, then the hidden test patch is applied.
+        f"cd {quoted_dir} && for f in $(git apply --numstat {TEST_PATCH_PATH} | cut -f3); do "
+        f"git checkout -q {shlex.quote(str(instance['base_commit']))} -- \"$f\" 2>/dev/null || rm -f \"$f\"; done "
+        f"&& git apply {TEST_PATCH_PATH}",
+        f"cd {quoted_dir} && python -m pytest -q -rA --junitxml={REPORT_PATH} "
+        + " ".join(shlex.quote(test) for test in tests) + " || true",
+    ])
+    task.evaluation.junit.report_path = REPORT_PATH
+    task.evaluation.junit.tests.extend(tests)
+    task.reference_solution.extend([
+        pb.ToolCall(name="editor", arguments_json=json.dumps(
+            {"command": "create", "path": GOLD_PATCH_PATH, "file_text": str(instance["patch"])})),
+        pb.ToolCall(name="bash", arguments_json=json.dumps({"command": f"cd {quoted_dir} && git apply {GOLD_PATCH_PATH}"})),
+        pb.ToolCall(name="submit", arguments_json="{}"),
+    ])
+    task.metadata.update({"source": "swe-bench", "repo": str(instance["repo"]), "base_commit": str(instance["base_commit"])})
+    return task
+
+
+def convert(lines: Iterable[str], **options: Any) -> list[pb.Task]:
+    tasks = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            instance = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InvalidArgument(f"line {number}: not JSON ({error.msg})") from None
+        tasks.append(instance_to_task(instance, **options))
+    return tasks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m corral.sdk.swebench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("instances", help="JSONL of SWE-bench-style instances ('-': standard input)")
+    parser.add_argument("--out", default="-", help="tasks JSONL to write ('-': standard output)")
+    parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
+    parser.add_argument("--image-pattern", default=DEFAULT_IMAGE_PATTERN,
+                        help="image of instances that name none; {instance_id} and {instance_id_lower} are filled in")
+    parser.add_argument("--max-turns", type=int, default=50)
+    args = parser.parse_args(argv)
+    source = sys.stdin if args.instances == "-" else open(args.instances, encoding="utf-8")
+    with source:
+        try:
+            tasks = convert(source, workdir=args.workdir, image_pattern=args.image_pattern, max_turns=args.max_turns)
+        except InvalidArgument as error:
+            print(f"swebench: {error}", file=sys.stderr)
+            return 2
+    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")
+    with out:
+        for task in tasks:
+            out.write(task_to_json(task) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
