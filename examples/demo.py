@@ -1,5 +1,7 @@
 """corral demo: start a daemon on a temporary socket, drive local sandboxes through the SDK,
-print what happened, clean up.
+print what happened, clean up; then run the bundled tasks (examples/tasks/) end to end through
+an embedded daemon's rollout service with the built-in replay policy, and one deliberately broken
+task (examples/broken/) to show how a failure is reported.
 
     make demo            (or: .venv/bin/python examples/demo.py)
 
@@ -9,6 +11,7 @@ bubblewrap; `corral doctor` says what is missing.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -17,6 +20,9 @@ import time
 from pathlib import Path
 
 from corral.sdk import Client, CorralError
+from corral.sdk.cli import main as corral_cli
+
+EXAMPLES = Path(__file__).resolve().parent
 
 
 def start_daemon(root: Path) -> tuple[subprocess.Popen, str]:
@@ -117,7 +123,30 @@ def main() -> int:
             daemon.send_signal(signal.SIGTERM)
             code = daemon.wait(30)
         print(f"\ndaemon stopped (exit {code}); socket removed: {not (root / 'corral.sock').exists()}")
-        return 0 if code == 0 else 1
+        if code != 0:
+            return 1
+        return run_rollouts(root)
+
+
+def run_rollouts(root: Path) -> int:
+    """`corral run` on the bundled tasks and on the broken one, each with an embedded daemon."""
+    print("\nrollouts: the bundled tasks with the replay policy (corral run examples/tasks/repair.jsonl --llm builtin:replay)")
+    results = root / "results.jsonl"
+    code = corral_cli(["run", str(EXAMPLES / "tasks" / "repair.jsonl"), "--llm", "builtin:replay", "--out", str(results)])
+    unsolved = [r["task_id"] for r in map(json.loads, results.read_text().splitlines()) if r["reward"] != 1.0]
+    if code != 0 or unsolved:
+        print(f"not every bundled task reached reward 1.0: {unsolved}")
+        return 1
+    print("\na deliberately broken task (examples/broken/): its evaluation command crashes")
+    broken = root / "broken.jsonl"
+    corral_cli(["run", str(EXAMPLES / "broken" / "broken_task.jsonl"), "--llm", "builtin:replay",
+                "--out", str(broken), "--no-progress"])
+    [result] = [json.loads(line) for line in broken.read_text().splitlines()]
+    show("status", result["status"])
+    show("filter reason", result["filter_reason"])
+    show("error", result["error"])
+    show("turns the agent took (kept for inspection)", len(result["turns"]))
+    return 0 if (result["status"], result["filter_reason"]) == ("filtered", "eval_infra") else 1
 
 
 if __name__ == "__main__":

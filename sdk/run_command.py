@@ -5,6 +5,9 @@ finish, and a summary table at the end.
 Without --address (and without $CORRAL_ADDRESS / $CORRAL_SOCKET) the daemon is embedded: started in
 this process on a private socket, with local sandboxes. `builtin:*` LLMs are the built-in
 reference server, started in this process too.
+
+Exit status: 0 when every rollout completed (whatever its reward), 1 when any was filtered or
+cancelled, 2 for unusable input.
 """
 
 from __future__ import annotations

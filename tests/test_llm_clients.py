@@ -217,8 +217,10 @@ async def test_vllm_client_uses_the_given_model_and_maps_errors():
         await wrong.close()
         await stand_in.stop()
     # The same client once the server is gone: a retryable connection error.
+    gone = VLLMClient(url, model="tiny-byte-lm", timeout_s=5)
     with pytest.raises(LLMServerError) as info:
-        await VLLMClient(url, model="tiny-byte-lm", timeout_s=5).generate(PROMPT, SHORT)
+        await gone.generate(PROMPT, SHORT)
+    await gone.close()
     assert info.value.retryable and info.value.status is None
 
 

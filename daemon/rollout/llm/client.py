@@ -92,7 +92,7 @@ class HTTPClientBase:
                 status = response.status
         except asyncio.TimeoutError:
             raise LLMServerError(f"{method} {url} timed out", server=self.base_url) from None
-        except aiohttp.ClientError as error:
+        except (aiohttp.ClientError, OSError) as error:
             raise LLMServerError(f"{method} {url} failed: {type(error).__name__}: {error}",
                                  server=self.base_url) from None
         if status >= 400:

@@ -33,8 +33,8 @@ class GenerateParams:
     @classmethod
     def from_sglang(cls, params: Mapping[str, Any] | None) -> "GenerateParams":
         """Reads SGLang's `sampling_params` object; PolicyError on a malformed value."""
-        params = dict(params or {})
         try:
+            params = dict(params or {})
             stop = params.pop("stop", None) or ()
             if isinstance(stop, str):
                 stop = (stop,)

@@ -45,6 +45,13 @@ class TinyPolicy:
     def __init__(self, model: TinyByteLM | None = None, *, seed: int = 0, checkpoint: str | Path | None = None,
                  weight_version: int = 0, tokenizer: ByteChatTokenizer | None = None) -> None:
         self.tokenizer = tokenizer or ByteChatTokenizer()
+        if model is None and checkpoint is not None:
+            # The checkpoint decides the sizes (see TinyByteLM.from_checkpoint).
+            try:
+                model = TinyByteLM.from_checkpoint(torch.load(str(checkpoint), map_location="cpu", weights_only=True))
+            except Exception as error:  # noqa: BLE001 - torch.load fails in many ways
+                raise PolicyError(f"cannot load weights from {checkpoint}: {type(error).__name__}: {error}") from None
+            checkpoint = None
         if model is None:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
