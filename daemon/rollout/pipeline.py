@@ -161,12 +161,15 @@ class RolloutPipeline:
 
     def __init__(self, client: AsyncClient, generate: GenerateFn, tokenizer: ChatTokenizer, *,
                  settings: PipelineSettings = PipelineSettings(),
-                 has_llm: Callable[[], bool] = lambda: True) -> None:
+                 has_llm: Callable[[], bool] = lambda: True,
+                 forget_rollout: Callable[[str], None] = lambda rollout_id: None) -> None:
         self._client = client
         self._generate = generate
         self._tokenizer = tokenizer
         self._settings = settings
         self._has_llm = has_llm
+        # Told when a rollout ends, so the LLM pool drops the rollout's server affinity.
+        self._forget_rollout = forget_rollout
         self._queues = {stage: asyncio.Queue[Rollout](settings.stage(stage).queue_size) for stage in Stage}
         self._counters = {stage: StageCounters() for stage in Stage}
         self._workers: list[asyncio.Task] = []
@@ -440,6 +443,7 @@ class RolloutPipeline:
             return
         rollout.finished = True
         self._live.pop(rollout.rollout_id, None)
+        self._forget_rollout(rollout.rollout_id)
         self.totals[result.status] += 1
         task = asyncio.create_task(self._destroy_then_deliver(rollout, result))
         self._finishing.add(task)

@@ -30,7 +30,8 @@ class RolloutRuntime:
         self.client = AsyncClient(f"unix://{socket_path}")
         self.pipeline = RolloutPipeline(self.client, self.llms.generate, load_tokenizer(config.tokenizer),
                                         settings=pipeline_settings(config),
-                                        has_llm=lambda: len(self.llms) > 0)
+                                        has_llm=lambda: len(self.llms) > 0,
+                                        forget_rollout=self.llms.forget)
 
     def start(self) -> None:
         self.pipeline.start()

@@ -77,10 +77,10 @@ class ChatTokenizer(Protocol):
 
     def encode_continuation(self, history: Sequence[Mapping[str, str]], generated_ids: Sequence[int],
                             new_messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """The ids to append after `generated_ids` (the assistant turn that ends `history`, as the
-        model produced it) so that the sequence continues with `new_messages` and then the next
-        generation prompt: closing tokens the generation lacked, the template around the new
-        messages, their content."""
+        """The ids to append after `generated_ids` so that the sequence continues with
+        `new_messages` and then the next generation prompt: closing tokens the generation lacked,
+        the template around the new messages, their content. `history` is the chat before this
+        assistant turn; `generated_ids` is the turn as the model produced it."""
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids, special tokens included."""
