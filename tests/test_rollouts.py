@@ -306,3 +306,40 @@ async def test_stage_timeouts_exclude_time_spent_queued(tmp_path) -> None:
     assert all(r.reward == 1.0 for r in results)
     assert max(r.timings["run_queue"] for r in results) > 1.2
     assert all(r.timings["run"] < 1.2 for r in results)
+
+
+async def test_sandbox_starts_that_fail_for_the_node_are_retried_then_filtered(tmp_path) -> None:
+    """A node at its sandbox limit refuses creation (RESOURCE_EXHAUSTED): INIT retries with a
+    backoff, and gives up with reason sandbox_start when the retries run out."""
+    require_backend("local")
+    config = tmp_path / "corral.toml"
+    config.write_text("[daemon]\nmax_sandboxes = 1\n[rollout]\ninit_retries = 4\n")
+    daemon = DaemonProcess(tmp_path, "--config", str(config)).start()
+    holder, waiter = repair_task("holder"), repair_task("waiter")
+    try:
+        async with AsyncClient(daemon.address) as client:
+            # The holder keeps the only sandbox for about a second; the waiter's retries
+            # (after 0.5, 1, 2 and 4 s) get it once the holder is done.
+            async with replay_server([holder, waiter], latency_s=0.3) as server:
+                await client.rollouts.register_llm(server.url)
+                async with client.rollouts.open_stream() as stream:
+                    await stream.submit(holder)
+                    await wait_until(lambda: _has_sandbox_for(client, "holder"))
+                    await stream.submit(waiter)
+                    await stream.close_input()
+                    results = {r.task_id: r async for r in stream}
+            assert results["waiter"].status == "completed" and results["waiter"].reward == 1.0
+            assert results["waiter"].timings["init"] > 0.4  # it waited at least one backoff
+            # A holder that never lets go: the waiter's retries run out.
+            async with replay_server([holder, waiter], latency_s=30.0) as server:
+                await client.rollouts.remove_llm((await client.rollouts.list_llms())[0].address)
+                await client.rollouts.register_llm(server.url)
+                async with client.rollouts.open_stream() as stream:
+                    await stream.submit(holder)
+                    await wait_until(lambda: _has_sandbox_for(client, "holder"))
+                    await stream.submit(waiter)
+                    result = await asyncio.wait_for(stream.__anext__(), 30)
+                    assert (result.task_id, result.status, result.filter_reason) == ("waiter", "filtered", "sandbox_start")
+                    assert "5 times" in result.error
+    finally:
+        daemon.stop()

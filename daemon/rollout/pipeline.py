@@ -64,6 +64,10 @@ _log = logging.getLogger(__name__)
 # reaper and shutdown still remove it).
 DESTROY_TIMEOUT_S = 60.0
 THROUGHPUT_WINDOW_S = 60.0
+# Pause before retrying a sandbox start that failed for infrastructure reasons (doubling each time):
+# the failures worth retrying (a busy node, an engine restarting) take a moment to clear.
+INIT_RETRY_BACKOFF_S = 0.5
+INIT_RETRY_MAX_BACKOFF_S = 8.0
 
 
 class Stage(enum.Enum):
@@ -347,6 +351,7 @@ class RolloutPipeline:
                                                   f"creating the sandbox failed {attempts} times: {error}") from error
                         _log.warning("rollout %s: sandbox start failed (attempt %d of %d): %s",
                                      rollout.rollout_id, attempt, attempts, error)
+                        await asyncio.sleep(min(INIT_RETRY_BACKOFF_S * 2 ** (attempt - 1), INIT_RETRY_MAX_BACKOFF_S))
         except TimeoutError:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
 
