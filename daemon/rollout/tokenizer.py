@@ -101,10 +101,14 @@ class HFChatTokenizer:
     _PLACEHOLDER_USER = "\u2063corral-placeholder-user\u2063"
     _PLACEHOLDER_ASSISTANT = "\u2063corral-placeholder-assistant\u2063"
 
-    def __init__(self, path: str | os.PathLike[str], *, template_kwargs: Mapping[str, Any] | None = None) -> None:
-        transformers = _import_transformers()
-        self.path = str(path)
-        self._tokenizer = transformers.AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+    def __init__(self, path: str | os.PathLike[str] | Any, *, template_kwargs: Mapping[str, Any] | None = None) -> None:
+        if isinstance(path, (str, os.PathLike)):
+            transformers = _import_transformers()
+            self.path = str(path)
+            self._tokenizer = transformers.AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        else:  # a tokenizer object the caller already holds (e.g. a trainer's)
+            self._tokenizer = path
+            self.path = str(getattr(path, "name_or_path", "") or type(path).__name__)
         if not getattr(self._tokenizer, "chat_template", None):
             raise ValueError(f"the tokenizer in {self.path} has no chat template")
         self._template_kwargs = dict(template_kwargs or {})
@@ -185,6 +189,16 @@ def load_tokenizer(spec: str) -> ChatTokenizer:
         raise ValueError(f"tokenizer {spec!r}: neither 'byte' nor a local directory (Hugging Face tokenizers are "
                          "loaded from a local path only; nothing is downloaded)")
     return HFChatTokenizer(path)
+
+
+def chat_tokenizer(source: Any) -> ChatTokenizer:
+    """A ChatTokenizer from what a caller has: one already (returned as is), a spec for
+    `load_tokenizer` ("byte" or a local directory), or a Hugging Face tokenizer object (wrapped)."""
+    if hasattr(source, "encode_continuation"):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return load_tokenizer(str(source))
+    return HFChatTokenizer(source)
 
 
 def _import_transformers() -> Any:
