@@ -25,9 +25,14 @@ BUF_AGAINST ?=
 
 .PHONY: venv test demo protos lint-protos clean
 
-venv: $(VENV)/.installed
+# Extras installed into .venv; CI adds the trainer packages: make test EXTRAS=dev,verl,tunix
+EXTRAS ?= dev
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+comma := ,
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
 	@if ! $(VENV_PY) -m pip --version >/dev/null 2>&1; then \
 	  rm -rf $(VENV); \
 	  echo "$(PYTHON) -m venv $(VENV)"; \
@@ -40,7 +45,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	  fi; \
 	fi
 	$(VENV_PY) -m pip install --quiet --upgrade $(PIP_CONSTRAINTS) pip
-	$(VENV_PY) -m pip install $(PIP_CONSTRAINTS) -e '.[dev]'
+	$(VENV_PY) -m pip install $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]'
 	@touch $@
 
 test: venv

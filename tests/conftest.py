@@ -22,6 +22,21 @@ from corral.daemon.config import load_config
 from corral.daemon.doctor import probe
 
 REQUIRED = {b.strip() for b in os.environ.get("CORRAL_REQUIRE_BACKENDS", "").split(",") if b.strip()}
+REQUIRED_TRAINERS = {t.strip() for t in os.environ.get("CORRAL_REQUIRE_TRAINERS", "").split(",") if t.strip()}
+
+
+def require_trainer(name: str, module: str, extra: str) -> None:
+    """Skips (or, when CORRAL_REQUIRE_TRAINERS names the trainer, fails) if its package is not
+    installed: the adapter tests run against the real trainer packages (extras verl, tunix).
+    Call it at the top of a test module, before importing the adapter."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        return
+    reason = f"{name} is not installed (pip install 'corral[{extra}]')"
+    if name in REQUIRED_TRAINERS:
+        pytest.fail(f"{reason} (CORRAL_REQUIRE_TRAINERS={os.environ['CORRAL_REQUIRE_TRAINERS']})", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def require_backend(name: str) -> None:
