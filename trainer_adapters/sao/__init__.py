@@ -1,0 +1,34 @@
+"""Single-rollout asynchronous optimisation (SAO): learning from one rollout per prompt, as
+corral streams them.
+
+- `loss`: the SAO policy loss (token-level ratio against the rollout's own logprobs, strict
+  double-sided ratio masking) and, for comparison, the PPO/DAPO decoupled-clip loss.
+- `advantages`: token-level GAE that skips observation tokens (with a critic), a per-task running
+  baseline (without one), and group-normalised advantages (GRPO/DAPO).
+"""
+
+from corral.trainer_adapters.sao.advantages import (
+    RunningBaseline,
+    gae_advantages,
+    group_normalized_advantages,
+    sequence_advantages_to_tokens,
+)
+from corral.trainer_adapters.sao.loss import (
+    CODING,
+    MATHS,
+    SAOConfig,
+    clipped_policy_loss,
+    sao_policy_loss,
+)
+
+__all__ = [
+    "CODING",
+    "MATHS",
+    "RunningBaseline",
+    "SAOConfig",
+    "clipped_policy_loss",
+    "gae_advantages",
+    "group_normalized_advantages",
+    "sao_policy_loss",
+    "sequence_advantages_to_tokens",
+]
