@@ -3,6 +3,8 @@ corral streams them.
 
 - `loss`: the SAO policy loss (token-level ratio against the rollout's own logprobs, strict
   double-sided ratio masking) and, for comparison, the PPO/DAPO decoupled-clip loss.
+- `learner`: `StreamingLearner`, SAO updates from results as they arrive, with staleness
+  tracking.
 - `advantages`: token-level GAE that skips observation tokens (with a critic), a per-task running
   baseline (without one), and group-normalised advantages (GRPO/DAPO).
 """
@@ -13,6 +15,13 @@ from corral.trainer_adapters.sao.advantages import (
     group_normalized_advantages,
     sequence_advantages_to_tokens,
 )
+from corral.trainer_adapters.sao.learner import (
+    LearnerConfig,
+    LearnerStats,
+    StreamingLearner,
+    UpdateReport,
+    tiny_byte_lm_logprobs,
+)
 from corral.trainer_adapters.sao.loss import (
     CODING,
     MATHS,
@@ -22,6 +31,11 @@ from corral.trainer_adapters.sao.loss import (
 )
 
 __all__ = [
+    "LearnerConfig",
+    "LearnerStats",
+    "StreamingLearner",
+    "UpdateReport",
+    "tiny_byte_lm_logprobs",
     "CODING",
     "MATHS",
     "RunningBaseline",
