@@ -28,6 +28,7 @@ from corral.trainer_adapters.sao.loss import (
     SAOConfig,
     clipped_policy_loss,
     sao_policy_loss,
+    sao_token_losses,
 )
 
 __all__ = [
@@ -44,5 +45,6 @@ __all__ = [
     "gae_advantages",
     "group_normalized_advantages",
     "sao_policy_loss",
+    "sao_token_losses",
     "sequence_advantages_to_tokens",
 ]

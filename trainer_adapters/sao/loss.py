@@ -49,17 +49,18 @@ CODING = SAOConfig(eps_low=0.8, eps_high=3.0)
 MATHS = SAOConfig(eps_low=0.3, eps_high=5.0)
 
 
-def sao_policy_loss(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    loss_mask: torch.Tensor, config: SAOConfig = CODING) -> tuple[torch.Tensor, dict[str, float]]:
-    """The SAO loss over a batch of (batch, tokens) tensors; `loss_mask` is 1 on generated
-    tokens (a trajectory's response_mask) and 0 on prompt, observation and padding tokens.
+def sao_token_losses(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     loss_mask: torch.Tensor, config: SAOConfig = CODING
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The SAO loss per token, before aggregation: (per-token loss, zero where not kept; the kept
+    mask; metrics). For trainers that aggregate themselves (veRL's agg_loss, Miles'
+    sum_of_sample_mean). Any shape; `loss_mask` is 1 on generated tokens.
 
-    Returns the scalar loss and metrics: the fraction of loss-mask tokens the ratio band masked
-    out (below and above), and the mean ratio on loss-mask tokens.
+    Metrics: the fraction of loss-mask tokens the ratio band masked out (in all, below and above)
+    and the mean ratio on loss-mask tokens.
     """
     mask = loss_mask.to(logprobs.dtype)
-    log_ratio = logprobs - rollout_logprobs
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(logprobs - rollout_logprobs)
     with torch.no_grad():
         below = ratio <= 1.0 - config.eps_low
         above = ratio >= 1.0 + config.eps_high
@@ -68,7 +69,6 @@ def sao_policy_loss(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, adva
         per_token = -ratio.detach() * advantages * logprobs
     else:
         per_token = -ratio * advantages
-    loss = _aggregate(per_token * keep, mask, keep, config.denominator)
     tokens = mask.sum().clamp(min=1.0)
     metrics = {
         "masked_fraction": float(((below | above).to(mask.dtype) * mask).sum() / tokens),
@@ -76,7 +76,19 @@ def sao_policy_loss(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, adva
         "masked_above_fraction": float((above.to(mask.dtype) * mask).sum() / tokens),
         "ratio_mean": float((ratio.detach() * mask).sum() / tokens),
     }
-    return loss, metrics
+    return per_token * keep, keep, metrics
+
+
+def sao_policy_loss(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    loss_mask: torch.Tensor, config: SAOConfig = CODING) -> tuple[torch.Tensor, dict[str, float]]:
+    """The SAO loss over a batch of (batch, tokens) tensors; `loss_mask` is 1 on generated
+    tokens (a trajectory's response_mask) and 0 on prompt, observation and padding tokens.
+
+    Returns the scalar loss, aggregated as `config.denominator` says, and the metrics of
+    `sao_token_losses`.
+    """
+    per_token, keep, metrics = sao_token_losses(logprobs, rollout_logprobs, advantages, loss_mask, config)
+    return _aggregate(per_token, loss_mask.to(logprobs.dtype), keep, config.denominator), metrics
 
 
 def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
