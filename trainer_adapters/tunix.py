@@ -358,11 +358,13 @@ class CorralTaskEnv(BaseTaskEnv):
                         await asyncio.sleep(INIT_RETRY_BACKOFF_S * 2 ** attempt)
         except TimeoutError:
             await self._release()
-            raise CorralEnvError("stage_timeout", f"creating and setting up the sandbox ran past {timeout_s:g} s") from None
+            raise CorralEnvError("stage_timeout",
+                                 f"creating and setting up the sandbox ran past {timeout_s:g} s") from None
         except BaseException:
             await self._release()
             raise
-        self._toolbox = SandboxToolBox(self._sandbox, enabled_tools(self.corral_task), workdir=self._sandbox.info.workdir,
+        self._toolbox = SandboxToolBox(self._sandbox, enabled_tools(self.corral_task),
+                                       workdir=self._sandbox.info.workdir,
                                        max_observation_bytes=self.limits.max_observation_bytes)
 
     async def _create_sandbox(self, client: AsyncClient) -> None:
@@ -612,7 +614,8 @@ class CorralRolloutSource:
         self._policy_version = policy_version
         self._first_group_id = first_group_id
         self._keep_filtered = keep_filtered
-        self.skipped: list[RolloutResult] = []
+        # Results skipped so far (not completed, and `keep_filtered` is off).
+        self.skipped = 0
 
     def __aiter__(self) -> AsyncIterator[TrajectoryItem]:
         return self._items()
@@ -659,7 +662,7 @@ class CorralRolloutSource:
             if entry[1] <= 0:
                 del pending[result.group_id]
         if result.status != "completed" and not self._keep_filtered:
-            self.skipped.append(result)
+            self.skipped += 1
             _log.info("skipping rollout %s (%s, %s): %s", result.rollout_id, result.status, result.filter_reason,
                       result.error)
             return None
