@@ -84,16 +84,21 @@ except ImportError as _error:  # pragma: no cover - exercised in a subprocess by
     raise ImportError("corral.trainer_adapters.tunix needs tunix, which is not installed: "
                       f"pip install 'corral[tunix]' ({_error})") from _error
 
-from corral.daemon.rollout.evaluation import Evaluation, EvaluationInfraError, SetupFailed, evaluate, set_up
+from corral.daemon.rollout.evaluation import (
+    Evaluation,
+    EvaluationInfraError,
+    SandboxStartFailed,
+    evaluate,
+    start_task_sandbox,
+)
 from corral.daemon.rollout.tasks import check_task, enabled_tools, render_messages, task_limits, tool_call_format
 from corral.daemon.rollout.tool_calls import ToolCallParseError, parse_tool_calls
 from corral.daemon.rollout.tools import SandboxToolBox, format_reminder, tool_instructions
 from corral.daemon.rollout.types import SandboxFailure
-from corral.sdk import AsyncClient, AsyncSandbox, CorralError, InvalidArgument, NotFound, RolloutResult
+from corral.sdk import AsyncClient, AsyncSandbox, CorralError, InvalidArgument, RolloutResult
 from corral.sdk.tasks import TaskLike, task_from
 from corral.trainer_adapters.common import DaemonNotRunning, connect, connect_service, weight_version_span
 from corral.v1 import rollout_pb2 as pb
-from corral.v1 import sandbox_pb2
 
 __all__ = [
     "CorralCollectEngine",
@@ -119,7 +124,6 @@ DEFAULT_EVAL_TIMEOUT_S = 600.0
 DESTROY_TIMEOUT_S = 60.0
 # Further sandbox-start attempts after an infrastructure failure, as the daemon's pipeline does.
 INIT_RETRIES = 2
-INIT_RETRY_BACKOFF_S = 0.5
 # Replies without a usable tool call in a row before the episode ends (corral's agent loop: 3).
 MAX_CONSECUTIVE_FORMAT_ERRORS = 3
 # The tail of the evaluation output kept in the final step's info.
@@ -337,56 +341,21 @@ class CorralTaskEnv(BaseTaskEnv):
         self.last_result = None
         client = await _BRIDGE.client(self.address)  # DaemonNotRunning propagates: a configuration error
         timeout_s = self.limits.init_timeout_s or DEFAULT_INIT_TIMEOUT_S
+        extra = self.extra_kwargs
+        rollout_id = f"tunix/{extra.get('group_id', '-')}/{extra.get('pair_index', '-')}/{secrets.token_hex(4)}"
         try:
             async with asyncio.timeout(timeout_s):
-                for attempt in range(INIT_RETRIES + 1):
-                    try:
-                        await self._create_sandbox(client)
-                        assert self._sandbox is not None
-                        await set_up(self._sandbox, self.corral_task.setup,
-                                     action_timeout_s=self.limits.action_timeout_s)
-                        break
-                    except (NotFound, InvalidArgument) as error:  # a bad image or request: retrying cannot help
-                        raise CorralEnvError("sandbox_start", f"creating the sandbox failed: {error}") from error
-                    except SetupFailed as error:
-                        raise CorralEnvError("sandbox_start", str(error)) from error
-                    except CorralError as error:
-                        await self._release()
-                        if attempt == INIT_RETRIES:
-                            raise CorralEnvError("sandbox_start", f"creating the sandbox failed {attempt + 1} "
-                                                 f"times: {error}") from error
-                        await asyncio.sleep(INIT_RETRY_BACKOFF_S * 2 ** attempt)
+                self._sandbox = await start_task_sandbox(client, self.corral_task, rollout_id=rollout_id,
+                                                         retries=INIT_RETRIES,
+                                                         action_timeout_s=self.limits.action_timeout_s)
+        except SandboxStartFailed as error:
+            raise CorralEnvError("sandbox_start", str(error)) from error
         except TimeoutError:
-            await self._release()
             raise CorralEnvError("stage_timeout",
                                  f"creating and setting up the sandbox ran past {timeout_s:g} s") from None
-        except BaseException:
-            await self._release()
-            raise
         self._toolbox = SandboxToolBox(self._sandbox, enabled_tools(self.corral_task),
                                        workdir=self._sandbox.info.workdir,
                                        max_observation_bytes=self.limits.max_observation_bytes)
-
-    async def _create_sandbox(self, client: AsyncClient) -> None:
-        task = self.corral_task
-        extra = self.extra_kwargs
-        rollout_id = f"tunix/{extra.get('group_id', '-')}/{extra.get('pair_index', '-')}/{secrets.token_hex(4)}"
-        backend = task.backend
-        creating = asyncio.ensure_future(client.create_sandbox(
-            image=task.image or None,
-            backend=None if backend == sandbox_pb2.BACKEND_UNSPECIFIED
-            else sandbox_pb2.Backend.Name(backend).removeprefix("BACKEND_").lower(),
-            memory_bytes=task.resources.memory_bytes or None, pids=task.resources.pids or None,
-            cpu_millicores=task.resources.cpu_millicores or None,
-            labels={"io.corral.rollout": rollout_id, "io.corral.task": task.task_id}))
-        try:
-            self._sandbox = await asyncio.shield(creating)
-        except asyncio.CancelledError:
-            # Closed or timed out mid-creation: let the creation finish so the sandbox is known
-            # and destroyed, instead of being left half-made.
-            with contextlib.suppress(Exception):
-                self._sandbox = await asyncio.wait_for(creating, DESTROY_TIMEOUT_S)
-            raise
 
     async def _step(self, text: str, last: bool) -> EnvStepResult:
         if self._toolbox is None:

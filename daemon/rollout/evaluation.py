@@ -1,4 +1,5 @@
-"""Setting a task up before the agent runs, and judging the sandbox after it stops.
+"""Setting a task up before the agent runs (its sandbox, files and commands), and judging the
+sandbox after it stops.
 
 Both run through the SDK's AsyncSandbox, so the daemon's pipeline and the trainer adapters (which
 hold their own sandboxes) share one implementation.
@@ -17,15 +18,36 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from corral.sdk import AsyncSandbox, CorralError, ExecResult
+import asyncio
+import contextlib
+
+import logging
+
+from corral.sdk import AsyncClient, AsyncSandbox, CorralError, ExecResult, InvalidArgument, NotFound
 from corral.v1 import rollout_pb2 as pb
+from corral.v1 import sandbox_pb2
 
 EVAL_OUTPUT_LIMIT = 64 * 1024
+# How long a creation that was cancelled midway may take to finish, so its sandbox can be removed.
+CANCELLED_CREATE_TIMEOUT_S = 60.0
+# Pause before retrying a sandbox start that failed for infrastructure reasons (doubling each time):
+# the failures worth retrying (a node at its limit, an engine restarting) take a moment to clear.
+INIT_RETRY_BACKOFF_S = 0.5
+INIT_RETRY_MAX_BACKOFF_S = 8.0
+ROLLOUT_LABEL = "io.corral.rollout"
+TASK_LABEL = "io.corral.task"
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+
+_log = logging.getLogger(__name__)
 
 
 class SetupFailed(Exception):
     """The task could not be set up (filtered as SANDBOX_START)."""
+
+
+class SandboxStartFailed(Exception):
+    """The task's sandbox could not be created or set up, retries included (SANDBOX_START)."""
 
 
 class EvaluationInfraError(Exception):
@@ -37,6 +59,56 @@ class Evaluation:
     reward: float
     # The evaluation commands' output, capped, for people reading results.
     output: bytes
+
+
+async def create_task_sandbox(client: AsyncClient, task: pb.Task, *, rollout_id: str) -> AsyncSandbox:
+    """Creates the sandbox a task names (backend, image, resources), labelled with the rollout and
+    task ids. Cancelled midway, it lets the creation finish and destroys the sandbox before the
+    cancellation goes on, so nothing is left half-made."""
+    backend = None if task.backend == sandbox_pb2.BACKEND_UNSPECIFIED else \
+        sandbox_pb2.Backend.Name(task.backend).removeprefix("BACKEND_").lower()
+    creating = asyncio.ensure_future(client.create_sandbox(
+        image=task.image or None, backend=backend,
+        memory_bytes=task.resources.memory_bytes or None, pids=task.resources.pids or None,
+        cpu_millicores=task.resources.cpu_millicores or None,
+        labels={ROLLOUT_LABEL: rollout_id, TASK_LABEL: task.task_id}))
+    try:
+        return await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            sandbox = await asyncio.wait_for(creating, CANCELLED_CREATE_TIMEOUT_S)
+            await asyncio.wait_for(sandbox.destroy(), CANCELLED_CREATE_TIMEOUT_S)
+        raise
+
+
+async def start_task_sandbox(client: AsyncClient, task: pb.Task, *, rollout_id: str, retries: int,
+                             action_timeout_s: float) -> AsyncSandbox:
+    """Creates the task's sandbox and sets the task up in it. A failure of the node (a CorralError
+    other than a bad image or request) is retried `retries` times with a doubling pause; a bad
+    image, a bad request or a failing setup step is not. Raises SandboxStartFailed; whatever ends
+    it early (failure, cancellation, a caller's timeout), no sandbox is left behind."""
+    attempts = retries + 1
+    for attempt in range(1, attempts + 1):
+        sandbox: AsyncSandbox | None = None
+        try:
+            sandbox = await create_task_sandbox(client, task, rollout_id=rollout_id)
+            await set_up(sandbox, task.setup, action_timeout_s=action_timeout_s)
+            return sandbox
+        except BaseException as error:
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(sandbox.destroy(), CANCELLED_CREATE_TIMEOUT_S)
+            if isinstance(error, (NotFound, InvalidArgument)):
+                raise SandboxStartFailed(f"creating the sandbox failed: {error}") from error
+            if isinstance(error, SetupFailed):
+                raise SandboxStartFailed(str(error)) from error
+            if not isinstance(error, CorralError):
+                raise
+            if attempt == attempts:
+                raise SandboxStartFailed(f"creating the sandbox failed {attempts} times: {error}") from error
+            _log.warning("%s: sandbox start failed (attempt %d of %d): %s", rollout_id, attempt, attempts, error)
+        await asyncio.sleep(min(INIT_RETRY_BACKOFF_S * 2 ** (attempt - 1), INIT_RETRY_MAX_BACKOFF_S))
+    raise AssertionError("unreachable")
 
 
 async def place_files(sandbox: AsyncSandbox, files: Iterable[pb.TaskFile]) -> None:

@@ -32,9 +32,9 @@ from corral.daemon.rollout.agent_loop import AgentLimits, AgentLoop
 from corral.daemon.rollout.evaluation import (
     Evaluation,
     EvaluationInfraError,
-    SetupFailed,
+    SandboxStartFailed,
     evaluate,
-    set_up,
+    start_task_sandbox,
 )
 from corral.daemon.rollout.tasks import (
     check_task,
@@ -54,9 +54,8 @@ from corral.daemon.rollout.types import (
     Trajectory,
     TurnRecord,
 )
-from corral.sdk import AsyncClient, AsyncSandbox, CorralError, InvalidArgument, NotFound
+from corral.sdk import AsyncClient, AsyncSandbox, CorralError
 from corral.v1 import rollout_pb2 as pb
-from corral.v1 import sandbox_pb2
 
 _log = logging.getLogger(__name__)
 
@@ -64,10 +63,6 @@ _log = logging.getLogger(__name__)
 # reaper and shutdown still remove it).
 DESTROY_TIMEOUT_S = 60.0
 THROUGHPUT_WINDOW_S = 60.0
-# Pause before retrying a sandbox start that failed for infrastructure reasons (doubling each time):
-# the failures worth retrying (a busy node, an engine restarting) take a moment to clear.
-INIT_RETRY_BACKOFF_S = 0.5
-INIT_RETRY_MAX_BACKOFF_S = 8.0
 
 
 class Stage(enum.Enum):
@@ -330,46 +325,16 @@ class RolloutPipeline:
         return own or self._settings.stage(stage).timeout_s
 
     async def _init(self, rollout: Rollout, timeout_s: float) -> None:
-        task = rollout.task
-        limits = task_limits(task)
-        attempts = self._settings.init_retries + 1
+        limits = task_limits(rollout.task)
         try:
             async with asyncio.timeout(timeout_s):
-                for attempt in range(1, attempts + 1):
-                    try:
-                        rollout.sandbox = await self._create_sandbox(rollout)
-                        await set_up(rollout.sandbox, task.setup, action_timeout_s=limits.action_timeout_s)
-                        return
-                    except (NotFound, InvalidArgument) as error:  # a bad image or request: retrying cannot help
-                        raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, f"creating the sandbox failed: {error}") from error
-                    except SetupFailed as error:
-                        raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
-                    except CorralError as error:
-                        await self._destroy_sandbox(rollout)
-                        if attempt == attempts:
-                            raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START,
-                                                  f"creating the sandbox failed {attempts} times: {error}") from error
-                        _log.warning("rollout %s: sandbox start failed (attempt %d of %d): %s",
-                                     rollout.rollout_id, attempt, attempts, error)
-                        await asyncio.sleep(min(INIT_RETRY_BACKOFF_S * 2 ** (attempt - 1), INIT_RETRY_MAX_BACKOFF_S))
+                rollout.sandbox = await start_task_sandbox(
+                    self._client, rollout.task, rollout_id=rollout.rollout_id, retries=self._settings.init_retries,
+                    action_timeout_s=limits.action_timeout_s)
+        except SandboxStartFailed as error:
+            raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
         except TimeoutError:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
-
-    async def _create_sandbox(self, rollout: Rollout) -> AsyncSandbox:
-        task = rollout.task
-        creating = asyncio.ensure_future(self._client.create_sandbox(
-            image=task.image or None, backend=_backend_name(task.backend),
-            memory_bytes=task.resources.memory_bytes or None, pids=task.resources.pids or None,
-            cpu_millicores=task.resources.cpu_millicores or None,
-            labels={"io.corral.rollout": rollout.rollout_id, "io.corral.task": task.task_id}))
-        try:
-            return await asyncio.shield(creating)
-        except asyncio.CancelledError:
-            # Cancelled (or timed out) mid-creation: let the creation finish so that the sandbox
-            # is known and destroyed with the rollout, instead of being left half-made.
-            with contextlib.suppress(Exception):
-                rollout.sandbox = await asyncio.wait_for(creating, DESTROY_TIMEOUT_S)
-            raise
 
     async def _run(self, rollout: Rollout, timeout_s: float) -> None:
         task = rollout.task
@@ -491,9 +456,3 @@ class RolloutPipeline:
         assert rollout.evaluation is not None
         result.reward = rollout.evaluation.reward
         return result
-
-
-def _backend_name(backend: int) -> str | None:
-    if backend == sandbox_pb2.BACKEND_UNSPECIFIED:
-        return None
-    return sandbox_pb2.Backend.Name(backend).removeprefix("BACKEND_").lower()
