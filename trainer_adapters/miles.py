@@ -31,9 +31,11 @@ All three fill the sample the same way (`fill_sample`):
   (do not use `--group-rm`: it would score them again).
 - `status`: COMPLETED; TRUNCATED when the agent was cut short (max turns, context full, RUN
   timeout); ABORTED when corral filtered the rollout (an infrastructure failure: sandbox start,
-  backend crash, LLM unreachable, evaluation infrastructure, staleness, ...) or Miles aborted the
-  step. ABORTED samples keep `reward = None`: Miles skips its reward model for them, and a
-  dynamic filter drops their group (`--dynamic-sampling-filter-path
+  backend crash, LLM unreachable, evaluation infrastructure, staleness, ...), when an engine
+  aborted one of its generations (tools mode; as Miles' own generate marks a sample whose
+  generation finished "abort"), or when Miles aborted the step. ABORTED samples keep
+  `reward = None`: Miles skips its reward model for them, and a dynamic filter drops their group
+  (`--dynamic-sampling-filter-path
   miles.rollout.filter_hub.dynamic_sampling_filters.check_no_aborted`; fully async mode drops
   aborted groups by itself). A filtered rollout is never a reward of 0.
 - `metadata` gains `corral_rollout_id`, `corral_status`, `corral_finish_reason`,
@@ -44,7 +46,8 @@ Decisions:
   `--chat-template-path`), since the ids must be the policy's. `--corral-tokenizer byte` selects
   corral's byte-level tokenizer (the built-in reference server's), `--corral-tokenizer DIR` a
   local Hugging Face tokenizer. The legacy form has no state: it takes `--corral-tokenizer`, else
-  `args.hf_checkpoint`.
+  `args.hf_checkpoint`. The tokenizer is chosen by the first call that needs it (per router and
+  daemon) and kept.
 - The prompt: the task's own messages. A task without prompt messages takes `sample.prompt`: a
   list of {"role", "content"} messages, or a string that becomes the user message (so do not use
   `--apply-chat-template`: corral applies the chat template itself). It is taken verbatim (braces
@@ -74,6 +77,9 @@ loop. Nothing else is cached.
 
 Nothing from Miles is imported at module import time (only inside the functions), so this module
 imports without Miles installed.
+
+`python -m corral.trainer_adapters.miles TASKS.jsonl -o PROMPT_DATA.jsonl` writes Miles' prompt
+data for corral tasks (`prompt_data_row`).
 """
 
 from __future__ import annotations
@@ -82,25 +88,29 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import json
+import sys
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from google.protobuf import json_format
 
 from corral.daemon.rollout.llm.client import LLMRequestRejected, LLMServerError
 from corral.daemon.rollout.llm.sglang import SGLangClient
+from corral.daemon.rollout.tasks import render_messages
 from corral.daemon.rollout.tokenizer import chat_tokenizer
 from corral.daemon.rollout.types import ChatTokenizer, Generation, LLMUnavailable, SamplingOptions
 from corral.sdk import AsyncClient, FailedPrecondition, InvalidArgument, RolloutResult
-from corral.sdk.tasks import task_from
+from corral.sdk.tasks import TaskLike, iter_tasks, task_from
 from corral.trainer_adapters.common import ToolsModeRollouts, connect_service
 from corral.v1 import rollout_pb2 as pb
 
 __all__ = [
     "CORRAL_TASK_KEY", "DEFAULT_ROLLOUTS", "MilesRollouts", "add_arguments", "fill_sample", "generate",
-    "generate_legacy", "service_generate", "task_for_sample",
+    "generate_legacy", "prompt_data_row", "service_generate", "task_for_sample",
 ]
 
 # The key of a sample's metadata that holds its corral task.
@@ -117,18 +127,21 @@ _routing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("corra
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The corral options, added to Miles' parser through `generate.add_arguments` (Miles calls it
     for the function that --custom-generate-function-path names)."""
-    options = [
-        ("--corral-address", dict(type=str, default=None,
-                                  help="The corral node daemon (default: $CORRAL_ADDRESS / $CORRAL_SOCKET / the system socket).")),
-        ("--corral-tokenizer", dict(type=str, default=None,
-                                    help="The chat tokenizer of corral's agent loop: unset: Miles' own (from --hf-checkpoint); "
-                                         "'byte': corral's byte-level one (the built-in reference server's); or a local "
-                                         "Hugging Face tokenizer directory.")),
-        ("--corral-max-staleness", dict(type=int, default=None,
-                                        help="Filter (abort) a rollout whose oldest generated token is more than this many "
-                                             "weight versions behind the newest the router reported.")),
-    ]
-    for flag, spec in options:
+    options = {
+        "--corral-address": dict(
+            type=str, default=None,
+            help="The corral node daemon (default: $CORRAL_ADDRESS / $CORRAL_SOCKET / the system socket)."),
+        "--corral-tokenizer": dict(
+            type=str, default=None,
+            help="The chat tokenizer of corral's agent loop. Unset: Miles' own (from --hf-checkpoint); 'byte': "
+                 "corral's byte-level one (the built-in reference server's); else a local Hugging Face tokenizer "
+                 "directory."),
+        "--corral-max-staleness": dict(
+            type=int, default=None,
+            help="Abort (as corral filters) a rollout whose oldest generated token is more than this many weight "
+                 "versions behind the newest the router reported."),
+    }
+    for flag, spec in options.items():
         with contextlib.suppress(argparse.ArgumentError):  # already added (the parser was built twice)
             parser.add_argument(flag, **spec)
     return parser
@@ -189,8 +202,9 @@ def task_for_sample(sample: Any, sampling_params: Mapping[str, Any] | None = Non
     metadata = getattr(sample, "metadata", None) or {}
     raw = metadata.get(CORRAL_TASK_KEY)
     if raw is None:
-        raise InvalidArgument(f"the sample (index {getattr(sample, 'index', None)}) has no metadata[{CORRAL_TASK_KEY!r}]: "
-                              "put each row's corral task under metadata.corral_task in the prompt data")
+        raise InvalidArgument(f"the sample (index {getattr(sample, 'index', None)}) has no "
+                              f"metadata[{CORRAL_TASK_KEY!r}]: put each row's corral task under "
+                              "metadata.corral_task in the prompt data")
     if isinstance(raw, (bytes, bytearray)):
         raw = raw.decode()
     task = pb.Task()
@@ -216,11 +230,11 @@ def task_for_sample(sample: Any, sampling_params: Mapping[str, Any] | None = Non
     return task
 
 
-def fill_sample(sample: Any, result: RolloutResult | None, tokenizer: ChatTokenizer, *,
+def fill_sample(sample: Any, result: RolloutResult | None, tokenizer: ChatTokenizer | None, *,
                 aborted_reason: str | None = None) -> Any:
-    """Writes a corral result into a Miles sample (in place; returns it). `result` None: Miles
-    aborted the step before the rollout finished (`aborted_reason` says so): the sample comes back
-    ABORTED with no tokens."""
+    """Writes a corral result into a Miles sample (in place; returns it); `tokenizer` decodes
+    `response`. `result` None: Miles aborted the step before the rollout finished
+    (`aborted_reason` says so): the sample comes back ABORTED with no tokens."""
     from miles.utils.types import Sample
 
     sample.rollout_routed_experts = None  # generation outputs of an earlier attempt do not apply
@@ -236,6 +250,8 @@ def fill_sample(sample: Any, result: RolloutResult | None, tokenizer: ChatTokeni
                            "corral_error": aborted_reason or "aborted"}
         return sample
 
+    if tokenizer is None:
+        raise ValueError("fill_sample needs the tokenizer to decode the response")
     sample.tokens = list(result.prompt_ids) + list(result.response_ids)
     sample.response_length = len(result.response_ids)
     sample.loss_mask = list(result.response_mask)
@@ -288,7 +304,10 @@ class _ToolsEngine:
     async def generate(self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
         """GenerateFn for the pipeline: one /generate on the router, retried `retries` times
         (backoff 1 s, doubling) when the failure is the server's; LLMUnavailable after that, and
-        LLMRequestRejected at once for a request the router refuses (a 4xx)."""
+        LLMRequestRejected at once for a request the router refuses (a 4xx). A generation the
+        engine aborted (finish reason "abort": Miles ended the step, or paused generation with
+        --pause-generation-mode abort to update weights) is LLMUnavailable too: the rollout is
+        filtered, as Miles marks such a sample ABORTED, instead of going on from a cut turn."""
         token = _routing_key.set(rollout_id)
         try:
             for attempt in range(self.retries + 1):
@@ -303,6 +322,8 @@ class _ToolsEngine:
                     await asyncio.sleep(2.0 ** attempt)
         finally:
             _routing_key.reset(token)
+        if generation.finish_reason == "abort":
+            raise LLMUnavailable(f"the engine aborted the generation ({len(generation.output_ids)} tokens in)")
         if generation.weight_version is not None:
             self.observe_version(generation.weight_version)
         return generation
@@ -395,9 +416,9 @@ class MilesRollouts:
         url = router_url(args)
         address = getattr(args, "corral_address", None)
         max_staleness = getattr(args, "corral_max_staleness", None)
+        if _aborted(state):  # Miles ended the step before this sample started
+            return fill_sample(sample, None, None, aborted_reason="Miles aborted the rollout step")
         engine = await (self._service_engine if service else self._tools_engine)(args, state, url, address)
-        if _aborted(state):
-            return fill_sample(sample, None, engine.tokenizer, aborted_reason="Miles aborted the rollout step")
         if service:
             run = engine.client.rollouts.run(task, max_staleness=max_staleness)
         else:
@@ -486,3 +507,42 @@ async def service_generate(input: Any) -> Any:
 generate.add_arguments = add_arguments  # type: ignore[attr-defined]
 generate_legacy.add_arguments = add_arguments  # type: ignore[attr-defined]
 service_generate.add_arguments = add_arguments  # type: ignore[attr-defined]
+
+
+# -- tasks JSONL to Miles' prompt data ------------------------------------------------------------
+
+def prompt_data_row(task: TaskLike) -> dict[str, Any]:
+    """One line of Miles' prompt data (`--prompt-data x.jsonl`, default `--input-key input`,
+    `--metadata-key metadata`) for a corral task: "input" is the task's first user message with
+    its fields filled in (what Miles logs as the prompt; the rollout uses the task's own messages),
+    "metadata.corral_task" the task in the proto3 JSON mapping."""
+    task = task_from(task)
+    users = [message["content"] for message in render_messages(task) if message["role"] == "user"]
+    return {"input": users[0] if users else "",
+            "metadata": {CORRAL_TASK_KEY: json_format.MessageToDict(task, preserving_proto_field_name=True)}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m corral.trainer_adapters.miles TASKS.jsonl... -o PROMPT_DATA.jsonl`."""
+    parser = argparse.ArgumentParser(prog="python -m corral.trainer_adapters.miles",
+                                     description="Convert corral tasks (JSONL) into Miles prompt data (JSONL) whose "
+                                                 "rows carry the task under metadata.corral_task.")
+    parser.add_argument("tasks", nargs="+", help="corral tasks JSONL files")
+    parser.add_argument("-o", "--out", required=True, help="the Miles prompt-data JSONL to write ('-': stdout)")
+    options = parser.parse_args(argv)
+    rows = []
+    for path in options.tasks:
+        with open(path, encoding="utf-8") as lines:
+            rows += [json.dumps(prompt_data_row(task), ensure_ascii=False) for task in iter_tasks(lines, source=path)]
+    text = "".join(row + "\n" for row in rows)
+    if options.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(options.out, "w", encoding="utf-8") as out:
+            out.write(text)
+    print(f"{len(rows)} tasks -> {options.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
