@@ -587,3 +587,30 @@ async def test_agent_loop_with_a_real_sandbox(sandbox):
     assert BYTES.decode(trajectory.prompt_ids + trajectory.response_ids) + "\n" == BYTES.render(
         trajectory.messages, add_generation_prompt=False)
     assert_aligned(trajectory, llm)
+
+
+async def test_a_generation_the_server_aborted_is_an_infrastructure_failure() -> None:
+    """An "abort" finish (e.g. generation paused for a weight update) is not the model's turn: the
+    rollout is filtered as LLM unreachable instead of continuing from a cut turn."""
+    from corral.daemon.rollout.agent_loop import AgentLimits, AgentLoop
+    from corral.daemon.rollout.tokenizer import ByteChatTokenizer
+    from corral.daemon.rollout.tool_calls import ToolCallFormat
+    from corral.daemon.rollout.types import Generation, LLMUnavailable, SamplingOptions
+
+    async def aborting(prompt_ids, sampling, rollout_id):
+        return Generation([104, 105], [-0.1, -0.2], "abort", server="http://engine")
+
+    class NoTools:  # never reached: the loop stops at the aborted generation
+        tools = frozenset({"bash", "submit"})
+
+        async def call(self, call, timeout_s):
+            raise AssertionError("no tool call expected")
+
+    loop = AgentLoop(ByteChatTokenizer(), aborting, NoTools(),
+                     limits=AgentLimits(max_turns=3, max_new_tokens_per_turn=8, max_total_tokens=4096,
+                                        action_timeout_s=5),
+                     tool_call_format=ToolCallFormat.HERMES, sampling=SamplingOptions(max_new_tokens=8),
+                     rollout_id="r", policy_version=lambda: 0)
+    with pytest.raises(LLMUnavailable, match="aborted"):
+        await loop.run([{"role": "user", "content": "hi"}])
+    assert loop.trajectory.turns == []

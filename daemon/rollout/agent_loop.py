@@ -31,6 +31,7 @@ from corral.daemon.rollout.types import (
     FinishReason,
     GenerateFn,
     Generation,
+    LLMUnavailable,
     SamplingOptions,
     ToolBox,
     ToolCall,
@@ -92,6 +93,10 @@ class AgentLoop:
             generation = await self.generate(trajectory.prompt_ids + trajectory.response_ids, sampling,
                                              self.rollout_id)
             llm_time = time.monotonic() - started
+            if generation.finish_reason == "abort":
+                # The server gave up on the request (a weight update pausing generation, an
+                # overloaded engine): the turn is cut by the infrastructure, not by the model.
+                raise LLMUnavailable(f"the LLM server {generation.server or ''} aborted the generation")
             generation = _clipped(generation, max_new)
             assistant = {"role": "assistant", "content": self._reply_text(generation.output_ids)}
 
