@@ -278,16 +278,19 @@ class ShellSession:
                 outcome = await self._wait(turn, started + timeout_s, idle_timeout_s)
             if outcome in ("timeout", "idle_timeout"):
                 timed_out, reason = True, outcome
-                outcome = await self._interrupt(turn)
+                outcome, eof_sent = await self._interrupt(turn)
+                if outcome == "done" and eof_sent and not await self._responsive():
+                    outcome = "eof_reached_shell"
         finally:
             self._turn = None
         turn.flush()
         if self.closed:
             raise FailedPrecondition(f"shell {self.name!r} was closed while the command ran")
-        if outcome == "done":
+        if outcome in ("done", "eof_reached_shell"):
             exit_code = turn.done.result()
-        else:  # the shell died, or could not be brought back: start a fresh one
+        else:
             exit_code = terminal.exited.result() if terminal.exited.done() else 137
+        if outcome != "done":  # the shell died, or could not be brought back: start a fresh one
             await self._restart()
             restarted = True
         output = turn.buffer.getvalue()
@@ -335,9 +338,9 @@ class ShellSession:
                 self._shell_cmdline = self._cmdline()
                 await terminal.write(self._init_line())
 
-    async def _interrupt(self, turn: _Turn) -> str:
+    async def _interrupt(self, turn: _Turn) -> tuple[str, bool]:
         """SIGINT, then end-of-file, then SIGKILL for the foreground; "done" once the shell prints
-        its marker again, else "exited"/"stuck"."""
+        its marker again, else "exited"/"stuck"; and whether the end-of-file was sent."""
         terminal = self._terminal
         shell = terminal.shell_pid()
         async def end_of_file() -> None:
@@ -352,11 +355,28 @@ class ShellSession:
             end_of_file,
             lambda: signal(9, spare={shell} if shell else set()),
         )
-        for step in steps:
+        for number, step in enumerate(steps):
             await step()
             try:
                 await asyncio.wait_for(self._wait_turn_or_exit(turn), GRACE_S)
             except TimeoutError:
                 continue
-            return "done" if turn.done.done() else "exited"
-        return "stuck"
+            return ("done" if turn.done.done() else "exited"), number >= 1
+        return "stuck", True
+
+    async def _responsive(self) -> bool:
+        """Whether the shell still reads commands after an interrupt that sent end-of-file: when
+        the foreground program did not read it (it ignored SIGINT and died of SIGKILL), the EOF
+        waits in the terminal for the shell, and a non-interactive shell exits on it. One round
+        trip tells, before the next command could be lost to a dying shell."""
+        probe = _Turn(self._sentinel, self._sentinel_max, STRAY_LIMIT, b"")
+        self._turn = probe
+        try:
+            with contextlib.suppress(TimeoutError):
+                await self._terminal.write(self._marker("0").encode(), timeout=GRACE_S)
+                await asyncio.wait_for(self._wait_turn_or_exit(probe), GRACE_S * 2)
+        finally:
+            self._turn = None
+        probe.flush()
+        self._stray += probe.buffer.getvalue()[:STRAY_LIMIT]  # output between turns goes to the next one
+        return probe.done.done()

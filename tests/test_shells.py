@@ -106,7 +106,18 @@ def test_timeout_kills_foreground_tree_and_keeps_shell(sh):
 def test_sigint_ignoring_command_is_killed(sh):
     r = sh.run("trap '' INT; sleep 300; echo never", timeout=1)
     assert r.timed_out
+    # The end-of-file sent for the foreground program was never read by it; it reached the
+    # shell, which exits on it. The session notices before returning and starts a fresh shell,
+    # so the next command cannot be lost to a dying one, however loaded the machine.
+    assert r.shell_restarted
     assert sh.run("echo usable").output == b"usable\n"
+
+
+def test_a_shell_that_is_slow_to_die_after_an_interrupt_does_not_eat_the_next_command(sh):
+    for _ in range(3):
+        assert sh.run("trap '' INT; sleep 300", timeout=0.5).timed_out
+        follow = sh.run("echo next")
+        assert follow.output == b"next\n" and not follow.shell_restarted
 
 
 def test_idle_timeout(sh):
