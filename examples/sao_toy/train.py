@@ -192,6 +192,8 @@ class ModeResult:
     push_seconds: float = 0.0
     filtered: int = 0
     prompt_check: bool | None = None
+    # The machine's 1-minute load average when the mode started and ended (the cores may be shared).
+    load_average: tuple[float, float] = (0.0, 0.0)
 
     def summary(self, window: int) -> dict:
         rewards = [r["reward"] for r in self.rollouts]
@@ -215,6 +217,7 @@ class ModeResult:
             "push_seconds_total": round(self.push_seconds, 2), "prompt_ids_match": self.prompt_check,
             # The newest weight version that generated a trained-on rollout: > 0 once pushed weights were served.
             "max_generation_version": max((r["version"] for r in self.rollouts), default=-1),
+            "load_average_start_end": [round(x, 2) for x in self.load_average],
         }
 
 
@@ -488,7 +491,9 @@ async def run_mode(mode: str, settings: Settings, checkpoint: Path, workdir: Pat
         logprobs = SharedPrefixLogprobs(common_prefix([prompt_ids(v) for v in VARIANTS]), settings.temperature)
         rng = random.Random(settings.seed)
         run = run_sao if mode == "sao" else run_grpo
+        load_start = os.getloadavg()[0]
         result = await run(session, model, logprobs, settings, rng, start_reward)
+        result.load_average = (load_start, os.getloadavg()[0])
         result.pushes, result.push_seconds = session.pushes, session.push_seconds
         result.server_weight_version = await session.server_weight_version()
         result.daemon_policy_version = (await session.client.rollouts.stats()).policy_version
