@@ -11,21 +11,24 @@ staleness the learner sees is real.
 The task set (tasks.py): six one-line repairs of calc.py, each fixed by a sed command that depends
 on the prompt, graded by a hidden check's exit status.
 
-  warm start  a short behaviour-cloning phase on the reference replies (warm_start.py), stopped
-              once the mean probability of sampling a reference reply exactly is `--warm-target`;
-              both modes start from that checkpoint. Not counted in the budget.
+  warm start  behaviour cloning on the reference replies with label smoothing (warm_start.py),
+              until the greedy reply is right for every variant: the policy reads the prompt,
+              but at temperature 1 most replies have a typo (reward ~0.2). Both modes start
+              from that checkpoint. Not counted in the budget.
   sao         corral's StreamingLearner with the SAO loss (CODING preset): one rollout per prompt,
               `--in-flight` rollouts kept running, an update as soon as `--batch` results are in,
-              advantage = reward - per-task running baseline. The learner runs in its own thread
-              so that rollouts keep going while it trains; new rollouts are submitted only while
+              advantage = reward - per-task running baseline (seeded with the warm start's
+              measured reward). The learner runs in its own thread so that rollouts keep going
+              while it trains; new rollouts are submitted only while
               submitted < (updates + 1 + --max-lag) * batch, which bounds the staleness.
-  grpo        the synchronous group barrier: `--groups` prompts x `--group-size` samples submitted
-              together, wait for all, group-normalised advantages, PPO/DAPO clipped loss, one
+  grpo        the synchronous group barrier: batch / `--group-size` prompts x `--group-size`
+              samples submitted together, wait for all, group-normalised advantages, PPO/DAPO clipped loss, one
               update, push the weights, repeat. Staleness is 0 by construction.
 
-Both modes use the same network, optimiser (Adam, --lr), logprob function, daemon worker counts
-and batch size (--batch = groups x group-size). After the budget each mode's final policy is
-evaluated on --eval-rollouts fresh rollouts (temperature 1), as is the warm start before either.
+Both modes use the same network, optimiser (Adam, --lr), loss aggregation (--denominator
+sequence), logprob function, daemon worker counts and batch size. After the budget each mode's
+final policy is evaluated on --eval-rollouts fresh rollouts (temperature 1), as is the warm
+start before either.
 
 Writes to --out: sao_toy_<mode>.json (one record per update: wall-clock seconds, mean reward of
 the rollouts trained on, its moving average over the last --window rollouts, staleness mean/max,
@@ -547,7 +550,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, help="wall-clock training budget per mode (default 15; --smoke 0.25)")
     parser.add_argument("--out", default="runs/", help="folder for the JSON logs and the plot")
@@ -560,6 +563,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline-momentum", type=float, help="SAO: per-task running baseline momentum")
     parser.add_argument("--denominator", choices=("sequence", "token", "kept"), help="loss aggregation, both modes")
     parser.add_argument("--batch", type=int, help="rollouts per update, both modes")
+    parser.add_argument("--max-turns", type=int, help="agent turns per rollout (default 2)")
+    parser.add_argument("--max-new-tokens", type=int, help="new tokens per turn (default 48)")
     parser.add_argument("--in-flight", type=int, help="SAO: rollouts kept running")
     parser.add_argument("--max-lag", type=int, help="SAO: updates generation may run ahead")
     parser.add_argument("--group-size", type=int, help="GRPO: samples per prompt")
@@ -573,7 +578,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def settings_from(args: argparse.Namespace) -> Settings:
     settings = smoke_settings(args.seed) if args.smoke else Settings(seed=args.seed)
     overrides = {"minutes": args.minutes, "lr": args.lr, "optimizer": args.optimizer, "baseline_momentum": args.baseline_momentum,
-                 "batch": args.batch, "denominator": args.denominator, "in_flight": args.in_flight, "max_lag": args.max_lag,
+                 "batch": args.batch, "denominator": args.denominator,
+                 "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "in_flight": args.in_flight, "max_lag": args.max_lag,
                  "group_size": args.group_size, "warm_smoothing": args.warm_smoothing,
                  "eval_rollouts": args.eval_rollouts, "max_updates": args.max_updates}
     return dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
