@@ -126,3 +126,15 @@ def int_or_none(value: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def optional_sampling_fields(sampling: SamplingOptions) -> dict[str, Any]:
+    """The sampling options both protocols send only when set, under the same names."""
+    fields: dict[str, Any] = {}
+    if sampling.top_k > 0:
+        fields["top_k"] = sampling.top_k
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    if sampling.stop_token_ids:
+        fields["stop_token_ids"] = list(sampling.stop_token_ids)
+    return fields

@@ -21,7 +21,13 @@ from typing import Any
 
 import aiohttp
 
-from corral.daemon.rollout.llm.client import HTTPClientBase, LLMServerError, int_or_none, protocol_error
+from corral.daemon.rollout.llm.client import (
+    HTTPClientBase,
+    LLMServerError,
+    int_or_none,
+    optional_sampling_fields,
+    protocol_error,
+)
 from corral.daemon.rollout.types import Generation, SamplingOptions
 
 
@@ -43,12 +49,7 @@ class SGLangClient(HTTPClientBase):
             "skip_special_tokens": False,
             "no_stop_trim": True,
         }
-        if sampling.top_k > 0:
-            params["top_k"] = sampling.top_k
-        if sampling.stop:
-            params["stop"] = list(sampling.stop)
-        if sampling.stop_token_ids:
-            params["stop_token_ids"] = list(sampling.stop_token_ids)
+        params.update(optional_sampling_fields(sampling))
         return {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True,
                 "logprob_start_len": -1, "stream": False}
 

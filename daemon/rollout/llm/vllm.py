@@ -23,7 +23,13 @@ from typing import Any
 
 import aiohttp
 
-from corral.daemon.rollout.llm.client import HTTPClientBase, LLMServerError, int_or_none, protocol_error
+from corral.daemon.rollout.llm.client import (
+    HTTPClientBase,
+    LLMServerError,
+    int_or_none,
+    optional_sampling_fields,
+    protocol_error,
+)
 from corral.daemon.rollout.types import Generation, SamplingOptions
 
 _TOKEN_ID_PREFIX = "token_id:"
@@ -68,12 +74,7 @@ class VLLMClient(HTTPClientBase):
             "n": 1,
             "stream": False,
         }
-        if sampling.top_k > 0:
-            body["top_k"] = sampling.top_k
-        if sampling.stop:
-            body["stop"] = list(sampling.stop)
-        if sampling.stop_token_ids:
-            body["stop_token_ids"] = list(sampling.stop_token_ids)
+        body.update(optional_sampling_fields(sampling))
         return body
 
     async def generate(self, input_ids: list[int], sampling: SamplingOptions) -> Generation:
