@@ -3,6 +3,9 @@ results are never trained on, and updates really move the policy (the tiny byte-
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 import torch
 
@@ -138,3 +141,34 @@ def test_a_learner_needs_a_batch_size() -> None:
     with pytest.raises(ValueError):
         StreamingLearner(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_byte_lm_logprobs,
                          config=LearnerConfig(batch_rollouts=None, batch_tokens=None))
+
+
+async def test_the_event_loop_keeps_running_while_the_learner_trains() -> None:
+    """The optimiser step runs off the loop: a coroutine beside `update` (standing in for an
+    in-process daemon or inference server) keeps being scheduled while a slow step runs."""
+    model = make_model()
+    step_started, step_may_finish = threading.Event(), threading.Event()
+
+    def slow_logprobs(m, prompt, response):
+        step_started.set()
+        assert step_may_finish.wait(5), "the loop never got to run while the step was under way"
+        return tiny_byte_lm_logprobs(m, prompt, response)
+
+    sao = StreamingLearner(model, torch.optim.SGD(model.parameters(), lr=0.1), slow_logprobs,
+                           config=LearnerConfig(batch_rollouts=1))
+    sao.add(result(model))
+    update = asyncio.create_task(sao.update())
+    while not step_started.is_set():
+        await asyncio.sleep(0.005)
+    step_may_finish.set()  # only reachable because the loop is free during the step
+    report = await update
+    assert report.version == 1
+
+
+async def test_baselines_start_from_the_configured_prior() -> None:
+    model = make_model()
+    sao, _ = learner(model, batch_rollouts=1, baseline_initial=0.25, baseline_momentum=0.5)
+    assert sao.baseline.baseline("t") == 0.25
+    sao.add(result(model, reward=1.0))
+    await sao.update()
+    assert sao.baseline.baseline("t") == pytest.approx(0.625)

@@ -146,13 +146,23 @@ def test_gae_with_gamma_and_lambda_one_is_reward_to_go_minus_value() -> None:
 
 def test_running_baseline_per_task() -> None:
     baseline = RunningBaseline(momentum=0.5)
-    assert baseline.advantage("a", 1.0) == 1.0        # first: against 0
-    assert baseline.advantage("a", 0.0) == -1.0       # against 1.0; mean becomes 0.5
-    assert baseline.advantage("a", 1.0) == 0.5        # against 0.5
+    assert baseline.advantage("a", 1.0) == 1.0        # first: against initial 0; mean becomes 0.5
+    assert baseline.advantage("a", 0.0) == -0.5       # against 0.5; mean becomes 0.25
+    assert baseline.advantage("a", 1.0) == 0.75       # against 0.25; mean becomes 0.625
     assert baseline.advantage("b", 0.0) == 0.0        # tasks are separate
-    assert baseline.baseline("a") == pytest.approx(0.75)
+    assert baseline.baseline("a") == pytest.approx(0.625)
+    assert baseline.baseline("never seen") == 0.0
     with pytest.raises(ValueError):
         RunningBaseline(momentum=1.0)
+
+
+def test_running_baseline_starts_from_its_prior() -> None:
+    """The first reward moves the baseline from `initial` like any other: it does not replace it."""
+    baseline = RunningBaseline(momentum=0.9, initial=0.2)
+    assert baseline.advantage("a", 1.0) == pytest.approx(0.8)
+    assert baseline.baseline("a") == pytest.approx(0.28)
+    assert baseline.advantage("a", 0.0) == pytest.approx(-0.28)
+    assert baseline.baseline("b") == pytest.approx(0.2)
 
 
 def test_group_normalised_advantages() -> None:

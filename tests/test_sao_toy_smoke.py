@@ -11,6 +11,7 @@ process.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -35,6 +36,9 @@ def test_smoke_run_trains_both_modes_and_pushes_weights(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
     report = json.loads((tmp_path / "sao_toy.json").read_text())
+    if importlib.util.find_spec("matplotlib") is not None:  # the `plot` extra, part of `dev`
+        assert report["plot"] == str(tmp_path / "sao_toy.png")
+        assert (tmp_path / "sao_toy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report["start_eval"]["rollouts"] > 0 and report["start_eval"]["filtered"] == 0
     assert set(report["modes"]) == {"sao", "grpo"}
     for mode, summary in report["modes"].items():

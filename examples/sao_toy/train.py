@@ -260,17 +260,14 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
         # In the learner's thread: the push runs on the main loop (the daemon's and server's).
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.push(model, version), loop))
 
+    # Every task's running baseline starts at the warm start's measured success rate: from 0, the
+    # first successes of each task would look far better than they are.
     learner = StreamingLearner(model, optimizer, logprobs,
                                config=LearnerConfig(batch_rollouts=settings.batch,
                                                     loss=dataclasses.replace(CODING, denominator=settings.denominator),
-                                                    baseline_momentum=settings.baseline_momentum),
+                                                    baseline_momentum=settings.baseline_momentum,
+                                                    baseline_initial=start_reward or 0.0),
                                publish=publish)
-    if start_reward is not None:
-        # Seed every task's running baseline with the warm start's measured success rate: without
-        # it the first reward of a task becomes its baseline, and a lucky first success makes the
-        # next ten or so rollouts of that task strongly negative.
-        for variant in VARIANTS:
-            learner.baseline.advantage(variant.name, start_reward)
     results: queue.Queue = queue.Queue()
     state = {"submitted": 0, "in_flight": 0, "stop": False}
     failure: list[BaseException] = []

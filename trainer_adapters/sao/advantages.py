@@ -51,8 +51,10 @@ def sequence_advantages_to_tokens(advantages: Sequence[float] | torch.Tensor, lo
 
 class RunningBaseline:
     """A per-task baseline for single rollouts without a critic: the advantage of a rollout is its
-    reward minus the exponential moving average of earlier rewards of the same task (the first
-    rollout of a task is compared with `initial`). `momentum` is the weight of the old average."""
+    reward minus the task's baseline, which starts at `initial` (a prior, e.g. the policy's
+    measured success rate before training) and then moves towards each reward by
+    (1 - `momentum`), the first one included. A task's first reward is thus weighed like every
+    later one, so one lucky (or unlucky) first rollout does not become the whole baseline."""
 
     def __init__(self, momentum: float = 0.9, initial: float = 0.0) -> None:
         if not 0.0 <= momentum < 1.0:
@@ -67,7 +69,7 @@ class RunningBaseline:
     def advantage(self, task_id: Hashable, reward: float) -> float:
         """reward - baseline(task), then the baseline moves towards reward."""
         mean = self.baseline(task_id)
-        self._means[task_id] = self.momentum * mean + (1.0 - self.momentum) * reward if task_id in self._means else reward
+        self._means[task_id] = self.momentum * mean + (1.0 - self.momentum) * reward
         return reward - mean
 
 

@@ -11,12 +11,17 @@ After every update the policy version goes up by one and `publish(version)` is a
 where a trainer saves the weights, pushes them to its inference servers and tells corral's daemon
 the new version (`client.rollouts.set_policy_version`).
 
-Advantages without a critic: reward minus a per-task running baseline, spread over the rollout's
-generated tokens. Filtered results (infrastructure failures) are counted and never trained on.
+The optimiser step runs in a worker thread (`asyncio.to_thread`), so an event loop that also
+serves rollouts (an in-process daemon, an inference server, the stream being read) keeps going
+while the learner trains. One update runs at a time.
+
+Advantages without a critic: reward minus a per-task running baseline (starting at
+`LearnerConfig.baseline_initial`), spread over the rollout's generated tokens. Filtered results (infrastructure failures) are counted and never trained on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
@@ -44,6 +49,8 @@ class LearnerConfig:
     stale_tokens: Literal["drop", "downweight"] = "drop"
     loss: SAOConfig = CODING
     baseline_momentum: float = 0.9
+    # Every task's baseline before its first reward: e.g. the policy's measured success rate.
+    baseline_initial: float = 0.0
     max_grad_norm: float | None = 1.0
 
 
@@ -99,7 +106,7 @@ class StreamingLearner:
         self.config = config
         self.policy_version = policy_version
         self.publish = publish
-        self.baseline = RunningBaseline(config.baseline_momentum)
+        self.baseline = RunningBaseline(config.baseline_momentum, config.baseline_initial)
         self.stats = LearnerStats()
         self._pending: list[RolloutResult] = []
 
@@ -132,9 +139,10 @@ class StreamingLearner:
         return config.batch_tokens is not None and tokens >= config.batch_tokens
 
     async def update(self) -> UpdateReport:
-        """One optimiser step on the pending rollouts, then the version bump and `publish`."""
+        """One optimiser step on the pending rollouts (in a worker thread), then the version bump
+        and `publish`."""
         batch, self._pending = self._pending, []
-        report = self._step(batch)
+        report = await asyncio.to_thread(self._step, batch)
         self.policy_version += 1
         report.version = self.policy_version
         self.stats.updates.append(report)
