@@ -45,8 +45,9 @@ class Daemon:
     """`corral serve` on a temporary socket (and, with `tcp=True`, 127.0.0.1 with a token), in a
     temporary directory that is removed on stop."""
 
-    def __init__(self, *, tcp: bool = False) -> None:
+    def __init__(self, *, tcp: bool = False, config: str = "") -> None:
         self.root = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+        self.config = config  # corral.toml text, if any
         self.socket = self.root / "corral.sock"
         self.address = f"unix://{self.socket}"
         self.token = secrets.token_hex(16) if tcp else None
@@ -66,6 +67,9 @@ class Daemon:
             token_file = self.root / "token"
             token_file.write_text(self.token)
             cmd += ["--tcp", self.tcp_address, "--token-file", str(token_file)]
+        if self.config:
+            (self.root / "corral.toml").write_text(self.config)
+            cmd += ["--config", str(self.root / "corral.toml")]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -111,8 +115,15 @@ class Daemon:
 # The test images of scripts/build_test_images.sh, as the test suite names them.
 DOCKER_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
 SIF_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif")
-BACKEND_IMAGES = {"local": "host", "docker": DOCKER_IMAGE, "singularity": SIF_IMAGE}
+# "podman": the docker backend on Podman's Docker-compatible socket (a daemon of its own).
+BACKEND_IMAGES = {"local": "host", "docker": DOCKER_IMAGE, "podman": DOCKER_IMAGE, "singularity": SIF_IMAGE}
 BACKENDS = list(BACKEND_IMAGES)
+PODMAN_SOCKET = os.environ.get("CORRAL_TEST_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
+# Explicit rlimits, as the tests give Podman (tests/conftest.py): its defaults (1048576) cannot be
+# set where root lives in a user namespace.
+PODMAN_ULIMITS = {"nofile": 4096, "nproc": 8192}
+PODMAN_CONFIG = (f'[docker]\nsocket = "{PODMAN_SOCKET}"\n'
+                 f'ulimits = [{", ".join(f"{chr(34)}{k}={v}{chr(34)}" for k, v in PODMAN_ULIMITS.items())}]\n')
 # What corral's sandboxes get as their workdir and run directory (daemon/config.py, backends/base.py).
 WORKDIR, RUN_DIR_IN_SANDBOX = "/workspace", "/run/corral"
 NSENTER_FLAGS = ["-m", "-p", "-i", "-u", "-n", "-r", "-w"]
@@ -130,12 +141,13 @@ def backend_missing(backend: str) -> str | None:
         return None if shutil.which("bwrap") else "bwrap not installed (apt-get install bubblewrap)"
     if not shutil.which("nsenter"):
         return "nsenter not installed (apt-get install util-linux)"
-    if backend == "docker":
-        if not shutil.which("docker"):
-            return "docker CLI not installed"
-        found = subprocess.run(["docker", "image", "inspect", DOCKER_IMAGE], capture_output=True)
+    if backend in ("docker", "podman"):
+        engine = ["docker"] if backend == "docker" else ["podman", "--url", PODMAN_SOCKET]
+        if not shutil.which(engine[0]):
+            return f"{engine[0]} CLI not installed"
+        found = subprocess.run([*engine, "image", "inspect", DOCKER_IMAGE], capture_output=True)
         if found.returncode != 0:
-            return f"docker image {DOCKER_IMAGE} missing or engine down: run scripts/build_test_images.sh"
+            return f"{backend} image {DOCKER_IMAGE} missing or engine down: run scripts/build_test_images.sh"
         return None
     if backend == "singularity":
         if not apptainer_binary():

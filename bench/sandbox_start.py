@@ -18,13 +18,17 @@ and destroys it; the destruction is timed apart and reported in its own table):
                            hostname, workdir, cap_drop ALL, no-new-privileges, the default memory
                            and pids limits), reload(), then nsenter `true`: what is left between
                            this and corral_docker is corral's own
+  corral_podman            the docker backend on Podman's Docker-compatible socket (a second
+                           daemon, with the explicit rlimits Podman needs here), and
+  raw_podman, raw_podman_nsenter, raw_podman_as_corral
+                           the raw docker variants against the same socket
   corral_singularity       create_sandbox(image=<test SIF>, backend="singularity") + sb.exec(["true"])
   raw_singularity          `apptainer instance start` with the daemon's flags + `apptainer exec
                            --pwd /workspace instance://NAME true`; destroy: `apptainer instance
                            stop --signal SIGKILL NAME` (as the daemon stops its instances)
   raw_singularity_nsenter  the same instance, `instance list --json` for its pid, nsenter `true`
 
-Usage: python bench/sandbox_start.py [--quick] [--json PATH] [--backends local,docker,singularity]
+Usage: python bench/sandbox_start.py [--quick] [--json PATH] [--backends local,docker,podman,singularity]
 """
 
 from __future__ import annotations
@@ -35,18 +39,23 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
-from _common import (BACKEND_IMAGES, BACKENDS, DOCKER_IMAGE, NSENTER_FLAGS, RUN_DIR_IN_SANDBOX, WORKDIR,
+from _common import (BACKEND_IMAGES, BACKENDS, DOCKER_IMAGE, NSENTER_FLAGS, PODMAN_CONFIG, PODMAN_SOCKET,
+                     PODMAN_ULIMITS, RUN_DIR_IN_SANDBOX, WORKDIR,
                      ApptainerInstance, Daemon,
                      backend_missing, interleaved_phases, parse_args, print_header, print_ratios, print_table,
                      ratios, summary, write_json)
 
 RATIO_PAIRS = [("corral_local", "raw_bwrap"), ("corral_docker", "raw_docker"), ("corral_docker", "raw_docker_nsenter"),
                ("corral_docker", "raw_docker_as_corral"), ("raw_docker_nsenter", "raw_docker"),
-               ("raw_docker_as_corral", "raw_docker_nsenter"), ("corral_singularity", "raw_singularity"),
+               ("raw_docker_as_corral", "raw_docker_nsenter"), ("corral_podman", "raw_podman"),
+               ("corral_podman", "raw_podman_as_corral"), ("raw_podman", "raw_docker"), ("corral_podman", "corral_docker"),
+               ("corral_singularity", "raw_singularity"),
                ("corral_singularity", "raw_singularity_nsenter"), ("raw_singularity_nsenter", "raw_singularity")]
 RAW_VARIANTS = {"local": ["raw_bwrap"], "docker": ["raw_docker", "raw_docker_nsenter", "raw_docker_as_corral"],
+                "podman": ["raw_podman", "raw_podman_nsenter", "raw_podman_as_corral"],
                 "singularity": ["raw_singularity", "raw_singularity_nsenter"]}
 BWRAP = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--new-session",
          "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run", "true"]
@@ -63,10 +72,11 @@ def check(ok: bool, what: str) -> None:
 
 def corral_variant(client, backend: str) -> Callable[[], dict[str, float]]:
     image = BACKEND_IMAGES[backend]
+    engine_backend = "docker" if backend == "podman" else backend
 
     def cycle() -> dict[str, float]:
         start = time.perf_counter()
-        sandbox = client.create_sandbox(image=image, backend=backend, timeout=120)
+        sandbox = client.create_sandbox(image=image, backend=engine_backend, timeout=120)
         try:
             result = sandbox.exec(["true"])
             started = ms_since(start)
@@ -90,10 +100,12 @@ def raw_bwrap() -> dict[str, float]:
 class RawDocker:
     """The docker SDK without corral: run a container, then its first command."""
 
-    def __init__(self) -> None:
+    def __init__(self, base_url: str | None = None, ulimits: dict[str, int] | None = None) -> None:
         import docker
 
-        self.client = docker.from_env(timeout=120)
+        self.client = docker.DockerClient(base_url=base_url, timeout=120) if base_url else docker.from_env(timeout=120)
+        # Given to every container (Podman here cannot start one with its default rlimits).
+        self.ulimits = [docker.types.Ulimit(name=k, soft=v, hard=v) for k, v in (ulimits or {}).items()] or None
         self.live: set = set()  # containers to remove if a cycle fails half-way
         self.base = Path(tempfile.mkdtemp(prefix="corral-bench-docker-"))
         for sub in ("workspace", "run"):
@@ -107,6 +119,7 @@ class RawDocker:
             name=f"corral-bench-{secrets.token_hex(6)}", labels={"io.corral.bench": "sandbox_start"},
             network_mode="none", working_dir=WORKDIR, environment={}, cap_drop=["ALL"],
             security_opt=["no-new-privileges"], mem_limit=4 << 30, memswap_limit=4 << 30, pids_limit=1024,
+            ulimits=self.ulimits,
             volumes={str(self.base / "workspace"): {"bind": WORKDIR, "mode": "rw"},
                      str(self.base / "run"): {"bind": RUN_DIR_IN_SANDBOX, "mode": "rw"}},
         )
@@ -118,7 +131,7 @@ class RawDocker:
             container = self.client.containers.run(DOCKER_IMAGE, **self.as_corral())
         else:
             container = self.client.containers.run(DOCKER_IMAGE, "sleep infinity", detach=True, init=True,
-                                                   network_mode="none")
+                                                   network_mode="none", ulimits=self.ulimits)
         self.live.add(container)
         if nsenter:
             container.reload()
@@ -189,15 +202,19 @@ def main() -> None:
     skipped: dict[str, str] = {}
     variants: dict[str, Callable[[], dict[str, float]]] = {}
     closers: list[Callable[[], None]] = []
-    with Daemon() as daemon:
+    # Podman's socket is a second docker engine: its sandboxes come from a daemon of their own.
+    with Daemon() as daemon, (Daemon(config=PODMAN_CONFIG) if "podman" in backends else nullcontext()) as podman_daemon:
         try:
             client = Client(daemon.address)
             closers.append(client.close)
+            podman_client = Client(podman_daemon.address) if podman_daemon else None
+            if podman_client:
+                closers.append(podman_client.close)
             for backend in backends:
                 if reason := backend_missing(backend):
                     skipped.update(dict.fromkeys([f"corral_{backend}", *RAW_VARIANTS[backend]], reason))
                     continue
-                corral = corral_variant(client, backend)
+                corral = corral_variant(podman_client if backend == "podman" else client, backend)
                 try:
                     corral()  # a first sandbox: does the daemon have this backend at all?
                 except CorralError as err:
@@ -206,12 +223,12 @@ def main() -> None:
                     variants[f"corral_{backend}"] = corral
                 if backend == "local":
                     variants["raw_bwrap"] = raw_bwrap
-                elif backend == "docker":
-                    docker = RawDocker()
+                elif backend in ("docker", "podman"):
+                    docker = RawDocker() if backend == "docker" else RawDocker(PODMAN_SOCKET, PODMAN_ULIMITS)
                     closers.append(docker.close)
-                    variants["raw_docker"] = lambda docker=docker: docker.cycle(nsenter=False)
-                    variants["raw_docker_nsenter"] = lambda docker=docker: docker.cycle(nsenter=True)
-                    variants["raw_docker_as_corral"] = lambda docker=docker: docker.cycle(nsenter=True, as_corral=True)
+                    variants[f"raw_{backend}"] = lambda docker=docker: docker.cycle(nsenter=False)
+                    variants[f"raw_{backend}_nsenter"] = lambda docker=docker: docker.cycle(nsenter=True)
+                    variants[f"raw_{backend}_as_corral"] = lambda docker=docker: docker.cycle(nsenter=True, as_corral=True)
                 elif backend == "singularity":
                     apptainer = RawApptainer()
                     closers.append(apptainer.close)

@@ -61,6 +61,10 @@ class DockerConfig:
     socket: str = ""  # empty: $DOCKER_HOST, else unix:///var/run/docker.sock
     pull: bool = False  # pull images missing locally (no registry is assumed by default)
     default_image: str = ""  # the image of requests that name none
+    # Process rlimits for every container, "name=soft[:hard]" (e.g. "nofile=65536"); empty: the
+    # engine's defaults. Podman sets nofile and nproc to 1048576 unless told otherwise, which
+    # fails where root cannot raise rlimits that far (e.g. inside a user namespace).
+    ulimits: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -183,6 +187,21 @@ def load_config(
     return config
 
 
+def parse_ulimit(entry: str) -> tuple[str, int, int]:
+    """"name=soft[:hard]" -> (name, soft, hard); hard defaults to soft."""
+    name, sep, values = entry.partition("=")
+    soft, _, hard = values.partition(":")
+    try:
+        if not (sep and name.strip() and soft):
+            raise ValueError
+        parsed = (name.strip(), int(soft), int(hard or soft))
+    except ValueError:
+        raise ConfigError(f'docker.ulimits entry {entry!r} is not "name=soft[:hard]" (e.g. "nofile=65536:65536")') from None
+    if parsed[1] > parsed[2]:
+        raise ConfigError(f"docker.ulimits entry {entry!r}: the soft limit exceeds the hard one")
+    return parsed
+
+
 def validate(config: Config) -> None:
     if config.daemon.tcp.listen and not config.token:
         raise ConfigError(
@@ -193,6 +212,8 @@ def validate(config: Config) -> None:
         raise ConfigError("local.isolation must be one of auto, bwrap, unshare, none")
     if config.local.isolation == "none" and not config.local.allow_no_isolation:
         raise ConfigError('local.isolation = "none" requires local.allow_no_isolation = true')
+    for entry in config.docker.ulimits:
+        parse_ulimit(entry)
     if config.daemon.default_backend not in ("local", "docker", "singularity"):
         raise ConfigError("daemon.default_backend must be one of local, docker, singularity")
     for stage in ("init", "run", "eval"):

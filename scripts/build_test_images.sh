@@ -3,6 +3,7 @@
 #   corral-test/base:bookworm    a debootstrap --variant=minbase root filesystem, `docker import`ed
 #   corral-test/python:bookworm  base + python3, ipykernel, venv, procps, git (apt inside the build)
 #   $CACHE_DIR/python-<suite>-<key>.sif  the same image as a SIF for Apptainer (when installed)
+#   corral-test/python:bookworm in Podman's storage too (when podman is installed)
 # The root filesystem tarball is cached under $CACHE_DIR, keyed by this script's content, so a
 # second run on the same machine takes seconds; a fresh machine needs about two minutes.
 # Needs root, debootstrap and a running Docker engine.
@@ -48,6 +49,11 @@ RUN apt-get update -q && apt-get install -y -q --no-install-recommends \
     && rm -rf /var/lib/apt/lists/*
 DOCKERFILE
 fi
+# Podman keeps its own image store: the same image, copied over from Docker's.
+if command -v podman >/dev/null 2>&1 \
+    && [[ "$(podman image inspect -f '{{index .Config.Labels "io.corral.test-key"}}' "corral-test/python:$SUITE" 2>/dev/null || true)" != "$key" ]]; then
+  docker save "corral-test/python:$SUITE" | podman load -q >/dev/null
+fi
 sif="$CACHE_DIR/python-$SUITE-$key.sif"
 apptainer=$(command -v apptainer || command -v singularity || true)
 if [[ -n "$apptainer" && ! -s "$sif" ]]; then
@@ -55,4 +61,4 @@ if [[ -n "$apptainer" && ! -s "$sif" ]]; then
   mv "$sif.tmp" "$sif"
 fi
 [[ -s "$sif" ]] && ln -sf "$sif" "$CACHE_DIR/python-$SUITE.sif"
-echo "images: corral-test/base:$SUITE corral-test/python:$SUITE${apptainer:+ $CACHE_DIR/python-$SUITE.sif} (key $key)"
+echo "images: corral-test/base:$SUITE corral-test/python:$SUITE${apptainer:+ $CACHE_DIR/python-$SUITE.sif}$(command -v podman >/dev/null 2>&1 && echo ' (also in podman)') (key $key)"

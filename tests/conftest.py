@@ -1,13 +1,15 @@
 """Shared fixtures: a real daemon process on a temporary socket, and backend requirements.
 
 Backend-specific tests skip when the backend is missing on this machine, unless the environment
-variable CORRAL_REQUIRE_BACKENDS (e.g. "local,docker,singularity") names it: then they fail, so CI
-cannot pass by skipping.
+variable CORRAL_REQUIRE_BACKENDS (e.g. "local,docker,podman,singularity") names it: then they
+fail, so CI cannot pass by skipping. "podman" is the docker backend talking to Podman's
+Docker-compatible socket.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -39,10 +41,24 @@ def require_trainer(name: str, module: str, extra: str) -> None:
     pytest.skip(reason, allow_module_level=True)
 
 
+DOCKER_TEST_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
+SIF_TEST_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif")
+PODMAN_SOCKET = os.environ.get("CORRAL_TEST_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
+# Podman raises nofile and nproc to 1048576 unless told otherwise, which root inside a user
+# namespace (these CI machines) may not do: explicit limits within this process's own (the
+# service is started alike), which also exercise `docker.ulimits`.
+PODMAN_ULIMITS = (f"nofile={min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 65536)}", "nproc=8192")
+PODMAN_CONFIG = f'[docker]\nsocket = "{PODMAN_SOCKET}"\nulimits = {list(PODMAN_ULIMITS)!r}\n'.replace("'", '"')
+
+
 def require_backend(name: str) -> None:
-    """Skips (or, when CORRAL_REQUIRE_BACKENDS names the backend, fails) if it is unavailable."""
-    _, statuses = probe(load_config(environ={}))
-    status = statuses.get(name)
+    """Skips (or, when CORRAL_REQUIRE_BACKENDS names the backend, fails) if it is unavailable.
+    `name` is a backend, or "podman" for the docker backend on Podman's socket."""
+    config = load_config(environ={})
+    if name == "podman":
+        config.docker.socket = PODMAN_SOCKET
+    _, statuses = probe(config)
+    status = statuses.get("docker" if name == "podman" else name)
     if status and status.available:
         return
     reason = f"backend {name} unavailable: {status.detail if status else 'unknown backend'}"
@@ -94,34 +110,37 @@ class DaemonProcess:
         return self.proc.wait(timeout)
 
 
-DOCKER_TEST_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
-SIF_TEST_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif")
-
 # Every test that uses the `daemon` fixture (and so `client` and `sandbox`) runs once per case:
-# the conformance suite. A case is a backend (and, for local, a launcher) with its test image.
+# the conformance suite. A case is a requirement name (see `require_backend`), the backend the
+# daemon runs it on (and, for local, a launcher) and its configuration with the test image.
 BACKEND_CASES = {
-    "local-bwrap": ("local", '[local]\nisolation = "bwrap"\n'),
-    "local-unshare": ("local", '[local]\nisolation = "unshare"\n'),
-    "docker": ("docker", f'[daemon]\ndefault_backend = "docker"\n[docker]\ndefault_image = "{DOCKER_TEST_IMAGE}"\n'),
+    "local-bwrap": ("local", "local", '[local]\nisolation = "bwrap"\n'),
+    "local-unshare": ("local", "local", '[local]\nisolation = "unshare"\n'),
+    "docker": ("docker", "docker",
+               f'[daemon]\ndefault_backend = "docker"\n[docker]\ndefault_image = "{DOCKER_TEST_IMAGE}"\n'),
+    "podman": ("podman", "docker",
+               f'[daemon]\ndefault_backend = "docker"\n{PODMAN_CONFIG}default_image = "{DOCKER_TEST_IMAGE}"\n'),
     "singularity": (
-        "singularity",
+        "singularity", "singularity",
         f'[daemon]\ndefault_backend = "singularity"\n[singularity]\ndefault_image = "{SIF_TEST_IMAGE}"\n',
     ),
 }
 
 
-def require_image(backend: str) -> None:
-    """The test image a backend case needs (scripts/build_test_images.sh builds them)."""
-    if backend == "docker":
-        found = subprocess.run(["docker", "image", "inspect", DOCKER_TEST_IMAGE], capture_output=True).returncode == 0
+def require_image(name: str) -> None:
+    """The test image a backend case needs (scripts/build_test_images.sh builds them); `name` as
+    for `require_backend`."""
+    if name in ("docker", "podman"):
+        engine = [name] if name == "docker" else ["podman", "--url", PODMAN_SOCKET]
+        found = subprocess.run([*engine, "image", "inspect", DOCKER_TEST_IMAGE], capture_output=True).returncode == 0
         image = DOCKER_TEST_IMAGE
-    elif backend == "singularity":
+    elif name == "singularity":
         found, image = os.path.exists(SIF_TEST_IMAGE), SIF_TEST_IMAGE
     else:
         return
     if not found:
-        reason = f"{backend} test image {image} is missing: run scripts/build_test_images.sh"
-        if backend in REQUIRED:
+        reason = f"{name} test image {image} is missing: run scripts/build_test_images.sh"
+        if name in REQUIRED:
             pytest.fail(reason)
         pytest.skip(reason)
 
@@ -130,9 +149,9 @@ def require_image(backend: str) -> None:
 def daemon(request, tmp_path_factory) -> DaemonProcess:
     """One daemon per backend case for the whole session (tests that kill or restart daemons make
     their own). Sandboxes created without an image get the case's test image."""
-    backend, config_text = BACKEND_CASES[request.param]
-    require_backend(backend)
-    require_image(backend)
+    requirement, backend, config_text = BACKEND_CASES[request.param]
+    require_backend(requirement)
+    require_image(requirement)
     root = tmp_path_factory.mktemp(f"daemon-{request.param}")
     config = root / "corral.toml"
     config.write_text(config_text)

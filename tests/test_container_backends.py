@@ -10,14 +10,27 @@ import subprocess
 import pytest
 
 from corral.sdk import Client, errors
-from tests.conftest import DOCKER_TEST_IMAGE, SIF_TEST_IMAGE, DaemonProcess, require_backend, require_image
+from tests.conftest import (
+    DOCKER_TEST_IMAGE, PODMAN_CONFIG, PODMAN_SOCKET, SIF_TEST_IMAGE, DaemonProcess, require_backend, require_image,
+)
 
 
-def _containers(daemon_id: str) -> list[str]:
+# The docker backend on Docker's engine and on Podman's Docker-compatible socket.
+ENGINES = {"docker": (["docker"], ""), "podman": (["podman", "--url", PODMAN_SOCKET], PODMAN_CONFIG)}
+
+
+def _containers(engine: str, daemon_id: str) -> list[str]:
     out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=io.corral.daemon={daemon_id}"], capture_output=True, text=True
+        [*ENGINES[engine][0], "ps", "-aq", "--filter", f"label=io.corral.daemon={daemon_id}"],
+        capture_output=True, text=True,
     ).stdout
     return out.split()
+
+
+def _engine_daemon(engine: str, tmp_path) -> DaemonProcess:
+    config = tmp_path / "engine.toml"
+    config.write_text(ENGINES[engine][1])
+    return DaemonProcess(tmp_path, "--config", str(config)).start()
 
 
 def _instances(prefix: str) -> list[str]:
@@ -25,9 +38,10 @@ def _instances(prefix: str) -> list[str]:
     return [i["instance"] for i in json.loads(out or "{}").get("instances") or [] if i["instance"].startswith(prefix)]
 
 
-def test_docker_image_missing_is_not_found(tmp_path):
-    require_backend("docker")
-    d = DaemonProcess(tmp_path).start()
+@pytest.mark.parametrize("engine", ENGINES)
+def test_docker_image_missing_is_not_found(engine, tmp_path):
+    require_backend(engine)
+    d = _engine_daemon(engine, tmp_path)
     try:
         with Client(d.address) as c:
             with pytest.raises(errors.NotFound, match="not present"):
@@ -52,21 +66,47 @@ def test_docker_engine_unreachable_is_unavailable_naming_the_socket(tmp_path):
         d.stop()
 
 
-def test_docker_containers_carry_labels_and_crash_leftovers_are_removed(tmp_path):
-    require_backend("docker")
-    require_image("docker")
-    d = DaemonProcess(tmp_path).start()
+@pytest.mark.parametrize("engine", ENGINES)
+def test_docker_containers_carry_labels_and_crash_leftovers_are_removed(engine, tmp_path):
+    require_backend(engine)
+    require_image(engine)
+    d = _engine_daemon(engine, tmp_path)
     with Client(d.address) as c:
         daemon_id = c.node_info().daemon_id
         for _ in range(2):
             sb = c.create_sandbox(image=DOCKER_TEST_IMAGE, backend="docker")
             sb.exec("sleep 1000 >/dev/null 2>&1 &", timeout=10)
-    assert len(_containers(daemon_id)) == 2
+    assert len(_containers(engine, daemon_id)) == 2
     d.stop(signal.SIGKILL)
     d.start()
     try:
-        assert _containers(daemon_id) == []
+        assert _containers(engine, daemon_id) == []
         assert not list((d.state_dir / "sandboxes").iterdir())
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_configured_ulimits_are_the_containers(engine, tmp_path):
+    """`docker.ulimits` reaches the engine: the container's init runs with those rlimits (what
+    Podman needs where it cannot raise its defaults). Commands corral runs enter the container
+    with nsenter and keep the daemon's rlimits, like on the local backend."""
+    require_backend(engine)
+    require_image(engine)
+    socket = f'socket = "{PODMAN_SOCKET}"\n' if engine == "podman" else ""
+    config = tmp_path / "ulimits.toml"
+    config.write_text(f'[docker]\n{socket}ulimits = ["nofile=4096:8192", "nproc=2048"]\n')
+    d = DaemonProcess(tmp_path, "--config", str(config)).start()
+    try:
+        with Client(d.address) as c:
+            daemon_id = c.node_info().daemon_id
+            with c.create_sandbox(image=DOCKER_TEST_IMAGE, backend="docker") as sb:
+                [container] = _containers(engine, daemon_id)
+                limits = sb.exec("cat /proc/1/limits", timeout=10).stdout.decode()
+                assert container
+        rows = {line[:26].strip(): line[26:].split()[:2] for line in limits.splitlines()[1:]}
+        assert rows["Max open files"] == ["4096", "8192"], limits
+        assert rows["Max processes"] == ["2048", "2048"], limits
     finally:
         d.stop()
 

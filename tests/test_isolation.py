@@ -33,17 +33,34 @@ def test_no_network_host_loopback_unreachable(sandbox):
         listener.close()
 
 
+# Run inside a sandbox: connects to the host's listener on PORT, through the host's loopback
+# (local and Apptainer sandboxes share the host's network) or, in a container on the engine's
+# bridge network, through its default gateway (the host's side of the bridge).
+CONNECT_TO_HOST = """
+import socket, sys
+host = "127.0.0.1"
+if sys.argv[2] == "gateway":
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            host = socket.inet_ntoa(bytes.fromhex(fields[2])[::-1])
+socket.create_connection((host, int(sys.argv[1])), 5)
+print(host)
+"""
+
+
 def test_network_when_asked(client, backend):
-    if backend == "docker":
-        pytest.skip("a container on Docker's bridge network has its own loopback, not the host's")
+    via = "gateway" if backend == "docker" else "loopback"
     listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
+    listener.bind(("0.0.0.0" if via == "gateway" else "127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
     try:
         with client.create_sandbox(network=True) as sb:
-            r = sb.exec(["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"], timeout=20)
+            r = sb.exec(["python3", "-c", CONNECT_TO_HOST, str(port), via], timeout=20)
             assert r.exit_code == 0, r.stderr
+            listener.settimeout(5)
+            listener.accept()[0].close()
     finally:
         listener.close()
 

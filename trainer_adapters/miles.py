@@ -65,7 +65,7 @@ Decisions:
   requests): the rollout is cancelled within `abort_poll_s`, its sandbox destroyed, and the sample
   comes back ABORTED with no tokens (as Miles' own `reset_for_retry` leaves one).
 - Routing: in tools mode every /generate request carries `X-SMG-Routing-Key: <corral rollout
-  id>` (needs aiohttp >= 3.12), so the router's consistent_hashing / manual policies keep a
+  id>` (an aiohttp client middleware), so the router's consistent_hashing / manual policies keep a
   rollout on one engine (prefix cache). Service mode's daemon sends no such header.
 
 State: `MilesRollouts` holds, per event loop (Miles runs its rollouts in one background loop), one
@@ -283,10 +283,7 @@ async def _routing_header(request: Any, handler: Any) -> Any:
 
 def _router_session() -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0)  # Miles' semaphore bounds the samples in flight
-    try:
-        return aiohttp.ClientSession(connector=connector, middlewares=(_routing_header,))
-    except TypeError:  # aiohttp < 3.12 has no client middlewares: no routing header
-        return aiohttp.ClientSession(connector=connector)
+    return aiohttp.ClientSession(connector=connector, middlewares=(_routing_header,))
 
 
 class _ToolsEngine:

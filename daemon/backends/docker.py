@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
-from ..config import Config
+from ..config import Config, parse_ulimit
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from ..fsaccess import SandboxFiles
 from ..uids import UidPool
@@ -214,6 +214,10 @@ class DockerSandbox(EnteredSandbox):
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
         )
+        if self.backend.config.docker.ulimits:
+            ulimit = _docker().types.Ulimit
+            kwargs.update(ulimits=[ulimit(name=name, soft=soft, hard=hard)
+                                   for name, soft, hard in map(parse_ulimit, self.backend.config.docker.ulimits)])
         if lim.memory_bytes:
             kwargs.update(mem_limit=lim.memory_bytes, memswap_limit=lim.memory_bytes)
         if lim.pids:

@@ -18,9 +18,10 @@ on the prompt, graded by a hidden check's exit status.
   sao         corral's StreamingLearner with the SAO loss (CODING preset): one rollout per prompt,
               `--in-flight` rollouts kept running, an update as soon as `--batch` results are in,
               advantage = reward - per-task running baseline (seeded with the warm start's
-              measured reward). The learner runs in its own thread so that rollouts keep going
-              while it trains; new rollouts are submitted only while
-              submitted < (updates + 1 + --max-lag) * batch, which bounds the staleness.
+              measured reward). The learner's optimiser step runs in a worker thread, so
+              rollouts keep going while it trains; new rollouts are submitted only while
+              submitted < (updates + 1 + --max-lag) * batch, which bounds the staleness of
+              all but the slowest rollouts (one that takes long falls further behind).
   grpo        the synchronous group barrier: batch / `--group-size` prompts x `--group-size`
               samples submitted together, wait for all, group-normalised advantages, PPO/DAPO clipped loss, one
               update, push the weights, repeat. Staleness is 0 by construction.
@@ -47,11 +48,9 @@ import dataclasses
 import json
 import os
 import platform
-import queue
 import random
 import statistics
 import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -249,7 +248,6 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
     client = session.client
     budget = settings.minutes * 60
     result = ModeResult("sao", [], [], budget)
-    loop = asyncio.get_running_loop()
     changed = asyncio.Event()
     average = MovingAverage(settings.window)
     optimizer = make_optimizer(model, settings)
@@ -257,8 +255,7 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
     trained_batch: list[dict] = []
 
     async def publish(version: int) -> None:
-        # In the learner's thread: the push runs on the main loop (the daemon's and server's).
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.push(model, version), loop))
+        await session.push(model, version)
 
     # Every task's running baseline starts at the warm start's measured success rate: from 0, the
     # first successes of each task would look far better than they are.
@@ -268,44 +265,33 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
                                                     baseline_momentum=settings.baseline_momentum,
                                                     baseline_initial=start_reward or 0.0),
                                publish=publish)
-    results: queue.Queue = queue.Queue()
+    results: asyncio.Queue = asyncio.Queue()
     state = {"submitted": 0, "in_flight": 0, "stop": False}
-    failure: list[BaseException] = []
 
-    def learn() -> None:
-        """The learner's thread: takes results as they come, updates when a batch is ready."""
-        thread_loop = asyncio.new_event_loop()
-        try:
-            while True:
-                item = results.get()
-                if item is None:
-                    return
-                if not any(item.response_mask):  # nothing generated: the learner skips it too
-                    learner.add(item)
-                    continue
-                # The staleness of each rollout as the learner will see it (its version now).
-                trained_batch.append(rollout_record(item, time.monotonic() - t0, learner.policy_version))
-                if not learner.add(item):
-                    continue
-                report = thread_loop.run_until_complete(learner.update())
-                batch, trained_batch[:] = list(trained_batch), []
-                record_update(result, report.version, time.monotonic() - t0, batch, average,
-                              staleness_mean=report.staleness_mean, staleness_max=report.staleness_max,
-                              masked_fraction=report.masked_fraction, loss=report.loss, tokens=report.tokens)
-                loop.call_soon_threadsafe(changed.set)
-                if settings.max_updates is not None and len(result.updates) >= settings.max_updates:
-                    state["stop"] = True
-                    loop.call_soon_threadsafe(changed.set)
-                    return
-        except BaseException as error:  # noqa: BLE001 - handed to the main thread
-            failure.append(error)
-            state["stop"] = True
-            loop.call_soon_threadsafe(changed.set)
-        finally:
-            thread_loop.close()
+    async def learn() -> None:
+        """Takes results as they come and updates when a batch is ready. `learner.update()` runs
+        the optimiser step in a worker thread, so the stream, the daemon and the server on this
+        loop keep going while it trains."""
+        while (item := await results.get()) is not None:
+            if not any(item.response_mask):  # nothing generated: the learner skips it too
+                learner.add(item)
+                continue
+            # The staleness of each rollout as the learner will see it (its version now).
+            trained_batch.append(rollout_record(item, time.monotonic() - t0, learner.policy_version))
+            if not learner.add(item):
+                continue
+            report = await learner.update()
+            batch, trained_batch[:] = list(trained_batch), []
+            record_update(result, report.version, time.monotonic() - t0, batch, average,
+                          staleness_mean=report.staleness_mean, staleness_max=report.staleness_max,
+                          masked_fraction=report.masked_fraction, loss=report.loss, tokens=report.tokens)
+            changed.set()
+            if settings.max_updates is not None and len(result.updates) >= settings.max_updates:
+                state["stop"] = True
+                return
 
-    learner_thread = threading.Thread(target=learn, name="sao-learner", daemon=True)
-    learner_thread.start()
+    learner_task = asyncio.create_task(learn())
+    learner_task.add_done_callback(lambda _: changed.set())  # a failed learner stops the run
 
     def may_submit() -> bool:
         allowed = (len(result.updates) + 1 + settings.max_lag) * settings.batch
@@ -340,11 +326,11 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
                     continue
                 if result.prompt_check is None:
                     result.prompt_check = check_prompt(item)
-                results.put(item)
+                results.put_nowait(item)
 
         submitter = asyncio.create_task(submit())
         reader = asyncio.create_task(read())
-        while not state["stop"] and time_left() > 0 and not reader.done():
+        while not state["stop"] and time_left() > 0 and not reader.done() and not learner_task.done():
             changed.clear()
             try:
                 await asyncio.wait_for(changed.wait(), timeout=max(min(time_left(), 1.0), 0.01))
@@ -357,11 +343,10 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
                 await task
             except asyncio.CancelledError:
                 pass
-    # Leaving the stream cancelled what was in flight; an update under way finishes.
-    results.put(None)
-    await asyncio.to_thread(learner_thread.join)
-    if failure:
-        raise failure[0]
+    # Leaving the stream cancelled what was in flight; an update under way finishes (and a
+    # learner that failed raises here).
+    results.put_nowait(None)
+    await learner_task
     result.wall_s = time.monotonic() - t0
     return result
 
