@@ -44,6 +44,8 @@ def test_docker_image_missing_is_not_found(engine, tmp_path):
     d = _engine_daemon(engine, tmp_path)
     try:
         with Client(d.address) as c:
+            [status] = [b for b in c.node_info().backends if b.backend == "docker"]
+            assert status.detail.startswith(f"{engine} engine "), status.detail  # which engine answered
             with pytest.raises(errors.NotFound, match="not present"):
                 c.create_sandbox(image="corral-test/no-such-image:never", backend="docker")
             with pytest.raises(errors.InvalidArgument):

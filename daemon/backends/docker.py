@@ -48,6 +48,12 @@ def _docker():
     return docker
 
 
+def _engine_name(version: dict) -> str:
+    """"docker engine 20.10.24" or "podman engine 4.3.1", from the engine's /version reply."""
+    podman = any("podman" in str(c.get("Name", "")).lower() for c in version.get("Components") or [])
+    return f"{'podman' if podman else 'docker'} engine {version.get('Version', '?')}"
+
+
 class DockerBackend(Backend):
     name = "docker"
 
@@ -88,14 +94,14 @@ class DockerBackend(Backend):
             problems.append("nsenter is not installed (apt-get install util-linux)")
         try:
             self._client = docker.DockerClient(base_url=self.address, timeout=60)
-            version = self._client.version().get("Version", "?")
+            version = _engine_name(self._client.version())
         except docker.errors.DockerException as err:
             problems.append(f"cannot reach the Docker engine at {self.address}: {err}")
             self._unreachable = True
             version = ""
         if problems:
             return BackendStatus(False, "; ".join(problems), "none", limits)
-        return BackendStatus(True, f"docker engine {version} at {self.address}", "container", limits)
+        return BackendStatus(True, f"{version} at {self.address}", "container", limits)
 
     def status(self) -> BackendStatus:
         return self._status
