@@ -29,6 +29,7 @@ import pytest
 from aiohttp import ClientSession, web
 from google.protobuf import json_format
 
+from corral.daemon.rollout.llm.routing import ROUTING_KEY_HEADER
 from corral.daemon.rollout.prompt import fill_prompt_fields
 from corral.daemon.rollout.tokenizer import ByteChatTokenizer
 from corral.sdk import AsyncClient, AsyncRollouts, InvalidArgument, RolloutResult, load_tasks
@@ -226,7 +227,7 @@ class Router:
         self.url = ""
 
     async def _generate(self, request: web.Request) -> web.Response:
-        self.routing_keys.append(request.headers.get(adapter.ROUTING_KEY_HEADER))
+        self.routing_keys.append(request.headers.get(ROUTING_KEY_HEADER))
         async with self._session.post(self.upstream + "/generate", data=await request.read(),
                                       headers={"Content-Type": "application/json"}) as answer:
             body = await answer.read()

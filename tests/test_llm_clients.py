@@ -9,13 +9,14 @@ import math
 import time
 
 import pytest
-from aiohttp import web
+from aiohttp import ClientSession, web
 
 from corral.daemon.rollout.llm.client import LLMRequestRejected, LLMServerError
 from corral.daemon.rollout.llm.policies import GenerateParams
 from corral.daemon.rollout.llm.pool import LLMPool, ServerAlreadyRegistered, UnknownServer
 from corral.daemon.rollout.llm.reference_server import ReferenceServer
 from corral.daemon.rollout.llm.replay import ReplayPolicy
+from corral.daemon.rollout.llm.routing import ROUTING_KEY_HEADER
 from corral.daemon.rollout.llm.sglang import SGLangClient
 from corral.daemon.rollout.llm.tiny import TinyPolicy
 from corral.daemon.rollout.llm.vllm import VLLMClient
@@ -452,3 +453,30 @@ async def test_pool_speaks_vllm_too(pool):
         assert stand_in.models_asked == 0  # the registered model name is used
     finally:
         await stand_in.stop()
+
+
+async def test_pool_sends_each_rollouts_id_as_the_routing_key(servers, pool):
+    """A router in front of several engines (SGLang's gateway) keeps a rollout on one engine by
+    this header; the reference server answers, a stand-in in front of it records the header."""
+    reference = await servers.start()
+    seen: list[str | None] = []
+
+    async def router(request: web.Request) -> web.Response:
+        seen.append(request.headers.get(ROUTING_KEY_HEADER))
+        async with ClientSession() as session:
+            async with session.post(f"{reference.url}/generate", json=await request.json()) as answer:
+                return web.json_response(await answer.json(), status=answer.status)
+
+    app = web.Application()
+    app.router.add_post("/generate", router)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        pool.register(f"http://127.0.0.1:{runner.addresses[0][1]}")
+        await pool.generate(PROMPT, SHORT, "rollout-a")
+        await pool.generate(PROMPT, SHORT, "rollout-b")
+        await pool.generate(PROMPT, SHORT, "rollout-a")
+        assert seen == ["rollout-a", "rollout-b", "rollout-a"]
+    finally:
+        await runner.cleanup()

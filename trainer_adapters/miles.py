@@ -64,9 +64,9 @@ Decisions:
 - Miles aborting a step (`state.aborted`, set at the end of a step before it aborts the engines'
   requests): the rollout is cancelled within `abort_poll_s`, its sandbox destroyed, and the sample
   comes back ABORTED with no tokens (as Miles' own `reset_for_retry` leaves one).
-- Routing: in tools mode every /generate request carries `X-SMG-Routing-Key: <corral rollout
-  id>` (an aiohttp client middleware), so the router's consistent_hashing / manual policies keep a
-  rollout on one engine (prefix cache). Service mode's daemon sends no such header.
+- Routing: every /generate request carries `X-SMG-Routing-Key: <corral rollout id>`
+  (daemon/rollout/llm/routing.py; in service mode the daemon's pool sends it), so the router's
+  consistent_hashing / manual policies keep a rollout on one engine (prefix cache).
 
 State: `MilesRollouts` holds, per event loop (Miles runs its rollouts in one background loop), one
 `ToolsModeRollouts` per (router, daemon address) and one service client per (router, daemon
@@ -87,7 +87,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import contextvars
 import json
 import sys
 import weakref
@@ -95,10 +94,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from google.protobuf import json_format
 
 from corral.daemon.rollout.llm.client import LLMRequestRejected, LLMServerError
+from corral.daemon.rollout.llm.routing import routed, routed_session
 from corral.daemon.rollout.llm.sglang import SGLangClient
 from corral.daemon.rollout.tasks import render_messages
 from corral.daemon.rollout.tokenizer import chat_tokenizer
@@ -115,11 +114,8 @@ __all__ = [
 
 # The key of a sample's metadata that holds its corral task.
 CORRAL_TASK_KEY = "corral_task"
-ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 # Finish reasons that mean the agent was cut short rather than done.
 _TRUNCATING_FINISHES = frozenset({"max_turns", "context_full", "timeout"})
-# The corral rollout a /generate request belongs to, for the routing header (set per call).
-_routing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("corral_miles_routing_key", default=None)
 
 
 # -- Miles' command line --------------------------------------------------------------------------
@@ -273,25 +269,12 @@ def fill_sample(sample: Any, result: RolloutResult | None, tokenizer: ChatTokeni
 
 # -- the runtime ----------------------------------------------------------------------------------
 
-async def _routing_header(request: Any, handler: Any) -> Any:
-    """aiohttp client middleware: the current rollout's id as the router's routing key."""
-    key = _routing_key.get()
-    if key:
-        request.headers[ROUTING_KEY_HEADER] = key
-    return await handler(request)
-
-
-def _router_session() -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=0)  # Miles' semaphore bounds the samples in flight
-    return aiohttp.ClientSession(connector=connector, middlewares=(_routing_header,))
-
-
 class _ToolsEngine:
     """Tools mode for one router and daemon: the pipeline and the router's client."""
 
     def __init__(self, url: str, tokenizer: ChatTokenizer, address: str | None, *, timeout_s: float,
                  retries: int) -> None:
-        self.session = _router_session()
+        self.session = routed_session()  # Miles' semaphore bounds the samples in flight
         self.llm = SGLangClient(url, session=self.session, timeout_s=timeout_s)
         self.retries = retries
         self.tokenizer = tokenizer
@@ -305,8 +288,7 @@ class _ToolsEngine:
         engine aborted (finish reason "abort": Miles ended the step, or paused generation with
         --pause-generation-mode abort to update weights) is LLMUnavailable too: the rollout is
         filtered, as Miles marks such a sample ABORTED, instead of going on from a cut turn."""
-        token = _routing_key.set(rollout_id)
-        try:
+        with routed(rollout_id):
             for attempt in range(self.retries + 1):
                 try:
                     generation = await self.llm.generate(prompt_ids, sampling)
@@ -317,8 +299,6 @@ class _ToolsEngine:
                     if attempt == self.retries:
                         raise LLMUnavailable(f"the SGLang router failed {attempt + 1} times: {error}") from None
                     await asyncio.sleep(2.0 ** attempt)
-        finally:
-            _routing_key.reset(token)
         if generation.finish_reason == "abort":
             raise LLMUnavailable(f"the engine aborted the generation ({len(generation.output_ids)} tokens in)")
         if generation.weight_version is not None:

@@ -35,6 +35,7 @@ import aiohttp
 from yarl import URL
 
 from corral.daemon.rollout.llm.client import LLMClient, LLMRequestRejected, LLMServerError
+from corral.daemon.rollout.llm.routing import routed, routed_session
 from corral.daemon.rollout.llm.sglang import SGLangClient
 from corral.daemon.rollout.llm.vllm import VLLMClient
 from corral.daemon.rollout.types import Generation, LLMUnavailable, SamplingOptions
@@ -117,7 +118,9 @@ def normalize_protocol(protocol: str) -> str:
 
 class LLMPool:
     """LLM servers shared by every rollout of a daemon; one aiohttp session for all of them
-    (created on first use, closed by `close()` unless it was given)."""
+    (created on first use, closed by `close()` unless it was given). Every request carries its
+    rollout's id as the routing key (llm/routing.py), on a given session only if it has the
+    `routing_key_header` middleware."""
 
     def __init__(self, *, timeout_s: float = 600.0, max_attempts: int = 4, backoff_s: float = 0.25,
                  max_backoff_s: float = 4.0, overload_factor: float = 2.0, cooldown_s: float = 15.0,
@@ -199,7 +202,8 @@ class LLMPool:
                     continue
             tried.add(server.address)
             try:
-                generation = await self._call(server, prompt_ids, sampling)
+                with routed(rollout_id):
+                    generation = await self._call(server, prompt_ids, sampling)
             except LLMServerError as error:
                 last_error = str(error)
                 if not error.retryable:
@@ -258,7 +262,7 @@ class LLMPool:
             if self._session is None or self._session.closed:
                 if not self._owns_session:
                     raise LLMServerError("the pool's HTTP session is closed", server=server.address, retryable=False)
-                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+                self._session = routed_session()
             if server.protocol == "vllm":
                 server.client = VLLMClient(server.address, session=self._session, timeout_s=self.timeout_s,
                                            model=server.model)
