@@ -122,8 +122,9 @@ PODMAN_SOCKET = os.environ.get("CORRAL_TEST_PODMAN_SOCKET", "unix:///run/podman/
 # Explicit rlimits, as the tests give Podman (tests/conftest.py): its defaults (1048576) cannot be
 # set where root lives in a user namespace.
 PODMAN_ULIMITS = {"nofile": 4096, "nproc": 8192}
+# (A TOML array of strings is written like a JSON one.)
 PODMAN_CONFIG = (f'[docker]\nsocket = "{PODMAN_SOCKET}"\n'
-                 f'ulimits = [{", ".join(f"{chr(34)}{k}={v}{chr(34)}" for k, v in PODMAN_ULIMITS.items())}]\n')
+                 f'ulimits = {json.dumps([f"{k}={v}" for k, v in PODMAN_ULIMITS.items()])}\n')
 # What corral's sandboxes get as their workdir and run directory (daemon/config.py, backends/base.py).
 WORKDIR, RUN_DIR_IN_SANDBOX = "/workspace", "/run/corral"
 NSENTER_FLAGS = ["-m", "-p", "-i", "-u", "-n", "-r", "-w"]

@@ -8,6 +8,7 @@ Docker-compatible socket.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -48,7 +49,8 @@ PODMAN_SOCKET = os.environ.get("CORRAL_TEST_PODMAN_SOCKET", "unix:///run/podman/
 # namespace (these CI machines) may not do: explicit limits within this process's own (the
 # service is started alike), which also exercise `docker.ulimits`.
 PODMAN_ULIMITS = (f"nofile={min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 65536)}", "nproc=8192")
-PODMAN_CONFIG = f'[docker]\nsocket = "{PODMAN_SOCKET}"\nulimits = {list(PODMAN_ULIMITS)!r}\n'.replace("'", '"')
+# (A TOML array of strings is written like a JSON one.)
+PODMAN_CONFIG = f'[docker]\nsocket = "{PODMAN_SOCKET}"\nulimits = {json.dumps(list(PODMAN_ULIMITS))}\n'
 
 
 def require_backend(name: str) -> None:

@@ -32,7 +32,7 @@ All three fill the sample the same way (`fill_sample`):
 - `status`: COMPLETED; TRUNCATED when the agent was cut short (max turns, context full, RUN
   timeout); ABORTED when corral filtered the rollout (an infrastructure failure: sandbox start,
   backend crash, LLM unreachable, evaluation infrastructure, staleness, ...), when an engine
-  aborted one of its generations (tools mode; as Miles' own generate marks a sample whose
+  aborted one of its generations (as Miles' own generate marks a sample whose
   generation finished "abort"), or when Miles aborted the step. ABORTED samples keep
   `reward = None`: Miles skips its reward model for them, and a dynamic filter drops their group
   (`--dynamic-sampling-filter-path
@@ -286,8 +286,8 @@ class _ToolsEngine:
         (backoff 1 s, doubling) when the failure is the server's; LLMUnavailable after that, and
         LLMRequestRejected at once for a request the router refuses (a 4xx). A generation the
         engine aborted (finish reason "abort": Miles ended the step, or paused generation with
-        --pause-generation-mode abort to update weights) is LLMUnavailable too: the rollout is
-        filtered, as Miles marks such a sample ABORTED, instead of going on from a cut turn."""
+        --pause-generation-mode abort to update weights) is returned as it is: the agent loop
+        filters the rollout (LLM_UNREACHABLE), as Miles marks such a sample ABORTED."""
         with routed(rollout_id):
             for attempt in range(self.retries + 1):
                 try:
@@ -299,8 +299,6 @@ class _ToolsEngine:
                     if attempt == self.retries:
                         raise LLMUnavailable(f"the SGLang router failed {attempt + 1} times: {error}") from None
                     await asyncio.sleep(2.0 ** attempt)
-        if generation.finish_reason == "abort":
-            raise LLMUnavailable(f"the engine aborted the generation ({len(generation.output_ids)} tokens in)")
         if generation.weight_version is not None:
             self.observe_version(generation.weight_version)
         return generation

@@ -98,10 +98,10 @@ class SharedPrefixLogprobs:
         # logits[j] predicts suffix[j + 1]; the first response id is suffix[len(prompt) - cut].
         return logprobs[len(prompt) - cut - 1:]
 
-    def batch(self, model: TinyByteLM, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
-              ) -> list[torch.Tensor]:
-        """The same for many rollouts in one batched pass (right-padded); every prompt must start
-        with the prefix. Used by the warm start."""
+    def reply_logits(self, model: TinyByteLM, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+                     ) -> list[torch.Tensor]:
+        """Per rollout, the raw logits that predict each response id ([len(response), vocab]), for
+        many rollouts in one batched pass (right-padded); every prompt must start with the prefix."""
         cut = len(self.prefix)
         suffixes = [list(p[cut:]) + list(r) for p, r in zip(prompts, responses)]
         width = max(len(s) for s in suffixes)
@@ -110,11 +110,16 @@ class SharedPrefixLogprobs:
             ids[row, :len(suffix)] = torch.tensor(suffix)
         state = self._prefix_state(model).expand(-1, len(suffixes), -1).contiguous()
         logits, _ = model(ids[:, :-1], state)
-        if self.temperature > 0:
-            logits = logits / self.temperature
-        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        # logits[j] predicts suffix[j + 1]; the first response id is suffix[len(prompt) - cut].
+        return [logits[row, len(p) - cut - 1:len(p) - cut - 1 + len(r)] for row, (p, r) in enumerate(zip(prompts, responses))]
+
+    def batch(self, model: TinyByteLM, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+              ) -> list[torch.Tensor]:
+        """What `__call__` gives, for many rollouts in one batched pass (see `reply_logits`)."""
         out = []
-        for row, (p, r) in enumerate(zip(prompts, responses)):
-            start = len(p) - cut - 1
-            out.append(logprobs[row, start:start + len(r)])
+        for logits, response in zip(self.reply_logits(model, prompts, responses), responses):
+            if self.temperature > 0:
+                logits = logits / self.temperature
+            targets = torch.tensor(list(response), dtype=torch.long)
+            out.append(torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1))
         return out

@@ -77,7 +77,7 @@ from corral.trainer_adapters.sao import (  # noqa: E402
     sequence_advantages_to_tokens,
 )
 from network import SharedPrefixLogprobs, common_prefix, load_checkpoint, save_checkpoint  # noqa: E402
-from tasks import VARIANTS, make_task, prompt_ids  # noqa: E402
+from tasks import VARIANTS, Variant, make_task, prompt_ids  # noqa: E402
 from warm_start import WarmStart, exact_probabilities, warm_start  # noqa: E402
 
 GOAL_REWARD = 0.8
@@ -111,6 +111,11 @@ class Settings:
     @property
     def groups(self) -> int:
         return max(self.batch // self.group_size, 1)
+
+    def task(self, variant: Variant) -> Any:
+        """The rollout task of `variant` with this run's turn, token and temperature settings."""
+        return make_task(variant, max_turns=self.max_turns, max_new_tokens=self.max_new_tokens,
+                         temperature=self.temperature)
 
 
 def smoke_settings(seed: int) -> Settings:
@@ -196,6 +201,16 @@ class ModeResult:
     prompt_check: bool | None = None
     # The machine's 1-minute load average when the mode started and ended (the cores may be shared).
     load_average: tuple[float, float] = (0.0, 0.0)
+
+    def accept(self, item: Any) -> bool:
+        """Whether a result is trained on: filtered ones are only counted; the first completed
+        one also checks the daemon's prompt ids."""
+        if item.status != "completed":
+            self.filtered += 1
+            return False
+        if self.prompt_check is None:
+            self.prompt_check = check_prompt(item)
+        return True
 
     def summary(self, window: int) -> dict:
         rewards = [r["reward"] for r in self.rollouts]
@@ -310,23 +325,16 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
                     except TimeoutError:
                         pass
                     continue
-                variant = rng.choice(VARIANTS)
                 state["submitted"] += 1
                 state["in_flight"] += 1
-                await stream.submit(make_task(variant, max_turns=settings.max_turns,
-                                              max_new_tokens=settings.max_new_tokens,
-                                              temperature=settings.temperature))
+                await stream.submit(settings.task(rng.choice(VARIANTS)))
 
         async def read() -> None:
             async for item in stream:
                 state["in_flight"] -= 1
                 changed.set()
-                if item.status != "completed":
-                    result.filtered += 1
-                    continue
-                if result.prompt_check is None:
-                    result.prompt_check = check_prompt(item)
-                results.put_nowait(item)
+                if result.accept(item):
+                    results.put_nowait(item)
 
         submitter = asyncio.create_task(submit())
         reader = asyncio.create_task(read())
@@ -385,9 +393,7 @@ async def run_grpo(session: Session, model: torch.nn.Module, logprobs: SharedPre
     async with client.rollouts.open_stream() as stream:
         while time.monotonic() - t0 < budget:
             for _ in range(settings.groups):
-                await stream.submit(make_task(rng.choice(VARIANTS), max_turns=settings.max_turns,
-                                              max_new_tokens=settings.max_new_tokens,
-                                              temperature=settings.temperature), n=settings.group_size)
+                await stream.submit(settings.task(rng.choice(VARIANTS)), n=settings.group_size)
             expected = settings.groups * settings.group_size
             batch, records = [], []
             timed_out = False
@@ -398,11 +404,8 @@ async def run_grpo(session: Session, model: torch.nn.Module, logprobs: SharedPre
                 except TimeoutError:
                     timed_out = True
                     break
-                if item.status != "completed":
-                    result.filtered += 1
+                if not result.accept(item):
                     continue
-                if result.prompt_check is None:
-                    result.prompt_check = check_prompt(item)
                 batch.append(item)
                 records.append(rollout_record(item, time.monotonic() - t0, version))
             if timed_out or not batch:
@@ -438,9 +441,7 @@ def record_update(result: ModeResult, version: int, t: float, records: list[dict
 
 async def evaluate(session: Session, settings: Settings, count: int) -> dict:
     """`count` fresh rollouts of the served policy (variants in turn), no training."""
-    tasks = [make_task(VARIANTS[i % len(VARIANTS)], max_turns=settings.max_turns,
-                       max_new_tokens=settings.max_new_tokens, temperature=settings.temperature)
-             for i in range(count)]
+    tasks = [settings.task(VARIANTS[i % len(VARIANTS)]) for i in range(count)]
     per_variant: dict[str, list[float]] = {}
     filtered = 0
     async for item in session.client.rollouts.stream(tasks):

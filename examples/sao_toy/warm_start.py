@@ -66,21 +66,8 @@ def greedy_correct(model, logprobs: SharedPrefixLogprobs) -> bool:
     prompts = [prompt_ids(v) for v in VARIANTS]
     replies = [solution_ids(v) for v in VARIANTS]
     with torch.no_grad():
-        logits = _reply_logits(model, logprobs, prompts, replies)
+        logits = logprobs.reply_logits(model, prompts, replies)
     return all(bool((row.argmax(-1) == torch.tensor(reply)).all()) for row, reply in zip(logits, replies))
-
-
-def _reply_logits(model, logprobs: SharedPrefixLogprobs, prompts, replies) -> list[torch.Tensor]:
-    """Per variant: the logits that predict each id of its reply ([len(reply), vocab])."""
-    cut = len(logprobs.prefix)
-    suffixes = [list(p[cut:]) + list(r) for p, r in zip(prompts, replies)]
-    width = max(len(s) for s in suffixes)
-    ids = torch.zeros(len(suffixes), width, dtype=torch.long)
-    for row, suffix in enumerate(suffixes):
-        ids[row, :len(suffix)] = torch.tensor(suffix)
-    state = logprobs._prefix_state(model).expand(-1, len(suffixes), -1).contiguous()
-    logits, _ = model(ids[:, :-1], state)
-    return [logits[row, len(p) - cut - 1:len(p) - cut - 1 + len(r)] for row, (p, r) in enumerate(zip(prompts, replies))]
 
 
 def warm_start(seed: int, *, smoothing: float = 0.05, max_steps: int = 800, lr: float = 3e-3,
@@ -96,7 +83,7 @@ def warm_start(seed: int, *, smoothing: float = 0.05, max_steps: int = 800, lr: 
     confirmed = 0
     started = time.monotonic()
     while report.steps < max_steps:
-        logits = torch.cat(_reply_logits(model, logprobs, prompts, replies))
+        logits = torch.cat(logprobs.reply_logits(model, prompts, replies))
         loss = F.cross_entropy(logits, targets, label_smoothing=smoothing)
         optimizer.zero_grad()
         loss.backward()

@@ -13,10 +13,12 @@ the new version (`client.rollouts.set_policy_version`).
 
 The optimiser step runs in a worker thread (`asyncio.to_thread`), so an event loop that also
 serves rollouts (an in-process daemon, an inference server, the stream being read) keeps going
-while the learner trains. One update runs at a time.
+while the learner trains. Await one `update` at a time (`run` does): two at once would step
+the same model from two threads.
 
 Advantages without a critic: reward minus a per-task running baseline (starting at
-`LearnerConfig.baseline_initial`), spread over the rollout's generated tokens. Filtered results (infrastructure failures) are counted and never trained on.
+`LearnerConfig.baseline_initial`), spread over the rollout's generated tokens. Filtered results
+(infrastructure failures) are counted and never trained on.
 """
 
 from __future__ import annotations
