@@ -61,7 +61,7 @@ class Daemon:
         return self.proc.pid
 
     def start(self, timeout: float = 30.0) -> Daemon:
-        cmd = [sys.executable, "-m", "corral.sdk.cli", "serve", "--socket", str(self.socket),
+        cmd = [sys.executable, "-m", "corral.cli", "serve", "--socket", str(self.socket),
                "--state-dir", str(self.root / "state")]
         if self.tcp_address:
             token_file = self.root / "token"

@@ -258,8 +258,8 @@ def steady_idle(runs: list[Run]) -> dict:
 
 async def measure(p, tasks: list, expected: dict[str, int], warmup: list) -> dict[str, list[Run]]:
     from corral.daemon.embedded import embedded_daemon
-    from corral.daemon.rollout.llm.reference_server import ReferenceServer
-    from corral.daemon.rollout.llm.replay import ReplayPolicy
+    from corral.rollout.reference.server import ReferenceServer
+    from corral.rollout.reference.replay import ReplayPolicy
     from corral.sdk import AsyncClient
 
     server = ReferenceServer(ReplayPolicy(tasks + warmup), latency_s=p.latency_ms / 1000)

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 
 from .config import ExecConfig
-from .errors import InvalidArgument
+from corral.sdk.errors import InvalidArgument
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -1,7 +1,8 @@
-"""Domain errors of the daemon and their one mapping to gRPC status codes.
+"""Where the daemon's errors meet the wire, and OS errors meet the error vocabulary.
 
-Domain code raises these; `ErrorMappingInterceptor` turns them into status codes at the edge, so no
-servicer needs its own try/except.
+The daemon raises the same exceptions the SDK raises (`corral.sdk.errors`: one class per status
+code), so the daemon, the rollout engine and the SDK share one vocabulary. `map_errors`, a call
+guard run around every handler, is the one place they become gRPC status codes.
 """
 
 from __future__ import annotations
@@ -12,44 +13,20 @@ import logging
 
 import grpc
 
+from corral.sdk.errors import (
+    CorralError,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
+
 log = logging.getLogger(__name__)
 
 
-class DaemonError(Exception):
-    """An error whose message is meant for the caller."""
-
-    code = grpc.StatusCode.INTERNAL
-
-
-class NotFound(DaemonError):
-    code = grpc.StatusCode.NOT_FOUND
-
-
-class InvalidArgument(DaemonError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
-
-
-class AlreadyExists(DaemonError):
-    code = grpc.StatusCode.ALREADY_EXISTS
-
-
-class FailedPrecondition(DaemonError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-class PermissionDenied(DaemonError):
-    code = grpc.StatusCode.PERMISSION_DENIED
-
-
-class ResourceExhausted(DaemonError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class Unavailable(DaemonError):
-    code = grpc.StatusCode.UNAVAILABLE
-
-
-def from_os_error(err: OSError, path: str) -> DaemonError:
+def from_os_error(err: OSError, path: str) -> CorralError:
     """Maps a failed file operation inside a sandbox to the error its caller should see."""
     reason = err.strerror or str(err)
     if err.errno in (errno.ENOENT, errno.ENOTDIR):
@@ -66,18 +43,19 @@ def from_os_error(err: OSError, path: str) -> DaemonError:
         return InvalidArgument(f"{path}: not a regular file")
     if err.errno in (errno.ETXTBSY, errno.EBUSY):
         return FailedPrecondition(f"{path}: {reason}")
-    return DaemonError(f"{path}: {reason}")
+    return Internal(f"{path}: {reason}")
 
 
 @contextlib.asynccontextmanager
 async def map_errors(method: str, context: grpc.aio.ServicerContext):
-    """Call guard: DaemonError becomes its status code; anything unexpected becomes INTERNAL."""
+    """Call guard: a CorralError becomes its status code (INTERNAL for one without a code);
+    anything unexpected becomes INTERNAL with its trace in the log."""
     try:
         yield
     except grpc.aio.AbortError:
         raise  # context.abort() already chose the status
-    except DaemonError as err:
-        await context.abort(err.code, str(err))
+    except CorralError as err:
+        await context.abort(err.code or grpc.StatusCode.INTERNAL, str(err))
     except Exception as err:  # noqa: BLE001 - the caller gets a definite status, the log the trace
         log.exception("unexpected error in %s", method)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}: {err}")

@@ -19,7 +19,9 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .errors import InvalidArgument, ResourceExhausted, from_os_error
+from corral.sdk.errors import InvalidArgument, ResourceExhausted
+
+from .errors import from_os_error
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # Syscall numbers differ per architecture; glibc exports no per-thread wrappers for these.

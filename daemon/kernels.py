@@ -32,7 +32,7 @@ from .backends.base import SandboxRuntime
 from .commands import sandbox_environment
 from .fsaccess import create_private_file
 from .config import Config
-from .errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from .kernel_events import CellDone, ErrorOutput, GatheredCell, KernelEvent, error_event, gather, output_event
 from .process import KILL_WAIT_S, HostProcess
 from .sandboxes import Sandbox, SandboxManager

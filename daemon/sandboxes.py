@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from .backends.base import Backend, Limits, SandboxRuntime, SandboxSpec
 from .commands import CommandSpec, sandbox_environment
 from .config import Config
-from .errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from .metrics import Metrics
 from .output import HeadTailBuffer
 from .process import ProcessExit

@@ -36,7 +36,7 @@ from .metrics import Metrics
 from .node import NodeInfo, version
 from .notify import sd_notify
 from .sandboxes import SandboxManager
-from .rollout.runtime import RolloutRuntime
+from .rollout_runtime import RolloutRuntime
 from .services.kernel import KernelServicer
 from .services.rollout import RolloutServicer
 from .services.sandbox import SandboxServicer

@@ -29,8 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.sdk.ansi import strip_ansi
+
 from .backends.base import SandboxRuntime
-from .errors import FailedPrecondition
+from corral.sdk.errors import FailedPrecondition
 from .fsaccess import create_private_file
 from .output import HeadTailBuffer, utf8_safe
 from .pty import Terminal
@@ -53,13 +55,6 @@ _BASH_INIT = (
     "\\builtin trap '(( ${#BASH_SOURCE[@]} == 0 )) || __corral_stop' DEBUG; }; "
 )
 _POSIX_INIT = "set +m 2>/dev/null; trap : INT; "
-ANSI_RE = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-
-
-def strip_ansi(data: bytes) -> bytes:
-    return ANSI_RE.sub(b"", data)
-
-
 @dataclass(frozen=True)
 class TurnResult:
     output: bytes

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .commands import sandbox_environment
 from .config import Config
-from .errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from corral.sdk.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from .pty import Terminal
 from .sandboxes import SandboxManager
 from .shell_session import ShellSession, TurnResult

@@ -11,7 +11,7 @@ import os
 from collections.abc import AsyncIterable, AsyncIterator
 
 from .commands import CommandSpec
-from .errors import InvalidArgument
+from corral.sdk.errors import InvalidArgument
 from .sandboxes import Exited, Output, SandboxManager
 
 TRANSFER_TIMEOUT_S = 3600.0

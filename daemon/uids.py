@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import count
 
-from .errors import ResourceExhausted
+from corral.sdk.errors import ResourceExhausted
 
 
 class UidPool:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from corral.sdk import Client, CorralError
-from corral.sdk.cli import main as corral_cli
+from corral.cli.main import main as corral_cli
 
 EXAMPLES = Path(__file__).resolve().parent
 
@@ -28,7 +28,7 @@ EXAMPLES = Path(__file__).resolve().parent
 def start_daemon(root: Path) -> tuple[subprocess.Popen, str]:
     socket_path = root / "corral.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "corral.sdk.cli", "serve", "--socket", str(socket_path), "--state-dir", str(root / "state")],
+        [sys.executable, "-m", "corral.cli", "serve", "--socket", str(socket_path), "--state-dir", str(root / "state")],
         stdout=subprocess.DEVNULL, stderr=open(root / "daemon.log", "wb"),
     )
     deadline = time.monotonic() + 20

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
+from corral.sdk.enums import backend_name, backend_number, enum_name
 from corral.sdk.errors import InvalidArgument, ProtocolError
 from corral.sdk.types import (
     BackendStatus,
@@ -96,13 +97,6 @@ def kernel_deadline(timeout: float) -> float:
 
 # ---- requests --------------------------------------------------------------------------------
 
-def backend_to_proto(backend: str | None) -> int:
-    if backend is None:
-        return pb.BACKEND_UNSPECIFIED
-    number = _BACKEND_BY_NAME.get(backend)
-    if number is None:
-        raise InvalidArgument(f"unknown backend {backend!r}; choose one of {sorted(_BACKEND_BY_NAME)} or None")
-    return number
 
 
 def build_create_sandbox_request(*, image: str | None, backend: str | None, memory_bytes: int | None,
@@ -110,7 +104,7 @@ def build_create_sandbox_request(*, image: str | None, backend: str | None, memo
                                  env: Mapping[str, str] | None, labels: Mapping[str, str] | None,
                                  idle_timeout: float | None) -> pb.CreateSandboxRequest:
     return pb.CreateSandboxRequest(
-        backend=backend_to_proto(backend),
+        backend=backend_number(backend),
         image=image or "",
         limits=pb.ResourceLimits(
             memory_bytes=_non_negative("memory_bytes", memory_bytes),
@@ -351,10 +345,10 @@ def build_list_kernels_request(sandbox_id: str) -> kernel_pb.ListKernelsRequest:
 def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
     return SandboxInfo(
         id=sandbox.sandbox_id,
-        backend=_enum_name(pb.Backend, "BACKEND_", sandbox.backend),
+        backend=backend_name(sandbox.backend),
         image=sandbox.image,
-        state=_enum_name(pb.SandboxState, "SANDBOX_STATE_", sandbox.state),
-        isolation=_enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", sandbox.isolation),
+        state=enum_name(pb.SandboxState, "SANDBOX_STATE_", sandbox.state),
+        isolation=enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", sandbox.isolation),
         limits=ResourceLimits(
             memory_bytes=sandbox.limits.memory_bytes,
             pids=sandbox.limits.pids,
@@ -371,7 +365,7 @@ def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
 
 def limit_status_from_proto(status: pb.LimitStatus) -> LimitStatus:
     return LimitStatus(
-        kind=_enum_name(pb.LimitKind, "LIMIT_KIND_", status.kind),
+        kind=enum_name(pb.LimitKind, "LIMIT_KIND_", status.kind),
         enforced=status.enforced,
         mechanism=status.mechanism,
         reason=status.reason,
@@ -421,7 +415,7 @@ def file_entry_from_proto(info: pb.FileInfo) -> FileEntry:
     return FileEntry(
         name=info.name,
         path=info.path,
-        type=_enum_name(pb.FileType, "FILE_TYPE_", info.type),
+        type=enum_name(pb.FileType, "FILE_TYPE_", info.type),
         size_bytes=info.size_bytes,
         mode=info.mode,
         modified_at=_datetime_from_ms(info.modified_unix_ms),
@@ -433,13 +427,13 @@ def node_info_from_proto(response: pb.GetNodeInfoResponse) -> NodeInfo:
     return NodeInfo(
         version=response.version,
         daemon_id=response.daemon_id,
-        default_backend=_enum_name(pb.Backend, "BACKEND_", response.default_backend),
+        default_backend=backend_name(response.default_backend),
         backends=tuple(
             BackendStatus(
-                backend=_enum_name(pb.Backend, "BACKEND_", backend.backend),
+                backend=backend_name(backend.backend),
                 available=backend.available,
                 detail=backend.detail,
-                isolation=_enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", backend.isolation),
+                isolation=enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", backend.isolation),
                 limits=tuple(limit_status_from_proto(status) for status in backend.limits),
             )
             for backend in response.backends
@@ -532,7 +526,7 @@ def kernel_info_from_proto(kernel: kernel_pb.KernelInfo) -> KernelInfo:
     return KernelInfo(
         sandbox_id=kernel.sandbox_id,
         id=kernel.kernel_id,
-        state=_enum_name(kernel_pb.KernelState, "KERNEL_STATE_", kernel.state),
+        state=enum_name(kernel_pb.KernelState, "KERNEL_STATE_", kernel.state),
         execution_count=kernel.execution_count,
         python=kernel.python,
     )
@@ -605,21 +599,6 @@ class KernelEventDecoder:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-_BACKEND_BY_NAME: Mapping[str, int] = types.MappingProxyType({
-    "local": pb.BACKEND_LOCAL,
-    "docker": pb.BACKEND_DOCKER,
-    "singularity": pb.BACKEND_SINGULARITY,
-})
-
-
-def _enum_name(enum_type: EnumTypeWrapper, prefix: str, number: int) -> str:
-    """BACKEND_LOCAL -> "local"; a number this SDK does not know (newer daemon) -> "unknown"."""
-    try:
-        return enum_type.Name(number).removeprefix(prefix).lower()
-    except ValueError:
-        return "unknown"
-
 
 def _output_stream_name(number: int) -> str:
     if number == pb.OUTPUT_STREAM_STDOUT:

@@ -18,7 +18,7 @@ from typing import Union
 
 import grpc
 
-from corral.sdk import _rollout_core as core
+from corral.sdk import rollout_messages as core
 from corral.sdk._async_transport import AsyncTransport
 from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import LLMServerInfo, RolloutResult, RolloutStats, RolloutTurn

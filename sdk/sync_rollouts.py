@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Union
 
-from corral.sdk import _rollout_core as core
+from corral.sdk import rollout_messages as core
 from corral.sdk._sync_transport import SyncTransport
 from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import LLMServerInfo, RolloutResult, RolloutStats, RolloutTurn

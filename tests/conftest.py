@@ -83,7 +83,7 @@ class DaemonProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 20.0) -> "DaemonProcess":
-        cmd = [sys.executable, "-m", "corral.sdk.cli", "serve", "--socket", str(self.socket),
+        cmd = [sys.executable, "-m", "corral.cli", "serve", "--socket", str(self.socket),
                "--state-dir", str(self.state_dir), *self.extra]
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout

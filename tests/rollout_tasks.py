@@ -6,8 +6,8 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable
 
-from corral.daemon.rollout.llm.reference_server import ReferenceServer
-from corral.daemon.rollout.llm.replay import ReplayPolicy
+from corral.rollout.reference.server import ReferenceServer
+from corral.rollout.reference.replay import ReplayPolicy
 from corral.v1 import rollout_pb2 as pb
 
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from corral.daemon.rollout.llm.sglang import SGLangClient
+from corral.rollout.llm.sglang import SGLangClient
 from corral.sdk import AsyncClient
-from corral.sdk.run_command import is_token_exact
+from corral.cli.run import is_token_exact
 from corral.trainer_adapters.common import DaemonNotRunning, ToolsModeRollouts, connect_service
 from tests.rollout_tasks import repair_task, replay_server
 

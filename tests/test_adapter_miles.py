@@ -29,11 +29,11 @@ import pytest
 from aiohttp import ClientSession, web
 from google.protobuf import json_format
 
-from corral.daemon.rollout.llm.routing import ROUTING_KEY_HEADER
-from corral.daemon.rollout.prompt import fill_prompt_fields
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer
+from corral.rollout.llm.routing import ROUTING_KEY_HEADER
+from corral.rollout.prompt import fill_prompt_fields
+from corral.rollout.tokenizer import ByteChatTokenizer
 from corral.sdk import AsyncClient, AsyncRollouts, InvalidArgument, RolloutResult, load_tasks
-from corral.sdk.run_command import is_token_exact
+from corral.cli.run import is_token_exact
 from corral.trainer_adapters import miles as adapter
 from corral.trainer_adapters.common import ToolsModeRollouts
 from tests.rollout_tasks import repair_task, replay_server

@@ -34,8 +34,8 @@ from tunix.rl.agentic.trajectory.trajectory_collect_engine import TrajectoryColl
 from tunix.rl.agentic.utils import RolloutSyncLock  # noqa: E402
 from tunix.rl.rollout.base_rollout import RolloutOutput  # noqa: E402
 
-from corral.daemon.rollout.llm.replay import ReplayPolicy  # noqa: E402
-from corral.daemon.rollout.tokenizer import END_OF_TEXT, IM_END, ByteChatTokenizer  # noqa: E402
+from corral.rollout.reference.replay import ReplayPolicy  # noqa: E402
+from corral.rollout.tokenizer import END_OF_TEXT, IM_END, ByteChatTokenizer  # noqa: E402
 from corral.sdk import AsyncClient, InvalidArgument  # noqa: E402
 from corral.trainer_adapters.tunix import (  # noqa: E402
     CorralCollectEngine,

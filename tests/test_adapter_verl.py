@@ -32,11 +32,11 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from corral.daemon.rollout.llm.sglang import SGLangClient  # noqa: E402
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer, HFChatTokenizer  # noqa: E402
-from corral.daemon.rollout.types import LLMUnavailable, SamplingOptions  # noqa: E402
+from corral.rollout.llm.sglang import SGLangClient  # noqa: E402
+from corral.rollout.tokenizer import ByteChatTokenizer, HFChatTokenizer  # noqa: E402
+from corral.rollout.types import LLMUnavailable, SamplingOptions  # noqa: E402
 from corral.sdk import AsyncClient, RolloutResult, load_tasks  # noqa: E402
-from corral.sdk.run_command import is_token_exact  # noqa: E402
+from corral.cli.run import is_token_exact  # noqa: E402
 from corral.sdk.tasks import task_to_json  # noqa: E402
 from corral.trainer_adapters import verl as adapter  # noqa: E402
 from tests.rollout_tasks import repair_task, replay_server  # noqa: E402

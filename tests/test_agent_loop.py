@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from corral.daemon.rollout.agent_loop import AgentLimits, AgentLoop
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer, HFChatTokenizer, load_tokenizer
-from corral.daemon.rollout.tool_calls import ToolCallFormat, render_tool_calls
-from corral.daemon.rollout.tools import TOOL_SPECS, SandboxToolBox, cut_middle, tool_instructions
-from corral.daemon.rollout.types import (
+from corral.rollout.agent_loop import AgentLimits, AgentLoop
+from corral.rollout.tokenizer import ByteChatTokenizer, HFChatTokenizer, load_tokenizer
+from corral.rollout.tool_calls import ToolCallFormat, render_tool_calls
+from corral.rollout.tools import TOOL_SPECS, SandboxToolBox, cut_middle, tool_instructions
+from corral.rollout.types import (
     NO_WEIGHT_VERSION,
     FinishReason,
     Generation,
@@ -592,10 +592,10 @@ async def test_agent_loop_with_a_real_sandbox(sandbox):
 async def test_a_generation_the_server_aborted_is_an_infrastructure_failure() -> None:
     """An "abort" finish (e.g. generation paused for a weight update) is not the model's turn: the
     rollout is filtered as LLM unreachable instead of continuing from a cut turn."""
-    from corral.daemon.rollout.agent_loop import AgentLimits, AgentLoop
-    from corral.daemon.rollout.tokenizer import ByteChatTokenizer
-    from corral.daemon.rollout.tool_calls import ToolCallFormat
-    from corral.daemon.rollout.types import Generation, LLMUnavailable, SamplingOptions
+    from corral.rollout.agent_loop import AgentLimits, AgentLoop
+    from corral.rollout.tokenizer import ByteChatTokenizer
+    from corral.rollout.tool_calls import ToolCallFormat
+    from corral.rollout.types import Generation, LLMUnavailable, SamplingOptions
 
     async def aborting(prompt_ids, sampling, rollout_id):
         return Generation([104, 105], [-0.1, -0.2], "abort", server="http://engine")

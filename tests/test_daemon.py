@@ -87,7 +87,7 @@ def test_tcp_needs_the_token(tmp_path):
 
 def test_tcp_without_token_refuses_to_start(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "corral.sdk.cli", "serve", "--socket", str(tmp_path / "s.sock"),
+        [sys.executable, "-m", "corral.cli", "serve", "--socket", str(tmp_path / "s.sock"),
          "--state-dir", str(tmp_path / "st"), "--tcp", f"127.0.0.1:{_free_port()}"],
         capture_output=True, text=True, timeout=30, env={**os.environ, "CORRAL_TOKEN": ""},
     )
@@ -167,7 +167,7 @@ def test_sd_notify_ready(tmp_path):
 
 def test_second_daemon_on_same_socket_refused(daemon, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "corral.sdk.cli", "serve", "--socket", str(daemon.socket),
+        [sys.executable, "-m", "corral.cli", "serve", "--socket", str(daemon.socket),
          "--state-dir", str(tmp_path / "other")],
         capture_output=True, text=True, timeout=30,
     )
@@ -187,7 +187,7 @@ def test_idle_timeout_destroys_sandbox(client):
 
 def test_cli_doctor_and_exec(daemon, tmp_path):
     env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}
-    cli = [sys.executable, "-m", "corral.sdk.cli"]
+    cli = [sys.executable, "-m", "corral.cli"]
     doctor = subprocess.run([*cli, "doctor"], capture_output=True, text=True, timeout=30)
     assert doctor.returncode == 0 and "local: available" in doctor.stdout
     sid = subprocess.run([*cli, "sandbox", "create"], capture_output=True, text=True, env=env, timeout=30).stdout.strip()
@@ -207,7 +207,7 @@ def test_isolation_none_only_when_explicitly_allowed(tmp_path):
     config = tmp_path / "none.toml"
     config.write_text('[local]\nisolation = "none"\n')
     refused = subprocess.run(
-        [sys.executable, "-m", "corral.sdk.cli", "serve", "--config", str(config),
+        [sys.executable, "-m", "corral.cli", "serve", "--config", str(config),
          "--socket", str(tmp_path / "r.sock"), "--state-dir", str(tmp_path / "r")],
         capture_output=True, text=True, timeout=30,
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from corral.daemon.rollout.evaluation import printed_number_reward
+from corral.rollout.evaluation import printed_number_reward
 from corral.v1 import rollout_pb2
 
 ROOT = Path(__file__).resolve().parent.parent

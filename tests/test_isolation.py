@@ -70,7 +70,7 @@ def test_host_processes_invisible(sandbox):
     lines = r.stdout.decode().splitlines()[1:]
     # Only the sandbox's own init (bwrap's pid 1 and its shell) and `ps` itself.
     assert len(lines) <= 3, lines
-    assert "corral.sdk.cli serve" not in r.stdout.decode() and "-m pytest" not in r.stdout.decode()
+    assert "corral.cli serve" not in r.stdout.decode() and "-m pytest" not in r.stdout.decode()
 
 
 def test_nothing_outside_is_writable(sandbox):

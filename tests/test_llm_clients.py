@@ -11,17 +11,18 @@ import time
 import pytest
 from aiohttp import ClientSession, web
 
-from corral.daemon.rollout.llm.client import LLMRequestRejected, LLMServerError
-from corral.daemon.rollout.llm.policies import GenerateParams
-from corral.daemon.rollout.llm.pool import LLMPool, ServerAlreadyRegistered, UnknownServer
-from corral.daemon.rollout.llm.reference_server import ReferenceServer
-from corral.daemon.rollout.llm.replay import ReplayPolicy
-from corral.daemon.rollout.llm.routing import ROUTING_KEY_HEADER
-from corral.daemon.rollout.llm.sglang import SGLangClient
-from corral.daemon.rollout.llm.tiny import TinyPolicy
-from corral.daemon.rollout.llm.vllm import VLLMClient
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer
-from corral.daemon.rollout.types import LLMUnavailable, SamplingOptions
+from corral.rollout.llm.client import LLMRequestRejected, LLMServerError
+from corral.rollout.reference.policies import GenerateParams
+from corral.daemon.llm_pool import LLMPool, ServerAlreadyRegistered, UnknownServer
+from corral.rollout.reference.server import ReferenceServer
+from corral.rollout.reference.replay import ReplayPolicy
+from corral.rollout.llm.routing import ROUTING_KEY_HEADER
+from corral.rollout.llm.sglang import SGLangClient
+from corral.rollout.reference.tiny import TinyPolicy
+from corral.rollout.llm.vllm import VLLMClient
+from corral.rollout.tokenizer import ByteChatTokenizer
+from corral.rollout.types import LLMUnavailable, SamplingOptions
+from corral.sdk.errors import InvalidArgument
 from corral.v1 import rollout_pb2 as pb
 
 TOK = ByteChatTokenizer()
@@ -43,7 +44,7 @@ def replay_task() -> pb.Task:
 async def test_sglang_client_round_trip_against_the_reference_server(tmp_path):
     import torch
 
-    from corral.daemon.rollout.llm.tiny_model import TinyByteLM
+    from corral.rollout.reference.tiny_model import TinyByteLM
 
     policy = TinyPolicy(seed=0)
     server = ReferenceServer(policy)
@@ -425,9 +426,9 @@ async def test_pool_registers_and_removes_servers_at_run_time(servers, pool):
     pool.register(a.url, weight=2, model="m")
     with pytest.raises(ServerAlreadyRegistered):
         pool.register(a.url + "/")
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         pool.register(b.url, protocol="tgi")
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         pool.register("ftp://host:1")
     pending = asyncio.create_task(pool.generate(PROMPT, SHORT, "r"))
     await asyncio.sleep(0.1)

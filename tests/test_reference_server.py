@@ -15,16 +15,16 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from corral.daemon.rollout.llm.client import LLMServerError
-from corral.daemon.rollout.llm.reference_server import ReferenceServer
-from corral.daemon.rollout.llm.replay import ReplayPolicy
-from corral.daemon.rollout.llm.sglang import SGLangClient
-from corral.daemon.rollout.llm.tiny import TinyPolicy
-from corral.daemon.rollout.llm.tiny_model import TinyByteLM
-from corral.daemon.rollout.prompt import MissingPromptField, fill_prompt_fields
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer
-from corral.daemon.rollout.tool_calls import ToolCallFormat, parse_tool_calls
-from corral.daemon.rollout.types import SamplingOptions, ToolCall
+from corral.rollout.llm.client import LLMServerError
+from corral.rollout.reference.server import ReferenceServer
+from corral.rollout.reference.replay import ReplayPolicy
+from corral.rollout.llm.sglang import SGLangClient
+from corral.rollout.reference.tiny import TinyPolicy
+from corral.rollout.reference.tiny_model import TinyByteLM
+from corral.rollout.prompt import MissingPromptField, fill_prompt_fields
+from corral.rollout.tokenizer import ByteChatTokenizer
+from corral.rollout.tool_calls import ToolCallFormat, parse_tool_calls
+from corral.rollout.types import SamplingOptions, ToolCall
 from corral.v1 import rollout_pb2 as pb
 
 TOK = ByteChatTokenizer()
@@ -275,7 +275,7 @@ def test_command_line_serves_replay_tasks(tmp_path):
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(json_format.MessageToJson(t, indent=None) for t in (HERMES_TASK, BASH_TASK)) + "\n")
-    proc = subprocess.Popen([sys.executable, "-m", "corral.daemon.rollout.llm.reference_server", "--policy", "replay",
+    proc = subprocess.Popen([sys.executable, "-m", "corral.rollout.reference.server", "--policy", "replay",
                              "--tasks", str(tasks), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer, HFChatTokenizer, load_tokenizer
+from corral.rollout.tokenizer import ByteChatTokenizer, HFChatTokenizer, load_tokenizer
 
 # Qwen2.5's template reduced to what the rollout uses: consecutive tool messages share one user
 # turn, each in its own <tool_response> block.

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from corral.sdk import AlreadyExists, AsyncClient, FailedPrecondition, InvalidArgument, NotFound
-from corral.sdk.run_command import is_token_exact
+from corral.cli.run import is_token_exact
 from corral.v1 import rollout_pb2 as pb
 from tests.conftest import DaemonProcess, require_backend
 from tests.rollout_tasks import call, repair_task, replay_server
@@ -279,8 +279,8 @@ async def test_daemon_shutdown_mid_rollout_filters_as_shutdown(tmp_path) -> None
 
 
 def test_results_serialise_to_json(tmp_path) -> None:
-    from corral.sdk._rollout_core import result_from_proto
-    from corral.sdk.run_command import result_to_dict
+    from corral.sdk.rollout_messages import result_from_proto
+    from corral.cli.run import result_to_dict
 
     result = result_from_proto(pb.RolloutResult(rollout_id="r", task_id="t", eval_output=b"\xff ok",
                                                 status=pb.ROLLOUT_STATUS_COMPLETED, response_ids=[1, 2]))

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from corral.sdk._rollout_core import result_from_proto
-from corral.sdk.run_command import is_token_exact, summarize
+from corral.sdk.rollout_messages import result_from_proto
+from corral.cli.run import is_token_exact, summarize
 from corral.sdk.tasks import load_tasks, task_to_json
 from tests.conftest import require_backend
 
@@ -18,7 +18,7 @@ BUNDLED = ROOT / "examples" / "tasks" / "repair.jsonl"
 
 
 def corral_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "corral.sdk.cli", "run", *args, "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "corral.cli", "run", *args, "--no-progress"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 

@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from corral.daemon.rollout.llm.tiny_model import TinyByteLM
-from corral.sdk._rollout_core import result_from_proto
+from corral.rollout.reference.tiny_model import TinyByteLM
+from corral.sdk.rollout_messages import result_from_proto
 from corral.trainer_adapters.sao import LearnerConfig, StreamingLearner, tiny_byte_lm_logprobs
 from corral.v1 import rollout_pb2 as pb
 

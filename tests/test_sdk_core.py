@@ -18,6 +18,7 @@ from corral.sdk._address import (
     resolve_address,
     resolve_token,
 )
+from corral.sdk.enums import backend_number
 from corral.sdk.errors import (
     AlreadyExists,
     Cancelled,
@@ -201,12 +202,12 @@ def test_create_sandbox_request_defaults() -> None:
     ("singularity", pb.BACKEND_SINGULARITY),
 ])
 def test_backend_names(name: str | None, number: int) -> None:
-    assert _core.backend_to_proto(name) == number
+    assert backend_number(name) == number
 
 
 def test_unknown_backend_is_rejected() -> None:
     with pytest.raises(InvalidArgument, match="podman"):
-        _core.backend_to_proto("podman")
+        backend_number("podman")
 
 
 def test_write_file_request() -> None:

@@ -13,7 +13,7 @@ from corral.sdk import AsyncClient, CommandExitError, InvalidArgument, NotFound,
 
 pytestmark = pytest.mark.local
 
-CLI = [sys.executable, "-m", "corral.sdk.cli"]
+CLI = [sys.executable, "-m", "corral.cli"]
 
 
 def test_run_keeps_state_across_runs(sandbox):

@@ -6,7 +6,7 @@ import pytest
 
 from corral.daemon.commands import CommandSpec
 from corral.daemon.config import ConfigError, ExecConfig, load_config, parse_ulimit
-from corral.daemon.errors import InvalidArgument
+from corral.sdk.errors import InvalidArgument
 from corral.daemon.output import HeadTailBuffer
 
 

@@ -19,11 +19,11 @@ import contextlib
 from collections.abc import Iterable
 from typing import Any
 
-from corral.daemon.rollout.pipeline import PipelineSettings, RolloutPipeline, StageSettings
-from corral.daemon.rollout.tokenizer import chat_tokenizer
-from corral.daemon.rollout.types import GenerateFn
+from corral.rollout.pipeline import PipelineSettings, RolloutPipeline, StageSettings
+from corral.rollout.tokenizer import chat_tokenizer
+from corral.rollout.types import GenerateFn
 from corral.sdk import AlreadyExists, AsyncClient, CorralError, RolloutResult, Unavailable
-from corral.sdk._rollout_core import build_options, result_from_proto
+from corral.sdk.rollout_messages import build_options, result_from_proto
 from corral.sdk.tasks import TaskLike, task_from
 from corral.v1 import rollout_pb2 as pb
 
@@ -55,7 +55,7 @@ async def connect(address: str | None = None) -> AsyncClient:
 class ToolsModeRollouts:
     """Runs rollouts in this process with the trainer's generate function.
 
-    `generate(prompt_ids, sampling, rollout_id) -> Generation` (see corral.daemon.rollout.types);
+    `generate(prompt_ids, sampling, rollout_id) -> Generation` (see corral.rollout.types);
     `tokenizer`: the trainer's Hugging Face tokenizer object, a local tokenizer directory, or
     "byte". `address`: the node daemon (default: $CORRAL_ADDRESS / $CORRAL_SOCKET / the system
     socket). One instance serves one event loop; `close()` ends unfinished rollouts and frees

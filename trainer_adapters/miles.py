@@ -96,12 +96,12 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from corral.daemon.rollout.llm.client import LLMRequestRejected, LLMServerError
-from corral.daemon.rollout.llm.routing import routed, routed_session
-from corral.daemon.rollout.llm.sglang import SGLangClient
-from corral.daemon.rollout.tasks import render_messages
-from corral.daemon.rollout.tokenizer import chat_tokenizer
-from corral.daemon.rollout.types import ChatTokenizer, Generation, LLMUnavailable, SamplingOptions
+from corral.rollout.llm.client import LLMRequestRejected, LLMServerError
+from corral.rollout.llm.routing import routed, routed_session
+from corral.rollout.llm.sglang import SGLangClient
+from corral.rollout.tasks import render_messages
+from corral.rollout.tokenizer import chat_tokenizer
+from corral.rollout.types import ChatTokenizer, Generation, LLMUnavailable, SamplingOptions
 from corral.sdk import AsyncClient, FailedPrecondition, InvalidArgument, RolloutResult
 from corral.sdk.tasks import TaskLike, iter_tasks, task_from
 from corral.trainer_adapters.common import ToolsModeRollouts, connect_service

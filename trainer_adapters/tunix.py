@@ -84,17 +84,17 @@ except ImportError as _error:  # pragma: no cover - exercised in a subprocess by
     raise ImportError("corral.trainer_adapters.tunix needs tunix, which is not installed: "
                       f"pip install 'corral[tunix]' ({_error})") from _error
 
-from corral.daemon.rollout.evaluation import (
+from corral.rollout.evaluation import (
     Evaluation,
     EvaluationInfraError,
     SandboxStartFailed,
     evaluate,
     start_task_sandbox,
 )
-from corral.daemon.rollout.tasks import check_task, enabled_tools, render_messages, task_limits, tool_call_format
-from corral.daemon.rollout.tool_calls import ToolCallParseError, parse_tool_calls
-from corral.daemon.rollout.tools import SandboxToolBox, format_reminder, tool_instructions
-from corral.daemon.rollout.types import SandboxFailure
+from corral.rollout.tasks import check_task, enabled_tools, render_messages, task_limits, tool_call_format
+from corral.rollout.tool_calls import ToolCallParseError, parse_tool_calls
+from corral.rollout.tools import SandboxToolBox, format_reminder, tool_instructions
+from corral.rollout.types import SandboxFailure
 from corral.sdk import AsyncClient, AsyncSandbox, CorralError, InvalidArgument, RolloutResult
 from corral.sdk.tasks import TaskLike, task_from
 from corral.trainer_adapters.common import DaemonNotRunning, connect, connect_service, weight_version_span

@@ -79,10 +79,10 @@ except ImportError as _error:  # tests/test_adapter_verl.py hides verl to check 
     raise ImportError(f"corral.trainer_adapters.verl needs veRL (>= 0.9.1): pip install 'corral[verl]' "
                       f"({_error})") from _error
 
-from corral.daemon.rollout.pipeline import PipelineSettings
-from corral.daemon.rollout.tasks import DEFAULT_MAX_TOTAL_TOKENS, render_messages
-from corral.daemon.rollout.tokenizer import HFChatTokenizer, chat_tokenizer
-from corral.daemon.rollout.types import ChatTokenizer, Generation, LLMUnavailable, SamplingOptions
+from corral.rollout.pipeline import PipelineSettings
+from corral.rollout.tasks import DEFAULT_MAX_TOTAL_TOKENS, render_messages
+from corral.rollout.tokenizer import HFChatTokenizer, chat_tokenizer
+from corral.rollout.types import ChatTokenizer, Generation, LLMUnavailable, SamplingOptions
 from corral.sdk import RolloutResult
 from corral.sdk.tasks import TaskLike, task_from
 from corral.trainer_adapters.common import (

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
 from ..config import Config, parse_ulimit
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from ..fsaccess import SandboxFiles
 from ..uids import UidPool
 from .base import (

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
 from ..config import Config
-from ..errors import FailedPrecondition, InvalidArgument
+from corral.sdk.errors import FailedPrecondition, InvalidArgument
 from ..fsaccess import SandboxFiles
 from ..uids import UidPool
 from ..process import in_cgroup

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
 from ..config import Config
-from ..errors import FailedPrecondition, InvalidArgument, NotFound
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 from ..fsaccess import SandboxFiles
 from ..process import in_cgroup
 from ..uids import UidPool

@@ -6,13 +6,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import grpc
+
 from corral.v1 import rollout_pb2 as pb
 from corral.v1 import rollout_pb2_grpc
 
-from ..errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from ..rollout.llm.pool import LLMPool, ServerAlreadyRegistered, ServerStats, UnknownServer
-from ..rollout.pipeline import NoLLMServers, PipelineClosed, RolloutPipeline, Stage
-from ..rollout.tasks import TaskError
+from corral.rollout.pipeline import RolloutPipeline, Stage
+from corral.sdk.errors import CorralError, InvalidArgument
+
+from ..llm_pool import LLMPool, ServerStats
 
 _PROTOCOL_NAMES = {pb.LLM_PROTOCOL_UNSPECIFIED: "sglang", pb.LLM_PROTOCOL_SGLANG: "sglang",
                    pb.LLM_PROTOCOL_VLLM: "vllm"}
@@ -34,29 +36,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         protocol = _PROTOCOL_NAMES.get(request.protocol)
         if protocol is None:
             raise InvalidArgument(f"unknown LLM protocol {request.protocol}")
-        try:
-            server = self.llms.register(request.address, protocol=protocol, weight=request.weight or 1, model=request.model)
-        except ServerAlreadyRegistered:
-            raise AlreadyExists(f"LLM server {request.address} is registered already") from None
-        except ValueError as error:
-            raise InvalidArgument(str(error)) from None
+        server = self.llms.register(request.address, protocol=protocol, weight=request.weight or 1, model=request.model)
         return pb.RegisterLLMResponse(server=server_to_proto(server))
 
     async def RemoveLLM(self, request: pb.RemoveLLMRequest, context) -> pb.RemoveLLMResponse:
-        try:
-            self.llms.remove(request.address)
-        except UnknownServer:
-            raise NotFound(f"no LLM server {request.address} is registered") from None
+        self.llms.remove(request.address)
         return pb.RemoveLLMResponse()
 
     async def ListLLMs(self, request: pb.ListLLMsRequest, context) -> pb.ListLLMsResponse:
         return pb.ListLLMsResponse(servers=[server_to_proto(s) for s in self.llms.snapshot()])
 
     async def SetPolicyVersion(self, request: pb.SetPolicyVersionRequest, context) -> pb.SetPolicyVersionResponse:
-        try:
-            self.pipeline.set_policy_version(request.version)
-        except ValueError as error:
-            raise FailedPrecondition(str(error)) from None
+        self.pipeline.set_policy_version(request.version)
         return pb.SetPolicyVersionResponse(version=self.pipeline.policy_version)
 
     async def Run(self, request: pb.RunRequest, context) -> pb.RunResponse:
@@ -71,7 +62,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if not done.done():
                 done.set_result(result)
 
-        rollouts = await self._submit(request.task, options, deliver)
+        rollouts = await self.pipeline.submit(request.task, options, deliver)
         try:
             return pb.RunResponse(result=await done)
         finally:
@@ -107,16 +98,6 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             results_cancelled=totals[pb.ROLLOUT_STATUS_CANCELLED],
         )
 
-    async def _submit(self, task: pb.Task, options: pb.RolloutOptions, deliver, on_turn=None):
-        try:
-            return await self.pipeline.submit(task, options, deliver, on_turn)
-        except TaskError as error:
-            raise InvalidArgument(str(error)) from None
-        except NoLLMServers as error:
-            raise FailedPrecondition(str(error)) from None
-        except PipelineClosed as error:
-            raise Unavailable(str(error)) from None
-
 
 class _StreamSession:
     """The rollouts of one Stream call: what was accepted, what is still running, and the events
@@ -143,10 +124,13 @@ class _StreamSession:
 
     async def submit(self, submit: pb.SubmitRollout) -> None:
         try:
-            rollouts = await self.servicer._submit(submit.task, submit.options, self.deliver, self.send_turn)
-        except (InvalidArgument, FailedPrecondition, Unavailable) as error:
+            rollouts = await self.servicer.pipeline.submit(submit.task, submit.options, self.deliver, self.send_turn)
+        except CorralError as error:
+            # One bad submission must not end the stream: it is answered in-band, with the status
+            # code the call would have had on its own.
+            code = error.code or grpc.StatusCode.INTERNAL
             self.events.put_nowait(pb.StreamResponse(rejected=pb.RolloutRejected(
-                client_ref=submit.client_ref, task_id=submit.task.task_id, code=error.code.name, message=str(error))))
+                client_ref=submit.client_ref, task_id=submit.task.task_id, code=code.name, message=str(error))))
             return
         for rollout in rollouts:
             if rollout.rollout_id not in self.finished:

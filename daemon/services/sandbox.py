@@ -10,7 +10,7 @@ from corral.v1 import sandbox_pb2_grpc
 
 from ..backends.base import BackendStatus, Limits
 from ..commands import CommandSpec
-from ..errors import FailedPrecondition, InvalidArgument
+from corral.sdk.errors import FailedPrecondition, InvalidArgument
 from ..sandboxes import Exited, ExecOutcome, Keepalive, Output, Sandbox, SandboxManager, Started
 from ..node import NodeInfo
 from ..transfer import TarTransfer

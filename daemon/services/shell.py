@@ -9,7 +9,7 @@ from corral.v1 import shell_pb2 as pb
 from corral.v1 import shell_pb2_grpc
 
 from ..config import ExecConfig
-from ..errors import FailedPrecondition, InvalidArgument
+from corral.sdk.errors import FailedPrecondition, InvalidArgument
 from ..shell_session import ShellSession
 from ..shells import AttachExited, AttachOutput, ShellManager
 

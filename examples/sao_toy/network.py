@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from corral.daemon.rollout.llm.tiny_model import TinyByteLM
+from corral.rollout.reference.tiny_model import TinyByteLM
 
 # Small enough to train and sample on two CPU cores next to the sandboxes; big enough to tell the
 # six variants apart after a short warm start (measured: see README.md).

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer
-from corral.daemon.rollout.tool_calls import ToolCallFormat
-from corral.daemon.rollout.tools import tool_instructions
+from corral.rollout.tokenizer import ByteChatTokenizer
+from corral.rollout.tool_calls import ToolCallFormat
+from corral.rollout.tools import tool_instructions
 from corral.v1 import rollout_pb2 as pb
 
 SYSTEM = "You fix Python code in the shell."

@@ -65,8 +65,8 @@ import aiohttp  # noqa: E402
 import torch  # noqa: E402
 
 from corral.daemon.embedded import embedded_daemon  # noqa: E402
-from corral.daemon.rollout.llm.reference_server import ReferenceServer  # noqa: E402
-from corral.daemon.rollout.llm.tiny import TinyPolicy  # noqa: E402
+from corral.rollout.reference.server import ReferenceServer  # noqa: E402
+from corral.rollout.reference.tiny import TinyPolicy  # noqa: E402
 from corral.sdk import AsyncClient  # noqa: E402
 from corral.trainer_adapters.sao import (  # noqa: E402
     CODING,

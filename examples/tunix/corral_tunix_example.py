@@ -30,9 +30,9 @@ from tunix.rl.agentic.pipeline.rollout_orchestrator import RolloutOrchestrator
 from tunix.rl.agentic.utils import RolloutSyncLock
 from tunix.rl.rollout.base_rollout import RolloutOutput
 
-from corral.daemon.rollout.llm.reference_server import ReferenceServer
-from corral.daemon.rollout.llm.replay import ReplayPolicy
-from corral.daemon.rollout.tokenizer import END_OF_TEXT, IM_END, ByteChatTokenizer
+from corral.rollout.reference.server import ReferenceServer
+from corral.rollout.reference.replay import ReplayPolicy
+from corral.rollout.tokenizer import END_OF_TEXT, IM_END, ByteChatTokenizer
 from corral.sdk import AsyncClient, load_tasks
 from corral.trainer_adapters.tunix import CorralCollectEngine, CorralRolloutSource, CorralTaskEnv, system_prompt
 

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from corral.daemon.rollout.tasks import render_messages
+from corral.rollout.tasks import render_messages
 from corral.sdk import load_tasks
 from corral.sdk.tasks import task_to_json
 

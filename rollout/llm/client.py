@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from corral.daemon.rollout.types import Generation, LLMUnavailable, SamplingOptions
+from corral.rollout.types import Generation, LLMUnavailable, SamplingOptions
 
 
 class LLMServerError(Exception):

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from corral.daemon.rollout.tool_calls import ToolCallFormat
-from corral.daemon.rollout.types import SandboxFailure, ToolCall, ToolResult
-from corral.daemon.shell_session import strip_ansi
+from corral.rollout.tool_calls import ToolCallFormat
+from corral.rollout.types import SandboxFailure, ToolCall, ToolResult
 from corral.sdk import errors as sdk_errors
+from corral.sdk.ansi import strip_ansi
 from corral.sdk.client import AsyncKernel, AsyncSandbox, AsyncShell
 
 SHELL_NAME = "agent"

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from corral.daemon.rollout.llm.policies import GenerateParams, PolicyError, PolicyOutput
-from corral.daemon.rollout.llm.tiny_model import TinyByteLM, split_checkpoint
-from corral.daemon.rollout.tokenizer import END_OF_TEXT, ByteChatTokenizer
+from corral.rollout.reference.policies import GenerateParams, PolicyError, PolicyOutput
+from corral.rollout.reference.tiny_model import TinyByteLM, split_checkpoint
+from corral.rollout.tokenizer import END_OF_TEXT, ByteChatTokenizer
 
 
 class TinyPolicy:

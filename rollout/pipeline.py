@@ -27,16 +27,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corral.daemon.rollout import results
-from corral.daemon.rollout.agent_loop import AgentLimits, AgentLoop
-from corral.daemon.rollout.evaluation import (
+from corral.rollout import results
+from corral.rollout.agent_loop import AgentLimits, AgentLoop
+from corral.rollout.evaluation import (
     Evaluation,
     EvaluationInfraError,
     SandboxStartFailed,
     evaluate,
     start_task_sandbox,
 )
-from corral.daemon.rollout.tasks import (
+from corral.rollout.tasks import (
     check_task,
     enabled_tools,
     render_messages,
@@ -44,8 +44,8 @@ from corral.daemon.rollout.tasks import (
     task_limits,
     tool_call_format,
 )
-from corral.daemon.rollout.tools import SandboxToolBox
-from corral.daemon.rollout.types import (
+from corral.rollout.tools import SandboxToolBox
+from corral.rollout.types import (
     ChatTokenizer,
     FinishReason,
     GenerateFn,
@@ -54,7 +54,7 @@ from corral.daemon.rollout.types import (
     Trajectory,
     TurnRecord,
 )
-from corral.sdk import AsyncClient, AsyncSandbox, CorralError
+from corral.sdk import AsyncClient, AsyncSandbox, CorralError, FailedPrecondition, Unavailable
 from corral.v1 import rollout_pb2 as pb
 
 _log = logging.getLogger(__name__)
@@ -90,12 +90,12 @@ class PipelineSettings:
         return getattr(self, stage.value)
 
 
-class NoLLMServers(Exception):
-    """Nothing to generate with: no LLM server is registered (FAILED_PRECONDITION)."""
+class NoLLMServers(FailedPrecondition):
+    """Nothing to generate with: no LLM server is registered."""
 
 
-class PipelineClosed(Exception):
-    """The pipeline is shutting down and takes no more rollouts (UNAVAILABLE)."""
+class PipelineClosed(Unavailable):
+    """The pipeline is shutting down and takes no more rollouts."""
 
 
 class RolloutFiltered(Exception):
@@ -236,7 +236,7 @@ class RolloutPipeline:
 
     def set_policy_version(self, version: int) -> None:
         if version < self.policy_version:
-            raise ValueError(f"policy version {version} is older than the current {self.policy_version}")
+            raise FailedPrecondition(f"policy version {version} is older than the current {self.policy_version}")
         self.policy_version = version
 
     def stage_stats(self, stage: Stage) -> pb.StageStats:

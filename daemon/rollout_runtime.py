@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.daemon.config import RolloutConfig
-from corral.daemon.rollout.llm.pool import LLMPool
-from corral.daemon.rollout.pipeline import PipelineSettings, RolloutPipeline, StageSettings
-from corral.daemon.rollout.tokenizer import load_tokenizer
+from corral.daemon.llm_pool import LLMPool
+from corral.rollout.pipeline import PipelineSettings, RolloutPipeline, StageSettings
+from corral.rollout.tokenizer import load_tokenizer
 from corral.sdk import AsyncClient
 
 

@@ -20,8 +20,8 @@ Optional simulated latency (`latency_s` + `per_token_latency_s` per generated to
 without blocking) lets benchmarks model a real server's timing.
 
 Command line:
-    python -m corral.daemon.rollout.llm.reference_server --policy replay --tasks FILE.jsonl --port N
-    python -m corral.daemon.rollout.llm.reference_server --policy tiny [--checkpoint PATH] --port N
+    python -m corral.rollout.reference.server --policy replay --tasks FILE.jsonl --port N
+    python -m corral.rollout.reference.server --policy tiny [--checkpoint PATH] --port N
 It prints the base URL on one line once it listens.
 """
 
@@ -42,8 +42,8 @@ from typing import Any
 from aiohttp import web
 from google.protobuf import json_format
 
-from corral.daemon.rollout.llm.policies import GenerateParams, Policy, PolicyError, PolicyOutput
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer
+from corral.rollout.reference.policies import GenerateParams, Policy, PolicyError, PolicyOutput
+from corral.rollout.tokenizer import ByteChatTokenizer
 from corral.v1 import rollout_pb2 as pb
 
 
@@ -287,13 +287,13 @@ def load_tasks_jsonl(path: str | Path) -> list[pb.Task]:
 
 def make_policy(kind: str, *, tasks: str | None = None, checkpoint: str | None = None, seed: int = 0) -> Policy:
     if kind == "replay":
-        from corral.daemon.rollout.llm.replay import ReplayPolicy
+        from corral.rollout.reference.replay import ReplayPolicy
 
         if not tasks:
             raise ValueError("--policy replay needs --tasks FILE.jsonl")
         return ReplayPolicy(load_tasks_jsonl(tasks))
     if kind == "tiny":
-        from corral.daemon.rollout.llm.tiny import TinyPolicy
+        from corral.rollout.reference.tiny import TinyPolicy
 
         return TinyPolicy(seed=seed, checkpoint=checkpoint)
     raise ValueError(f"unknown policy {kind!r} (replay or tiny)")
@@ -313,7 +313,7 @@ async def _serve(server: ReferenceServer) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m corral.daemon.rollout.llm.reference_server",
+    parser = argparse.ArgumentParser(prog="python -m corral.rollout.reference.server",
                                      description="The built-in reference LLM server (SGLang protocol).")
     parser.add_argument("--policy", choices=("replay", "tiny"), required=True)
     parser.add_argument("--tasks", help="JSONL tasks whose reference solutions the replay policy plays")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from corral.daemon.rollout.types import FinishReason, Trajectory, TurnRecord
+from corral.rollout.types import FinishReason, Trajectory, TurnRecord
 from corral.v1 import rollout_pb2 as pb
 
 

@@ -1,4 +1,4 @@
-"""Tasks on the daemon side: checking them, and the values they leave unset.
+"""Tasks: checking them, and the values they leave unset.
 
 A task is a `corral.v1.Task` message; tasks files hold one per line in the proto3 JSON mapping
 (`corral.sdk.tasks` reads them), so the file format and the wire format cannot drift apart.
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corral.daemon.rollout.prompt import MissingPromptField, fill_prompt_fields
-from corral.daemon.rollout.tool_calls import ToolCallFormat
-from corral.daemon.rollout.types import SamplingOptions, ToolName
+from corral.rollout.prompt import MissingPromptField, fill_prompt_fields
+from corral.rollout.tool_calls import ToolCallFormat
+from corral.rollout.types import SamplingOptions, ToolName
+from corral.sdk.errors import InvalidArgument
 from corral.v1 import rollout_pb2 as pb
 
 DEFAULT_TOOLS = ("bash", "editor", "submit")
@@ -24,7 +25,7 @@ DEFAULT_ACTION_TIMEOUT_S = 60.0
 DEFAULT_MAX_OBSERVATION_BYTES = 8192
 
 
-class TaskError(ValueError):
+class TaskError(InvalidArgument, ValueError):
     """A task that cannot run as written (the caller's mistake: INVALID_ARGUMENT)."""
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from corral.daemon.rollout.types import ChatTokenizer
+from corral.rollout.types import ChatTokenizer
 
 # ChatML, as Qwen and many others write it.
 IM_START = "<|im_start|>"

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from corral.daemon.rollout.llm.policies import GenerateParams, PolicyError, PolicyOutput
-from corral.daemon.rollout.prompt import fill_prompt_fields
-from corral.daemon.rollout.tokenizer import IM_END, IM_START, ByteChatTokenizer
-from corral.daemon.rollout.tool_calls import ToolCallFormat, render_tool_calls
-from corral.daemon.rollout.types import ToolCall
+from corral.rollout.reference.policies import GenerateParams, PolicyError, PolicyOutput
+from corral.rollout.prompt import fill_prompt_fields
+from corral.rollout.tokenizer import IM_END, IM_START, ByteChatTokenizer
+from corral.rollout.tool_calls import ToolCallFormat, render_tool_calls
+from corral.rollout.types import ToolCall
 from corral.v1 import rollout_pb2 as pb
 
 _ASSISTANT_HEADER = f"{IM_START}assistant"

@@ -14,7 +14,7 @@ import enum
 import json
 import re
 
-from corral.daemon.rollout.types import ToolCall
+from corral.rollout.types import ToolCall
 
 
 class ToolCallFormat(str, enum.Enum):

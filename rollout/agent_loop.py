@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from corral.daemon.rollout.tool_calls import ToolCallFormat, ToolCallParseError, parse_tool_calls
-from corral.daemon.rollout.tools import format_reminder, tool_instructions
-from corral.daemon.rollout.types import (
+from corral.rollout.tool_calls import ToolCallFormat, ToolCallParseError, parse_tool_calls
+from corral.rollout.tools import format_reminder, tool_instructions
+from corral.rollout.types import (
     ChatTokenizer,
     FinishReason,
     GenerateFn,

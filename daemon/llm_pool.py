@@ -34,22 +34,23 @@ from dataclasses import dataclass
 import aiohttp
 from yarl import URL
 
-from corral.daemon.rollout.llm.client import LLMClient, LLMRequestRejected, LLMServerError
-from corral.daemon.rollout.llm.routing import routed, routed_session
-from corral.daemon.rollout.llm.sglang import SGLangClient
-from corral.daemon.rollout.llm.vllm import VLLMClient
-from corral.daemon.rollout.types import Generation, LLMUnavailable, SamplingOptions
+from corral.rollout.llm.client import LLMClient, LLMRequestRejected, LLMServerError
+from corral.rollout.llm.routing import routed, routed_session
+from corral.rollout.llm.sglang import SGLangClient
+from corral.rollout.llm.vllm import VLLMClient
+from corral.rollout.types import Generation, LLMUnavailable, SamplingOptions
+from corral.sdk.errors import AlreadyExists, InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("sglang", "vllm")
 
 
-class ServerAlreadyRegistered(ValueError):
+class ServerAlreadyRegistered(AlreadyExists):
     """register() for an address that is already in the pool (gRPC: ALREADY_EXISTS)."""
 
 
-class UnknownServer(KeyError):
+class UnknownServer(NotFound):
     """remove() for an address that is not in the pool (gRPC: NOT_FOUND)."""
 
 
@@ -95,7 +96,7 @@ class _Server:
 
 
 def normalize_address(address: str) -> str:
-    """The base URL as the pool keys it ("http://host:port", no trailing slash); ValueError when
+    """The base URL as the pool keys it ("http://host:port", no trailing slash); InvalidArgument when
     it is not an http(s) URL with a host."""
     text = address.strip().rstrip("/")
     if "://" not in text:
@@ -103,16 +104,16 @@ def normalize_address(address: str) -> str:
     try:
         url = URL(text)
     except ValueError as error:
-        raise ValueError(f"bad LLM server address {address!r}: {error}") from None
+        raise InvalidArgument(f"bad LLM server address {address!r}: {error}") from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"bad LLM server address {address!r}: want http(s)://host:port")
+        raise InvalidArgument(f"bad LLM server address {address!r}: want http(s)://host:port")
     return str(url).rstrip("/")
 
 
 def normalize_protocol(protocol: str) -> str:
     value = (protocol or "sglang").strip().lower()
     if value not in PROTOCOLS:
-        raise ValueError(f"unknown LLM protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
+        raise InvalidArgument(f"unknown LLM protocol {protocol!r} (one of {', '.join(PROTOCOLS)})")
     return value
 
 
@@ -145,12 +146,12 @@ class LLMPool:
     # ---- registry ----------------------------------------------------------------------------
 
     def register(self, address: str, protocol: str = "sglang", weight: int = 1, model: str = "") -> ServerStats:
-        """Adds a server. ValueError for a bad address/protocol/weight, ServerAlreadyRegistered
+        """Adds a server. InvalidArgument for a bad address/protocol/weight, ServerAlreadyRegistered
         when the address is in the pool already. Weight 0 means 1."""
         key = normalize_address(address)
         protocol = normalize_protocol(protocol)
         if weight < 0:
-            raise ValueError("weight must be >= 0")
+            raise InvalidArgument("weight must be >= 0")
         if key in self._servers:
             raise ServerAlreadyRegistered(f"LLM server {key} is already registered")
         self._registered += 1
@@ -173,7 +174,7 @@ class LLMPool:
     def __contains__(self, address: str) -> bool:
         try:
             return normalize_address(address) in self._servers
-        except ValueError:
+        except InvalidArgument:
             return False
 
     def snapshot(self) -> list[ServerStats]:

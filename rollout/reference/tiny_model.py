@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from corral.daemon.rollout.tokenizer import ByteChatTokenizer
+from corral.rollout.tokenizer import ByteChatTokenizer
 
 VOCAB_SIZE = ByteChatTokenizer().vocab_size
 

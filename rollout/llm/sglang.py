@@ -21,14 +21,14 @@ from typing import Any
 
 import aiohttp
 
-from corral.daemon.rollout.llm.client import (
+from corral.rollout.llm.client import (
     HTTPClientBase,
     LLMServerError,
     int_or_none,
     optional_sampling_fields,
     protocol_error,
 )
-from corral.daemon.rollout.types import Generation, SamplingOptions
+from corral.rollout.types import Generation, SamplingOptions
 
 
 class SGLangClient(HTTPClientBase):

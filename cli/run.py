@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from corral.sdk.client import AsyncClient
+from corral.sdk import AsyncClient
 from corral.sdk.tasks import load_tasks
 from corral.sdk.types import RolloutResult
 
@@ -33,7 +33,7 @@ BUILTIN_POLICIES = ("builtin:replay", "builtin:tiny")
 STAGES = ("init", "run", "eval")
 
 
-def add_run_parser(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run rollouts of tasks from JSONL files and write the results")
     run.add_argument("tasks", nargs="+", help="JSONL files, one corral task per line")
     run.add_argument("--llm", action="append", default=[], metavar="URL|builtin:replay|builtin:tiny",
@@ -83,14 +83,14 @@ async def _run(args: argparse.Namespace, tasks: list, llms: list[str]) -> tuple[
 
 @contextlib.asynccontextmanager
 async def _builtin_server(name: str, tasks: list, checkpoint: str | None) -> AsyncIterator[str]:
-    from corral.daemon.rollout.llm.reference_server import ReferenceServer
+    from corral.rollout.reference.server import ReferenceServer
 
     if name == "builtin:replay":
-        from corral.daemon.rollout.llm.replay import ReplayPolicy
+        from corral.rollout.reference.replay import ReplayPolicy
 
         policy = ReplayPolicy(tasks)
     else:
-        from corral.daemon.rollout.llm.tiny import TinyPolicy
+        from corral.rollout.reference.tiny import TinyPolicy
 
         policy = TinyPolicy(checkpoint=checkpoint)
     server = ReferenceServer(policy)

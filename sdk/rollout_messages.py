@@ -1,11 +1,12 @@
-"""Sans-IO half of the rollout API: building RolloutService requests and decoding its replies into
-`corral.sdk.types` values. `client.py` and `sync_client.py` only make the calls."""
+"""RolloutService messages without I/O: building its requests (options, submissions, cancels) and
+decoding its replies into `corral.sdk.types` values. The clients make the calls; trainer adapters
+that drive a `corral.rollout` pipeline in their own process use the same conversions."""
 
 from __future__ import annotations
 
 import grpc
 
-from corral.sdk._core import _enum_name
+from corral.sdk.enums import enum_name
 from corral.sdk.errors import CorralError, InvalidArgument, error_class_for
 from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import (
@@ -73,11 +74,11 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
     return RolloutResult(
         rollout_id=result.rollout_id, task_id=result.task_id, group_id=result.group_id,
         sample_index=result.sample_index,
-        status=_enum_name(pb.RolloutStatus, "ROLLOUT_STATUS_", result.status),
-        filter_reason=(_enum_name(pb.FilterReason, "FILTER_REASON_", result.filter_reason)
+        status=enum_name(pb.RolloutStatus, "ROLLOUT_STATUS_", result.status),
+        filter_reason=(enum_name(pb.FilterReason, "FILTER_REASON_", result.filter_reason)
                        if result.filter_reason else None),
         error=result.error, reward=result.reward,
-        finish_reason=(_enum_name(pb.FinishReason, "FINISH_REASON_", result.finish_reason)
+        finish_reason=(enum_name(pb.FinishReason, "FINISH_REASON_", result.finish_reason)
                        if result.finish_reason else None),
         prompt_ids=list(result.prompt_ids), response_ids=list(result.response_ids),
         response_mask=list(result.response_mask), response_logprobs=list(result.response_logprobs),
@@ -91,7 +92,7 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
 
 def llm_server_from_proto(server: pb.LLMServer) -> LLMServerInfo:
     return LLMServerInfo(
-        address=server.address, protocol=_enum_name(pb.LLMProtocol, "LLM_PROTOCOL_", server.protocol),
+        address=server.address, protocol=enum_name(pb.LLMProtocol, "LLM_PROTOCOL_", server.protocol),
         weight=server.weight, model=server.model, in_flight=server.in_flight, healthy=server.healthy,
         requests=server.requests, failures=server.failures)
 
