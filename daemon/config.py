@@ -1,16 +1,23 @@
 """Daemon configuration: a TOML file, then environment variables, then command-line flags.
 
 deploy/corral.toml documents every key with its default; `Config` mirrors it section by section.
+The sections of backends ([local], [docker], ...) are the `Settings` type each backend declares in
+its own module, found through the backend registry.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .backends.registry import BACKENDS
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/run/corral/corral.sock"
 DEFAULT_STATE_DIR = "/var/lib/corral"
@@ -48,28 +55,12 @@ class ExecConfig:
 
 
 @dataclass
-class LocalConfig:
-    isolation: str = "auto"  # auto | bwrap | unshare | none
-    allow_no_isolation: bool = False
-    uid_base: int = 1_500_000
+class SandboxConfig:
+    """Settings every backend shares."""
+
+    workdir: str = "/workspace"  # the writable working directory inside sandboxes
+    uid_base: int = 1_500_000  # host uids handed to sandboxes, one each: [uid_base, uid_base + uid_count)
     uid_count: int = 65536
-    workdir: str = "/workspace"
-
-
-@dataclass
-class DockerConfig:
-    socket: str = ""  # empty: $DOCKER_HOST, else unix:///var/run/docker.sock
-    pull: bool = False  # pull images missing locally (no registry is assumed by default)
-    default_image: str = ""  # the image of requests that name none
-    # Process rlimits for every container, "name=soft[:hard]" (e.g. "nofile=65536"); empty: the
-    # engine's defaults. Podman sets nofile and nproc to 1048576 unless told otherwise, which
-    # fails where root cannot raise rlimits that far (e.g. inside a user namespace).
-    ulimits: list[str] = field(default_factory=list)
-
-
-@dataclass
-class SingularityConfig:
-    default_image: str = ""  # absolute path of the SIF file or sandbox directory for requests naming none
 
 
 @dataclass
@@ -104,17 +95,22 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     exec: ExecConfig = field(default_factory=ExecConfig)
-    local: LocalConfig = field(default_factory=LocalConfig)
-    docker: DockerConfig = field(default_factory=DockerConfig)
-    singularity: SingularityConfig = field(default_factory=SingularityConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # One section per registered backend, named after it ([local], [docker], ...): the settings
+    # type each backend declares (Backend.Settings).
+    backends: dict[str, Any] = field(default_factory=lambda: {name: cls.Settings() for name, cls in BACKENDS.items()})
     # The bearer token for the TCP listener (from token_file or CORRAL_TOKEN); never from TOML text.
     token: str = ""
 
     @property
     def state_path(self) -> Path:
         return Path(self.daemon.state_dir)
+
+    def backend(self, name: str) -> Any:
+        """The settings section of a registered backend."""
+        return self.backends[name]
 
 
 class ConfigError(ValueError):
@@ -131,8 +127,24 @@ def _same_kind(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
+# Config fields that a TOML file cannot set: the token comes from a file or the environment (never
+# from configuration text), and backend sections are merged by their own names.
+_NOT_FROM_TOML = frozenset({"token", "backends"})
+
+
+def _merge_file(config: Config, values: dict[str, Any]) -> None:
+    """Merges a parsed TOML file: the daemon's sections, then one section per backend."""
+    for key, value in values.items():
+        if key in config.backends:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} must be a table")
+            _merge(config.backends[key], value, f"{key}.")
+        else:
+            _merge(config, {key: value}, "")
+
+
 def _merge(target: Any, values: dict[str, Any], where: str) -> None:
-    known = {f.name: f for f in dataclasses.fields(target)}
+    known = {f.name: f for f in dataclasses.fields(target) if not (target.__class__ is Config and f.name in _NOT_FROM_TOML)}
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"unknown configuration key {where}{key}")
@@ -166,9 +178,12 @@ def load_config(
     if path:
         try:
             with open(path, "rb") as fh:
-                _merge(config, tomllib.load(fh), "")
+                values = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as err:
             raise ConfigError(f"cannot read configuration {path}: {err}") from err
+        for message in _move_deprecated_keys(values):
+            log.warning("%s: %s", path, message)
+        _merge_file(config, values)
     config.daemon.socket = socket or env.get("CORRAL_SOCKET") or config.daemon.socket
     config.daemon.state_dir = state_dir or env.get("CORRAL_STATE_DIR") or config.daemon.state_dir
     if tcp_listen is not None:
@@ -187,19 +202,30 @@ def load_config(
     return config
 
 
-def parse_ulimit(entry: str) -> tuple[str, int, int]:
-    """"name=soft[:hard]" -> (name, soft, hard); hard defaults to soft."""
-    name, sep, values = entry.partition("=")
-    soft, _, hard = values.partition(":")
-    try:
-        if not (sep and name.strip() and soft):
-            raise ValueError
-        parsed = (name.strip(), int(soft), int(hard or soft))
-    except ValueError:
-        raise ConfigError(f'docker.ulimits entry {entry!r} is not "name=soft[:hard]" (e.g. "nofile=65536:65536")') from None
-    if parsed[1] > parsed[2]:
-        raise ConfigError(f"docker.ulimits entry {entry!r}: the soft limit exceeds the hard one")
-    return parsed
+# Keys that moved, (section, key) -> (section, key). The old spelling keeps working for a release,
+# with a warning.
+MOVED_KEYS = {
+    ("local", "workdir"): ("sandbox", "workdir"),
+    ("local", "uid_base"): ("sandbox", "uid_base"),
+    ("local", "uid_count"): ("sandbox", "uid_count"),
+}
+
+
+def _move_deprecated_keys(values: dict[str, Any]) -> list[str]:
+    """Rewrites old keys in a parsed TOML file to their new places; returns one message per key
+    moved. A key given in both places keeps the new one."""
+    messages = []
+    for (old_section, old_key), (new_section, new_key) in MOVED_KEYS.items():
+        section = values.get(old_section)
+        if not isinstance(section, dict) or old_key not in section:
+            continue
+        value = section.pop(old_key)
+        target = values.setdefault(new_section, {})
+        if isinstance(target, dict):
+            target.setdefault(new_key, value)
+        messages.append(f"{old_section}.{old_key} is deprecated and will be removed in the next release: "
+                        f"use {new_section}.{new_key}")
+    return messages
 
 
 def validate(config: Config) -> None:
@@ -208,14 +234,15 @@ def validate(config: Config) -> None:
             "daemon.tcp.listen is set but no bearer token is configured: set daemon.tcp.token_file "
             "or CORRAL_TOKEN (the TCP listener never starts without one)"
         )
-    if config.local.isolation not in ("auto", "bwrap", "unshare", "none"):
-        raise ConfigError("local.isolation must be one of auto, bwrap, unshare, none")
-    if config.local.isolation == "none" and not config.local.allow_no_isolation:
-        raise ConfigError('local.isolation = "none" requires local.allow_no_isolation = true')
-    for entry in config.docker.ulimits:
-        parse_ulimit(entry)
-    if config.daemon.default_backend not in ("local", "docker", "singularity"):
-        raise ConfigError("daemon.default_backend must be one of local, docker, singularity")
+    for name, settings in config.backends.items():
+        try:
+            settings.validate()
+        except ValueError as err:
+            raise ConfigError(f"{name}.{err}") from None
+    if config.daemon.default_backend not in BACKENDS:
+        raise ConfigError(f"daemon.default_backend must be one of {', '.join(BACKENDS)}")
+    if not config.sandbox.workdir.startswith("/"):
+        raise ConfigError("sandbox.workdir must be an absolute path")
     for stage in ("init", "run", "eval"):
         if getattr(config.rollout, f"{stage}_workers") < 1:
             raise ConfigError(f"rollout.{stage}_workers must be at least 1")

@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import os
 
-from .backends.base import run_dir_base
 from .backends.base import BackendStatus
-from .backends.docker import DockerBackend
-from .backends.local import LocalBackend
-from .backends.singularity import SingularityBackend
-from .uids import UidPool
 from .cgroups import CgroupDriver
 from .config import Config
+from .node import make_backends
 
 
 def probe(config: Config) -> tuple[str, dict[str, BackendStatus]]:
     """(cgroup mode, status per backend) without creating anything."""
     cgroups = CgroupDriver("doctor", create=False)
-    uids = UidPool(config.local.uid_base, config.local.uid_count)
-    run_base = run_dir_base("doctor")
-    local = LocalBackend(config, cgroups, hidden_paths=[], run_base=run_base, uids=uids)
-    docker = DockerBackend(config, cgroups, "doctor", run_base, uids)
-    singularity = SingularityBackend(config, cgroups, "doctor", run_base, uids)
-    return cgroups.mode, {"local": local.status(), "docker": docker.status(), "singularity": singularity.status()}
+    backends = make_backends(config, cgroups, "doctor")
+    return cgroups.mode, {name: backend.status() for name, backend in backends.items()}
 
 
 def report(config: Config) -> str:

@@ -180,7 +180,7 @@ class SandboxManager:
         sandbox = Sandbox(
             sandbox_id=f"sb-{secrets.token_hex(6)}",
             backend=backend,
-            image=image or self._default_image(backend),
+            image=image or _default_image(impl),
             limits=limits,
             network=network,
             env=dict(env),
@@ -188,8 +188,7 @@ class SandboxManager:
             idle_timeout_s=idle_timeout_s or defaults.idle_timeout_s,
         )
         self._sandboxes[sandbox.sandbox_id] = sandbox
-        self.state.save(sandbox.sandbox_id, {"backend": backend, "sandbox_id": sandbox.sandbox_id,
-                                              "sandbox_dir": str(self.config.state_path / "sandboxes" / sandbox.sandbox_id)})
+        self.state.save(sandbox.sandbox_id, impl.placeholder_record(sandbox.sandbox_id))
         try:
             sandbox.runtime = await impl.create(
                 SandboxSpec(sandbox.sandbox_id, sandbox.image, limits, network, sandbox.env)
@@ -207,16 +206,6 @@ class SandboxManager:
         self.metrics.sandboxes_live.set(len(self._sandboxes))
         self.metrics.sandboxes_created.labels(backend).inc()
         return sandbox
-
-    def _default_image(self, backend: str) -> str:
-        default = {
-            "local": "host",
-            "docker": self.config.docker.default_image,
-            "singularity": self.config.singularity.default_image,
-        }.get(backend, "")
-        if not default:
-            raise InvalidArgument(f"the {backend} backend needs an image (this node configures no default)")
-        return default
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._sandboxes.get(sandbox_id)
@@ -351,6 +340,13 @@ class SandboxManager:
         with self.using(sandbox_id) as sandbox:
             call = functools.partial(getattr(sandbox.runtime.files, method), *args)
             return await asyncio.get_running_loop().run_in_executor(self._files_pool, call)
+
+
+def _default_image(backend: Backend) -> str:
+    default = backend.default_image()
+    if not default:
+        raise InvalidArgument(f"the {backend.name} backend needs an image (this node configures no default)")
+    return default
 
 
 def _sandbox_ooms(sandbox: Sandbox) -> int:

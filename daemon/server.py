@@ -23,17 +23,13 @@ from grpc_reflection.v1alpha import reflection
 from corral.v1 import kernel_pb2, kernel_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from corral.v1 import sandbox_pb2, sandbox_pb2_grpc, shell_pb2, shell_pb2_grpc
 
-from .backends.base import run_dir_base
-from .backends.docker import DockerBackend
-from .backends.local import LocalBackend
-from .backends.singularity import SingularityBackend
 from .cgroups import CgroupDriver
 from .config import Config
 from .errors import map_errors
 from .interceptors import GuardInterceptor, bearer_token_guard, metrics_guard
 from .kernels import KernelManager
 from .metrics import Metrics
-from .node import NodeInfo, version
+from .node import NodeInfo, make_backends, version
 from .notify import sd_notify
 from .sandboxes import SandboxManager
 from .rollout_runtime import RolloutRuntime
@@ -44,7 +40,6 @@ from .services.shell import ShellServicer
 from .shells import ShellManager
 from .state import StateStore
 from .transfer import TarTransfer
-from .uids import UidPool
 
 log = logging.getLogger("corral.daemon")
 
@@ -83,13 +78,8 @@ class Daemon:
         self.cgroups = CgroupDriver(self.state.daemon_id)
         self.socket_path = Path(config.daemon.socket).absolute()
         hidden = [config.daemon.state_dir, str(self.socket_path.parent)]
-        run_base = run_dir_base(self.state.daemon_id)
-        uids = UidPool(config.local.uid_base, config.local.uid_count)
-        self.backends = {
-            "local": LocalBackend(config, self.cgroups, [p for p in hidden if p != "/"], run_base, uids),
-            "docker": DockerBackend(config, self.cgroups, self.state.daemon_id, run_base, uids),
-            "singularity": SingularityBackend(config, self.cgroups, self.state.daemon_id, run_base, uids),
-        }
+        self.backends = make_backends(config, self.cgroups, self.state.daemon_id,
+                                      hidden_paths=[p for p in hidden if p != "/"])
         self.metrics = Metrics()
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
         self.shells = ShellManager(config, self.manager)

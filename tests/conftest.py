@@ -58,7 +58,7 @@ def require_backend(name: str) -> None:
     `name` is a backend, or "podman" for the docker backend on Podman's socket."""
     config = load_config(environ={})
     if name == "podman":
-        config.docker.socket = PODMAN_SOCKET
+        config.backend("docker").socket = PODMAN_SOCKET
     _, statuses = probe(config)
     status = statuses.get("docker" if name == "podman" else name)
     if status and status.available:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from corral.daemon.commands import CommandSpec
-from corral.daemon.config import ConfigError, ExecConfig, load_config, parse_ulimit
+from corral.daemon.backends.docker import parse_ulimit
+from corral.daemon.config import ConfigError, ExecConfig, load_config
 from corral.sdk.errors import InvalidArgument
 from corral.daemon.output import HeadTailBuffer
 
@@ -32,7 +33,7 @@ def test_config_rejects_unknown_keys_and_bad_types(tmp_path):
 def test_docker_ulimits_parse_and_bad_entries_are_named(tmp_path):
     toml = tmp_path / "c.toml"
     toml.write_text('[docker]\nulimits = ["nofile=1024:4096", "nproc=512"]\n')
-    assert load_config(toml, environ={}).docker.ulimits == ["nofile=1024:4096", "nproc=512"]
+    assert load_config(toml, environ={}).backend("docker").ulimits == ["nofile=1024:4096", "nproc=512"]
     assert [parse_ulimit(e) for e in ("nofile=1024:4096", "nproc=512")] == [("nofile", 1024, 4096), ("nproc", 512, 512)]
     for bad in ("nofile", "nofile=", "=5", "nofile=many", "nofile=10:5"):
         toml.write_text(f'[docker]\nulimits = ["{bad}"]\n')

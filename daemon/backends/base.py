@@ -1,5 +1,19 @@
-"""The one interface every backend implements: create sandboxes, start processes in them, give
-file access, destroy them, and say what this node supports."""
+"""The one interface every backend implements, and the lifecycle they share.
+
+A backend is one file: a `Backend` subclass (what the node supports, how to check an image, the
+sandbox class it makes, how to release leftovers of a crashed run) with its `Settings` (its
+section of the configuration), and a `ManagedSandbox` subclass (how to launch and shut down one
+sandbox, and how to enter it). `registry.py` lists them.
+
+The lifecycle around those hooks is written once, here:
+
+- create: check the backend is available, check the image, take a uid, make the directories
+  (workspace, run directory), the cgroup where the daemon owns it, launch, open file access;
+  anything that fails on the way is torn down before the error propagates;
+- destroy: kill every process, shut the sandbox down, close file access, remove the cgroup and
+  the directories, give the uid back (idempotent);
+- record and reap: a record names everything a restarted daemon must remove after a crash.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +22,17 @@ import asyncio
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
-from ..cgroups import CgroupGroup, LimitSupport
+from corral.sdk.errors import FailedPrecondition
+
+from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import HostProcess
+from ..uids import UidPool
 from .nsenter import HOST_ENV
 
 
@@ -45,11 +63,32 @@ def run_dir_base(daemon_id: str) -> Path:
 
 
 @dataclass(frozen=True)
+class BackendContext:
+    """What the daemon gives every backend: the same shape for all of them."""
+
+    daemon_id: str
+    state_dir: Path
+    run_base: Path
+    cgroups: CgroupDriver
+    uids: UidPool
+    workdir: str  # the writable working directory inside sandboxes (sandbox.workdir)
+    max_file_bytes: int  # the ReadFile/WriteFile cap (exec.max_file_bytes)
+    # Host paths a sandbox that sees the host's root must not see (the daemon's state and socket).
+    hidden_paths: tuple[str, ...]
+    settings: Any  # the backend's own configuration section (its `Settings`)
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        """Per-sandbox directories (workspaces) on the host."""
+        return self.state_dir / "sandboxes"
+
+
+@dataclass(frozen=True)
 class EnterCommand:
     """A host command line that runs a program inside a sandbox, and where it must start."""
 
     argv: list[str]
-    cgroup: "CgroupGroup | None"  # the leaf cgroup the host process must join (see process.in_cgroup)
+    cgroup: CgroupGroup | None  # the leaf cgroup the host process must join (see process.in_cgroup)
     cwd: str  # host-side working directory for the spawn
     # True when the spawned host process stays outside as the parent of the program (nsenter
     # forking into a pid namespace); False when it becomes the program itself.
@@ -67,12 +106,13 @@ class BackendStatus:
 
 
 class SandboxRuntime(abc.ABC):
-    """A live sandbox as its backend sees it."""
+    """A live sandbox as the managers see it: how to run programs in it and reach its files."""
 
     isolation: str
     limits: dict[str, LimitSupport]
     workdir: str
-    files: SandboxFiles
+    files: SandboxFiles | None
+    cgroup: CgroupGroup | None
     # The run directory (kernel sockets and other daemon<->sandbox rendezvous files), as the host
     # sees it and as the sandbox sees it. Unix socket paths must stay short: see run_dir_base().
     run_dir_host: str
@@ -95,6 +135,12 @@ class SandboxRuntime(abc.ABC):
         self._leaf_counter = getattr(self, "_leaf_counter", 0) + 1
         return f"{prefix}{self._leaf_counter}"
 
+    def file_access(self) -> SandboxFiles:
+        """The sandbox's file access (it exists from the end of creation to destruction)."""
+        if self.files is None:
+            raise FailedPrecondition("the sandbox's files are not reachable (it is starting or stopping)")
+        return self.files
+
     @abc.abstractmethod
     def shell_argv(self, script: str) -> list[str]:
         """argv that runs a shell string with the sandbox's shell."""
@@ -112,20 +158,202 @@ class SandboxRuntime(abc.ABC):
         """What a restarted daemon needs to find and remove this sandbox's leftovers."""
 
 
+class ManagedSandbox(SandboxRuntime):
+    """A sandbox whose init is a process on this host, entered from the host: the lifecycle every
+    backend shares. Subclasses implement `launch` and `shutdown` (and `enter_command`)."""
+
+    isolation = "container"
+    # Directories made in the sandbox directory besides `workspace`, owned by the sandbox's uid.
+    extra_dirs: ClassVar[tuple[str, ...]] = ()
+    # False where the sandbox lives in a cgroup someone else owns (a container engine's): the
+    # daemon then only adds leaves under it and removes only those.
+    owns_cgroup: ClassVar[bool] = True
+
+    def __init__(self, backend: Backend, spec: SandboxSpec, uid: int) -> None:
+        self.backend = backend
+        self.context = backend.context
+        self.spec = spec
+        self.uid = uid
+        self.workdir = self.context.workdir
+        self.limits = backend.status().limits
+        self.sandbox_dir = self.context.sandboxes_dir / spec.sandbox_id
+        self.run_dir = self.context.run_base / spec.sandbox_id
+        self.run_dir_host = str(self.run_dir)
+        self.run_dir_sandbox = RUN_DIR_IN_SANDBOX
+        self.cgroup: CgroupGroup | None = None
+        self.files: SandboxFiles | None = None
+        self.init_pid = 0
+        self._shell = "/bin/sh"
+        self._released = False
+
+    @property
+    def workspace(self) -> Path:
+        """The host directory mounted read-write at the workdir."""
+        return self.sandbox_dir / "workspace"
+
+    # -- the lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Directories, cgroup, launch, file access. On failure the caller destroys the sandbox."""
+        self._make_dirs()
+        if self.owns_cgroup and self.context.cgroups.can_track:
+            limits = self.spec.limits
+            try:
+                self.cgroup = self.context.cgroups.create(
+                    self.spec.sandbox_id, limits.memory_bytes, limits.pids, limits.cpu_millicores
+                )
+            except OSError as err:
+                raise FailedPrecondition(f"cannot apply the sandbox's limits: {err.strerror} ({err.filename})") from err
+        await self.launch()
+        if self.files is None:
+            self.files = self.make_file_access()
+        self._pick_shell()
+
+    def _make_dirs(self) -> None:
+        # Nobody else may list or read them (bubblewrap and engines, root without capabilities,
+        # still need to pass through: hence x for others). The run directory holds kernel sockets.
+        for sub in ("workspace", *self.extra_dirs):
+            path = self.sandbox_dir / sub
+            path.mkdir(parents=True, exist_ok=True)
+            os.chown(path, self.uid, self.uid)
+            os.chmod(path, 0o711)
+        os.chmod(self.sandbox_dir, 0o711)
+        self.sandbox_dir.parent.chmod(0o711)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(self.run_dir, self.uid, self.uid)
+        os.chmod(self.run_dir, 0o700)
+
+    async def destroy(self) -> None:
+        await self.kill_processes()
+        await self.shutdown()
+        if self.files:
+            self.files.close()
+            self.files = None
+        if self.cgroup and self.owns_cgroup:
+            await asyncio.to_thread(self.cgroup.remove)
+        await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
+        await asyncio.to_thread(shutil.rmtree, self.run_dir, True)
+        if not self._released:
+            self._released = True
+            self.context.uids.give_back(self.uid)
+
+    def record(self) -> dict:
+        return {
+            **self.backend.placeholder_record(self.spec.sandbox_id),
+            **self.record_extra(),
+        }
+
+    # -- hooks --------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def launch(self) -> None:
+        """Starts the sandbox's init (and sets `init_pid`); the directories and cgroup exist."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stops what `launch` started (after its processes were killed). Idempotent, and safe
+        after a launch that failed half-way."""
+
+    def record_extra(self) -> dict:
+        """Backend-specific record fields (a launcher pid, a container id, an instance name)."""
+        return {}
+
+    async def kill_processes(self) -> None:
+        """Kills every process of the sandbox: its whole cgroup where the daemon owns it."""
+        if self.cgroup:
+            await asyncio.to_thread(self.cgroup.kill)
+
+    def make_file_access(self) -> SandboxFiles:
+        """File access through the init's root, as the sandbox's uid."""
+        return SandboxFiles(f"/proc/{self.init_pid}/root", self.workdir, self.uid, self.uid, self.context.max_file_bytes)
+
+    def _pick_shell(self) -> None:
+        # bash where the image has it, else /bin/sh.
+        try:
+            assert self.files is not None
+            self.files.kind("/bin/bash")
+            self._shell = "/bin/bash"
+        except Exception:  # noqa: BLE001 - no bash (or no answer): /bin/sh
+            self._shell = "/bin/sh"
+
+    # -- running programs ---------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return bool(self.init_pid) and os.path.exists(f"/proc/{self.init_pid}")
+
+    def shell_argv(self, script: str) -> list[str]:
+        return [self._shell, "-c", script]
+
+
 class Backend(abc.ABC):
-    name: str
+    """One kind of sandbox. Every backend is built the same way, `Backend(context)`."""
+
+    name: ClassVar[str]
+    # The dataclass of the backend's configuration section ([name] in the TOML file). Its
+    # `validate()` raises ValueError naming the key.
+    Settings: ClassVar[type]
+    sandbox_class: ClassVar[type[ManagedSandbox]]
+
+    def __init__(self, context: BackendContext) -> None:
+        self.context = context
+        self.settings = context.settings
+        self._status = self.probe()
+
+    # -- what the node supports ---------------------------------------------------------------------
 
     @abc.abstractmethod
+    def probe(self) -> BackendStatus:
+        """Whether this backend works on this node, and what it enforces (run once at start)."""
+
     def status(self) -> BackendStatus:
-        """Whether this backend works on this node, and what it enforces."""
+        return self._status
 
     @abc.abstractmethod
+    def default_image(self) -> str:
+        """The image of requests that name none ("" when this node configures none)."""
+
+    # -- the lifecycle ------------------------------------------------------------------------------
+
     async def create(self, spec: SandboxSpec) -> SandboxRuntime:
-        """Creates a sandbox and returns once it can run commands."""
+        """Creates a sandbox and returns once it can run commands; leaves nothing behind when it
+        fails."""
+        await self.ensure_available()
+        await self.check_image(spec.image)
+        sandbox = self.sandbox_class(self, spec, self.context.uids.take())
+        try:
+            await sandbox.start()
+        except BaseException:
+            await sandbox.destroy()
+            raise
+        return sandbox
 
-    @abc.abstractmethod
+    async def ensure_available(self) -> None:
+        """Raises when this backend cannot make sandboxes now."""
+        if not self._status.available:
+            raise FailedPrecondition(f"the {self.name} backend cannot make sandboxes here: {self._status.detail}")
+
+    async def check_image(self, image: str) -> None:
+        """Raises InvalidArgument/NotFound for an image this backend cannot start."""
+
+    def placeholder_record(self, sandbox_id: str) -> dict:
+        """The record saved before a sandbox starts: enough for a restarted daemon to remove a
+        sandbox whose creation was cut short."""
+        return {
+            "backend": self.name,
+            "sandbox_id": sandbox_id,
+            "sandbox_dir": str(self.context.sandboxes_dir / sandbox_id),
+            "run_dir": str(self.context.run_base / sandbox_id),
+        }
+
     async def reap(self, record: dict) -> None:
-        """Removes the leftovers of a sandbox from a previous daemon run (see SandboxRuntime.record)."""
+        """Removes the leftovers of a sandbox from a previous daemon run (see record())."""
+        await self.release(record)
+        await self.context.cgroups.remove_group(record.get("sandbox_id", ""))
+        await remove_sandbox_dirs(record, self.context.sandboxes_dir, self.context.run_base)
+
+    async def release(self, record: dict) -> None:
+        """Stops what a crashed daemon's sandbox left running (its launcher, container or
+        instance), from its record."""
 
     async def reap_orphans(self) -> None:
         """At start, after every record was reaped: removes leftovers no record mentions."""
@@ -141,25 +369,3 @@ async def remove_sandbox_dirs(record: dict, sandboxes_dir: Path, run_base: Path)
         path = record.get(key)
         if path and Path(path).parent == parent:
             await asyncio.to_thread(shutil.rmtree, path, True)
-
-
-class EnteredSandbox(SandboxRuntime):
-    """What sandboxes entered through their init process share: liveness, shell, file access."""
-
-    init_pid: int = 0
-    _shell: str = "/bin/sh"
-
-    def alive(self) -> bool:
-        return bool(self.init_pid) and os.path.exists(f"/proc/{self.init_pid}")
-
-    def shell_argv(self, script: str) -> list[str]:
-        return [self._shell, "-c", script]
-
-    def open_files(self, uid: int, max_bytes: int) -> None:
-        """File access through the init's root; also picks bash as the shell where there is one."""
-        self.files = SandboxFiles(f"/proc/{self.init_pid}/root", self.workdir, uid, uid, max_bytes)
-        try:
-            self.files.kind("/bin/bash")
-            self._shell = "/bin/bash"
-        except Exception:  # noqa: BLE001 - no bash (or no answer): /bin/sh
-            pass
