@@ -28,11 +28,13 @@ import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
+from corral.sdk.errors import FailedPrecondition, NotFound, ResourceExhausted
+
+from . import rules
 from .backends.base import SandboxRuntime
 from .commands import sandbox_environment
-from .fsaccess import create_private_file
 from .config import Config
-from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from .fsaccess import create_private_file
 from .kernel_events import CellDone, ErrorOutput, GatheredCell, KernelEvent, error_event, gather, output_event
 from .process import KILL_WAIT_S, HostProcess
 from .sandboxes import Sandbox, SandboxManager
@@ -367,24 +369,13 @@ class KernelManager:
             raise NotFound(f"no kernel {kernel_id!r} in sandbox {sandbox_id}")
         return kernel
 
-    def _timeout(self, timeout_s: float) -> float:
-        limits = self.config.exec
-        timeout_s = timeout_s or limits.default_timeout_s
-        if timeout_s > limits.max_timeout_s:
-            raise InvalidArgument(f"timeout {timeout_s:g}s is over this daemon's maximum of {limits.max_timeout_s:g}s")
-        return timeout_s
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self, sandbox_id: str, python: str, cwd: str, env: dict[str, str]) -> KernelInfo:
-        python = python or DEFAULT_PYTHON
-        if "\0" in python or "\0" in cwd:
-            raise InvalidArgument("python and cwd must not contain NUL bytes")
-        if cwd and not cwd.startswith("/"):
-            raise InvalidArgument(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
-        for key, value in env.items():
-            if not key or "=" in key or "\0" in key or "\0" in value:
-                raise InvalidArgument(f"invalid environment variable name or value: {key!r}")
+        python = rules.no_nul("python", python) or DEFAULT_PYTHON
+        cwd = rules.working_directory(cwd)
+        env = rules.environment(env)
         with self.sandboxes.using(sandbox_id) as sandbox:
             kernels = self._kernels.setdefault(sandbox_id, {})
             if len(kernels) >= MAX_KERNELS_PER_SANDBOX:
@@ -488,10 +479,10 @@ class KernelManager:
             raise FailedPrecondition(f"kernel {kernel_id} is dead; RestartKernel brings it back")
         kernel.process.interrupt()
 
-    async def execute(self, sandbox_id: str, kernel_id: str, code: str, timeout_s: float) -> AsyncIterator[KernelEvent]:
+    async def execute(self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int) -> AsyncIterator[KernelEvent]:
         """Yields the cell's outputs as the kernel sends them, then exactly one CellDone. Closing the
-        iterator early interrupts the cell."""
-        timeout_s = self._timeout(timeout_s)
+        iterator early interrupts the cell. `timeout_ms` 0: the daemon's default."""
+        timeout_s = rules.timeout_s(self.config.exec, timeout_ms)
         with self.sandboxes.using(sandbox_id):
             kernel = self._get(sandbox_id, kernel_id)
             async with kernel.cell_lock:
@@ -510,8 +501,8 @@ class KernelManager:
                 finally:
                     kernel.busy = False
 
-    async def execute_gathered(self, sandbox_id: str, kernel_id: str, code: str, timeout_s: float) -> GatheredCell:
-        events = self.execute(sandbox_id, kernel_id, code, timeout_s)
+    async def execute_gathered(self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int) -> GatheredCell:
+        events = self.execute(sandbox_id, kernel_id, code, timeout_ms)
         try:
             return await gather(events, self.config.exec.default_output_limit_bytes)
         finally:

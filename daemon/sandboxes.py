@@ -8,29 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from .backends.base import Backend, Limits, SandboxRuntime, SandboxSpec
-from .commands import CommandSpec, sandbox_environment
-from .config import Config
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+
+from . import rules
+from .backends.base import Backend, Limits, SandboxRuntime, SandboxSpec
+from .commands import sandbox_environment
+from .config import Config
+from .fsaccess import Entry, SandboxFiles
 from .metrics import Metrics
 from .output import HeadTailBuffer
 from .process import ProcessExit
 from .state import StateStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 IDLE_SWEEP_S = 1.0
 FILE_THREADS = 16
-MIN_MEMORY_BYTES = 4 << 20  # below this not even a shell starts
-MIN_CPU_MILLICORES = 10
 
 
 @dataclass
@@ -164,19 +166,9 @@ class SandboxManager:
             raise FailedPrecondition(f"backend {backend!r} is not configured on this node")
         if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
             raise ResourceExhausted(f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)")
-        for key, value in env.items():
-            if not key or "=" in key or "\0" in key or "\0" in value:
-                raise InvalidArgument(f"invalid environment variable name or value: {key!r}")
-        if limits.memory_bytes and limits.memory_bytes < MIN_MEMORY_BYTES:
-            raise InvalidArgument(f"memory limit {limits.memory_bytes} is below the minimum of {MIN_MEMORY_BYTES} bytes")
-        if limits.cpu_millicores and limits.cpu_millicores < MIN_CPU_MILLICORES:
-            raise InvalidArgument(f"cpu limit {limits.cpu_millicores} is below the minimum of {MIN_CPU_MILLICORES} millicores")
-        defaults = self.config.limits
-        limits = Limits(
-            memory_bytes=limits.memory_bytes or defaults.memory_bytes,
-            pids=limits.pids or defaults.pids,
-            cpu_millicores=limits.cpu_millicores or defaults.cpu_millicores,
-        )
+        env = rules.environment(env)
+        limits = rules.sandbox_limits(limits, self.config.limits)
+        idle_timeout_s = idle_timeout_s or self.config.limits.idle_timeout_s
         sandbox = Sandbox(
             sandbox_id=f"sb-{secrets.token_hex(6)}",
             backend=backend,
@@ -185,7 +177,7 @@ class SandboxManager:
             network=network,
             env=dict(env),
             labels=dict(labels),
-            idle_timeout_s=idle_timeout_s or defaults.idle_timeout_s,
+            idle_timeout_s=idle_timeout_s,
         )
         self._sandboxes[sandbox.sandbox_id] = sandbox
         self.state.save(sandbox.sandbox_id, impl.placeholder_record(sandbox.sandbox_id))
@@ -260,7 +252,7 @@ class SandboxManager:
 
     # -- commands ----------------------------------------------------------------------------------
 
-    def _start(self, sandbox: Sandbox, spec: CommandSpec):
+    def _start(self, sandbox: Sandbox, spec: rules.CommandSpec):
         runtime = sandbox.runtime
         argv = spec.argv if spec.argv is not None else runtime.shell_argv(spec.shell or "")
         env = sandbox_environment(runtime.workdir, sandbox.env, spec.env)
@@ -273,7 +265,17 @@ class SandboxManager:
             self.metrics.exec_timeouts.labels(sandbox.backend).inc()
         return ExecOutcome(exit, oom, out[0], err[0], truncated, out[1], err[1])
 
-    async def exec(self, sandbox_id: str, spec: CommandSpec) -> ExecOutcome:
+    async def exec(self, sandbox_id: str, request: rules.CommandRequest) -> ExecOutcome:
+        """Runs a caller's command to completion (the request rules apply)."""
+        return await self.run_command(sandbox_id, rules.command(self.config.exec, request))
+
+    def exec_stream(self, sandbox_id: str, request: rules.CommandRequest,
+                    keepalive_s: float) -> AsyncIterator[Started | Output | Keepalive | Exited]:
+        """Streams a caller's command (the request rules apply); see stream_command."""
+        return self.stream_command(sandbox_id, rules.command(self.config.exec, request), keepalive_s)
+
+    async def run_command(self, sandbox_id: str, spec: rules.CommandSpec) -> ExecOutcome:
+        """Runs a checked command to completion (the daemon's own commands come here directly)."""
         with self.using(sandbox_id) as sandbox:
             buffers = {1: HeadTailBuffer(spec.output_limit), 2: HeadTailBuffer(spec.output_limit)}
             oom_before = _sandbox_ooms(sandbox)
@@ -285,8 +287,8 @@ class SandboxManager:
                 (out.getvalue(), out.total), (err.getvalue(), err.total), out.truncated or err.truncated,
             )
 
-    async def exec_stream(
-        self, sandbox_id: str, spec: CommandSpec, keepalive_s: float
+    async def stream_command(
+        self, sandbox_id: str, spec: rules.CommandSpec, keepalive_s: float
     ) -> AsyncIterator[Started | Output | Keepalive | Exited]:
         """Yields one Started, then Output/Keepalive events, then one Exited. Closing the iterator
         early (the client went away) kills the command's tree."""
@@ -333,13 +335,33 @@ class SandboxManager:
 
     # -- files -------------------------------------------------------------------------------------
 
-    async def files_call(self, sandbox_id: str, method: str, *args):
-        """Runs one blocking SandboxFiles method in the file-operation pool: a pool of its own, so
-        that slow file calls can never starve the daemon's other blocking work (cgroup kills,
-        teardown) of threads."""
+    async def _files(self, sandbox_id: str, call: Callable[[SandboxFiles], T]) -> T:
+        """Runs one blocking file operation in the file-operation pool: a pool of its own, so that
+        slow file calls can never starve the daemon's other blocking work (cgroup kills, teardown)
+        of threads."""
         with self.using(sandbox_id) as sandbox:
-            call = functools.partial(getattr(sandbox.runtime.files, method), *args)
-            return await asyncio.get_running_loop().run_in_executor(self._files_pool, call)
+            assert sandbox.runtime is not None
+            files = sandbox.runtime.file_access()
+            return await asyncio.get_running_loop().run_in_executor(self._files_pool, call, files)
+
+    async def read_file(self, sandbox_id: str, path: str, offset: int, limit: int) -> tuple[bytes, int, bool]:
+        """(data, file size, truncated) of up to `limit` bytes (0: the cap) from `offset`."""
+        return await self._files(sandbox_id, lambda files: files.read(path, offset, limit))
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int, make_parents: bool) -> int:
+        """Writes a whole file; returns the bytes written."""
+        return await self._files(sandbox_id, lambda files: files.write(path, data, mode, make_parents))
+
+    async def list_dir(self, sandbox_id: str, path: str) -> list[Entry]:
+        return await self._files(sandbox_id, lambda files: files.list(path))
+
+    async def path_kind(self, sandbox_id: str, path: str) -> tuple[str, str]:
+        """(absolute path, kind) of an existing path; NotFound otherwise."""
+        return await self._files(sandbox_id, lambda files: files.kind(path))
+
+    async def make_dirs(self, sandbox_id: str, path: str) -> str:
+        """Creates a directory and its parents as the sandbox user; returns its absolute path."""
+        return await self._files(sandbox_id, lambda files: files.make_dirs(path))
 
 
 def _default_image(backend: Backend) -> str:

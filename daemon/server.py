@@ -113,7 +113,7 @@ class Daemon:
         kernel_pb2_grpc.add_KernelServiceServicer_to_server(KernelServicer(self.kernels), self.server)
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server(
             RolloutServicer(self.rollouts.pipeline, self.rollouts.llms), self.server)
-        shell_pb2_grpc.add_ShellServiceServicer_to_server(ShellServicer(self.shells, self.config.exec), self.server)
+        shell_pb2_grpc.add_ShellServiceServicer_to_server(ShellServicer(self.shells), self.server)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
             SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)), self.server
         )

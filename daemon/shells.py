@@ -6,14 +6,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from corral.sdk.errors import AlreadyExists, FailedPrecondition, NotFound
+
+from . import rules
 from .commands import sandbox_environment
 from .config import Config
-from corral.sdk.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from .pty import Terminal
 from .sandboxes import SandboxManager
 from .shell_session import ShellSession, TurnResult
 
-DEFAULT_NAME = "main"
 DEFAULT_SIZE = (40, 200)
 ATTACH_SIZE = (24, 80)
 MAX_SESSIONS_PER_SANDBOX = 64
@@ -39,19 +40,17 @@ class ShellManager:
         self._slots: dict[str, int] = {}
         sandboxes.on_destroy(self.close_sandbox)
 
-    def _program(self, runtime, program: str) -> str:
-        if program and ("\0" in program or not program.strip()):
-            raise InvalidArgument("invalid shell program")
-        return program or runtime.shell_argv("")[0]
+    @staticmethod
+    def _program(runtime, program: str) -> str:
+        return rules.shell_program(program) or runtime.shell_argv("")[0]
 
     async def open(
         self, sandbox_id: str, name: str, *, env: dict[str, str], cwd: str, size: tuple[int, int] | None, program: str
     ) -> ShellSession:
-        name = name or DEFAULT_NAME
-        if "/" in name or len(name) > 64:
-            raise InvalidArgument("a shell name is at most 64 characters, without '/'")
-        if cwd and not cwd.startswith("/"):
-            raise InvalidArgument(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+        name = rules.shell_name(name)
+        cwd = rules.working_directory(cwd)
+        env = rules.environment(env)
+        size = rules.terminal_size(size)
         with self.sandboxes.using(sandbox_id) as sandbox:
             sessions = self._sessions.setdefault(sandbox_id, {})
             if name in sessions:
@@ -79,19 +78,26 @@ class ShellManager:
 
     def get(self, sandbox_id: str, name: str) -> ShellSession:
         self.sandboxes.get(sandbox_id)  # NOT_FOUND for an unknown sandbox first
-        session = self._sessions.get(sandbox_id, {}).get(name or DEFAULT_NAME)
+        name = name or rules.DEFAULT_SHELL_NAME
+        session = self._sessions.get(sandbox_id, {}).get(name)
         if session is None:
-            raise NotFound(f"sandbox {sandbox_id} has no shell named {name or DEFAULT_NAME!r}")
+            raise NotFound(f"sandbox {sandbox_id} has no shell named {name!r}")
         return session
 
     async def run(
-        self, sandbox_id: str, name: str, command: str, *, timeout_s: float, idle_timeout_s: float,
-        output_limit: int, strip_ansi: bool,
+        self, sandbox_id: str, name: str, command: str, *, timeout_ms: int, idle_timeout_ms: int,
+        output_limit_bytes: int, strip_ansi: bool,
     ) -> tuple[TurnResult, bytes | None]:
+        """Runs one command in a session. Timeouts and the output limit as the caller sent them
+        (0: the daemon's defaults; idle timeout 0: none)."""
+        config = self.config.exec
+        timeout_s = rules.timeout_s(config, timeout_ms)
+        limit = rules.output_limit(config, output_limit_bytes)
+        rules.no_nul("command", command)
         session = self.get(sandbox_id, name)
         with self.sandboxes.using(sandbox_id):
             return await session.run(
-                command, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, output_limit=output_limit, strip=strip_ansi
+                command, timeout_s=timeout_s, idle_timeout_s=idle_timeout_ms / 1000, output_limit=limit, strip=strip_ansi
             )
 
     def list(self, sandbox_id: str) -> list[ShellSession]:
@@ -118,7 +124,8 @@ class ShellManager:
         inputs: AsyncIterator[tuple[str, object]],
     ) -> AsyncIterator[AttachOutput | AttachExited]:
         """An interactive shell for as long as the caller iterates. `inputs` yields ("input",
-        bytes), ("resize", (rows, cols)) and ("signal", number)."""
+        bytes), ("resize", (rows, cols)) and ("signal", number), as the caller sent them."""
+        size = rules.terminal_size(size)
         with self.sandboxes.using(sandbox_id) as sandbox:
             runtime = sandbox.runtime
             env = sandbox_environment(runtime.workdir, sandbox.env, {"TERM": term or "xterm-256color"})
@@ -137,9 +144,9 @@ class ShellManager:
                     if kind == "input":
                         await terminal.write(value, timeout=ATTACH_INPUT_TIMEOUT_S)
                     elif kind == "resize":
-                        terminal.resize(*value)
+                        terminal.resize(*rules.terminal_size(value))
                     elif kind == "signal":
-                        terminal.signal_inner(int(value), spare={terminal.shell_pid() or 0})
+                        terminal.signal_inner(rules.signal_number(value), spare={terminal.shell_pid() or 0})
 
             # The client half-closing its side only means "no more input": the terminal lives
             # until the shell exits or the call is cancelled.

@@ -10,8 +10,9 @@ import asyncio
 import os
 from collections.abc import AsyncIterable, AsyncIterator
 
-from .commands import CommandSpec
 from corral.sdk.errors import InvalidArgument
+
+from .rules import CommandSpec
 from .sandboxes import Exited, Output, SandboxManager
 
 TRANSFER_TIMEOUT_S = 3600.0
@@ -27,7 +28,7 @@ class TarTransfer:
         return CommandSpec(argv=argv, shell=None, stdin=stdin, timeout_s=TRANSFER_TIMEOUT_S, output_limit=output_limit)
 
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes]) -> int:
-        dest = await self.manager.files_call(sandbox_id, "make_dirs", path)
+        dest = await self.manager.make_dirs(sandbox_id, path)
         # The request stream is read to its end by a task of its own, whatever tar does: a bad
         # message anywhere in it fails the call, even when tar had already seen a whole archive.
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=UPLOAD_QUEUE_CHUNKS)
@@ -50,7 +51,7 @@ class TarTransfer:
         reader = asyncio.ensure_future(read_requests())
         spec = self._spec(["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner"], tar_input(), 1 << 16)
         try:
-            outcome = await self.manager.exec(sandbox_id, spec)
+            outcome = await self.manager.run_command(sandbox_id, spec)
             tar_done = True  # tar may stop reading at the end-of-archive marker: read on, unqueued
             while not queue.empty():
                 queue.get_nowait()
@@ -62,11 +63,11 @@ class TarTransfer:
         return received
 
     async def download(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
-        absolute, _ = await self.manager.files_call(sandbox_id, "kind", path)
+        absolute, _ = await self.manager.path_kind(sandbox_id, path)
         parent, name = os.path.split(absolute.rstrip("/")) if absolute != "/" else ("/", ".")
         spec = self._spec(["tar", "-c", "-f", "-", "-C", parent or "/", name])
         errors = b""
-        events = self.manager.exec_stream(sandbox_id, spec, keepalive_s=0)
+        events = self.manager.stream_command(sandbox_id, spec, keepalive_s=0)
         try:
             async for event in events:
                 if isinstance(event, Output):

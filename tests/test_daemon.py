@@ -14,6 +14,7 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from corral.daemon.cgroups import CgroupDriver
 from corral.sdk import Client, errors
 from tests.conftest import DaemonProcess, require_backend
 
@@ -25,10 +26,11 @@ def _free_port() -> int:
 
 
 def _cgroup_dirs(daemon_id: str) -> list[Path]:
-    found = []
-    for base in Path("/sys/fs/cgroup").rglob(f"corral-{daemon_id}"):
-        found += [p for p in base.iterdir() if p.is_dir()]
-    return found
+    """The sandbox cgroups left under that daemon's own base directories (only those: other
+    daemons on this machine come and go meanwhile). The daemons here are children of this process,
+    so their bases sit under this process's cgroups."""
+    bases = [h.base for h in CgroupDriver(daemon_id, create=False).hierarchies]
+    return [p for base in bases if base.is_dir() for p in base.iterdir() if p.is_dir()]
 
 
 def test_sandbox_lifecycle(client):

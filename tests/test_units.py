@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.daemon.commands import CommandSpec
+from corral.daemon import rules
 from corral.daemon.backends.docker import parse_ulimit
 from corral.daemon.config import ConfigError, ExecConfig, load_config
 from corral.sdk.errors import InvalidArgument
@@ -69,7 +69,7 @@ def test_head_tail_buffer():
 def _spec(**kw):
     base = dict(argv=["true"], shell=None, stdin=None, env={}, cwd="", timeout_ms=0, output_limit_bytes=0)
     base.update(kw)
-    return CommandSpec.validated(ExecConfig(), **base)
+    return rules.command(ExecConfig(), rules.CommandRequest(**base))
 
 
 def test_command_validation():

@@ -49,7 +49,7 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
         return pb.StartKernelResponse(kernel=kernel_info(info))
 
     async def Execute(self, request: pb.ExecuteRequest, context) -> AsyncIterator[pb.ExecuteResponse]:
-        events = self.kernels.execute(request.sandbox_id, request.kernel_id, request.code, request.timeout_ms / 1000)
+        events = self.kernels.execute(request.sandbox_id, request.kernel_id, request.code, request.timeout_ms)
         try:
             async for event in events:
                 yield execute_response(event)
@@ -58,7 +58,7 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
 
     async def ExecuteGathered(self, request: pb.ExecuteGatheredRequest, context) -> pb.ExecuteGatheredResponse:
         cell = await self.kernels.execute_gathered(
-            request.sandbox_id, request.kernel_id, request.code, request.timeout_ms / 1000
+            request.sandbox_id, request.kernel_id, request.code, request.timeout_ms
         )
         reply = pb.ExecuteGatheredResponse(
             stdout=cell.stdout, stderr=cell.stderr, truncated=cell.truncated,

@@ -8,15 +8,14 @@ from collections.abc import AsyncIterator
 from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
 
-from ..backends.base import BackendStatus, Limits
-from ..commands import CommandSpec
+from corral.sdk.enums import BACKEND_NUMBERS, backend_name
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
-from ..sandboxes import Exited, ExecOutcome, Keepalive, Output, Sandbox, SandboxManager, Started
-from ..node import NodeInfo
-from ..transfer import TarTransfer
 
-BACKENDS = {pb.BACKEND_LOCAL: "local", pb.BACKEND_DOCKER: "docker", pb.BACKEND_SINGULARITY: "singularity"}
-BACKEND_ENUMS = {name: value for value, name in BACKENDS.items()}
+from ..backends.base import BackendStatus, Limits
+from ..node import NodeInfo
+from ..rules import CommandRequest
+from ..sandboxes import Exited, ExecOutcome, Keepalive, Output, Sandbox, SandboxManager, Started
+from ..transfer import TarTransfer
 ISOLATION = {
     "none": pb.ISOLATION_LEVEL_NONE,
     "namespaces": pb.ISOLATION_LEVEL_NAMESPACES,
@@ -57,7 +56,7 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
         limits["network"] = type(limits["network"])(False, reason="the sandbox was created with network access")
     return pb.Sandbox(
         sandbox_id=sb.sandbox_id,
-        backend=BACKEND_ENUMS[sb.backend],
+        backend=BACKEND_NUMBERS[sb.backend],
         image=sb.image,
         state=STATES[sb.state],
         isolation=ISOLATION.get(runtime.isolation if runtime else "", pb.ISOLATION_LEVEL_UNSPECIFIED),
@@ -75,7 +74,7 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
 
 def backend_info(name: str, status: BackendStatus) -> pb.BackendInfo:
     return pb.BackendInfo(
-        backend=BACKEND_ENUMS[name],
+        backend=BACKEND_NUMBERS[name],
         available=status.available,
         detail=status.detail,
         isolation=ISOLATION.get(status.isolation, pb.ISOLATION_LEVEL_UNSPECIFIED),
@@ -87,7 +86,7 @@ def node_info_message(info: NodeInfo) -> pb.GetNodeInfoResponse:
     return pb.GetNodeInfoResponse(
         version=info.version,
         daemon_id=info.daemon_id,
-        default_backend=BACKEND_ENUMS[info.default_backend],
+        default_backend=BACKEND_NUMBERS[info.default_backend],
         backends=[backend_info(name, status) for name, status in info.backends.items()],
         cgroup_mode=info.cgroup_mode,
         sandbox_count=info.sandbox_count,
@@ -107,13 +106,13 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self.manager = manager
         self.node_info = node_info  # () -> NodeInfo
         self.transfer = transfer
-        self.exec_config = manager.config.exec
 
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context) -> pb.CreateSandboxResponse:
-        if request.backend not in (pb.BACKEND_UNSPECIFIED, *BACKENDS):
+        backend = "" if request.backend == pb.BACKEND_UNSPECIFIED else backend_name(request.backend)
+        if backend == "unknown":
             raise InvalidArgument(f"unknown backend value {request.backend}")
         sb = await self.manager.create(
-            backend=BACKENDS.get(request.backend, ""),
+            backend=backend,
             image=request.image,
             limits=Limits(request.limits.memory_bytes, request.limits.pids, request.limits.cpu_millicores),
             network=request.network,
@@ -135,12 +134,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         await self.manager.destroy(request.sandbox_id)
         return pb.DestroySandboxResponse()
 
-    def _command(self, command: pb.Command) -> CommandSpec:
+    @staticmethod
+    def _command(command: pb.Command) -> CommandRequest:
         which = command.WhichOneof("program")
-        if which is None:
-            raise InvalidArgument("command needs argv or shell")
-        return CommandSpec.validated(
-            self.exec_config,
+        return CommandRequest(
             argv=list(command.argv.args) if which == "argv" else None,
             shell=command.shell if which == "shell" else None,
             stdin=command.stdin if command.HasField("stdin") else None,
@@ -182,19 +179,19 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             await events.aclose()
 
     async def ReadFile(self, request, context) -> pb.ReadFileResponse:
-        data, size, truncated = await self.manager.files_call(
-            request.sandbox_id, "read", request.path, request.offset, request.limit_bytes
+        data, size, truncated = await self.manager.read_file(
+            request.sandbox_id, request.path, request.offset, request.limit_bytes
         )
         return pb.ReadFileResponse(data=data, size_bytes=size, truncated=truncated)
 
     async def WriteFile(self, request, context) -> pb.WriteFileResponse:
-        written = await self.manager.files_call(
-            request.sandbox_id, "write", request.path, request.data, request.mode, request.make_parents
+        written = await self.manager.write_file(
+            request.sandbox_id, request.path, request.data, request.mode, request.make_parents
         )
         return pb.WriteFileResponse(bytes_written=written)
 
     async def ListDir(self, request, context) -> pb.ListDirResponse:
-        entries = await self.manager.files_call(request.sandbox_id, "list", request.path)
+        entries = await self.manager.list_dir(request.sandbox_id, request.path)
         return pb.ListDirResponse(entries=[
             pb.FileInfo(
                 name=e.name, path=e.path, type=FILE_TYPES[e.kind], size_bytes=e.size, mode=e.mode,

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 from collections.abc import AsyncIterator
 
+from corral.sdk.errors import FailedPrecondition
 from corral.v1 import shell_pb2 as pb
 from corral.v1 import shell_pb2_grpc
 
-from ..config import ExecConfig
-from corral.sdk.errors import FailedPrecondition, InvalidArgument
 from ..shell_session import ShellSession
 from ..shells import AttachExited, AttachOutput, ShellManager
 
@@ -20,17 +18,12 @@ def shell_info(sandbox_id: str, session: ShellSession) -> pb.ShellInfo:
 
 
 def _size(size: pb.TerminalSize, has: bool) -> tuple[int, int] | None:
-    if not has:
-        return None
-    if not (0 < size.rows <= 1000 and 0 < size.cols <= 1000):
-        raise InvalidArgument("terminal size must be 1..1000 rows and columns")
-    return size.rows, size.cols
+    return (size.rows, size.cols) if has else None
 
 
 class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
-    def __init__(self, shells: ShellManager, exec_config: ExecConfig) -> None:
+    def __init__(self, shells: ShellManager) -> None:
         self.shells = shells
-        self.exec_config = exec_config
 
     async def OpenShell(self, request: pb.OpenShellRequest, context) -> pb.OpenShellResponse:
         session = await self.shells.open(
@@ -40,18 +33,10 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
         return pb.OpenShellResponse(shell=shell_info(request.sandbox_id, session))
 
     async def RunInShell(self, request: pb.RunInShellRequest, context) -> pb.RunInShellResponse:
-        cfg = self.exec_config
-        timeout_s = request.timeout_ms / 1000 if request.timeout_ms else cfg.default_timeout_s
-        if timeout_s > cfg.max_timeout_s:
-            raise InvalidArgument(f"timeout {timeout_s:g}s is over this daemon's maximum of {cfg.max_timeout_s:g}s")
-        limit = request.output_limit_bytes or cfg.default_output_limit_bytes
-        if limit > cfg.max_output_limit_bytes:
-            raise InvalidArgument(f"output limit {limit} is over the maximum of {cfg.max_output_limit_bytes} bytes")
-        if "\0" in request.command:
-            raise InvalidArgument("command contains a NUL byte")
         result, plain = await self.shells.run(
-            request.sandbox_id, request.name, request.command, timeout_s=timeout_s,
-            idle_timeout_s=request.idle_timeout_ms / 1000, output_limit=limit, strip_ansi=request.strip_ansi,
+            request.sandbox_id, request.name, request.command, timeout_ms=request.timeout_ms,
+            idle_timeout_ms=request.idle_timeout_ms, output_limit_bytes=request.output_limit_bytes,
+            strip_ansi=request.strip_ansi,
         )
         response = pb.RunInShellResponse(
             output=result.output, exit_code=result.exit_code, timed_out=result.timed_out,
@@ -83,8 +68,6 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
                     raise FailedPrecondition("`start` may only come first")
                 if kind == "resize":
                     yield "resize", _size(message.resize, True)
-                elif kind == "signal" and not 1 <= message.signal <= signal.SIGRTMAX:
-                    raise InvalidArgument(f"{message.signal} is not a signal number")
                 elif kind is not None:
                     yield kind, getattr(message, kind)
 

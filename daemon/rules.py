@@ -1,0 +1,150 @@
+"""Request rules: what the daemon accepts from a caller, written once and called by the managers.
+
+Servicers only translate messages; the managers (sandboxes, shells, kernels) check every value
+here before acting, so a rule cannot differ between RPCs that share it, and a caller's mistake is
+always INVALID_ARGUMENT with a message saying what to fix. Values left unset take the daemon's
+configured defaults here too.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterable, Mapping
+from dataclasses import dataclass, field
+
+from corral.sdk.errors import InvalidArgument
+
+from .backends.base import Limits
+from .config import ExecConfig, LimitsConfig
+
+MIN_MEMORY_BYTES = 4 << 20  # below this not even a shell starts
+MIN_CPU_MILLICORES = 10
+MAX_TERMINAL_SIDE = 1000
+MAX_SHELL_NAME = 64
+DEFAULT_SHELL_NAME = "main"
+
+
+def no_nul(what: str, value: str) -> str:
+    """`value`, which must not contain a NUL byte (no argv, path or script can)."""
+    if "\0" in value:
+        raise InvalidArgument(f"{what} contains a NUL byte")
+    return value
+
+
+def environment(env: Mapping[str, str]) -> dict[str, str]:
+    """Environment variables: non-empty names without '=' or NUL, values without NUL."""
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidArgument(f"invalid environment variable name or value: {key!r}")
+    return dict(env)
+
+
+def working_directory(cwd: str) -> str:
+    """A command's working directory: "" (the sandbox's workdir) or an absolute path."""
+    no_nul("cwd", cwd)
+    if cwd and not cwd.startswith("/"):
+        raise InvalidArgument(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+    return cwd
+
+
+def timeout_s(config: ExecConfig, timeout_ms: int) -> float:
+    """A wall-clock limit in seconds: 0 takes the default; more than the maximum is refused."""
+    seconds = timeout_ms / 1000 if timeout_ms else config.default_timeout_s
+    if seconds > config.max_timeout_s:
+        raise InvalidArgument(f"timeout {seconds:g}s is over this daemon's maximum of {config.max_timeout_s:g}s")
+    return seconds
+
+
+def output_limit(config: ExecConfig, limit_bytes: int) -> int:
+    """Bytes of output kept: 0 takes the default; more than the maximum is refused."""
+    limit = limit_bytes or config.default_output_limit_bytes
+    if limit > config.max_output_limit_bytes:
+        raise InvalidArgument(f"output limit {limit} is over this daemon's maximum of {config.max_output_limit_bytes} bytes")
+    return limit
+
+
+def sandbox_limits(requested: Limits, defaults: LimitsConfig) -> Limits:
+    """A new sandbox's limits: each 0 takes the node's default; too small to run a shell is refused."""
+    if requested.memory_bytes and requested.memory_bytes < MIN_MEMORY_BYTES:
+        raise InvalidArgument(f"memory limit {requested.memory_bytes} is below the minimum of {MIN_MEMORY_BYTES} bytes")
+    if requested.cpu_millicores and requested.cpu_millicores < MIN_CPU_MILLICORES:
+        raise InvalidArgument(f"cpu limit {requested.cpu_millicores} is below the minimum of {MIN_CPU_MILLICORES} millicores")
+    return Limits(
+        memory_bytes=requested.memory_bytes or defaults.memory_bytes,
+        pids=requested.pids or defaults.pids,
+        cpu_millicores=requested.cpu_millicores or defaults.cpu_millicores,
+    )
+
+
+def terminal_size(size: tuple[int, int] | None) -> tuple[int, int] | None:
+    """(rows, cols), each 1..1000, or None (the default size)."""
+    if size is None:
+        return None
+    rows, cols = size
+    if not (0 < rows <= MAX_TERMINAL_SIDE and 0 < cols <= MAX_TERMINAL_SIDE):
+        raise InvalidArgument(f"terminal size must be 1..{MAX_TERMINAL_SIDE} rows and columns")
+    return rows, cols
+
+
+def shell_name(name: str) -> str:
+    """A shell session's name: "" is "main"; at most 64 characters, no '/'."""
+    name = name or DEFAULT_SHELL_NAME
+    if "/" in name or "\0" in name or len(name) > MAX_SHELL_NAME:
+        raise InvalidArgument(f"a shell name is at most {MAX_SHELL_NAME} characters, without '/'")
+    return name
+
+
+def shell_program(program: str) -> str:
+    """The shell a session runs: "" (the sandbox's shell) or a program name or path."""
+    if program and ("\0" in program or not program.strip()):
+        raise InvalidArgument("invalid shell program")
+    return program
+
+
+def signal_number(number: int) -> int:
+    """A signal to send into a terminal: 1..SIGRTMAX."""
+    if not 1 <= number <= signal.SIGRTMAX:
+        raise InvalidArgument(f"{number} is not a signal number")
+    return number
+
+
+@dataclass(frozen=True)
+class CommandRequest:
+    """A command as the caller sent it (Exec, ExecStream), before any rule or default."""
+
+    argv: list[str] | None
+    shell: str | None
+    stdin: bytes | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    timeout_ms: int = 0
+    output_limit_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """A checked command request (Exec, ExecStream), with defaults applied."""
+
+    argv: list[str] | None
+    shell: str | None
+    stdin: bytes | AsyncIterable[bytes] | None
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    timeout_s: float = 0.0
+    output_limit: int = 0
+
+
+def command(config: ExecConfig, request: CommandRequest) -> CommandSpec:
+    """A command to run: argv (non-empty) or a shell string, and its options."""
+    argv, shell = request.argv, request.shell
+    if argv is None and shell is None:
+        raise InvalidArgument("command needs argv or shell")
+    if argv is not None and (not argv or not argv[0]):
+        raise InvalidArgument("argv is empty")
+    for arg in argv or ():
+        no_nul("command", arg)
+    no_nul("command", shell or "")
+    return CommandSpec(
+        argv, shell, request.stdin, environment(request.env), working_directory(request.cwd),
+        timeout_s(config, request.timeout_ms), output_limit(config, request.output_limit_bytes),
+    )
