@@ -1,11 +1,14 @@
 """The grpc.aio channel under `AsyncClient` and `AsyncSandbox`: makes calls with the client's metadata
-and deadlines, and turns every gRPC error into a CorralError. The blocking twin is `_sync_transport`.
+and deadlines, and turns every gRPC error into a CorralError. The blocking twin is `_sync_transport`,
+with the same methods; everything that differs between asyncio and threads (calls, streams, blocking
+work, a background task) lives in the two transports, so that the clients above them are written
+once (client.py, rollouts.py) and the blocking ones generated (scripts/unasync.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -71,11 +74,10 @@ class AsyncTransport:
         """Context manager turning gRPC errors into CorralErrors, for calls driven by their caller."""
         return self._translate
 
-    def bidi_stream(self, method: Callable[..., Any]) -> Any:
-        """A bidirectional call without a deadline (it lasts as long as its caller keeps it); the
-        caller writes, reads and cancels it under `translate`."""
+    def bidi_stream(self, method: Callable[..., Any]) -> AsyncBidiCall:
+        """A bidirectional call without a deadline (it lasts as long as its caller keeps it)."""
         with self._translate:
-            return method(metadata=self._metadata)
+            return AsyncBidiCall(method(metadata=self._metadata), self._translate)
 
     async def unary(self, method: Callable[..., Any], request: Any, *, timeout: float | None = None) -> Any:
         with self._translate:
@@ -87,13 +89,15 @@ class AsyncTransport:
             call = method(request, timeout=self._deadline(timeout), metadata=self._metadata)
         return AsyncResponseStream(call, self._translate)
 
-    async def client_stream(self, method: Callable[..., Any], requests: AsyncIterable[Any], *,
+    async def client_stream(self, method: Callable[..., Any], requests: Iterator[Any], *,
                             timeout: float | None = None) -> Any:
+        """Sends `requests` (a blocking iterator, e.g. one reading local files: it is iterated off
+        the event loop) and returns the reply."""
         with self._translate:
             call = method(timeout=self._deadline(timeout), metadata=self._metadata)
             try:
                 try:
-                    async for request in requests:
+                    async for request in _iterate_in_thread(requests):
                         await call.write(request)
                     await call.done_writing()
                 except asyncio.InvalidStateError:
@@ -113,6 +117,16 @@ class AsyncTransport:
                 request = plan.send(await self.unary(method, request))
         except StopIteration as finished:
             return finished.value
+
+    @staticmethod
+    async def offload(fn: Callable[..., ResultT], *args: Any) -> ResultT:
+        """Runs blocking work (local files) off the event loop."""
+        return await asyncio.to_thread(fn, *args)
+
+    @staticmethod
+    def background(work: Callable[[], Awaitable[None]]) -> AsyncBackground:
+        """Starts `work()` concurrently with the caller (a task)."""
+        return AsyncBackground(asyncio.create_task(work()))
 
     async def close(self) -> None:
         if not self._closed:
@@ -139,7 +153,7 @@ class AsyncTransport:
                                      "create one client per event loop")
 
 
-async def iterate_in_thread(items: Iterator[ItemT]) -> AsyncIterator[ItemT]:
+async def _iterate_in_thread(items: Iterator[ItemT]) -> AsyncIterator[ItemT]:
     """Iterates a blocking iterator (e.g. one reading local files) off the event loop, one item
     per worker-thread hop."""
     finished = object()
@@ -179,7 +193,58 @@ class AsyncResponseStream(Generic[ResponseT]):
             raise StopAsyncIteration
         return response
 
+    @staticmethod
+    async def offload(fn: Callable[..., ResultT], *args: Any) -> ResultT:
+        """Runs blocking work (local files) off the event loop."""
+        return await asyncio.to_thread(fn, *args)
+
+    @staticmethod
+    def background(work: Callable[[], Awaitable[None]]) -> AsyncBackground:
+        """Starts `work()` concurrently with the caller (a task)."""
+        return AsyncBackground(asyncio.create_task(work()))
+
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._call.cancel()  # no effect on a call that already ended
+
+
+class AsyncBidiCall:
+    """A bidirectional call: write requests, read responses (None once the call ended OK), cancel.
+    gRPC errors are translated."""
+
+    def __init__(self, call: Any, translate: RpcErrorTranslator) -> None:
+        self._call = call
+        self._translate = translate
+
+    async def write(self, request: Any) -> None:
+        """Sends one request; waits while the daemon is not reading (flow control)."""
+        with self._translate:
+            await self._call.write(request)
+
+    async def done_writing(self) -> None:
+        with self._translate:
+            await self._call.done_writing()
+
+    async def read(self) -> Any:
+        """The next response, or None once the call ended OK (a failed call raises)."""
+        with self._translate:
+            response = await self._call.read()
+        return None if response is grpc.aio.EOF else response
+
+    def cancel(self) -> None:
+        self._call.cancel()  # no effect on a call that already ended
+
+
+class AsyncBackground:
+    """Work running beside its starter (see AsyncTransport.background)."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self._task = task
+
+    async def wait(self) -> None:
+        """Waits for the work to end and raises what it raised."""
+        await self._task
+
+    def cancel(self) -> None:
+        self._task.cancel()

@@ -1,8 +1,11 @@
 """The blocking gRPC channel under `Client` and `Sandbox`: makes calls with the client's metadata and
-deadlines, and turns every gRPC error into a CorralError. The async twin is `_async_transport`."""
+deadlines, and turns every gRPC error into a CorralError. The async twin is `_async_transport`, with
+the same methods (see there why the differences live in the transports)."""
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -66,6 +69,21 @@ class SyncTransport:
                 # the one worth raising.
                 producer.reraise_failure()
                 raise
+
+    def bidi_stream(self, method: Callable[..., Any]) -> SyncBidiCall:
+        """A bidirectional call without a deadline (it lasts as long as its caller keeps it)."""
+        self._ensure_open()
+        return SyncBidiCall(method, self._metadata, self._translate)
+
+    @staticmethod
+    def offload(fn: Callable[..., ResultT], *args: Any) -> ResultT:
+        """Runs blocking work; in the blocking client, right here."""
+        return fn(*args)
+
+    @staticmethod
+    def background(work: Callable[[], None]) -> SyncBackground:
+        """Starts `work()` concurrently with the caller (a thread)."""
+        return SyncBackground(work)
 
     def interactive_stream(self, method: Callable[..., Any], requests: Iterable[Any]) -> ResponseStream[Any]:
         """A bidirectional call without a deadline, for an interactive terminal that lasts as long
@@ -150,3 +168,71 @@ class _RecordingRequests:
     def reraise_failure(self) -> None:
         if self._failure is not None:
             raise self._failure
+
+
+_END_OF_REQUESTS = object()
+
+
+class SyncBidiCall:
+    """A bidirectional call: write requests, read responses (None once the call ended OK), cancel.
+    gRPC errors are translated. grpc sends the requests from its own thread, taking them from a
+    queue as the daemon reads them, so `write` never blocks."""
+
+    def __init__(self, method: Callable[..., Any], metadata: tuple[tuple[str, str], ...],
+                 translate: RpcErrorTranslator) -> None:
+        self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._translate = translate
+        self._writing = True
+        self._lock = threading.Lock()
+        with self._translate:
+            self._call = method(self._request_iterator(), metadata=metadata)
+
+    def _request_iterator(self) -> Iterator[Any]:
+        while (request := self._requests.get()) is not _END_OF_REQUESTS:
+            yield request
+
+    def write(self, request: Any) -> None:
+        with self._lock:
+            if not self._writing:
+                raise FailedPrecondition("this call takes no more requests")
+            self._requests.put(request)
+
+    def done_writing(self) -> None:
+        with self._lock:
+            if self._writing:
+                self._writing = False
+                self._requests.put(_END_OF_REQUESTS)
+
+    def read(self) -> Any:
+        """The next response, or None once the call ended OK (a failed call raises)."""
+        with self._translate:
+            return next(self._call, None)
+
+    def cancel(self) -> None:
+        self._call.cancel()  # no effect on a call that already ended
+        self.done_writing()  # frees grpc's sending thread
+
+
+class SyncBackground:
+    """Work running beside its starter, in a thread (see SyncTransport.background). It cannot be
+    interrupted: `cancel` only stops waiting for it."""
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name="corral-background", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as failure:  # noqa: BLE001 - handed to wait()
+            self._failure = failure
+
+    def wait(self) -> None:
+        """Waits for the work to end and raises what it raised."""
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure
+
+    def cancel(self) -> None:
+        pass

@@ -1,14 +1,14 @@
 """The asyncio client: `AsyncClient`, `AsyncSandbox`, `AsyncExecStream`, `AsyncShell`, `AsyncKernel`
-and `AsyncKernelExecuteStream`.
+and `AsyncKernelExecuteStream`. One AsyncClient serves one event loop.
 
-Twin of `sync_client.py` (blocking): same classes, methods and signatures, checked by
-tests/test_sdk_shape.py. Requests, deadlines and decoding live in `_core`; this module only makes
-the calls. One AsyncClient serves one event loop.
+The blocking client (`sync_client.py`) is generated from this file by scripts/unasync.py: edit this
+one, then run `make sync-client` (CI fails when the two drift). Requests, deadlines and decoding
+live in `_core`; what differs between asyncio and threads lives in the transports; this module
+only makes the calls.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import posixpath
@@ -20,7 +20,7 @@ from typing import Generic, Self
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
-from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, iterate_in_thread
+from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command, EventT
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
 from corral.sdk.rollouts import AsyncRollouts
@@ -43,7 +43,7 @@ _log = logging.getLogger(__name__)
 
 
 class AsyncClient:
-    """A connection to one corral daemon, for asyncio code.
+    """A connection to one corral daemon.
 
     `address`: "unix:///path", "/path", "host:port" or "tcp://host:port"; default: $CORRAL_ADDRESS,
     else $CORRAL_SOCKET, else unix:///run/corral/corral.sock. `token`: bearer token for a TCP
@@ -167,7 +167,7 @@ class AsyncSandbox:
         ExecKeepalive (every `keepalive` seconds without output), then ExecExited.
 
         Closing the stream before ExecExited (or leaving its `async with` block) kills the command.
-        Not a coroutine: `async with sandbox.exec_stream([...]) as events: async for e in events`.
+        Use: `async with sandbox.exec_stream([...]) as events: async for e in events: ...`.
         """
         request = _core.build_exec_stream_request(self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout,
                                                   output_limit=output_limit, keepalive=keepalive)
@@ -197,10 +197,8 @@ class AsyncSandbox:
                      timeout: float | None = None) -> str:
         """Copies a local file or directory into `remote_dir` (created if missing) and returns its
         path inside the sandbox. `timeout`: deadline of the transfer (None: the client default)."""
-        # Packing reads local files, so it runs off the event loop.
         requests = _core.upload_requests(self.id, remote_dir, tar_chunks(local_path))
-        await self._transport.client_stream(self._transport.sandbox_service.Upload, iterate_in_thread(requests),
-                                            timeout=timeout)
+        await self._transport.client_stream(self._transport.sandbox_service.Upload, requests, timeout=timeout)
         return posixpath.join(remote_dir, archive_name(local_path))
 
     async def download(self, remote_path: str, local_dir: str | os.PathLike[str], *,
@@ -213,7 +211,7 @@ class AsyncSandbox:
                                                      timeout=timeout) as responses:
                 async for response in responses:
                     archive.write(response.chunk)
-            return await asyncio.to_thread(extract_archive, archive, local_dir)
+            return await self._transport.offload(extract_archive, archive, local_dir)
 
     async def shell(self, name: str = _core.DEFAULT_SHELL_NAME, *, env: Mapping[str, str] | None = None,
                     cwd: str | None = None, rows: int | None = None, cols: int | None = None,
@@ -302,7 +300,7 @@ class AsyncSandbox:
 
 
 class _AsyncEventStream(Generic[EventT]):
-    """Typed events decoded from one server stream; iterate it, ideally in an `async with`
+    """Typed events decoded from one server stream; iterate it, ideally in its `async with`
     block. Closing it before the final event cancels the call."""
 
     def __init__(self, responses: AsyncResponseStream, decoder: _core.StreamDecoder) -> None:
@@ -475,8 +473,8 @@ class AsyncKernel:
         KernelDisplayEvent, KernelResultEvent and KernelErrorEvent, then one KernelDoneEvent.
 
         Closing the stream before KernelDoneEvent (or leaving its `async with` block) interrupts
-        the cell. Not a coroutine: `async with kernel.execute_stream(code) as events: async for e
-        in events`.
+        the cell. Use: `async with kernel.execute_stream(code) as events: async for e in events:
+        ...`.
         """
         request = _core.build_execute_request(self.sandbox_id, self.id, code, timeout=timeout)
         return AsyncKernelExecuteStream(self._transport.server_stream(
@@ -545,7 +543,7 @@ async def _lookup_kernel(transport: AsyncTransport, sandbox_id: str, kernel_id: 
 
 
 async def _close_after(close: Callable[[], Awaitable[None]], exc: BaseException | None, what: str) -> None:
-    """Runs `close` when leaving an `async with` block; when the block raised, that exception is
+    """Runs `close` when leaving its `async with` block; when the block raised, that exception is
     the one the caller needs to see, so a failure to close is only logged."""
     if exc is None:
         await close()

@@ -1,31 +1,32 @@
 """The asyncio rollout API: `AsyncClient.rollouts` (`AsyncRollouts`) and `AsyncRolloutStream`.
 
-Twin of `sync_rollouts.py`. A trainer registers its LLM servers, then either runs one task
-(`run`) or streams many (`stream`), getting each result as soon as it finishes:
+A trainer registers its LLM servers, then either runs one task (`run`) or streams many (`stream`),
+getting each result as soon as it finishes:
 
     async with AsyncClient() as client:
         await client.rollouts.register_llm("http://10.0.0.5:30000", protocol="sglang")
         async for result in client.rollouts.stream(tasks, n=4):
             ...
+
+`sync_rollouts.py` is generated from this file by scripts/unasync.py (`make sync-client`).
 """
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from types import TracebackType
 from typing import Union
 
-import grpc
-
 from corral.sdk import rollout_messages as core
 from corral.sdk._async_transport import AsyncTransport
+from corral.sdk.errors import InvalidArgument
 from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import LLMServerInfo, RolloutResult, RolloutStats, RolloutTurn
 from corral.v1 import rollout_pb2 as pb
 
 RolloutEvent = Union[RolloutResult, RolloutTurn]
-# What `stream` takes: tasks from a list or generator, or from an async generator.
+# What `stream` takes: tasks from an iterable (in the asyncio client, an async iterable too).
 TaskSource = Union[Iterable[TaskLike], AsyncIterable[TaskLike]]
 
 
@@ -77,7 +78,7 @@ class AsyncRollouts:
 
     def open_stream(self) -> AsyncRolloutStream:
         """A stream to submit tasks to and read results from as they finish (see
-        AsyncRolloutStream). Not a coroutine: `async with client.rollouts.open_stream() as s:`."""
+        AsyncRolloutStream). Use: `async with client.rollouts.open_stream() as s: ...`."""
         return AsyncRolloutStream(self._transport)
 
     async def stream(self, tasks: TaskSource, *, n: int = 1,
@@ -86,7 +87,7 @@ class AsyncRollouts:
         completion order (with `turns`, also each RolloutTurn as it completes). Submitting goes on
         while results arrive; the daemon's queues pace it. Leaving the loop early cancels what is
         unfinished."""
-        if not isinstance(tasks, AsyncIterable):
+        if isinstance(tasks, Iterable):
             tasks = [task_from(task) for task in tasks]  # a malformed task fails before anything runs
         async with self.open_stream() as stream:
             async def submit_all() -> None:
@@ -102,11 +103,11 @@ class AsyncRollouts:
                     # and the failure is raised below.
                     await stream.close_input()
 
-            submitter = asyncio.create_task(submit_all())
+            submitter = self._transport.background(submit_all)
             try:
                 async for event in stream:
                     yield event
-                await submitter
+                await submitter.wait()
             finally:
                 submitter.cancel()
 
@@ -123,38 +124,38 @@ class AsyncRolloutStream:
         self._call = transport.bidi_stream(transport.rollout_service.Stream)
         self._closed = False
         self._input_closed = False
-        self._submitted = 0
+        self._client_refs = itertools.count()
 
     async def submit(self, task: TaskLike, *, n: int = 1, max_staleness: int | None = None,
                      turns: bool = False, group_id: str | None = None) -> None:
         """Queues `n` rollouts of a task. Waits while the daemon's queues are full."""
         options = core.build_options(n=n, max_staleness=max_staleness, stream_turns=turns, group_id=group_id)
-        request = core.build_submit(task, options, client_ref=str(self._submitted))
-        self._submitted += 1
-        with self._transport.translate:
-            await self._call.write(request)
+        self._check_input_open()
+        await self._call.write(core.build_submit(task, options, client_ref=str(next(self._client_refs))))
 
     async def cancel(self, *, task_id: str | None = None, rollout_id: str | None = None) -> None:
         """Cancels the unfinished rollouts of a task, or one rollout; their results come back with
         status "cancelled"."""
-        with self._transport.translate:
-            await self._call.write(core.build_cancel(task_id=task_id, rollout_id=rollout_id))
+        self._check_input_open()
+        await self._call.write(core.build_cancel(task_id=task_id, rollout_id=rollout_id))
 
     async def close_input(self) -> None:
         """No more submissions: the iteration ends after the last result."""
         if not self._input_closed:
             self._input_closed = True
-            with self._transport.translate:
-                await self._call.done_writing()
+            await self._call.done_writing()
+
+    def _check_input_open(self) -> None:
+        if self._input_closed:
+            raise InvalidArgument("this stream's input is closed")
 
     def __aiter__(self) -> AsyncIterator[RolloutEvent]:
         return self
 
     async def __anext__(self) -> RolloutEvent:
         while not self._closed:
-            with self._transport.translate:
-                response = await self._call.read()
-            if response is grpc.aio.EOF:  # the call ended OK (a failed call raises from read())
+            response = await self._call.read()
+            if response is None:  # the call ended OK (a failed call raises from read())
                 self._closed = True
                 break
             kind = response.WhichOneof("event")
@@ -170,6 +171,7 @@ class AsyncRolloutStream:
         if not self._closed:
             self._closed = True
             self._call.cancel()
+        self._input_closed = True
 
     async def __aenter__(self) -> AsyncRolloutStream:
         return self
