@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -61,8 +61,16 @@ class Daemon:
         return self.proc.pid
 
     def start(self, timeout: float = 30.0) -> Daemon:
-        cmd = [sys.executable, "-m", "corral.cli", "serve", "--socket", str(self.socket),
-               "--state-dir", str(self.root / "state")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "corral.cli",
+            "serve",
+            "--socket",
+            str(self.socket),
+            "--state-dir",
+            str(self.root / "state"),
+        ]
         if self.tcp_address:
             token_file = self.root / "token"
             token_file.write_text(self.token)
@@ -123,8 +131,9 @@ PODMAN_SOCKET = os.environ.get("CORRAL_TEST_PODMAN_SOCKET", "unix:///run/podman/
 # set where root lives in a user namespace.
 PODMAN_ULIMITS = {"nofile": 4096, "nproc": 8192}
 # (A TOML array of strings is written like a JSON one.)
-PODMAN_CONFIG = (f'[docker]\nsocket = "{PODMAN_SOCKET}"\n'
-                 f'ulimits = {json.dumps([f"{k}={v}" for k, v in PODMAN_ULIMITS.items()])}\n')
+PODMAN_CONFIG = (
+    f'[docker]\nsocket = "{PODMAN_SOCKET}"\nulimits = {json.dumps([f"{k}={v}" for k, v in PODMAN_ULIMITS.items()])}\n'
+)
 # What corral's sandboxes get as their workdir and run directory (daemon/config.py, backends/base.py).
 WORKDIR, RUN_DIR_IN_SANDBOX = "/workspace", "/run/corral"
 NSENTER_FLAGS = ["-m", "-p", "-i", "-u", "-n", "-r", "-w"]
@@ -174,9 +183,24 @@ class ApptainerInstance:
         self.started = False
 
     def argv(self) -> list[str]:
-        return [self.binary, "instance", "start", "--containall", "--no-home", "--hostname", "corral",
-                "--bind", f"{self.base / 'workspace'}:{WORKDIR}", "--bind", f"{self.base / 'run'}:{RUN_DIR_IN_SANDBOX}",
-                "--net", "--network", "none", self.image, self.name]
+        return [
+            self.binary,
+            "instance",
+            "start",
+            "--containall",
+            "--no-home",
+            "--hostname",
+            "corral",
+            "--bind",
+            f"{self.base / 'workspace'}:{WORKDIR}",
+            "--bind",
+            f"{self.base / 'run'}:{RUN_DIR_IN_SANDBOX}",
+            "--net",
+            "--network",
+            "none",
+            self.image,
+            self.name,
+        ]
 
     def start(self) -> ApptainerInstance:
         self.started = True
@@ -186,8 +210,9 @@ class ApptainerInstance:
         return self
 
     def pid(self) -> int:
-        done = subprocess.run([self.binary, "instance", "list", "--json", self.name], capture_output=True, text=True,
-                              check=True)
+        done = subprocess.run(
+            [self.binary, "instance", "list", "--json", self.name], capture_output=True, text=True, check=True
+        )
         found = [i for i in json.loads(done.stdout).get("instances") or [] if i.get("instance") == self.name]
         if not found:
             raise RuntimeError(f"instance {self.name} is not listed")
@@ -204,12 +229,17 @@ class ApptainerInstance:
 
 def docker_container_of(sandbox_id: str) -> tuple[str, int]:
     """The id and init pid of the container of a corral docker sandbox (found by its label)."""
-    ids = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label=io.corral.sandbox={sandbox_id}"],
-                         capture_output=True, text=True, check=True).stdout.split()
+    ids = subprocess.run(
+        ["docker", "ps", "-q", "--no-trunc", "--filter", f"label=io.corral.sandbox={sandbox_id}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     if len(ids) != 1:
         raise RuntimeError(f"expected one container labelled io.corral.sandbox={sandbox_id}, found {ids}")
-    pid = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", ids[0]], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    pid = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Pid}}", ids[0]], capture_output=True, text=True, check=True
+    ).stdout.strip()
     return ids[0], int(pid)
 
 
@@ -223,8 +253,14 @@ def time_calls(fn: Callable[[], object], n: int) -> list[float]:
     return samples
 
 
-def interleaved(variants: dict[str, Callable[[], object]], n: int, warmup: int, *,
-                counts: dict[str, int] | None = None, blocks: int = 20) -> dict[str, list[float]]:
+def interleaved(
+    variants: dict[str, Callable[[], object]],
+    n: int,
+    warmup: int,
+    *,
+    counts: dict[str, int] | None = None,
+    blocks: int = 20,
+) -> dict[str, list[float]]:
     """Times every variant `n` times (or `counts[name]` times), in `blocks` alternating blocks so
     that drift in the machine's load hits all of them alike. Each variant is first called
     `warmup` times untimed."""
@@ -239,8 +275,9 @@ def interleaved(variants: dict[str, Callable[[], object]], n: int, warmup: int, 
     return samples
 
 
-def interleaved_phases(variants: dict[str, Callable[[], dict[str, float]]], n: int, warmup: int, *,
-                       blocks: int = 20) -> dict[str, dict[str, list[float]]]:
+def interleaved_phases(
+    variants: dict[str, Callable[[], dict[str, float]]], n: int, warmup: int, *, blocks: int = 20
+) -> dict[str, dict[str, list[float]]]:
     """`interleaved` for calls that time their own phases: each call returns {phase: ms} (say the
     start of a sandbox and, untimed by the caller, its destruction); the result is
     {variant: {phase: [ms, ...]}}. Same warm-up and alternating blocks."""
@@ -267,8 +304,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary(samples: list[float]) -> dict:
-    return {"p50_ms": round(percentile(samples, 50), 4), "p99_ms": round(percentile(samples, 99), 4),
-            "n": len(samples)}
+    return {"p50_ms": round(percentile(samples, 50), 4), "p99_ms": round(percentile(samples, 99), 4), "n": len(samples)}
 
 
 def ratios(results: dict[str, dict], pairs: list[tuple[str, str]]) -> dict[str, float]:
@@ -298,8 +334,10 @@ def print_ratios(values: dict[str, float]) -> None:
 def print_header(title: str) -> None:
     """What was measured where: the numbers mean little without the machine and its load."""
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"{title}\n  {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.uname().nodename}, {os.cpu_count()} CPUs, "
-          f"load average {load}, Python {sys.version.split()[0]}, grpcio {grpc.__version__}")
+    print(
+        f"{title}\n  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.uname().nodename}, {os.cpu_count()} CPUs, "
+        f"load average {load}, Python {sys.version.split()[0]}, grpcio {grpc.__version__}"
+    )
 
 
 def write_json(path: str | None, results: dict, ratio_values: dict, extra: dict | None = None) -> None:

@@ -23,14 +23,26 @@ import time
 from collections.abc import Callable
 
 import grpc
+from _common import (
+    Daemon,
+    interleaved,
+    parse_args,
+    print_header,
+    print_ratios,
+    print_table,
+    ratios,
+    summary,
+    write_json,
+)
 from jupyter_client import AsyncKernelManager
 
-from _common import (Daemon, interleaved, parse_args, print_header, print_ratios, print_table, ratios, summary,
-                     write_json)
-
 CODE = "1+1"
-RATIO_PAIRS = [("corral_uds", "jupyter_ipc"), ("corral_uds", "jupyter_tcp"), ("jupyter_tcp", "jupyter_ipc"),
-               ("corral_uds_stream", "corral_uds")]
+RATIO_PAIRS = [
+    ("corral_uds", "jupyter_ipc"),
+    ("corral_uds", "jupyter_tcp"),
+    ("jupyter_tcp", "jupyter_ipc"),
+    ("corral_uds_stream", "corral_uds"),
+]
 
 
 class InProcessKernel:
@@ -88,8 +100,9 @@ class InProcessKernel:
         self.loop.run_until_complete(stop())
 
 
-def start_several(start: Callable[[], object], stop: Callable[[object], None], count: int,
-                  start_ms: dict[str, list[float]], name: str):
+def start_several(
+    start: Callable[[], object], stop: Callable[[object], None], count: int, start_ms: dict[str, list[float]], name: str
+):
     """Starts `count` kernels one after the other, timing each; keeps the last and stops the rest."""
     kernel = None
     for _ in range(count):
@@ -134,8 +147,13 @@ def main() -> None:
 
             for transport in ("ipc", "tcp"):
                 name = f"jupyter_{transport}"
-                local = start_several(lambda: InProcessKernel(loop, transport, runtime_dir).start(),
-                                      InProcessKernel.stop, starts, start_ms, name)
+                local = start_several(
+                    lambda transport=transport: InProcessKernel(loop, transport, runtime_dir).start(),
+                    InProcessKernel.stop,
+                    starts,
+                    start_ms,
+                    name,
+                )
                 closers.append(local.stop)
                 assert local.execute() == {"text/plain": "2"}
                 variants[name] = local.execute

@@ -83,8 +83,9 @@ def make_task(task_id: str, turns: int):
     task.evaluation.commands.append("python3 check.py")
     task.evaluation.exit_status.SetInParent()
     task.reference_solution.extend(call("bash", command=f"echo step {i}") for i in range(turns - 2))
-    task.reference_solution.append(call("editor", command="str_replace", path="calc.py", old_str="a - b",
-                                        new_str="a + b"))
+    task.reference_solution.append(
+        call("editor", command="str_replace", path="calc.py", old_str="a - b", new_str="a + b")
+    )
     task.reference_solution.append(call("submit"))
     return task
 
@@ -109,11 +110,17 @@ class Run:
     busy_s: float = 0.0
 
     def as_dict(self, group: int) -> dict:
-        return {"rollouts": len(self.latencies_ms), "wall_s": round(self.wall_s, 3), "idle_s": round(self.idle_s, 3),
-                "idle_first_batch_s": round(self.idle_first_s, 3), "idle_drain_s": round(self.idle_drain_s, 3),
-                "steps": self.steps, "rollouts_per_s": round(len(self.latencies_ms) / self.wall_s, 3),
-                "consumer_idle_fraction": round(self.idle_s / self.wall_s, 4),
-                "slots_busy_fraction": round(self.busy_s / (group * self.wall_s), 4)}
+        return {
+            "rollouts": len(self.latencies_ms),
+            "wall_s": round(self.wall_s, 3),
+            "idle_s": round(self.idle_s, 3),
+            "idle_first_batch_s": round(self.idle_first_s, 3),
+            "idle_drain_s": round(self.idle_drain_s, 3),
+            "steps": self.steps,
+            "rollouts_per_s": round(len(self.latencies_ms) / self.wall_s, 3),
+            "consumer_idle_fraction": round(self.idle_s / self.wall_s, 4),
+            "slots_busy_fraction": round(self.busy_s / (group * self.wall_s), 4),
+        }
 
 
 class RolloutFailed(RuntimeError):
@@ -123,11 +130,17 @@ class RolloutFailed(RuntimeError):
 def check(result, expected_turns: dict[str, int]) -> None:
     """Fails loudly on any rollout that did not replay its solution to reward 1.0."""
     turns = expected_turns[result.task_id]
-    if (result.status != "completed" or result.reward != 1.0 or result.finish_reason != "submitted"
-            or len(result.turns) != turns):
-        raise RolloutFailed(f"rollout {result.rollout_id} of {result.task_id}: status {result.status}, reward "
-                           f"{result.reward}, finish {result.finish_reason}, {len(result.turns)} of {turns} turns, "
-                           f"filter {result.filter_reason}: {result.error or result.eval_output[-300:]!r}")
+    if (
+        result.status != "completed"
+        or result.reward != 1.0
+        or result.finish_reason != "submitted"
+        or len(result.turns) != turns
+    ):
+        raise RolloutFailed(
+            f"rollout {result.rollout_id} of {result.task_id}: status {result.status}, reward "
+            f"{result.reward}, finish {result.finish_reason}, {len(result.turns)} of {turns} turns, "
+            f"filter {result.filter_reason}: {result.error or result.eval_output[-300:]!r}"
+        )
 
 
 async def train(batch_size: int, train_ms: float) -> None:
@@ -144,6 +157,7 @@ async def run_streaming(client, tasks: list, expected: dict[str, int], p) -> Run
     t0 = time.perf_counter()
 
     async with client.rollouts.open_stream() as stream:
+
         async def submit_all() -> None:
             for i, task in enumerate(tasks):
                 while not (state["in_flight"] < p.group and i < (state["steps"] + 1 + p.max_lag) * p.batch):
@@ -180,7 +194,7 @@ async def run_streaming(client, tasks: list, expected: dict[str, int], p) -> Run
                     run.idle_first_s = now - waited
                 elif state["all_submitted_at"] is not None:
                     run.idle_drain_s += now - max(waited, state["all_submitted_at"])
-                batch, buffer[:] = buffer[:p.batch], buffer[p.batch:]
+                batch, buffer[:] = buffer[: p.batch], buffer[p.batch :]
                 run.lags += [state["steps"] - step for _, step in batch]
                 await train(p.batch, p.train_ms)
                 trained += p.batch
@@ -206,7 +220,7 @@ async def run_batch(client, tasks: list, expected: dict[str, int], p) -> Run:
         for first in range(0, len(tasks), p.group):
             waited = time.perf_counter()
             submitted_at = {}
-            for task in tasks[first:first + p.group]:
+            for task in tasks[first : first + p.group]:
                 submitted_at[task.task_id] = time.perf_counter()
                 await stream.submit(task)
             results = []
@@ -236,14 +250,20 @@ def pooled(runs: list[Run], group: int) -> dict:
     wall = sum(r.wall_s for r in runs)
     latencies = [x for r in runs for x in r.latencies_ms]
     lags = [x for r in runs for x in r.lags]
-    return {**summary(latencies), "rollouts_per_s": round(len(latencies) / wall, 3),
-            "consumer_idle_fraction": round(sum(r.idle_s for r in runs) / wall, 4),
-            "slots_busy_fraction": round(sum(r.busy_s for r in runs) / (group * wall), 4),
-            "wall_s": round(wall, 3), "steps": sum(r.steps for r in runs),
-            "lag_mean_steps": round(statistics.fmean(lags), 3), "lag_max_steps": max(lags),
-            "idle_first_batch_s": round(sum(r.idle_first_s for r in runs), 3),
-            "idle_drain_s": round(sum(r.idle_drain_s for r in runs), 3),
-            **steady_idle(runs), "rounds": [r.as_dict(group) for r in runs]}
+    return {
+        **summary(latencies),
+        "rollouts_per_s": round(len(latencies) / wall, 3),
+        "consumer_idle_fraction": round(sum(r.idle_s for r in runs) / wall, 4),
+        "slots_busy_fraction": round(sum(r.busy_s for r in runs) / (group * wall), 4),
+        "wall_s": round(wall, 3),
+        "steps": sum(r.steps for r in runs),
+        "lag_mean_steps": round(statistics.fmean(lags), 3),
+        "lag_max_steps": max(lags),
+        "idle_first_batch_s": round(sum(r.idle_first_s for r in runs), 3),
+        "idle_drain_s": round(sum(r.idle_drain_s for r in runs), 3),
+        **steady_idle(runs),
+        "rounds": [r.as_dict(group) for r in runs],
+    }
 
 
 def steady_idle(runs: list[Run]) -> dict:
@@ -258,8 +278,8 @@ def steady_idle(runs: list[Run]) -> dict:
 
 async def measure(p, tasks: list, expected: dict[str, int], warmup: list) -> dict[str, list[Run]]:
     from corral.daemon.embedded import embedded_daemon
-    from corral.rollout.reference.server import ReferenceServer
     from corral.rollout.reference.replay import ReplayPolicy
+    from corral.rollout.reference.server import ReferenceServer
     from corral.sdk import AsyncClient
 
     server = ReferenceServer(ReplayPolicy(tasks + warmup), latency_s=p.latency_ms / 1000)
@@ -276,8 +296,11 @@ async def measure(p, tasks: list, expected: dict[str, int], warmup: list) -> dic
                     run = await fn(client, tasks, expected, p)
                     runs[mode].append(run)
                     d = run.as_dict(p.group)
-                    print(f"  round {number} {mode:<9}  {d['rollouts_per_s']:7.2f} rollouts/s, wall "
-                          f"{d['wall_s']:6.2f} s, consumer idle {100 * d['consumer_idle_fraction']:5.1f}%", flush=True)
+                    print(
+                        f"  round {number} {mode:<9}  {d['rollouts_per_s']:7.2f} rollouts/s, wall "
+                        f"{d['wall_s']:6.2f} s, consumer idle {100 * d['consumer_idle_fraction']:5.1f}%",
+                        flush=True,
+                    )
     finally:
         await server.stop()
     return runs
@@ -295,19 +318,37 @@ def main() -> None:
     warmup = [make_task(f"warm-{i}", 3) for i in range(p.group)]
     expected = {t.task_id: len(t.reference_solution) for t in tasks + warmup}
     ordered = sorted(turns)
-    mix = {"turns_mean": round(statistics.fmean(turns), 2), "turns_p50": percentile(ordered, 50),
-           "turns_p90": percentile(ordered, 90), "turns_max": max(turns),
-           "llm_requests": sum(turns)}
-    params = {"tasks_per_round": p.tasks, "rounds": p.rounds, "latency_ms": p.latency_ms, "group": p.group,
-              "batch": p.batch, "train_ms_per_rollout": p.train_ms, "train_step_ms": p.batch * p.train_ms,
-              "max_lag": p.max_lag, "alpha": p.alpha, "max_turns": p.max_turns, "seed": p.seed,
-              "backend": "local"}
+    mix = {
+        "turns_mean": round(statistics.fmean(turns), 2),
+        "turns_p50": percentile(ordered, 50),
+        "turns_p90": percentile(ordered, 90),
+        "turns_max": max(turns),
+        "llm_requests": sum(turns),
+    }
+    params = {
+        "tasks_per_round": p.tasks,
+        "rounds": p.rounds,
+        "latency_ms": p.latency_ms,
+        "group": p.group,
+        "batch": p.batch,
+        "train_ms_per_rollout": p.train_ms,
+        "train_step_ms": p.batch * p.train_ms,
+        "max_lag": p.max_lag,
+        "alpha": p.alpha,
+        "max_turns": p.max_turns,
+        "seed": p.seed,
+        "backend": "local",
+    }
 
     print_header(f"streaming pipeline vs synchronous batches: {p.tasks} tasks x {p.rounds} round(s) per mode")
-    print(f"  LLM latency {p.latency_ms:g} ms/request; G={p.group} in flight; B={p.batch} per step of "
-          f"{p.batch * p.train_ms:g} ms ({p.train_ms:g} ms/rollout); max lag {p.max_lag} steps")
-    print(f"  turns per task: mean {mix['turns_mean']}, p50 {mix['turns_p50']:g}, p90 {mix['turns_p90']:g}, "
-          f"max {mix['turns_max']} (Pareto alpha {p.alpha}, seed {p.seed}); {mix['llm_requests']} LLM requests a round")
+    print(
+        f"  LLM latency {p.latency_ms:g} ms/request; G={p.group} in flight; B={p.batch} per step of "
+        f"{p.batch * p.train_ms:g} ms ({p.train_ms:g} ms/rollout); max lag {p.max_lag} steps"
+    )
+    print(
+        f"  turns per task: mean {mix['turns_mean']}, p50 {mix['turns_p50']:g}, p90 {mix['turns_p90']:g}, "
+        f"max {mix['turns_max']} (Pareto alpha {p.alpha}, seed {p.seed}); {mix['llm_requests']} LLM requests a round"
+    )
     try:
         runs = asyncio.run(measure(p, tasks, expected, warmup))
     except RolloutFailed as failed:
@@ -316,23 +357,37 @@ def main() -> None:
     results = {mode: pooled(r, p.group) for mode, r in runs.items()}
     s, b = results["streaming"], results["batch"]
     ratio = round(s["rollouts_per_s"] / b["rollouts_per_s"], 2)
-    ratio_values = {"rollouts_per_s:streaming/batch": ratio,
-                    "p50:streaming/batch": round(s["p50_ms"] / b["p50_ms"], 2)}
+    ratio_values = {"rollouts_per_s:streaming/batch": ratio, "p50:streaming/batch": round(s["p50_ms"] / b["p50_ms"], 2)}
     met = ratio >= GOAL_RATIO and s["consumer_idle_fraction"] < GOAL_IDLE
 
-    print(f"\n  {'variant':<10}  {'rollouts/s':>10}  {'idle':>6}  {'p50 ms':>8}  {'p99 ms':>8}  {'n':>5}  "
-          f"{'wall s':>7}  {'slots':>6}  {'lag mean/max':>12}")
+    print(
+        f"\n  {'variant':<10}  {'rollouts/s':>10}  {'idle':>6}  {'p50 ms':>8}  {'p99 ms':>8}  {'n':>5}  "
+        f"{'wall s':>7}  {'slots':>6}  {'lag mean/max':>12}"
+    )
     for name, r in results.items():
-        print(f"  {name:<10}  {r['rollouts_per_s']:>10.2f}  {100 * r['consumer_idle_fraction']:>5.1f}%  "
-              f"{r['p50_ms']:>8.1f}  {r['p99_ms']:>8.1f}  {r['n']:>5}  {r['wall_s']:>7.2f}  "
-              f"{100 * r['slots_busy_fraction']:>5.1f}%  {r['lag_mean_steps']:>7.2f}/{r['lag_max_steps']:<4}")
-    print(f"  streaming idle: {s['idle_first_batch_s']:.2f} s before the first batch, {s['idle_drain_s']:.2f} s "
-          f"after the last submission, {100 * s['consumer_idle_fraction_steady']:.1f}% of the time in between")
-    print(f"  ratio rollouts/s streaming/batch = {ratio:.2f}x; goal (>= {GOAL_RATIO:g}x with the streaming "
-          f"consumer idle < {100 * GOAL_IDLE:g}%): {'met' if met else 'NOT met'}")
-    write_json(p.json, results, ratio_values, {"parameters": params, "task_mix": mix,
-                                               "goal": {"ratio_at_least": GOAL_RATIO, "idle_below": GOAL_IDLE,
-                                                        "met": met}})
+        print(
+            f"  {name:<10}  {r['rollouts_per_s']:>10.2f}  {100 * r['consumer_idle_fraction']:>5.1f}%  "
+            f"{r['p50_ms']:>8.1f}  {r['p99_ms']:>8.1f}  {r['n']:>5}  {r['wall_s']:>7.2f}  "
+            f"{100 * r['slots_busy_fraction']:>5.1f}%  {r['lag_mean_steps']:>7.2f}/{r['lag_max_steps']:<4}"
+        )
+    print(
+        f"  streaming idle: {s['idle_first_batch_s']:.2f} s before the first batch, {s['idle_drain_s']:.2f} s "
+        f"after the last submission, {100 * s['consumer_idle_fraction_steady']:.1f}% of the time in between"
+    )
+    print(
+        f"  ratio rollouts/s streaming/batch = {ratio:.2f}x; goal (>= {GOAL_RATIO:g}x with the streaming "
+        f"consumer idle < {100 * GOAL_IDLE:g}%): {'met' if met else 'NOT met'}"
+    )
+    write_json(
+        p.json,
+        results,
+        ratio_values,
+        {
+            "parameters": params,
+            "task_mix": mix,
+            "goal": {"ratio_at_least": GOAL_RATIO, "idle_below": GOAL_IDLE, "met": met},
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -42,23 +42,70 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
-from _common import (BACKEND_IMAGES, BACKENDS, DOCKER_IMAGE, NSENTER_FLAGS, PODMAN_CONFIG, PODMAN_SOCKET,
-                     PODMAN_ULIMITS, RUN_DIR_IN_SANDBOX, WORKDIR,
-                     ApptainerInstance, Daemon,
-                     backend_missing, interleaved_phases, parse_args, print_header, print_ratios, print_table,
-                     ratios, summary, write_json)
+from _common import (
+    BACKEND_IMAGES,
+    BACKENDS,
+    DOCKER_IMAGE,
+    NSENTER_FLAGS,
+    PODMAN_CONFIG,
+    PODMAN_SOCKET,
+    PODMAN_ULIMITS,
+    RUN_DIR_IN_SANDBOX,
+    WORKDIR,
+    ApptainerInstance,
+    Daemon,
+    backend_missing,
+    interleaved_phases,
+    parse_args,
+    print_header,
+    print_ratios,
+    print_table,
+    ratios,
+    summary,
+    write_json,
+)
 
-RATIO_PAIRS = [("corral_local", "raw_bwrap"), ("corral_docker", "raw_docker"), ("corral_docker", "raw_docker_nsenter"),
-               ("corral_docker", "raw_docker_as_corral"), ("raw_docker_nsenter", "raw_docker"),
-               ("raw_docker_as_corral", "raw_docker_nsenter"), ("corral_podman", "raw_podman"),
-               ("corral_podman", "raw_podman_as_corral"), ("raw_podman", "raw_docker"), ("corral_podman", "corral_docker"),
-               ("corral_singularity", "raw_singularity"),
-               ("corral_singularity", "raw_singularity_nsenter"), ("raw_singularity_nsenter", "raw_singularity")]
-RAW_VARIANTS = {"local": ["raw_bwrap"], "docker": ["raw_docker", "raw_docker_nsenter", "raw_docker_as_corral"],
-                "podman": ["raw_podman", "raw_podman_nsenter", "raw_podman_as_corral"],
-                "singularity": ["raw_singularity", "raw_singularity_nsenter"]}
-BWRAP = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--new-session",
-         "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run", "true"]
+RATIO_PAIRS = [
+    ("corral_local", "raw_bwrap"),
+    ("corral_docker", "raw_docker"),
+    ("corral_docker", "raw_docker_nsenter"),
+    ("corral_docker", "raw_docker_as_corral"),
+    ("raw_docker_nsenter", "raw_docker"),
+    ("raw_docker_as_corral", "raw_docker_nsenter"),
+    ("corral_podman", "raw_podman"),
+    ("corral_podman", "raw_podman_as_corral"),
+    ("raw_podman", "raw_docker"),
+    ("corral_podman", "corral_docker"),
+    ("corral_singularity", "raw_singularity"),
+    ("corral_singularity", "raw_singularity_nsenter"),
+    ("raw_singularity_nsenter", "raw_singularity"),
+]
+RAW_VARIANTS = {
+    "local": ["raw_bwrap"],
+    "docker": ["raw_docker", "raw_docker_nsenter", "raw_docker_as_corral"],
+    "podman": ["raw_podman", "raw_podman_nsenter", "raw_podman_as_corral"],
+    "singularity": ["raw_singularity", "raw_singularity_nsenter"],
+}
+BWRAP = [
+    "bwrap",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-net",
+    "--new-session",
+    "--ro-bind",
+    "/",
+    "/",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--tmpfs",
+    "/tmp",
+    "--tmpfs",
+    "/run",
+    "true",
+]
 
 
 def ms_since(start: float) -> float:
@@ -115,13 +162,25 @@ class RawDocker:
         """The arguments daemon/backends/docker.py gives containers.run, with the default limits
         (4 GiB memory without swap, 1024 pids, no CPU limit) and labels of our own."""
         return dict(
-            command=["sleep", "infinity"], detach=True, init=True, hostname="corral",
-            name=f"corral-bench-{secrets.token_hex(6)}", labels={"io.corral.bench": "sandbox_start"},
-            network_mode="none", working_dir=WORKDIR, environment={}, cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], mem_limit=4 << 30, memswap_limit=4 << 30, pids_limit=1024,
+            command=["sleep", "infinity"],
+            detach=True,
+            init=True,
+            hostname="corral",
+            name=f"corral-bench-{secrets.token_hex(6)}",
+            labels={"io.corral.bench": "sandbox_start"},
+            network_mode="none",
+            working_dir=WORKDIR,
+            environment={},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            mem_limit=4 << 30,
+            memswap_limit=4 << 30,
+            pids_limit=1024,
             ulimits=self.ulimits,
-            volumes={str(self.base / "workspace"): {"bind": WORKDIR, "mode": "rw"},
-                     str(self.base / "run"): {"bind": RUN_DIR_IN_SANDBOX, "mode": "rw"}},
+            volumes={
+                str(self.base / "workspace"): {"bind": WORKDIR, "mode": "rw"},
+                str(self.base / "run"): {"bind": RUN_DIR_IN_SANDBOX, "mode": "rw"},
+            },
         )
 
     def cycle(self, nsenter: bool, as_corral: bool = False) -> dict[str, float]:
@@ -130,13 +189,15 @@ class RawDocker:
             self.client.images.get(DOCKER_IMAGE)  # the backend's check that the node has the image
             container = self.client.containers.run(DOCKER_IMAGE, **self.as_corral())
         else:
-            container = self.client.containers.run(DOCKER_IMAGE, "sleep infinity", detach=True, init=True,
-                                                   network_mode="none", ulimits=self.ulimits)
+            container = self.client.containers.run(
+                DOCKER_IMAGE, "sleep infinity", detach=True, init=True, network_mode="none", ulimits=self.ulimits
+            )
         self.live.add(container)
         if nsenter:
             container.reload()
-            done = subprocess.run(["nsenter", "-t", str(container.attrs["State"]["Pid"]), *NSENTER_FLAGS, "true"],
-                                  capture_output=True)
+            done = subprocess.run(
+                ["nsenter", "-t", str(container.attrs["State"]["Pid"]), *NSENTER_FLAGS, "true"], capture_output=True
+            )
             code = done.returncode
         else:
             code = container.exec_run("true").exit_code
@@ -188,8 +249,12 @@ class RawApptainer:
 
 
 def main() -> None:
-    args = parse_args(__doc__.split("\n")[0], lambda p: p.add_argument(
-        "--backends", default=",".join(BACKENDS), help="comma-separated, of: " + ", ".join(BACKENDS)))
+    args = parse_args(
+        __doc__.split("\n")[0],
+        lambda p: p.add_argument(
+            "--backends", default=",".join(BACKENDS), help="comma-separated, of: " + ", ".join(BACKENDS)
+        ),
+    )
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if unknown := [b for b in backends if b not in BACKENDS]:
         raise SystemExit(f"unknown backend(s): {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
@@ -203,7 +268,7 @@ def main() -> None:
     variants: dict[str, Callable[[], dict[str, float]]] = {}
     closers: list[Callable[[], None]] = []
     # Podman's socket is a second docker engine: its sandboxes come from a daemon of their own.
-    with Daemon() as daemon, (Daemon(config=PODMAN_CONFIG) if "podman" in backends else nullcontext()) as podman_daemon:
+    with Daemon() as daemon, Daemon(config=PODMAN_CONFIG) if "podman" in backends else nullcontext() as podman_daemon:
         try:
             client = Client(daemon.address)
             closers.append(client.close)
@@ -228,7 +293,9 @@ def main() -> None:
                     closers.append(docker.close)
                     variants[f"raw_{backend}"] = lambda docker=docker: docker.cycle(nsenter=False)
                     variants[f"raw_{backend}_nsenter"] = lambda docker=docker: docker.cycle(nsenter=True)
-                    variants[f"raw_{backend}_as_corral"] = lambda docker=docker: docker.cycle(nsenter=True, as_corral=True)
+                    variants[f"raw_{backend}_as_corral"] = lambda docker=docker: docker.cycle(
+                        nsenter=True, as_corral=True
+                    )
                 elif backend == "singularity":
                     apptainer = RawApptainer()
                     closers.append(apptainer.close)

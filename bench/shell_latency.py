@@ -35,15 +35,39 @@ import termios
 import time
 from collections.abc import Callable, Sequence
 
-from _common import (BACKEND_IMAGES, BACKENDS, NSENTER_FLAGS, WORKDIR, ApptainerInstance, Daemon, backend_missing,
-                     docker_container_of, interleaved, parse_args, print_header, print_ratios, print_table, ratios,
-                     summary, write_json)
+from _common import (
+    BACKEND_IMAGES,
+    BACKENDS,
+    NSENTER_FLAGS,
+    WORKDIR,
+    ApptainerInstance,
+    Daemon,
+    backend_missing,
+    docker_container_of,
+    interleaved,
+    parse_args,
+    print_header,
+    print_ratios,
+    print_table,
+    ratios,
+    summary,
+    write_json,
+)
 
 COMMANDS = ["echo x", "true"]
-RATIO_PAIRS = [("corral_uds", "raw_docker"), ("corral_uds", "raw_singularity"), ("corral_uds", "raw_nsenter"),
-               ("corral_uds", "raw_pty"), ("corral_tcp", "corral_uds"), ("raw_docker", "raw_nsenter"),
-               ("raw_singularity", "raw_nsenter"), ("raw_nsenter", "raw_pty"), ("tmux", "corral_uds"),
-               ("subprocess", "corral_uds"), ("swerex", "corral_uds")]
+RATIO_PAIRS = [
+    ("corral_uds", "raw_docker"),
+    ("corral_uds", "raw_singularity"),
+    ("corral_uds", "raw_nsenter"),
+    ("corral_uds", "raw_pty"),
+    ("corral_tcp", "corral_uds"),
+    ("raw_docker", "raw_nsenter"),
+    ("raw_singularity", "raw_nsenter"),
+    ("raw_nsenter", "raw_pty"),
+    ("tmux", "corral_uds"),
+    ("subprocess", "corral_uds"),
+    ("swerex", "corral_uds"),
+]
 BASH = ["bash", "--noprofile", "--norc"]
 # `docker exec -t` gives bash a terminal on stderr too, so it is interactive: line editing (which
 # echoes by itself), a prompt, history, CRLF output. This first line turns all of that off, so
@@ -118,8 +142,9 @@ class Tmux:
         self.dir = tempfile.mkdtemp(prefix="corral-bench-tmux-")
         self.token = secrets.token_hex(6)
         self.turn = 0
-        self._tmux("-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "200", "-y", "50",
-                   "bash --noprofile --norc")
+        self._tmux(
+            "-f", "/dev/null", "new-session", "-d", "-s", "b", "-x", "200", "-y", "50", "bash --noprofile --norc"
+        )
 
     def _tmux(self, *args: str) -> bytes:
         return subprocess.run(["tmux", "-S", f"{self.dir}/sock", *args], check=True, capture_output=True).stdout
@@ -195,10 +220,16 @@ def raw_variants(backend: str, sandbox_id: str, closers: list[Callable[[], None]
 
 
 def main() -> None:
-    args = parse_args(__doc__.split("\n")[0], lambda p: p.add_argument(
-        # Podman's shells are the docker backend's (nsenter into the container): no variant of their own.
-        "--backend", default="local", choices=[b for b in BACKENDS if b != "podman"],
-        help="sandbox backend for the corral variants"))
+    args = parse_args(
+        __doc__.split("\n")[0],
+        lambda p: p.add_argument(
+            # Podman's shells are the docker backend's (nsenter into the container): no variant of their own.
+            "--backend",
+            default="local",
+            choices=[b for b in BACKENDS if b != "podman"],
+            help="sandbox backend for the corral variants",
+        ),
+    )
     if reason := backend_missing(args.backend):
         raise SystemExit(f"backend {args.backend} cannot be measured here: {reason}")
     n, warmup = (100, 10) if args.quick else (2000, 50)
@@ -212,8 +243,10 @@ def main() -> None:
     from corral.sdk import Client
 
     image = BACKEND_IMAGES[args.backend]
-    print_header(f"shell round trip, backend {args.backend} ({image}), n={n} per variant"
-                 + (f" (swerex {counts['swerex']})" if local else ""))
+    print_header(
+        f"shell round trip, backend {args.backend} ({image}), n={n} per variant"
+        + (f" (swerex {counts['swerex']})" if local else "")
+    )
     with Daemon(tcp=True) as daemon:
         try:
             uds = Client(daemon.address)
@@ -261,8 +294,10 @@ def main() -> None:
                 except Exception as err:  # noqa: BLE001 - close the rest; say what did not close
                     print(f"cleanup: {close!r} failed: {err}")
 
-    results = {name: {**per_command["echo x"][name], "commands": {cmd: per_command[cmd][name] for cmd in COMMANDS}}
-               for name in variants}
+    results = {
+        name: {**per_command["echo x"][name], "commands": {cmd: per_command[cmd][name] for cmd in COMMANDS}}
+        for name in variants
+    }
     all_ratios = {cmd: ratios(per_command[cmd], RATIO_PAIRS) for cmd in COMMANDS}
     for cmd in COMMANDS:
         print_table(f"command {cmd!r}", per_command[cmd], skipped)

@@ -20,10 +20,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from _common import (
+    Daemon,
+    free_port,
+    interleaved,
+    parse_args,
+    print_header,
+    print_ratios,
+    print_table,
+    ratios,
+    summary,
+    write_json,
+)
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-from _common import (Daemon, free_port, interleaved, parse_args, print_header, print_ratios, print_table, ratios,
-                     summary, write_json)
 
 PAYLOAD = bytes(64)
 METHODS = ["unary_health", "unary_echo", "stream_1", "stream_10"]
@@ -41,10 +50,17 @@ def serve(unix_socket: str, port: int) -> None:
         server = grpc.aio.server()
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("bench.Echo", {
-            "Unary": grpc.unary_unary_rpc_method_handler(echo),  # no (de)serializers: raw bytes
-            "Stream": grpc.unary_stream_rpc_method_handler(stream),
-        })])
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "bench.Echo",
+                    {
+                        "Unary": grpc.unary_unary_rpc_method_handler(echo),  # no (de)serializers: raw bytes
+                        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+                    },
+                )
+            ]
+        )
         server.add_insecure_port(f"unix:{unix_socket}")
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -98,8 +114,10 @@ def main() -> None:
         root.rmdir()
 
     results = {name: summary(s) for name, s in samples.items()}
-    pairs = [(f"tcp_{m}", f"uds_{m}") for m in METHODS] + [("corral_unary_health", "uds_unary_health"),
-                                                          ("uds_stream_1", "uds_unary_echo")]
+    pairs = [(f"tcp_{m}", f"uds_{m}") for m in METHODS] + [
+        ("corral_unary_health", "uds_unary_health"),
+        ("uds_stream_1", "uds_unary_echo"),
+    ]
     values = ratios(results, pairs)
     print_table("round trip", results)
     print_ratios(values)

@@ -27,8 +27,12 @@ def serve_command(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(
-            args.config, socket=args.socket, state_dir=args.state_dir, tcp_listen=args.tcp,
-            token_file=args.token_file, metrics_listen=args.metrics,
+            args.config,
+            socket=args.socket,
+            state_dir=args.state_dir,
+            tcp_listen=args.tcp,
+            token_file=args.token_file,
+            metrics_listen=args.metrics,
         )
         main(config)
     except (ConfigError, DaemonAlreadyRunning) as err:

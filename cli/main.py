@@ -12,8 +12,11 @@ from corral.sdk.errors import CorralError
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="corral", description=__doc__)
-    parser.add_argument("--address", default=None,
-                        help="daemon address: unix:///path or host:port (default: $CORRAL_SOCKET or /run/corral/corral.sock)")
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="daemon address: unix:///path or host:port (default: $CORRAL_SOCKET or /run/corral/corral.sock)",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     daemon_commands.add_parsers(sub)
     sandbox_commands.add_parsers(sub)

@@ -36,14 +36,22 @@ STAGES = ("init", "run", "eval")
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run rollouts of tasks from JSONL files and write the results")
     run.add_argument("tasks", nargs="+", help="JSONL files, one corral task per line")
-    run.add_argument("--llm", action="append", default=[], metavar="URL|builtin:replay|builtin:tiny",
-                     help="LLM server to generate with (repeatable); builtin:* starts the built-in reference server")
+    run.add_argument(
+        "--llm",
+        action="append",
+        default=[],
+        metavar="URL|builtin:replay|builtin:tiny",
+        help="LLM server to generate with (repeatable); builtin:* starts the built-in reference server",
+    )
     run.add_argument("--protocol", default="sglang", choices=["sglang", "vllm"], help="protocol of URL servers")
     run.add_argument("--out", default=None, help="write each result as a JSON line here")
     run.add_argument("-n", "--samples", type=int, default=1, help="rollouts per task (one group each)")
     run.add_argument("--max-staleness", type=int, default=None)
-    run.add_argument("--tokenizer", default=None,
-                     help="embedded daemon only: 'byte' (default) or a local Hugging Face tokenizer directory")
+    run.add_argument(
+        "--tokenizer",
+        default=None,
+        help="embedded daemon only: 'byte' (default) or a local Hugging Face tokenizer directory",
+    )
     run.add_argument("--checkpoint", default=None, help="builtin:tiny weights (torch state dict)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars (also when not a terminal)")
     run.set_defaults(func=run_command)
@@ -101,8 +109,9 @@ async def _builtin_server(name: str, tasks: list, checkpoint: str | None) -> Asy
         await server.stop()
 
 
-async def _collect(client: AsyncClient, tasks: list, args: argparse.Namespace, out: TextIO | None,
-                   show_progress: bool) -> tuple[list[RolloutResult], float]:
+async def _collect(
+    client: AsyncClient, tasks: list, args: argparse.Namespace, out: TextIO | None, show_progress: bool
+) -> tuple[list[RolloutResult], float]:
     """The results in completion order, and the wall time it took."""
     results: list[RolloutResult] = []
     total = len(tasks) * args.samples
@@ -127,8 +136,14 @@ class _StageProgress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._client = client
-        self._progress = Progress(TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), transient=False)
+        self._progress = Progress(
+            TextColumn("{task.description:<8}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
         self._bars = {stage: self._progress.add_task(stage.upper(), total=total, detail="") for stage in STAGES}
         self._done = self._progress.add_task("results", total=total, detail="")
         self._baseline: dict[str, int] = {}
@@ -163,8 +178,11 @@ class _StageProgress:
         stats = await self._client.rollouts.stats()
         for stage in STAGES:
             stage_stats = getattr(stats, stage)
-            self._progress.update(self._bars[stage], completed=stage_stats.completed - self._baseline[stage],
-                                  detail=f"queued {stage_stats.queued:>3}  running {stage_stats.in_flight:>3}")
+            self._progress.update(
+                self._bars[stage],
+                completed=stage_stats.completed - self._baseline[stage],
+                detail=f"queued {stage_stats.queued:>3}  running {stage_stats.in_flight:>3}",
+            )
 
 
 def result_to_dict(result: RolloutResult) -> dict[str, Any]:
@@ -183,8 +201,12 @@ def is_token_exact(result: RolloutResult) -> bool:
         rebuilt += turn.generated_ids + turn.observation_ids
         mask += [1] * len(turn.generated_ids) + [0] * len(turn.observation_ids)
     n = len(result.response_ids)
-    return (rebuilt == result.response_ids and mask == result.response_mask
-            and len(result.response_logprobs) == n and len(result.weight_versions) == n)
+    return (
+        rebuilt == result.response_ids
+        and mask == result.response_mask
+        and len(result.response_logprobs) == n
+        and len(result.weight_versions) == n
+    )
 
 
 @dataclass
@@ -261,4 +283,3 @@ def _mean_max(values: Sequence[int]) -> str:
     if not values:
         return "-"
     return f"{statistics.fmean(values):.1f} / {max(values)}"
-

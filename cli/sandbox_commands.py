@@ -9,8 +9,8 @@ import os
 import sys
 
 from corral.sdk import Client
-from corral.sdk.terminal import TerminalEnded, attach_terminal
 from corral.sdk.enums import BACKEND_NAMES
+from corral.sdk.terminal import TerminalEnded, attach_terminal
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -58,8 +58,12 @@ def _client(args: argparse.Namespace) -> Client:
 def sandbox_create(args: argparse.Namespace) -> int:
     with _client(args) as client:
         sandbox = client.create_sandbox(
-            image=args.image, backend=args.backend, network=args.network,
-            memory_bytes=args.memory, pids=args.pids, cpu_millicores=args.cpu,
+            image=args.image,
+            backend=args.backend,
+            network=args.network,
+            memory_bytes=args.memory,
+            pids=args.pids,
+            cpu_millicores=args.cpu,
             labels=dict(kv.split("=", 1) for kv in args.label),
         )
         print(sandbox.id)
@@ -70,8 +74,15 @@ def sandbox_ls(args: argparse.Namespace) -> int:
     with _client(args) as client:
         sandboxes = client.list_sandboxes()
         if args.json:
-            print(json.dumps([{"id": s.id, "backend": s.backend, "image": s.image, "state": s.state,
-                               "labels": s.labels} for s in sandboxes], indent=2))
+            print(
+                json.dumps(
+                    [
+                        {"id": s.id, "backend": s.backend, "image": s.image, "state": s.state, "labels": s.labels}
+                        for s in sandboxes
+                    ],
+                    indent=2,
+                )
+            )
             return 0
         print(f"{'ID':<18} {'BACKEND':<12} {'STATE':<10} IMAGE")
         for s in sandboxes:
@@ -93,8 +104,9 @@ def exec_command(args: argparse.Namespace) -> int:
         return 2
     with _client(args) as client:
         sandbox = client.get_sandbox(args.id)
-        result = sandbox.exec(command if len(command) > 1 or not args.shell else command[0],
-                              timeout=args.timeout, cwd=args.cwd)
+        result = sandbox.exec(
+            command if len(command) > 1 or not args.shell else command[0], timeout=args.timeout, cwd=args.cwd
+        )
         sys.stdout.buffer.write(result.stdout)
         sys.stderr.buffer.write(result.stderr)
         if result.timed_out:

@@ -185,7 +185,7 @@ class CgroupDriver:
     def can_track(self) -> bool:
         return bool(self.hierarchies)
 
-    def create(self, name: str, memory_bytes: int = 0, pids: int = 0, cpu_millicores: int = 0) -> "CgroupGroup":
+    def create(self, name: str, memory_bytes: int = 0, pids: int = 0, cpu_millicores: int = 0) -> CgroupGroup:
         group = CgroupGroup([h.base / name for h in self.hierarchies], self.hierarchies)
         group.make()
         for h, path in zip(self.hierarchies, group.paths):
@@ -219,7 +219,7 @@ class CgroupDriver:
             except OSError:
                 pass
 
-    def group_of(self, pid: int) -> "CgroupGroup | None":
+    def group_of(self, pid: int) -> CgroupGroup | None:
         """The cgroup a process lives in (e.g. a container's, made by its engine), in every
         hierarchy we use: leaves created under it inherit its limits."""
         try:
@@ -236,7 +236,7 @@ class CgroupDriver:
                 await asyncio.to_thread(group.kill)
                 await asyncio.to_thread(group.remove)
 
-    def existing_groups(self) -> list["CgroupGroup"]:
+    def existing_groups(self) -> list[CgroupGroup]:
         """Sandbox groups left in our base directories (after a crash)."""
         names: set[str] = set()
         for h in self.hierarchies:
@@ -264,7 +264,7 @@ class CgroupGroup:
         for path in self.paths:
             path.mkdir(exist_ok=True)
 
-    def leaf(self, name: str) -> "CgroupGroup":
+    def leaf(self, name: str) -> CgroupGroup:
         child = CgroupGroup([p / name for p in self.paths], self.hierarchies)
         child.make()
         return child

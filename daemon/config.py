@@ -144,7 +144,9 @@ def _merge_file(config: Config, values: dict[str, Any]) -> None:
 
 
 def _merge(target: Any, values: dict[str, Any], where: str) -> None:
-    known = {f.name: f for f in dataclasses.fields(target) if not (target.__class__ is Config and f.name in _NOT_FROM_TOML)}
+    known = {
+        f.name: f for f in dataclasses.fields(target) if not (target.__class__ is Config and f.name in _NOT_FROM_TOML)
+    }
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"unknown configuration key {where}{key}")
@@ -154,9 +156,7 @@ def _merge(target: Any, values: dict[str, Any], where: str) -> None:
                 raise ConfigError(f"{where}{key} must be a table")
             _merge(current, value, f"{where}{key}.")
         elif not _same_kind(current, value):
-            raise ConfigError(
-                f"{where}{key} must be {type(current).__name__}, got {type(value).__name__}"
-            )
+            raise ConfigError(f"{where}{key} must be {type(current).__name__}, got {type(value).__name__}")
         else:
             setattr(target, key, type(current)(value))
 
@@ -223,8 +223,10 @@ def _move_deprecated_keys(values: dict[str, Any]) -> list[str]:
         target = values.setdefault(new_section, {})
         if isinstance(target, dict):
             target.setdefault(new_key, value)
-        messages.append(f"{old_section}.{old_key} is deprecated and will be removed in the next release: "
-                        f"use {new_section}.{new_key}")
+        messages.append(
+            f"{old_section}.{old_key} is deprecated and will be removed in the next release: "
+            f"use {new_section}.{new_key}"
+        )
     return messages
 
 
@@ -249,4 +251,4 @@ def validate(config: Config) -> None:
     try:
         int(config.daemon.socket_mode, 8)
     except ValueError as err:
-        raise ConfigError("daemon.socket_mode must be an octal string such as \"0660\"") from err
+        raise ConfigError('daemon.socket_mode must be an octal string such as "0660"') from err

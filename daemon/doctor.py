@@ -19,7 +19,9 @@ def probe(config: Config) -> tuple[str, dict[str, BackendStatus]]:
 
 def report(config: Config) -> str:
     mode, backends = probe(config)
-    lines = [f"cgroups: {mode}" + ("" if os.geteuid() == 0 else " (not root: cgroups and per-sandbox uids unavailable)")]
+    lines = [
+        f"cgroups: {mode}" + ("" if os.geteuid() == 0 else " (not root: cgroups and per-sandbox uids unavailable)")
+    ]
     for name, status in backends.items():
         lines.append(f"{name}: {'available' if status.available else 'unavailable'} - {status.detail}")
         if status.available:

@@ -28,8 +28,9 @@ async def embedded_daemon(config: Config | None = None, **rollout: object) -> As
     with tempfile.TemporaryDirectory(prefix="corral-embedded-") as root:
         config = dataclasses.replace(
             config,
-            daemon=dataclasses.replace(config.daemon, socket=str(Path(root) / "corral.sock"),
-                                       state_dir=str(Path(root) / "state")),
+            daemon=dataclasses.replace(
+                config.daemon, socket=str(Path(root) / "corral.sock"), state_dir=str(Path(root) / "state")
+            ),
             rollout=dataclasses.replace(config.rollout, **rollout),
         )
         validate(config)

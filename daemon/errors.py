@@ -56,6 +56,6 @@ async def map_errors(method: str, context: grpc.aio.ServicerContext):
         raise  # context.abort() already chose the status
     except CorralError as err:
         await context.abort(err.code or grpc.StatusCode.INTERNAL, str(err))
-    except Exception as err:  # noqa: BLE001 - the caller gets a definite status, the log the trace
+    except Exception as err:
         log.exception("unexpected error in %s", method)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}: {err}")

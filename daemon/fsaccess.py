@@ -178,7 +178,7 @@ class SandboxFiles:
                 os.fchmod(fd, mode)  # the daemon's umask must not change what was asked for
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             except OSError as err:
                 raise from_os_error(err, path) from err
             finally:

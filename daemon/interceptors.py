@@ -10,13 +10,12 @@ import contextlib
 import hmac
 import time
 from collections.abc import Callable
-from typing import AsyncContextManager
 
 import grpc
 
 from .metrics import Metrics
 
-Guard = Callable[[str, grpc.aio.ServicerContext], AsyncContextManager[None]]
+Guard = Callable[[str, grpc.aio.ServicerContext], contextlib.AbstractAsyncContextManager[None]]
 
 
 class GuardInterceptor(grpc.aio.ServerInterceptor):

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from .output import HeadTailBuffer
 
-
 # -- events of one cell ------------------------------------------------------------------------------
 
 

@@ -87,16 +87,24 @@ class KernelFiles:
     sandbox_prefix: str
 
     @classmethod
-    def of(cls, runtime: SandboxRuntime, name: str) -> "KernelFiles":
+    def of(cls, runtime: SandboxRuntime, name: str) -> KernelFiles:
         files = cls(f"{runtime.run_dir_host}/{name}", f"{runtime.run_dir_sandbox}/{name}")
         longest = max(len(f"{p}-{max(PORTS.values())}".encode()) for p in (files.host_prefix, files.sandbox_prefix))
         if longest > UNIX_PATH_MAX:
-            raise FailedPrecondition(f"the sandbox's run directory path is too long for Unix sockets ({longest} > {UNIX_PATH_MAX} bytes)")
+            raise FailedPrecondition(
+                f"the sandbox's run directory path is too long for Unix sockets ({longest} > {UNIX_PATH_MAX} bytes)"
+            )
         return files
 
     def connection_info(self, prefix: str, key: str) -> dict:
-        return {"transport": "ipc", "ip": prefix, **PORTS, "key": key,
-                "signature_scheme": "hmac-sha256", "kernel_name": ""}
+        return {
+            "transport": "ipc",
+            "ip": prefix,
+            **PORTS,
+            "key": key,
+            "signature_scheme": "hmac-sha256",
+            "kernel_name": "",
+        }
 
     @property
     def connection_file_host(self) -> str:
@@ -139,11 +147,22 @@ class KernelProcess:
         self._output_tail = bytearray()
         self._listeners: dict[str, asyncio.Queue] = {}
         self.exited: asyncio.Task = asyncio.ensure_future(proc.run(self._keep_tail, None))
-        self._pumps = [asyncio.ensure_future(self._pump(channel)) for channel in (client.shell_channel, client.iopub_channel)]
+        self._pumps = [
+            asyncio.ensure_future(self._pump(channel)) for channel in (client.shell_channel, client.iopub_channel)
+        ]
 
     @classmethod
-    async def start(cls, runtime: SandboxRuntime, argv: list[str], *, env: dict[str, str], cwd: str,
-                    leaf: str, files: KernelFiles, context: zmq.asyncio.Context) -> "KernelProcess":
+    async def start(
+        cls,
+        runtime: SandboxRuntime,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        leaf: str,
+        files: KernelFiles,
+        context: zmq.asyncio.Context,
+    ) -> KernelProcess:
         host_info = files.write(secrets.token_hex(16))
         try:
             enter = runtime.enter_command([*argv, "-f", files.connection_file_sandbox], cwd=cwd, leaf=leaf, env=env)
@@ -181,7 +200,7 @@ class KernelProcess:
                 msg = await channel.get_msg()
             except zmq.ZMQError:
                 return  # the socket is closed: this incarnation is being stopped
-            except Exception:  # noqa: BLE001 - one bad message (e.g. a bad signature) must not end the channel
+            except Exception:
                 log.exception("dropping an unreadable message from a kernel")
                 continue
             queue = self._listeners.get(msg["parent_header"].get("msg_id", ""))
@@ -369,7 +388,6 @@ class KernelManager:
             raise NotFound(f"no kernel {kernel_id!r} in sandbox {sandbox_id}")
         return kernel
 
-
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self, sandbox_id: str, python: str, cwd: str, env: dict[str, str]) -> KernelInfo:
@@ -380,8 +398,9 @@ class KernelManager:
             kernels = self._kernels.setdefault(sandbox_id, {})
             if len(kernels) >= MAX_KERNELS_PER_SANDBOX:
                 raise ResourceExhausted(f"sandbox {sandbox_id} already runs {MAX_KERNELS_PER_SANDBOX} kernels")
-            kernel = Kernel(sandbox_id, f"k-{secrets.token_hex(4)}", python, cwd, dict(env),
-                            sandbox.runtime.next_leaf("k"))
+            kernel = Kernel(
+                sandbox_id, f"k-{secrets.token_hex(4)}", python, cwd, dict(env), sandbox.runtime.next_leaf("k")
+            )
             kernels[kernel.kernel_id] = kernel  # listed (dead) while it starts, so close_sandbox sees it
             try:
                 async with kernel.lifecycle_lock:
@@ -407,7 +426,7 @@ class KernelManager:
         find_spec instead of an import: the answer without paying for ipykernel's import twice."""
         proc = runtime.start_process([kernel.python, "-c", PROBE_CODE], env=env, cwd=kernel.cwd, stdin=None)
         output = bytearray()
-        exit = await proc.run(lambda _s, data: output.extend(data[:OUTPUT_TAIL_BYTES - len(output)]), PROBE_TIMEOUT_S)
+        exit = await proc.run(lambda _s, data: output.extend(data[: OUTPUT_TAIL_BYTES - len(output)]), PROBE_TIMEOUT_S)
         detail = output.decode(errors="replace").strip()
         if exit.exit_code == NO_IPYKERNEL:
             raise FailedPrecondition(
@@ -420,7 +439,9 @@ class KernelManager:
                 f"{f' in {kernel.cwd}' if kernel.cwd else ''}: {detail or f'exit code {exit.exit_code}'}"
             )
         if exit.exit_code != 0:
-            raise FailedPrecondition(f"{kernel.python} failed to start (exit code {exit.exit_code}): {detail or 'no output'}")
+            raise FailedPrecondition(
+                f"{kernel.python} failed to start (exit code {exit.exit_code}): {detail or 'no output'}"
+            )
 
     async def _launch(self, sandbox: Sandbox, kernel: Kernel) -> None:
         runtime = sandbox.runtime
@@ -496,7 +517,9 @@ class KernelManager:
                             if kernel.process is process:
                                 kernel.execution_count = max(kernel.execution_count, event.execution_count)
                             if event.kernel_died and process.output_tail:
-                                log.warning("kernel %s in %s died: %s", kernel_id, sandbox_id, process.output_tail[-2000:])
+                                log.warning(
+                                    "kernel %s in %s died: %s", kernel_id, sandbox_id, process.output_tail[-2000:]
+                                )
                         yield event
                 finally:
                     kernel.busy = False

@@ -91,8 +91,16 @@ class _Server:
         return self.healthy or (now >= self.down_until and self.in_flight == 0)
 
     def stats(self) -> ServerStats:
-        return ServerStats(self.address, self.protocol, self.weight, self.model, self.in_flight,
-                           self.healthy, self.requests, self.failures)
+        return ServerStats(
+            self.address,
+            self.protocol,
+            self.weight,
+            self.model,
+            self.in_flight,
+            self.healthy,
+            self.requests,
+            self.failures,
+        )
 
 
 def normalize_address(address: str) -> str:
@@ -123,10 +131,19 @@ class LLMPool:
     rollout's id as the routing key (llm/routing.py), on a given session only if it has the
     `routing_key_header` middleware."""
 
-    def __init__(self, *, timeout_s: float = 600.0, max_attempts: int = 4, backoff_s: float = 0.25,
-                 max_backoff_s: float = 4.0, overload_factor: float = 2.0, cooldown_s: float = 15.0,
-                 session: aiohttp.ClientSession | None = None, max_sticky: int = 200_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 600.0,
+        max_attempts: int = 4,
+        backoff_s: float = 0.25,
+        max_backoff_s: float = 4.0,
+        overload_factor: float = 2.0,
+        cooldown_s: float = 15.0,
+        session: aiohttp.ClientSession | None = None,
+        max_sticky: int = 200_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         self.timeout_s = timeout_s
@@ -224,8 +241,9 @@ class LLMPool:
             server.failures += 1
             if error.take_out:
                 if server.healthy:
-                    log.warning("LLM server %s taken out of rotation for %.0f s: %s", server.address,
-                                self.cooldown_s, error)
+                    log.warning(
+                        "LLM server %s taken out of rotation for %.0f s: %s", server.address, self.cooldown_s, error
+                    )
                 server.healthy = False
                 server.down_until = self._clock() + self.cooldown_s
             raise
@@ -247,8 +265,12 @@ class LLMPool:
         pool = fresh or candidates
         least = min(pool, key=lambda s: ((s.in_flight + 1) / s.weight, s.requests / s.weight, s.order))
         sticky = self._servers.get(self._sticky.get(rollout_id, ""))
-        if sticky is not None and sticky in pool and sticky.healthy \
-                and sticky.load <= self.overload_factor * least.load + 1:
+        if (
+            sticky is not None
+            and sticky in pool
+            and sticky.healthy
+            and sticky.load <= self.overload_factor * least.load + 1
+        ):
             return sticky
         return least
 
@@ -265,8 +287,9 @@ class LLMPool:
                     raise LLMServerError("the pool's HTTP session is closed", server=server.address, retryable=False)
                 self._session = routed_session()
             if server.protocol == "vllm":
-                server.client = VLLMClient(server.address, session=self._session, timeout_s=self.timeout_s,
-                                           model=server.model)
+                server.client = VLLMClient(
+                    server.address, session=self._session, timeout_s=self.timeout_s, model=server.model
+                )
             else:
                 server.client = SGLangClient(server.address, session=self._session, timeout_s=self.timeout_s)
         return server.client
@@ -278,4 +301,3 @@ class LLMPool:
         if self._owns_session and self._session is not None:
             await self._session.close()
         self._session = None
-

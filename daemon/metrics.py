@@ -12,7 +12,9 @@ class Metrics:
         self.sandboxes_created = Counter(
             "corral_sandboxes_created", "Sandboxes created", ["backend"], registry=self.registry
         )
-        self.execs = Counter("corral_execs", "Commands started (Exec and ExecStream)", ["backend"], registry=self.registry)
+        self.execs = Counter(
+            "corral_execs", "Commands started (Exec and ExecStream)", ["backend"], registry=self.registry
+        )
         self.exec_timeouts = Counter(
             "corral_exec_timeouts", "Commands killed by their timeout", ["backend"], registry=self.registry
         )

@@ -21,18 +21,27 @@ def version() -> str:
         return "0+unknown"
 
 
-def make_backends(config: Config, cgroups: CgroupDriver, daemon_id: str, *,
-                  hidden_paths: Sequence[str] = ()) -> dict[str, Backend]:
+def make_backends(
+    config: Config, cgroups: CgroupDriver, daemon_id: str, *, hidden_paths: Sequence[str] = ()
+) -> dict[str, Backend]:
     """Every registered backend, each with its own settings and the shared rest of the context
     (one uid pool for all of them: a uid is never handed to two sandboxes)."""
     uids = UidPool(config.sandbox.uid_base, config.sandbox.uid_count)
     run_base = run_dir_base(daemon_id)
     return {
-        name: backend_class(BackendContext(
-            daemon_id=daemon_id, state_dir=config.state_path, run_base=run_base, cgroups=cgroups, uids=uids,
-            workdir=config.sandbox.workdir, max_file_bytes=config.exec.max_file_bytes,
-            hidden_paths=tuple(hidden_paths), settings=config.backend(name),
-        ))
+        name: backend_class(
+            BackendContext(
+                daemon_id=daemon_id,
+                state_dir=config.state_path,
+                run_base=run_base,
+                cgroups=cgroups,
+                uids=uids,
+                workdir=config.sandbox.workdir,
+                max_file_bytes=config.exec.max_file_bytes,
+                hidden_paths=tuple(hidden_paths),
+                settings=config.backend(name),
+            )
+        )
         for name, backend_class in BACKENDS.items()
     }
 

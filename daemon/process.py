@@ -87,9 +87,7 @@ class HostProcess:
         self._exited = False
         self._stdin_error: Exception | None = None
 
-    async def run(
-        self, on_output: Callable[[int, bytes], None], timeout: float | None
-    ) -> ProcessExit:
+    async def run(self, on_output: Callable[[int, bytes], None], timeout: float | None) -> ProcessExit:
         """Waits for the main process to exit (or the timeout to kill the tree), forwarding output.
 
         Returns once the main process has exited: descendants left in the background keep
@@ -103,9 +101,7 @@ class HostProcess:
         for fd, stream in pipes.items():
             os.set_blocking(fd, False)
             loop.add_reader(fd, self._read_once, fd, stream, on_output)
-        stdin_task = (
-            asyncio.ensure_future(self._feed_stdin()) if self._stdin_data is not None else None
-        )
+        stdin_task = asyncio.ensure_future(self._feed_stdin()) if self._stdin_data is not None else None
         timed_out = False
         try:
             try:
@@ -224,7 +220,7 @@ async def write_all(fd: int, data: bytes, timeout: float | None = None) -> None:
     deadline = None if timeout is None else loop.time() + timeout
     while view:
         try:
-            view = view[os.write(fd, view[:READ_CHUNK]):]
+            view = view[os.write(fd, view[:READ_CHUNK]) :]
             continue
         except BlockingIOError:
             pass

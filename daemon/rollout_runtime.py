@@ -28,10 +28,14 @@ class RolloutRuntime:
     def __init__(self, config: RolloutConfig, socket_path: Path) -> None:
         self.llms = LLMPool(timeout_s=config.llm_timeout_s, max_attempts=config.llm_attempts)
         self.client = AsyncClient(f"unix://{socket_path}")
-        self.pipeline = RolloutPipeline(self.client, self.llms.generate, load_tokenizer(config.tokenizer),
-                                        settings=pipeline_settings(config),
-                                        has_llm=lambda: len(self.llms) > 0,
-                                        forget_rollout=self.llms.forget)
+        self.pipeline = RolloutPipeline(
+            self.client,
+            self.llms.generate,
+            load_tokenizer(config.tokenizer),
+            settings=pipeline_settings(config),
+            has_llm=lambda: len(self.llms) > 0,
+            forget_rollout=self.llms.forget,
+        )
 
     def start(self) -> None:
         self.pipeline.start()

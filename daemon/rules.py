@@ -59,7 +59,9 @@ def output_limit(config: ExecConfig, limit_bytes: int) -> int:
     """Bytes of output kept: 0 takes the default; more than the maximum is refused."""
     limit = limit_bytes or config.default_output_limit_bytes
     if limit > config.max_output_limit_bytes:
-        raise InvalidArgument(f"output limit {limit} is over this daemon's maximum of {config.max_output_limit_bytes} bytes")
+        raise InvalidArgument(
+            f"output limit {limit} is over this daemon's maximum of {config.max_output_limit_bytes} bytes"
+        )
     return limit
 
 
@@ -68,7 +70,9 @@ def sandbox_limits(requested: Limits, defaults: LimitsConfig) -> Limits:
     if requested.memory_bytes and requested.memory_bytes < MIN_MEMORY_BYTES:
         raise InvalidArgument(f"memory limit {requested.memory_bytes} is below the minimum of {MIN_MEMORY_BYTES} bytes")
     if requested.cpu_millicores and requested.cpu_millicores < MIN_CPU_MILLICORES:
-        raise InvalidArgument(f"cpu limit {requested.cpu_millicores} is below the minimum of {MIN_CPU_MILLICORES} millicores")
+        raise InvalidArgument(
+            f"cpu limit {requested.cpu_millicores} is below the minimum of {MIN_CPU_MILLICORES} millicores"
+        )
     return Limits(
         memory_bytes=requested.memory_bytes or defaults.memory_bytes,
         pids=requested.pids or defaults.pids,
@@ -145,6 +149,11 @@ def command(config: ExecConfig, request: CommandRequest) -> CommandSpec:
         no_nul("command", arg)
     no_nul("command", shell or "")
     return CommandSpec(
-        argv, shell, request.stdin, environment(request.env), working_directory(request.cwd),
-        timeout_s(config, request.timeout_ms), output_limit(config, request.output_limit_bytes),
+        argv,
+        shell,
+        request.stdin,
+        environment(request.env),
+        working_directory(request.cwd),
+        timeout_s(config, request.timeout_ms),
+        output_limit(config, request.output_limit_bytes),
     )

@@ -118,7 +118,7 @@ class SandboxManager:
             try:
                 if backend:
                     await backend.reap(record)
-            except Exception:  # noqa: BLE001 - recovery must go on for the others
+            except Exception:
                 log.exception("could not reap leftover sandbox %s", record.get("sandbox_id"))
             self.state.remove(record.get("sandbox_id", ""))
             log.info("reaped leftover sandbox %s", record.get("sandbox_id"))
@@ -165,7 +165,9 @@ class SandboxManager:
         if impl is None:
             raise FailedPrecondition(f"backend {backend!r} is not configured on this node")
         if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
-            raise ResourceExhausted(f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)")
+            raise ResourceExhausted(
+                f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
+            )
         env = rules.environment(env)
         limits = rules.sandbox_limits(limits, self.config.limits)
         idle_timeout_s = idle_timeout_s or self.config.limits.idle_timeout_s
@@ -227,7 +229,7 @@ class SandboxManager:
             for hook in self._destroy_hooks:
                 try:
                     await hook(sandbox_id)
-                except Exception:  # noqa: BLE001 - teardown goes on; the runtime kill is final
+                except Exception:
                     log.exception("destroy hook failed for %s", sandbox_id)
             if sandbox.runtime:
                 await sandbox.runtime.destroy()
@@ -269,8 +271,9 @@ class SandboxManager:
         """Runs a caller's command to completion (the request rules apply)."""
         return await self.run_command(sandbox_id, rules.command(self.config.exec, request))
 
-    def exec_stream(self, sandbox_id: str, request: rules.CommandRequest,
-                    keepalive_s: float) -> AsyncIterator[Started | Output | Keepalive | Exited]:
+    def exec_stream(
+        self, sandbox_id: str, request: rules.CommandRequest, keepalive_s: float
+    ) -> AsyncIterator[Started | Output | Keepalive | Exited]:
         """Streams a caller's command (the request rules apply); see stream_command."""
         return self.stream_command(sandbox_id, rules.command(self.config.exec, request), keepalive_s)
 
@@ -283,8 +286,13 @@ class SandboxManager:
             exit = await proc.run(lambda stream, data: buffers[stream].write(data), spec.timeout_s)
             out, err = buffers[1], buffers[2]
             return self._outcome(
-                sandbox, proc, exit, oom_before,
-                (out.getvalue(), out.total), (err.getvalue(), err.total), out.truncated or err.truncated,
+                sandbox,
+                proc,
+                exit,
+                oom_before,
+                (out.getvalue(), out.total),
+                (err.getvalue(), err.total),
+                out.truncated or err.truncated,
             )
 
     async def stream_command(
@@ -324,7 +332,9 @@ class SandboxManager:
                     yield queue.get_nowait()
                 exit = runner.result()
                 truncated = totals[1] + totals[2] > spec.output_limit
-                yield Exited(self._outcome(sandbox, proc, exit, oom_before, (b"", totals[1]), (b"", totals[2]), truncated))
+                yield Exited(
+                    self._outcome(sandbox, proc, exit, oom_before, (b"", totals[1]), (b"", totals[2]), truncated)
+                )
             finally:
                 if getter is not None and not getter.done():
                     getter.cancel()

@@ -20,8 +20,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from corral.v1 import kernel_pb2, kernel_pb2_grpc, rollout_pb2, rollout_pb2_grpc
-from corral.v1 import sandbox_pb2, sandbox_pb2_grpc, shell_pb2, shell_pb2_grpc
+from corral.v1 import (
+    kernel_pb2,
+    kernel_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+    sandbox_pb2,
+    sandbox_pb2_grpc,
+    shell_pb2,
+    shell_pb2_grpc,
+)
 
 from .cgroups import CgroupDriver
 from .config import Config
@@ -31,8 +39,8 @@ from .kernels import KernelManager
 from .metrics import Metrics
 from .node import NodeInfo, make_backends, version
 from .notify import sd_notify
-from .sandboxes import SandboxManager
 from .rollout_runtime import RolloutRuntime
+from .sandboxes import SandboxManager
 from .services.kernel import KernelServicer
 from .services.rollout import RolloutServicer
 from .services.sandbox import SandboxServicer
@@ -78,8 +86,9 @@ class Daemon:
         self.cgroups = CgroupDriver(self.state.daemon_id)
         self.socket_path = Path(config.daemon.socket).absolute()
         hidden = [config.daemon.state_dir, str(self.socket_path.parent)]
-        self.backends = make_backends(config, self.cgroups, self.state.daemon_id,
-                                      hidden_paths=[p for p in hidden if p != "/"])
+        self.backends = make_backends(
+            config, self.cgroups, self.state.daemon_id, hidden_paths=[p for p in hidden if p != "/"]
+        )
         self.metrics = Metrics()
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
         self.shells = ShellManager(config, self.manager)
@@ -112,7 +121,8 @@ class Daemon:
         self.server = grpc.aio.server(interceptors=[GuardInterceptor(*guards)], options=options)
         kernel_pb2_grpc.add_KernelServiceServicer_to_server(KernelServicer(self.kernels), self.server)
         rollout_pb2_grpc.add_RolloutServiceServicer_to_server(
-            RolloutServicer(self.rollouts.pipeline, self.rollouts.llms), self.server)
+            RolloutServicer(self.rollouts.pipeline, self.rollouts.llms), self.server
+        )
         shell_pb2_grpc.add_ShellServiceServicer_to_server(ShellServicer(self.shells), self.server)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
             SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)), self.server
@@ -134,8 +144,11 @@ class Daemon:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.metrics.listen:
             self.metrics.serve_http(self.config.metrics.listen)
-        log.info("serving on unix:%s%s", self.socket_path,
-                 f" and tcp {self.config.daemon.tcp.listen}" if self.config.daemon.tcp.listen else "")
+        log.info(
+            "serving on unix:%s%s",
+            self.socket_path,
+            f" and tcp {self.config.daemon.tcp.listen}" if self.config.daemon.tcp.listen else "",
+        )
         sd_notify("READY=1")
 
     def request_stop(self) -> None:

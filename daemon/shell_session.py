@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.sdk.ansi import strip_ansi
+from corral.sdk.errors import FailedPrecondition
 
 from .backends.base import SandboxRuntime
-from corral.sdk.errors import FailedPrecondition
 from .fsaccess import create_private_file
 from .output import HeadTailBuffer, utf8_safe
 from .pty import Terminal
@@ -55,6 +55,8 @@ _BASH_INIT = (
     "\\builtin trap '(( ${#BASH_SOURCE[@]} == 0 )) || __corral_stop' DEBUG; }; "
 )
 _POSIX_INIT = "set +m 2>/dev/null; trap : INT; "
+
+
 @dataclass(frozen=True)
 class TurnResult:
     output: bytes
@@ -160,7 +162,9 @@ class ShellSession:
         if not self._bash:  # plain sh: an interrupt stops the current command only
             return (source + self._marker("$__corral_rc")).encode()
         return (
-            "\\builtin trap __corral_interrupted INT; __corral_abort=; " + source + "\\builtin trap - DEBUG; "
+            "\\builtin trap __corral_interrupted INT; __corral_abort=; "
+            + source
+            + "\\builtin trap - DEBUG; "
             + self._marker("$(( __corral_abort ? 130 : __corral_rc ))")
         ).encode()
 
@@ -170,8 +174,14 @@ class ShellSession:
         argv = [self.program, "--noprofile", "--norc"] if self._bash else [self.program]
         enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"), env=self.env)
         self._terminal = Terminal(
-            enter.argv, env=enter.env, cwd=enter.cwd, rows=self.size[0], cols=self.size[1],
-            cgroup=enter.cgroup, stderr_to_pipe=True, wrapped=enter.wrapped,
+            enter.argv,
+            env=enter.env,
+            cwd=enter.cwd,
+            rows=self.size[0],
+            cols=self.size[1],
+            cgroup=enter.cgroup,
+            stderr_to_pipe=True,
+            wrapped=enter.wrapped,
         )
         self._terminal.attach(self._on_stdout, self._on_stderr)
         self._turn = _Turn(self._sentinel, self._sentinel_max, 1 << 16, b"")
@@ -338,6 +348,7 @@ class ShellSession:
         its marker again, else "exited"/"stuck"; and whether the end-of-file was sent."""
         terminal = self._terminal
         shell = terminal.shell_pid()
+
         async def end_of_file() -> None:
             with contextlib.suppress(TimeoutError):
                 await terminal.write(b"\x04", timeout=GRACE_S)

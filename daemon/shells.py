@@ -61,9 +61,14 @@ class ShellManager:
             slot = self._slots[sandbox_id] = self._slots.get(sandbox_id, 0) + 1
             rows, cols = size or DEFAULT_SIZE
             session = ShellSession(
-                runtime, name,
+                runtime,
+                name,
                 env=sandbox_environment(runtime.workdir, sandbox.env, env),
-                cwd=cwd, rows=rows, cols=cols, program=self._program(runtime, program), slot=slot,
+                cwd=cwd,
+                rows=rows,
+                cols=cols,
+                program=self._program(runtime, program),
+                slot=slot,
             )
             sessions[name] = session  # reserve the name while the shell starts
             try:
@@ -85,8 +90,15 @@ class ShellManager:
         return session
 
     async def run(
-        self, sandbox_id: str, name: str, command: str, *, timeout_ms: int, idle_timeout_ms: int,
-        output_limit_bytes: int, strip_ansi: bool,
+        self,
+        sandbox_id: str,
+        name: str,
+        command: str,
+        *,
+        timeout_ms: int,
+        idle_timeout_ms: int,
+        output_limit_bytes: int,
+        strip_ansi: bool,
     ) -> tuple[TurnResult, bytes | None]:
         """Runs one command in a session. Timeouts and the output limit as the caller sent them
         (0: the daemon's defaults; idle timeout 0: none)."""
@@ -97,7 +109,11 @@ class ShellManager:
         session = self.get(sandbox_id, name)
         with self.sandboxes.using(sandbox_id):
             return await session.run(
-                command, timeout_s=timeout_s, idle_timeout_s=idle_timeout_ms / 1000, output_limit=limit, strip=strip_ansi
+                command,
+                timeout_s=timeout_s,
+                idle_timeout_s=idle_timeout_ms / 1000,
+                output_limit=limit,
+                strip=strip_ansi,
             )
 
     def list(self, sandbox_id: str) -> list[ShellSession]:
@@ -120,7 +136,12 @@ class ShellManager:
     # -- interactive terminals -----------------------------------------------------------------------
 
     async def attach(
-        self, sandbox_id: str, *, size: tuple[int, int] | None, term: str, program: str,
+        self,
+        sandbox_id: str,
+        *,
+        size: tuple[int, int] | None,
+        term: str,
+        program: str,
         inputs: AsyncIterator[tuple[str, object]],
     ) -> AsyncIterator[AttachOutput | AttachExited]:
         """An interactive shell for as long as the caller iterates. `inputs` yields ("input",
@@ -132,10 +153,20 @@ class ShellManager:
             env.pop("PAGER", None)
             env.pop("GIT_PAGER", None)
             rows, cols = size or ATTACH_SIZE
-            enter = runtime.enter_command([self._program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"), env=env)
-            terminal = Terminal(enter.argv, env=enter.env, cwd=enter.cwd, rows=rows, cols=cols,
-                                cgroup=enter.cgroup, stderr_to_pipe=False, wrapped=enter.wrapped,
-                                interactive=True)
+            enter = runtime.enter_command(
+                [self._program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"), env=env
+            )
+            terminal = Terminal(
+                enter.argv,
+                env=enter.env,
+                cwd=enter.cwd,
+                rows=rows,
+                cols=cols,
+                cgroup=enter.cgroup,
+                stderr_to_pipe=False,
+                wrapped=enter.wrapped,
+                interactive=True,
+            )
             queue: asyncio.Queue[bytes] = asyncio.Queue()
             terminal.attach(queue.put_nowait)
 

@@ -59,7 +59,9 @@ class TarTransfer:
         finally:
             reader.cancel()
         if outcome.exit.exit_code != 0:
-            raise InvalidArgument(f"could not unpack the archive into {dest}: {outcome.stderr.decode(errors='replace').strip()}")
+            raise InvalidArgument(
+                f"could not unpack the archive into {dest}: {outcome.stderr.decode(errors='replace').strip()}"
+            )
         return received
 
     async def download(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:

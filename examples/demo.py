@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from corral.sdk import Client, CorralError
 from corral.cli.main import main as corral_cli
+from corral.sdk import Client, CorralError
 
 EXAMPLES = Path(__file__).resolve().parent
 
@@ -29,7 +29,8 @@ def start_daemon(root: Path) -> tuple[subprocess.Popen, str]:
     socket_path = root / "corral.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "corral.cli", "serve", "--socket", str(socket_path), "--state-dir", str(root / "state")],
-        stdout=subprocess.DEVNULL, stderr=open(root / "daemon.log", "wb"),
+        stdout=subprocess.DEVNULL,
+        stderr=open(root / "daemon.log", "wb"),
     )
     deadline = time.monotonic() + 20
     while not socket_path.exists():
@@ -56,7 +57,10 @@ def main() -> int:
                     print(f"the local backend is unavailable here: {local.detail}")
                     return 1
                 for limit in local.limits:
-                    show(f"limit {limit.kind}", f"enforced by {limit.mechanism}" if limit.enforced else f"NOT enforced: {limit.reason}")
+                    show(
+                        f"limit {limit.kind}",
+                        f"enforced by {limit.mechanism}" if limit.enforced else f"NOT enforced: {limit.reason}",
+                    )
 
                 print("\nsandbox lifecycle")
                 t0 = time.perf_counter()
@@ -85,14 +89,19 @@ def main() -> int:
                     print("\nisolation")
                     show("cat /etc/shadow", sb.exec("cat /etc/shadow", timeout=10).stderr.strip())
                     show("touch /usr/x", sb.exec("touch /usr/x", timeout=10).stderr.strip())
-                    net = sb.exec(["python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 22), 1)"], timeout=10)
+                    net = sb.exec(
+                        ["python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 22), 1)"], timeout=10
+                    )
                     show("network", "off (connect failed)" if net.exit_code else "ON")
                     show("processes visible", len(sb.exec("ps -e", timeout=10).stdout.splitlines()) - 1)
 
                     print("\nexec semantics")
                     t0 = time.perf_counter()
                     r = sb.exec("sleep 300 & setsid sleep 301 & echo partial; sleep 302", timeout=1)
-                    show("timeout 1s on a tree of 3 processes", f"timed_out={r.timed_out} signal={r.signal} output={r.stdout!r}")
+                    show(
+                        "timeout 1s on a tree of 3 processes",
+                        f"timed_out={r.timed_out} signal={r.signal} output={r.stdout!r}",
+                    )
                     show("survivors", sb.exec("ps -eo args | grep -c '[s]leep 30'", timeout=10).stdout.strip())
                     r = sb.exec("seq 1 3000000", timeout=30, output_limit=64)
                     show("20 MB of output, 64-byte cap", f"truncated={r.truncated} total={r.stdout_total_bytes}")
@@ -108,8 +117,11 @@ def main() -> int:
                     r = sh.run("echo $GREETING from $(pwd)", timeout=10)
                     show("state kept across turns", f"{r.output!r} in {(time.perf_counter() - t0) * 1000:.1f} ms")
                     r = sh.run("sleep 100; echo never", timeout=1)
-                    show("a turn that times out", f"timed_out={r.timed_out} exit={r.exit_code}, shell still usable: "
-                         f"{sh.run('echo yes', timeout=10).output!r}")
+                    show(
+                        "a turn that times out",
+                        f"timed_out={r.timed_out} exit={r.exit_code}, shell still usable: "
+                        f"{sh.run('echo yes', timeout=10).output!r}",
+                    )
                     try:
                         kernel = sb.kernel()
                         kernel.execute("import math; r = 2")
@@ -130,17 +142,30 @@ def main() -> int:
 
 def run_rollouts(root: Path) -> int:
     """`corral run` on the bundled tasks and on the broken one, each with an embedded daemon."""
-    print("\nrollouts: the bundled tasks with the replay policy (corral run examples/tasks/repair.jsonl --llm builtin:replay)")
+    print(
+        "\nrollouts: the bundled tasks with the replay policy (corral run examples/tasks/repair.jsonl --llm builtin:replay)"
+    )
     results = root / "results.jsonl"
-    code = corral_cli(["run", str(EXAMPLES / "tasks" / "repair.jsonl"), "--llm", "builtin:replay", "--out", str(results)])
+    code = corral_cli(
+        ["run", str(EXAMPLES / "tasks" / "repair.jsonl"), "--llm", "builtin:replay", "--out", str(results)]
+    )
     unsolved = [r["task_id"] for r in map(json.loads, results.read_text().splitlines()) if r["reward"] != 1.0]
     if code != 0 or unsolved:
         print(f"not every bundled task reached reward 1.0: {unsolved}")
         return 1
     print("\na deliberately broken task (examples/broken/): its evaluation command crashes")
     broken = root / "broken.jsonl"
-    corral_cli(["run", str(EXAMPLES / "broken" / "broken_task.jsonl"), "--llm", "builtin:replay",
-                "--out", str(broken), "--no-progress"])
+    corral_cli(
+        [
+            "run",
+            str(EXAMPLES / "broken" / "broken_task.jsonl"),
+            "--llm",
+            "builtin:replay",
+            "--out",
+            str(broken),
+            "--no-progress",
+        ]
+    )
     [result] = [json.loads(line) for line in broken.read_text().splitlines()]
     show("status", result["status"])
     show("filter reason", result["filter_reason"])

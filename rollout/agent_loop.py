@@ -60,9 +60,19 @@ class AgentLoop:
     `policy_version()` is the weight version of generations whose server reports none.
     """
 
-    def __init__(self, tokenizer: ChatTokenizer, generate: GenerateFn, tools: ToolBox, *, limits: AgentLimits,
-                 tool_call_format: ToolCallFormat, sampling: SamplingOptions, rollout_id: str,
-                 policy_version: Callable[[], int], on_turn: Callable[[TurnRecord], None] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        generate: GenerateFn,
+        tools: ToolBox,
+        *,
+        limits: AgentLimits,
+        tool_call_format: ToolCallFormat,
+        sampling: SamplingOptions,
+        rollout_id: str,
+        policy_version: Callable[[], int],
+        on_turn: Callable[[TurnRecord], None] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.generate = generate
         self.tools = tools
@@ -90,8 +100,7 @@ class AgentLoop:
             max_new = min(self.limits.max_new_tokens_per_turn, room)
             sampling = dataclasses.replace(self.sampling, max_new_tokens=max_new, stop_token_ids=stop_ids)
             started = time.monotonic()
-            generation = await self.generate(trajectory.prompt_ids + trajectory.response_ids, sampling,
-                                             self.rollout_id)
+            generation = await self.generate(trajectory.prompt_ids + trajectory.response_ids, sampling, self.rollout_id)
             llm_time = time.monotonic() - started
             if generation.finish_reason == "abort":
                 # The server gave up on the request (a weight update pausing generation, an
@@ -121,8 +130,7 @@ class AgentLoop:
                 finish = FinishReason.SUBMITTED
             else:
                 history = trajectory.messages
-                observation_ids = list(self.tokenizer.encode_continuation(history, generation.output_ids,
-                                                                          observations))
+                observation_ids = list(self.tokenizer.encode_continuation(history, generation.output_ids, observations))
                 next_length = self._length() + len(generation.output_ids) + len(observation_ids)
                 if next_length + 1 > self.limits.max_total_tokens:
                     finish = FinishReason.CONTEXT_FULL
@@ -135,11 +143,18 @@ class AgentLoop:
 
             weight_version = generation.weight_version
             turn = TurnRecord(
-                index=index, generated_ids=list(generation.output_ids), generated_logprobs=list(generation.logprobs),
+                index=index,
+                generated_ids=list(generation.output_ids),
+                generated_logprobs=list(generation.logprobs),
                 weight_version=self.policy_version() if weight_version is None else weight_version,
-                tool_calls=list(calls), observation_ids=observation_ids, format_error=error is not None,
-                llm_finish_reason=generation.finish_reason, llm_time_s=llm_time, tool_time_s=tool_time,
-                llm_server=generation.server)
+                tool_calls=list(calls),
+                observation_ids=observation_ids,
+                format_error=error is not None,
+                llm_finish_reason=generation.finish_reason,
+                llm_time_s=llm_time,
+                tool_time_s=tool_time,
+                llm_server=generation.server,
+            )
             trajectory.messages += [assistant, *observations]
             trajectory.append_turn(turn)
             if self.on_turn is not None:
@@ -188,5 +203,9 @@ def _clipped(generation: Generation, max_new: int) -> Generation:
     outgrows max_total_tokens."""
     if len(generation.output_ids) <= max_new:
         return generation
-    return dataclasses.replace(generation, output_ids=generation.output_ids[:max_new],
-                               logprobs=generation.logprobs[:max_new], finish_reason="length")
+    return dataclasses.replace(
+        generation,
+        output_ids=generation.output_ids[:max_new],
+        logprobs=generation.logprobs[:max_new],
+        finish_reason="length",
+    )

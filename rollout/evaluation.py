@@ -13,15 +13,13 @@ An evaluation command that runs past its time is a stage timeout, decided by the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import asyncio
-import contextlib
-
-import logging
 
 from corral.sdk import AsyncClient, AsyncSandbox, CorralError, ExecResult, InvalidArgument, NotFound
 from corral.v1 import rollout_pb2 as pb
@@ -65,13 +63,21 @@ async def create_task_sandbox(client: AsyncClient, task: pb.Task, *, rollout_id:
     """Creates the sandbox a task names (backend, image, resources), labelled with the rollout and
     task ids. Cancelled midway, it lets the creation finish and destroys the sandbox before the
     cancellation goes on, so nothing is left half-made."""
-    backend = None if task.backend == sandbox_pb2.BACKEND_UNSPECIFIED else \
-        sandbox_pb2.Backend.Name(task.backend).removeprefix("BACKEND_").lower()
-    creating = asyncio.ensure_future(client.create_sandbox(
-        image=task.image or None, backend=backend,
-        memory_bytes=task.resources.memory_bytes or None, pids=task.resources.pids or None,
-        cpu_millicores=task.resources.cpu_millicores or None,
-        labels={ROLLOUT_LABEL: rollout_id, TASK_LABEL: task.task_id}))
+    backend = (
+        None
+        if task.backend == sandbox_pb2.BACKEND_UNSPECIFIED
+        else sandbox_pb2.Backend.Name(task.backend).removeprefix("BACKEND_").lower()
+    )
+    creating = asyncio.ensure_future(
+        client.create_sandbox(
+            image=task.image or None,
+            backend=backend,
+            memory_bytes=task.resources.memory_bytes or None,
+            pids=task.resources.pids or None,
+            cpu_millicores=task.resources.cpu_millicores or None,
+            labels={ROLLOUT_LABEL: rollout_id, TASK_LABEL: task.task_id},
+        )
+    )
     try:
         return await asyncio.shield(creating)
     except asyncio.CancelledError:
@@ -81,8 +87,9 @@ async def create_task_sandbox(client: AsyncClient, task: pb.Task, *, rollout_id:
         raise
 
 
-async def start_task_sandbox(client: AsyncClient, task: pb.Task, *, rollout_id: str, retries: int,
-                             action_timeout_s: float) -> AsyncSandbox:
+async def start_task_sandbox(
+    client: AsyncClient, task: pb.Task, *, rollout_id: str, retries: int, action_timeout_s: float
+) -> AsyncSandbox:
     """Creates the task's sandbox and sets the task up in it. A failure of the node (a CorralError
     other than a bad image or request) is retried `retries` times with a doubling pause; a bad
     image, a bad request or a failing setup step is not. Raises SandboxStartFailed; whatever ends

@@ -158,10 +158,16 @@ class StageCounters:
 class RolloutPipeline:
     """Runs rollouts through INIT, RUN and EVAL. `start()` before use, `close()` at the end."""
 
-    def __init__(self, client: AsyncClient, generate: GenerateFn, tokenizer: ChatTokenizer, *,
-                 settings: PipelineSettings = PipelineSettings(),
-                 has_llm: Callable[[], bool] = lambda: True,
-                 forget_rollout: Callable[[str], None] = lambda rollout_id: None) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        generate: GenerateFn,
+        tokenizer: ChatTokenizer,
+        *,
+        settings: PipelineSettings = PipelineSettings(),
+        has_llm: Callable[[], bool] = lambda: True,
+        forget_rollout: Callable[[str], None] = lambda rollout_id: None,
+    ) -> None:
         self._client = client
         self._generate = generate
         self._tokenizer = tokenizer
@@ -202,8 +208,9 @@ class RolloutPipeline:
 
     # -- the API the service uses ----------------------------------------------------------------
 
-    async def submit(self, task: pb.Task, options: pb.RolloutOptions, deliver: ResultSink,
-                     on_turn: TurnSink | None = None) -> list[Rollout]:
+    async def submit(
+        self, task: pb.Task, options: pb.RolloutOptions, deliver: ResultSink, on_turn: TurnSink | None = None
+    ) -> list[Rollout]:
         """Queues `options.n` rollouts of a task (waiting while the INIT queue is full) and returns
         them. Each result goes to `deliver` when it is ready. Raises TaskError, NoLLMServers,
         PipelineClosed."""
@@ -214,9 +221,15 @@ class RolloutPipeline:
             raise NoLLMServers("no LLM server is registered: call RegisterLLM first")
         group_id = options.group_id or secrets.token_hex(6)
         rollouts = [
-            Rollout(rollout_id=f"{task.task_id}/{index}/{secrets.token_hex(4)}", task=task, options=options,
-                    group_id=group_id, sample_index=index, deliver=deliver,
-                    on_turn=on_turn if options.stream_turns else None)
+            Rollout(
+                rollout_id=f"{task.task_id}/{index}/{secrets.token_hex(4)}",
+                task=task,
+                options=options,
+                group_id=group_id,
+                sample_index=index,
+                deliver=deliver,
+                on_turn=on_turn if options.stream_turns else None,
+            )
             for index in range(options.n or 1)
         ]
         for rollout in rollouts:
@@ -241,9 +254,13 @@ class RolloutPipeline:
 
     def stage_stats(self, stage: Stage) -> pb.StageStats:
         counters = self._counters[stage]
-        return pb.StageStats(queued=self._queues[stage].qsize(), in_flight=counters.in_flight,
-                             workers=self._settings.stage(stage).workers, completed=counters.completed,
-                             throughput_per_s=counters.throughput())
+        return pb.StageStats(
+            queued=self._queues[stage].qsize(),
+            in_flight=counters.in_flight,
+            workers=self._settings.stage(stage).workers,
+            completed=counters.completed,
+            throughput_per_s=counters.throughput(),
+        )
 
     @property
     def live_count(self) -> int:
@@ -288,7 +305,9 @@ class RolloutPipeline:
             if rollout.stop_reason is not None:
                 self._finish(rollout, self._filtered(rollout, rollout.stop_reason, "the daemon shut down"))
             else:
-                self._finish(rollout, self._result(rollout, pb.ROLLOUT_STATUS_CANCELLED, error="cancelled by the client"))
+                self._finish(
+                    rollout, self._result(rollout, pb.ROLLOUT_STATUS_CANCELLED, error="cancelled by the client")
+                )
             return None
         error = work.exception()
         if isinstance(error, RolloutFiltered):
@@ -296,8 +315,11 @@ class RolloutPipeline:
             return None
         if error is not None:
             _log.error("rollout %s: unexpected failure in %s", rollout.rollout_id, stage.value, exc_info=error)
-            reason = {Stage.INIT: pb.FILTER_REASON_SANDBOX_START, Stage.RUN: pb.FILTER_REASON_BACKEND_CRASH,
-                      Stage.EVAL: pb.FILTER_REASON_EVAL_INFRA}[stage]
+            reason = {
+                Stage.INIT: pb.FILTER_REASON_SANDBOX_START,
+                Stage.RUN: pb.FILTER_REASON_BACKEND_CRASH,
+                Stage.EVAL: pb.FILTER_REASON_EVAL_INFRA,
+            }[stage]
             self._finish(rollout, self._filtered(rollout, reason, f"{type(error).__name__}: {error}"))
             return None
         if stage is Stage.INIT:
@@ -320,8 +342,9 @@ class RolloutPipeline:
 
     def _stage_timeout(self, stage: Stage, rollout: Rollout) -> float:
         limits = task_limits(rollout.task)
-        own = {Stage.INIT: limits.init_timeout_s, Stage.RUN: limits.run_timeout_s,
-               Stage.EVAL: limits.eval_timeout_s}[stage]
+        own = {Stage.INIT: limits.init_timeout_s, Stage.RUN: limits.run_timeout_s, Stage.EVAL: limits.eval_timeout_s}[
+            stage
+        ]
         return own or self._settings.stage(stage).timeout_s
 
     async def _init(self, rollout: Rollout, timeout_s: float) -> None:
@@ -329,8 +352,12 @@ class RolloutPipeline:
         try:
             async with asyncio.timeout(timeout_s):
                 rollout.sandbox = await start_task_sandbox(
-                    self._client, rollout.task, rollout_id=rollout.rollout_id, retries=self._settings.init_retries,
-                    action_timeout_s=limits.action_timeout_s)
+                    self._client,
+                    rollout.task,
+                    rollout_id=rollout.rollout_id,
+                    retries=self._settings.init_retries,
+                    action_timeout_s=limits.action_timeout_s,
+                )
         except SandboxStartFailed as error:
             raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
         except TimeoutError:
@@ -340,12 +367,22 @@ class RolloutPipeline:
         task = rollout.task
         assert rollout.sandbox is not None
         limits = task_limits(task)
-        tools = SandboxToolBox(rollout.sandbox, enabled_tools(task), workdir=rollout.sandbox.info.workdir,
-                               max_observation_bytes=limits.max_observation_bytes)
+        tools = SandboxToolBox(
+            rollout.sandbox,
+            enabled_tools(task),
+            workdir=rollout.sandbox.info.workdir,
+            max_observation_bytes=limits.max_observation_bytes,
+        )
         loop = AgentLoop(
-            self._tokenizer, self._generate, tools,
-            limits=AgentLimits(max_turns=limits.max_turns, max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
-                               max_total_tokens=limits.max_total_tokens, action_timeout_s=limits.action_timeout_s),
+            self._tokenizer,
+            self._generate,
+            tools,
+            limits=AgentLimits(
+                max_turns=limits.max_turns,
+                max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
+                max_total_tokens=limits.max_total_tokens,
+                action_timeout_s=limits.action_timeout_s,
+            ),
             tool_call_format=tool_call_format(task),
             sampling=sampling_options(task, limits.max_new_tokens_per_turn),
             rollout_id=rollout.rollout_id,
@@ -370,7 +407,9 @@ class RolloutPipeline:
         assert rollout.sandbox is not None
         try:
             async with asyncio.timeout(timeout_s):
-                rollout.evaluation = await evaluate(rollout.sandbox, rollout.task.evaluation, command_timeout_s=timeout_s)
+                rollout.evaluation = await evaluate(
+                    rollout.sandbox, rollout.task.evaluation, command_timeout_s=timeout_s
+                )
         except TimeoutError:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"EVAL ran past its {timeout_s:g} s") from None
         except EvaluationInfraError as error:
@@ -383,9 +422,11 @@ class RolloutPipeline:
             return
         oldest = rollout.trajectory.oldest_weight_version
         if oldest is not None and self.policy_version - oldest > rollout.options.max_staleness:
-            raise RolloutFiltered(pb.FILTER_REASON_STALENESS,
-                                  f"its oldest token is from policy version {oldest}, {self.policy_version - oldest} "
-                                  f"versions behind {self.policy_version} (max_staleness {rollout.options.max_staleness})")
+            raise RolloutFiltered(
+                pb.FILTER_REASON_STALENESS,
+                f"its oldest token is from policy version {oldest}, {self.policy_version - oldest} "
+                f"versions behind {self.policy_version} (max_staleness {rollout.options.max_staleness})",
+            )
 
     def _turn_sink(self, rollout: Rollout) -> Callable[[TurnRecord], None] | None:
         if rollout.on_turn is None:
@@ -403,7 +444,9 @@ class RolloutPipeline:
             rollout.active.cancel()
         elif not rollout.finished:
             if reason is None:
-                self._finish(rollout, self._result(rollout, pb.ROLLOUT_STATUS_CANCELLED, error="cancelled by the client"))
+                self._finish(
+                    rollout, self._result(rollout, pb.ROLLOUT_STATUS_CANCELLED, error="cancelled by the client")
+                )
             else:
                 self._finish(rollout, self._filtered(rollout, reason, "the daemon shut down"))
 
@@ -425,7 +468,7 @@ class RolloutPipeline:
         result.timings.CopyFrom(results.stage_timings(rollout.timings))
         try:
             rollout.deliver(result)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a caller's callback failing must not stop the pipeline
             _log.exception("rollout %s: delivering the result failed", rollout.rollout_id)
 
     async def _destroy_sandbox(self, rollout: Rollout) -> None:
@@ -434,14 +477,22 @@ class RolloutPipeline:
             return
         try:
             await asyncio.wait_for(sandbox.destroy(), DESTROY_TIMEOUT_S)
-        except Exception as error:  # the daemon's reaper removes it later; the rollout must still end
+        except Exception as error:  # noqa: BLE001 - the daemon's reaper removes it later; the rollout must still end
             _log.warning("rollout %s: destroying sandbox %s failed: %s", rollout.rollout_id, sandbox.id, error)
 
-    def _result(self, rollout: Rollout, status: int, *, reason: int = pb.FILTER_REASON_UNSPECIFIED,
-                error: str = "") -> pb.RolloutResult:
-        result = pb.RolloutResult(rollout_id=rollout.rollout_id, task_id=rollout.task.task_id,
-                                  group_id=rollout.group_id, sample_index=rollout.sample_index, status=status,
-                                  filter_reason=reason, error=error, metadata=rollout.task.metadata)
+    def _result(
+        self, rollout: Rollout, status: int, *, reason: int = pb.FILTER_REASON_UNSPECIFIED, error: str = ""
+    ) -> pb.RolloutResult:
+        result = pb.RolloutResult(
+            rollout_id=rollout.rollout_id,
+            task_id=rollout.task.task_id,
+            group_id=rollout.group_id,
+            sample_index=rollout.sample_index,
+            status=status,
+            filter_reason=reason,
+            error=error,
+            metadata=rollout.task.metadata,
+        )
         if rollout.trajectory is not None:
             results.fill_trajectory(result, rollout.trajectory)
         if rollout.evaluation is not None:

@@ -55,8 +55,9 @@ def check_task(task: pb.Task) -> None:
 
 def render_messages(task: pb.Task) -> list[dict[str, str]]:
     """The prompt messages with the task's fields filled in."""
-    return [{"role": m.role, "content": fill_prompt_fields(m.content, task.prompt.fields)}
-            for m in task.prompt.messages]
+    return [
+        {"role": m.role, "content": fill_prompt_fields(m.content, task.prompt.fields)} for m in task.prompt.messages
+    ]
 
 
 def enabled_tools(task: pb.Task) -> tuple[str, ...]:

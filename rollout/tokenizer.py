@@ -50,7 +50,7 @@ class ByteChatTokenizer:
         ids: list[int] = []
         position = 0
         for match in self._special_pattern.finditer(text):
-            ids += text[position:match.start()].encode()
+            ids += text[position : match.start()].encode()
             ids.append(self.special_ids[match.group()])
             position = match.end()
         ids += text[position:].encode()
@@ -76,8 +76,12 @@ class ByteChatTokenizer:
     def encode_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
-    def encode_continuation(self, history: Sequence[Mapping[str, str]], generated_ids: Sequence[int],
-                            new_messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def encode_continuation(
+        self,
+        history: Sequence[Mapping[str, str]],
+        generated_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, str]],
+    ) -> list[int]:
         # The template is fixed, so the continuation is known exactly: close the assistant turn if
         # the generation did not (it hit max_new_tokens), then the new messages, then the prompt.
         closing = "" if generated_ids and generated_ids[-1] in self.end_of_turn_ids else IM_END
@@ -133,15 +137,22 @@ class HFChatTokenizer:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
-        return self._tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
-                                                   add_generation_prompt=add_generation_prompt,
-                                                   **self._template_kwargs)
+        return self._tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self._template_kwargs,
+        )
 
     def encode_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
-    def encode_continuation(self, history: Sequence[Mapping[str, str]], generated_ids: Sequence[int],
-                            new_messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def encode_continuation(
+        self,
+        history: Sequence[Mapping[str, str]],
+        generated_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, str]],
+    ) -> list[int]:
         """`history` is the conversation before the assistant turn that `generated_ids` is."""
         generated = list(generated_ids)
         ends_turn = bool(generated) and generated[-1] in self._end_of_turn_ids
@@ -154,7 +165,7 @@ class HFChatTokenizer:
         before = self.render(history, add_generation_prompt=True) + self.decode(generated)
         after = self.render([*history, assistant, *new_messages], add_generation_prompt=True)
         if after.startswith(before):
-            return self.encode(after[len(before):])
+            return self.encode(after[len(before) :])
         # The template rewrites history (e.g. drops <think> blocks of earlier turns), so the two
         # renderings disagree: append what it puts after an assistant turn in general.
         return self.encode(self._continuation_after_turn(new_messages, ends_turn))
@@ -164,18 +175,22 @@ class HFChatTokenizer:
         follow it (its closing, the new messages, the generation prompt), computed on a placeholder
         conversation. When the generation already ended its turn with an end-of-turn token, the
         closing's leading end-of-turn token is not repeated."""
-        base = [{"role": "user", "content": self._PLACEHOLDER_USER},
-                {"role": "assistant", "content": self._PLACEHOLDER_ASSISTANT}]
+        base = [
+            {"role": "user", "content": self._PLACEHOLDER_USER},
+            {"role": "assistant", "content": self._PLACEHOLDER_ASSISTANT},
+        ]
         text = self.render([*base, *new_messages], add_generation_prompt=True)
         at = text.rfind(self._PLACEHOLDER_ASSISTANT)
         if at < 0:
-            raise ValueError(f"the chat template of {self.path} does not render assistant messages verbatim; "
-                             "cannot tell what follows a turn")
-        delta = text[at + len(self._PLACEHOLDER_ASSISTANT):]
+            raise ValueError(
+                f"the chat template of {self.path} does not render assistant messages verbatim; "
+                "cannot tell what follows a turn"
+            )
+        delta = text[at + len(self._PLACEHOLDER_ASSISTANT) :]
         if ends_turn:
             for end_text in self._end_of_turn_texts:
                 if delta.startswith(end_text):
-                    return delta[len(end_text):]
+                    return delta[len(end_text) :]
         return delta
 
 
@@ -186,8 +201,10 @@ def load_tokenizer(spec: str) -> ChatTokenizer:
         return ByteChatTokenizer()
     path = Path(spec).expanduser()
     if not path.is_dir():
-        raise ValueError(f"tokenizer {spec!r}: neither 'byte' nor a local directory (Hugging Face tokenizers are "
-                         "loaded from a local path only; nothing is downloaded)")
+        raise ValueError(
+            f"tokenizer {spec!r}: neither 'byte' nor a local directory (Hugging Face tokenizers are "
+            "loaded from a local path only; nothing is downloaded)"
+        )
     return HFChatTokenizer(path)
 
 
@@ -205,6 +222,8 @@ def _import_transformers() -> Any:
     try:
         import transformers
     except ImportError as error:
-        raise ImportError("Hugging Face tokenizers need the transformers package: install the corral[hf] extra "
-                          "(pip install 'corral[hf]')") from error
+        raise ImportError(
+            "Hugging Face tokenizers need the transformers package: install the corral[hf] extra "
+            "(pip install 'corral[hf]')"
+        ) from error
     return transformers

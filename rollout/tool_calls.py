@@ -45,7 +45,8 @@ def render_tool_calls(calls: list[ToolCall], fmt: ToolCallFormat) -> str:
     if fmt is ToolCallFormat.HERMES:
         return "\n".join(
             f"{_HERMES_OPEN}{json.dumps({'name': call.name, 'arguments': call.arguments}, ensure_ascii=False)}</tool_call>"
-            for call in calls)
+            for call in calls
+        )
     parts = []
     for call in calls:
         if call.name == "bash":
@@ -65,7 +66,9 @@ def _parse_hermes(text: str) -> list[ToolCall]:
         try:
             payload = json.loads(body)
         except json.JSONDecodeError as error:
-            raise ToolCallParseError(f"the tool call is not valid JSON ({error.msg} at character {error.pos})") from None
+            raise ToolCallParseError(
+                f"the tool call is not valid JSON ({error.msg} at character {error.pos})"
+            ) from None
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             raise ToolCallParseError('a tool call must be a JSON object with a string "name"')
         arguments = payload.get("arguments", {})

@@ -37,36 +37,61 @@ class ToolSpec:
     required: tuple[str, ...] = ()
 
     def schema(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description,
-                "parameters": {"type": "object", "properties": {k: dict(v) for k, v in self.parameters.items()},
-                               "required": list(self.required)}}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": {
+                "type": "object",
+                "properties": {k: dict(v) for k, v in self.parameters.items()},
+                "required": list(self.required),
+            },
+        }
 
 
-TOOL_SPECS: Mapping[str, ToolSpec] = {spec.name: spec for spec in (
-    ToolSpec("bash", "Run a bash command in a persistent shell session: the working directory, variables "
-                     "and functions carry over between calls. Returns the output (stdout and stderr "
-                     "interleaved) and the exit code when it is not 0.",
-             {"command": {"type": "string", "description": "The bash command(s) to run."}}, ("command",)),
-    ToolSpec("python", "Run Python code in a persistent IPython kernel: variables and imports carry over "
-                       "between calls. Returns what the code printed, the value of its last expression and "
-                       "the traceback if it raised.",
-             {"code": {"type": "string", "description": "The Python code to run."}}, ("code",)),
-    ToolSpec("editor", "View, create and edit files. Relative paths are relative to the working directory. "
-                       "`view` shows a file with line numbers (or lists a directory); `create` writes "
-                       "`file_text` to a file; `str_replace` replaces `old_str`, which must occur exactly "
-                       "once, by `new_str`; `insert` inserts `new_str` after line `insert_line` (0: at "
-                       "the top).",
-             {"command": {"type": "string", "enum": ["view", "create", "str_replace", "insert"]},
-              "path": {"type": "string", "description": "The file or directory."},
-              "file_text": {"type": "string", "description": "create: the whole content of the file."},
-              "old_str": {"type": "string", "description": "str_replace: the exact text to replace."},
-              "new_str": {"type": "string", "description": "str_replace, insert: the new text."},
-              "insert_line": {"type": "integer", "description": "insert: the line after which to insert."},
-              "view_range": {"type": "array", "items": {"type": "integer"},
-                             "description": "view: [first, last] line, 1-based; last -1 means the end."}},
-             ("command", "path")),
-    ToolSpec("submit", "End the episode: call it once the task is done. Nothing runs after it.", {}),
-)}
+TOOL_SPECS: Mapping[str, ToolSpec] = {
+    spec.name: spec
+    for spec in (
+        ToolSpec(
+            "bash",
+            "Run a bash command in a persistent shell session: the working directory, variables "
+            "and functions carry over between calls. Returns the output (stdout and stderr "
+            "interleaved) and the exit code when it is not 0.",
+            {"command": {"type": "string", "description": "The bash command(s) to run."}},
+            ("command",),
+        ),
+        ToolSpec(
+            "python",
+            "Run Python code in a persistent IPython kernel: variables and imports carry over "
+            "between calls. Returns what the code printed, the value of its last expression and "
+            "the traceback if it raised.",
+            {"code": {"type": "string", "description": "The Python code to run."}},
+            ("code",),
+        ),
+        ToolSpec(
+            "editor",
+            "View, create and edit files. Relative paths are relative to the working directory. "
+            "`view` shows a file with line numbers (or lists a directory); `create` writes "
+            "`file_text` to a file; `str_replace` replaces `old_str`, which must occur exactly "
+            "once, by `new_str`; `insert` inserts `new_str` after line `insert_line` (0: at "
+            "the top).",
+            {
+                "command": {"type": "string", "enum": ["view", "create", "str_replace", "insert"]},
+                "path": {"type": "string", "description": "The file or directory."},
+                "file_text": {"type": "string", "description": "create: the whole content of the file."},
+                "old_str": {"type": "string", "description": "str_replace: the exact text to replace."},
+                "new_str": {"type": "string", "description": "str_replace, insert: the new text."},
+                "insert_line": {"type": "integer", "description": "insert: the line after which to insert."},
+                "view_range": {
+                    "type": "array",
+                    "items": {"type": "integer"},
+                    "description": "view: [first, last] line, 1-based; last -1 means the end.",
+                },
+            },
+            ("command", "path"),
+        ),
+        ToolSpec("submit", "End the episode: call it once the task is done. Nothing runs after it.", {}),
+    )
+}
 
 _JSON_TYPES: Mapping[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "array": (list,)}
 
@@ -81,22 +106,33 @@ def tool_instructions(tools: Iterable[str], fmt: ToolCallFormat) -> str:
     if fmt is ToolCallFormat.FENCED_BASH:
         lines = ["# Tools", ""]
         if "bash" in enabled:
-            lines += ["To run a bash command, write it in a fenced block:", "```bash", "ls -la", "```",
-                      "Each block runs in the same persistent shell session (the working directory and "
-                      "variables carry over); its output comes back in the next message."]
+            lines += [
+                "To run a bash command, write it in a fenced block:",
+                "```bash",
+                "ls -la",
+                "```",
+                "Each block runs in the same persistent shell session (the working directory and "
+                "variables carry over); its output comes back in the next message.",
+            ]
         if "submit" in enabled:
             lines += ["When the task is done, write a line containing only SUBMIT (outside any block)."]
         return "\n".join(lines)
     # Worded as Qwen's and Hermes' templates word it, which their models were trained on.
-    lines = ["# Tools", "",
-             "You may call one or more functions. The function signatures are within <tools></tools> XML tags:",
-             "<tools>",
-             *(json.dumps({"type": "function", "function": spec.schema()}, ensure_ascii=False) for spec in specs),
-             "</tools>", "",
-             "For each function call, write a JSON object with the function name and its arguments within "
-             "<tool_call></tool_call> XML tags:",
-             "<tool_call>", '{"name": <function-name>, "arguments": <args-json-object>}', "</tool_call>",
-             "The results come back in the next message."]
+    lines = [
+        "# Tools",
+        "",
+        "You may call one or more functions. The function signatures are within <tools></tools> XML tags:",
+        "<tools>",
+        *(json.dumps({"type": "function", "function": spec.schema()}, ensure_ascii=False) for spec in specs),
+        "</tools>",
+        "",
+        "For each function call, write a JSON object with the function name and its arguments within "
+        "<tool_call></tool_call> XML tags:",
+        "<tool_call>",
+        '{"name": <function-name>, "arguments": <args-json-object>}',
+        "</tool_call>",
+        "The results come back in the next message.",
+    ]
     if "submit" in enabled:
         lines.append("Call submit when the task is done.")
     return "\n".join(lines)
@@ -106,8 +142,10 @@ def format_reminder(fmt: ToolCallFormat) -> str:
     """One sentence telling the model how to call a tool (for replies the parser cannot use)."""
     if fmt is ToolCallFormat.FENCED_BASH:
         return "Run a command by writing it in a ```bash block; write SUBMIT alone on a line when the task is done."
-    return ('Call a tool by writing <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>; '
-            "call submit when the task is done.")
+    return (
+        'Call a tool by writing <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>; '
+        "call submit when the task is done."
+    )
 
 
 def cut_middle(text: str, limit: int, already_cut: int = 0) -> str:
@@ -124,7 +162,7 @@ def cut_middle(text: str, limit: int, already_cut: int = 0) -> str:
     head_bytes = budget // 2
     tail_bytes = budget - head_bytes
     head = data[:head_bytes].decode(errors="ignore")  # a character cut in two is dropped whole
-    tail = data[len(data) - tail_bytes:].decode(errors="ignore") if tail_bytes else ""
+    tail = data[len(data) - tail_bytes :].decode(errors="ignore") if tail_bytes else ""
     cut = len(data) - len(head.encode()) - len(tail.encode()) + already_cut
     return head + _marker(cut) + tail
 
@@ -144,8 +182,9 @@ class SandboxToolBox:
     closed by `close()`. Observations longer than `max_observation_bytes` are cut in the middle.
     """
 
-    def __init__(self, sandbox: AsyncSandbox, tools: Iterable[str], *, workdir: str,
-                 max_observation_bytes: int) -> None:
+    def __init__(
+        self, sandbox: AsyncSandbox, tools: Iterable[str], *, workdir: str, max_observation_bytes: int
+    ) -> None:
         self.sandbox = sandbox
         self.tools = frozenset(tools)
         unknown = self.tools - TOOL_SPECS.keys()
@@ -193,8 +232,9 @@ class SandboxToolBox:
                 self._shell = await self.sandbox.shell(SHELL_NAME, cwd=self.workdir)
             # Twice the observation cap: the daemon keeps head and tail halves as big as what the
             # observation keeps, and `output_total_bytes` says how much it dropped.
-            result = await self._shell.run(arguments["command"], timeout=timeout_s, strip_ansi=True,
-                                           output_limit=2 * self.max_observation_bytes)
+            result = await self._shell.run(
+                arguments["command"], timeout=timeout_s, strip_ansi=True, output_limit=2 * self.max_observation_bytes
+            )
         output = result.output_plain if result.output_plain is not None else result.output
         notes = []
         if result.shell_restarted:
@@ -220,8 +260,11 @@ class SandboxToolBox:
         parts = [result.stdout, result.stderr]
         for display in result.displays:
             plain = display.get("text/plain")
-            parts.append(plain.decode(errors="replace") + "\n" if plain is not None
-                         else f"[display: {', '.join(sorted(display))}]\n")
+            parts.append(
+                plain.decode(errors="replace") + "\n"
+                if plain is not None
+                else f"[display: {', '.join(sorted(display))}]\n"
+            )
         if result.result_text is not None:
             parts.append(result.result_text + "\n")
         if result.error is not None:
@@ -236,8 +279,12 @@ class SandboxToolBox:
 
     async def _editor(self, arguments: Mapping[str, Any], timeout_s: float) -> str:
         command, path = arguments["command"], self._absolute(arguments["path"])
-        required = {"view": (), "create": ("file_text",), "str_replace": ("old_str",),
-                    "insert": ("insert_line", "new_str")}[command]  # the spec's enum checked it
+        required = {
+            "view": (),
+            "create": ("file_text",),
+            "str_replace": ("old_str",),
+            "insert": ("insert_line", "new_str"),
+        }[command]  # the spec's enum checked it
         missing = [name for name in required if name not in arguments]
         if missing:
             raise _AgentError(f"editor {command} needs {', '.join(missing)}")
@@ -254,14 +301,17 @@ class SandboxToolBox:
             count = text.count(old)
             if count != 1:
                 where = "does not occur" if count == 0 else f"occurs {count} times"
-                raise _AgentError(f"no replacement: old_str {where} in {path}; it must occur exactly once"
-                                  + (" (add surrounding lines to make it unique)" if count else ""))
+                raise _AgentError(
+                    f"no replacement: old_str {where} in {path}; it must occur exactly once"
+                    + (" (add surrounding lines to make it unique)" if count else "")
+                )
             at = text.index(old)
-            edited = text[:at] + new + text[at + len(old):]
+            edited = text[:at] + new + text[at + len(old) :]
             await self._write(path, edited)
             first = text.count("\n", 0, at) + 1
-            return f"Edited {path}:\n" + _numbered(edited, first - _SNIPPET_CONTEXT_LINES,
-                                                   first + new.count("\n") + _SNIPPET_CONTEXT_LINES)
+            return f"Edited {path}:\n" + _numbered(
+                edited, first - _SNIPPET_CONTEXT_LINES, first + new.count("\n") + _SNIPPET_CONTEXT_LINES
+            )
         lines = text.splitlines(keepends=True)
         after = arguments["insert_line"]
         if not 0 <= after <= len(lines):
@@ -271,8 +321,9 @@ class SandboxToolBox:
             lines[after - 1] += "\n"
         lines.insert(after, insert if insert.endswith("\n") else insert + "\n")
         await self._write(path, "".join(lines))
-        return f"Edited {path}:\n" + _numbered("".join(lines), after + 1 - _SNIPPET_CONTEXT_LINES,
-                                               after + 1 + insert.count("\n") + _SNIPPET_CONTEXT_LINES)
+        return f"Edited {path}:\n" + _numbered(
+            "".join(lines), after + 1 - _SNIPPET_CONTEXT_LINES, after + 1 + insert.count("\n") + _SNIPPET_CONTEXT_LINES
+        )
 
     async def _view(self, path: str, view_range: Any) -> str:
         try:
@@ -326,8 +377,13 @@ class _SdkErrors:
     NOT_FOUND means a missing file or a missing sandbox (or shell), so the sandbox is asked for.
     """
 
-    _AGENT_ERRORS = (sdk_errors.InvalidArgument, sdk_errors.PermissionDenied, sdk_errors.ResourceExhausted,
-                     sdk_errors.FailedPrecondition, sdk_errors.AlreadyExists)
+    _AGENT_ERRORS = (
+        sdk_errors.InvalidArgument,
+        sdk_errors.PermissionDenied,
+        sdk_errors.ResourceExhausted,
+        sdk_errors.FailedPrecondition,
+        sdk_errors.AlreadyExists,
+    )
 
     def __init__(self, toolbox: SandboxToolBox, tool: str) -> None:
         self.toolbox, self.tool = toolbox, tool
@@ -335,8 +391,7 @@ class _SdkErrors:
     async def __aenter__(self) -> None:
         return None
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        traceback: Any) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: Any) -> None:
         if not isinstance(exc, sdk_errors.CorralError):
             return
         if isinstance(exc, self._AGENT_ERRORS):
@@ -349,8 +404,9 @@ class _SdkErrors:
                 raise SandboxFailure(f"sandbox {sandbox.id} is gone ({self.tool}): {gone}") from exc
             if self.tool == "bash":
                 self.toolbox._shell = None  # its session is gone: the next command opens a new one
-                raise _AgentError(f"the shell session ended ({exc.details}); "
-                                  "the next command starts a new one") from exc
+                raise _AgentError(
+                    f"the shell session ended ({exc.details}); the next command starts a new one"
+                ) from exc
             if self.tool == "python":
                 self.toolbox._kernel = None
                 raise _AgentError(f"the kernel is gone ({exc.details}); the next cell starts a new one") from exc

@@ -75,8 +75,12 @@ class ChatTokenizer(Protocol):
     def encode_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """The ids of the conversation so far, followed by the assistant generation prompt."""
 
-    def encode_continuation(self, history: Sequence[Mapping[str, str]], generated_ids: Sequence[int],
-                            new_messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def encode_continuation(
+        self,
+        history: Sequence[Mapping[str, str]],
+        generated_ids: Sequence[int],
+        new_messages: Sequence[Mapping[str, str]],
+    ) -> list[int]:
         """The ids to append after `generated_ids` so that the sequence continues with
         `new_messages` and then the next generation prompt: closing tokens the generation lacked,
         the template around the new messages, their content. `history` is the chat before this

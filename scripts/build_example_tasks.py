@@ -42,8 +42,9 @@ class TaskSourceError(ValueError):
 
 def _files(directory: Path) -> list[rollout_pb2.TaskFile]:
     """The files under `directory` (recursively, sorted), paths relative to it."""
-    paths = sorted(p for p in directory.rglob("*")
-                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    paths = sorted(
+        p for p in directory.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
     return [rollout_pb2.TaskFile(path=p.relative_to(directory).as_posix(), content=p.read_bytes()) for p in paths]
 
 
@@ -53,7 +54,9 @@ def _check_placeholders(task_id: str, text: str, fields: dict[str, str]) -> None
         if token in ("{{", "}}"):
             continue
         if name is None:
-            raise TaskSourceError(f"{task_id}: stray {token!r} in a prompt message (write {token * 2} for a literal brace)")
+            raise TaskSourceError(
+                f"{task_id}: stray {token!r} in a prompt message (write {token * 2} for a literal brace)"
+            )
         if name not in fields:
             raise TaskSourceError(f"{task_id}: prompt placeholder {{{name}}} has no field")
 
@@ -77,7 +80,9 @@ def _check_reference(task_id: str, calls: list[dict], repo_files: dict[str, byte
             raise TaskSourceError(f"{task_id}: reference call {index} edits {path!r}, which is not in repo/")
         occurrences = contents[path].count(old) if old else 0
         if occurrences != 1:
-            raise TaskSourceError(f"{task_id}: reference call {index}: old_str occurs {occurrences} times in {path}, not once")
+            raise TaskSourceError(
+                f"{task_id}: reference call {index}: old_str occurs {occurrences} times in {path}, not once"
+            )
         contents[path] = contents[path].replace(old, new)
 
 

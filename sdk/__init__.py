@@ -46,9 +46,9 @@ from corral.sdk.errors import (
     Unimplemented,
 )
 from corral.sdk.rollouts import AsyncRollouts, AsyncRolloutStream
+from corral.sdk.sync_client import Client, ExecStream, Kernel, KernelExecuteStream, Sandbox, Shell
 from corral.sdk.sync_rollouts import Rollouts, RolloutStream
 from corral.sdk.tasks import load_tasks, task_from
-from corral.sdk.sync_client import Client, ExecStream, Kernel, KernelExecuteStream, Sandbox, Shell
 from corral.sdk.types import (
     BackendStatus,
     ExecEvent,

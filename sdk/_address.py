@@ -67,8 +67,9 @@ def parse_address(address: str) -> DaemonAddress:
     if text.startswith("tcp://"):
         return _tcp(text.removeprefix("tcp://"), address)
     if "://" in text:
-        raise InvalidArgument(f"unsupported daemon address {address!r}: use unix:///path, /path, "
-                              "host:port or tcp://host:port")
+        raise InvalidArgument(
+            f"unsupported daemon address {address!r}: use unix:///path, /path, host:port or tcp://host:port"
+        )
     return _tcp(text, address)
 
 

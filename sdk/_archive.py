@@ -109,6 +109,7 @@ def _check_member(member: tarfile.TarInfo) -> None:
     """Our own check before tarfile's "data" filter, which some Python releases could be tricked
     past (fixed in 3.11.13/3.12.11/3.13.4): no absolute names, no `..`, no link that leaves the
     archive's tree, nothing but files, directories and links."""
+
     def escapes(name: str) -> bool:
         parts = PurePosixPath(name).parts
         return name.startswith("/") or ".." in parts

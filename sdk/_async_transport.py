@@ -83,14 +83,16 @@ class AsyncTransport:
         with self._translate:
             return await method(request, timeout=self._deadline(timeout), metadata=self._metadata)
 
-    def server_stream(self, method: Callable[..., Any], request: Any, *,
-                      timeout: float | None = None) -> AsyncResponseStream[Any]:
+    def server_stream(
+        self, method: Callable[..., Any], request: Any, *, timeout: float | None = None
+    ) -> AsyncResponseStream[Any]:
         with self._translate:
             call = method(request, timeout=self._deadline(timeout), metadata=self._metadata)
         return AsyncResponseStream(call, self._translate)
 
-    async def client_stream(self, method: Callable[..., Any], requests: Iterator[Any], *,
-                            timeout: float | None = None) -> Any:
+    async def client_stream(
+        self, method: Callable[..., Any], requests: Iterator[Any], *, timeout: float | None = None
+    ) -> Any:
         """Sends `requests` (a blocking iterator, e.g. one reading local files: it is iterated off
         the event loop) and returns the reply."""
         with self._translate:
@@ -149,8 +151,9 @@ class AsyncTransport:
             self._kernel_service = kernel_pb2_grpc.KernelServiceStub(self._channel)
             self._rollout_service = rollout_pb2_grpc.RolloutServiceStub(self._channel)
         elif loop is not self._loop:
-            raise FailedPrecondition("this AsyncClient is bound to the event loop of its first call; "
-                                     "create one client per event loop")
+            raise FailedPrecondition(
+                "this AsyncClient is bound to the event loop of its first call; create one client per event loop"
+            )
 
 
 async def _iterate_in_thread(items: Iterator[ItemT]) -> AsyncIterator[ItemT]:

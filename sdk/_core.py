@@ -7,14 +7,10 @@ The sync and async clients only choose which channel to send these requests on.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
-
 import enum
-import types
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime, timezone
-
-from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
 
 from corral.sdk.enums import backend_name, backend_number, enum_name
 from corral.sdk.errors import InvalidArgument, ProtocolError
@@ -72,6 +68,7 @@ Command = str | Sequence[str]
 
 # ---- deadlines -------------------------------------------------------------------------------
 
+
 def call_deadline(timeout: float | None, default: float) -> float:
     """Seconds a non-exec call may take: the per-call timeout if given, else the client default."""
     seconds = default if timeout is None else timeout
@@ -98,11 +95,18 @@ def kernel_deadline(timeout: float) -> float:
 # ---- requests --------------------------------------------------------------------------------
 
 
-
-def build_create_sandbox_request(*, image: str | None, backend: str | None, memory_bytes: int | None,
-                                 pids: int | None, cpu_millicores: int | None, network: bool,
-                                 env: Mapping[str, str] | None, labels: Mapping[str, str] | None,
-                                 idle_timeout: float | None) -> pb.CreateSandboxRequest:
+def build_create_sandbox_request(
+    *,
+    image: str | None,
+    backend: str | None,
+    memory_bytes: int | None,
+    pids: int | None,
+    cpu_millicores: int | None,
+    network: bool,
+    env: Mapping[str, str] | None,
+    labels: Mapping[str, str] | None,
+    idle_timeout: float | None,
+) -> pb.CreateSandboxRequest:
     return pb.CreateSandboxRequest(
         backend=backend_number(backend),
         image=image or "",
@@ -134,8 +138,15 @@ def build_node_info_request() -> pb.GetNodeInfoRequest:
     return pb.GetNodeInfoRequest()
 
 
-def build_command(cmd: Command, *, stdin: bytes | str | None, env: Mapping[str, str] | None,
-                  cwd: str | None, timeout: float, output_limit: int | None) -> pb.Command:
+def build_command(
+    cmd: Command,
+    *,
+    stdin: bytes | str | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float,
+    output_limit: int | None,
+) -> pb.Command:
     """A Command message: a str runs under the sandbox's shell, a list of str runs as argv."""
     command = pb.Command(
         env=_string_map("env", env),
@@ -162,16 +173,33 @@ def build_command(cmd: Command, *, stdin: bytes | str | None, env: Mapping[str, 
     return command
 
 
-def build_exec_request(sandbox_id: str, cmd: Command, *, stdin: bytes | str | None,
-                       env: Mapping[str, str] | None, cwd: str | None, timeout: float,
-                       output_limit: int | None) -> pb.ExecRequest:
-    return pb.ExecRequest(sandbox_id=sandbox_id, command=build_command(
-        cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit))
+def build_exec_request(
+    sandbox_id: str,
+    cmd: Command,
+    *,
+    stdin: bytes | str | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float,
+    output_limit: int | None,
+) -> pb.ExecRequest:
+    return pb.ExecRequest(
+        sandbox_id=sandbox_id,
+        command=build_command(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit),
+    )
 
 
-def build_exec_stream_request(sandbox_id: str, cmd: Command, *, stdin: bytes | str | None,
-                              env: Mapping[str, str] | None, cwd: str | None, timeout: float,
-                              output_limit: int | None, keepalive: float | None) -> pb.ExecStreamRequest:
+def build_exec_stream_request(
+    sandbox_id: str,
+    cmd: Command,
+    *,
+    stdin: bytes | str | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float,
+    output_limit: int | None,
+    keepalive: float | None,
+) -> pb.ExecStreamRequest:
     return pb.ExecStreamRequest(
         sandbox_id=sandbox_id,
         command=build_command(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit),
@@ -187,8 +215,9 @@ def build_download_request(sandbox_id: str, path: str) -> pb.DownloadRequest:
     return pb.DownloadRequest(sandbox_id=sandbox_id, path=path)
 
 
-def build_write_file_request(sandbox_id: str, path: str, data: bytes | str, *, mode: int | None,
-                             make_parents: bool) -> pb.WriteFileRequest:
+def build_write_file_request(
+    sandbox_id: str, path: str, data: bytes | str, *, mode: int | None, make_parents: bool
+) -> pb.WriteFileRequest:
     return pb.WriteFileRequest(
         sandbox_id=sandbox_id,
         path=path,
@@ -205,8 +234,9 @@ def upload_requests(sandbox_id: str, remote_dir: str, archive_chunks: Iterable[b
         yield pb.UploadRequest(chunk=chunk)
 
 
-def read_file_plan(sandbox_id: str, path: str, *, offset: int,
-                   limit: int | None) -> Generator[pb.ReadFileRequest, pb.ReadFileResponse, bytes]:
+def read_file_plan(
+    sandbox_id: str, path: str, *, offset: int, limit: int | None
+) -> Generator[pb.ReadFileRequest, pb.ReadFileResponse, bytes]:
     """Yields the ReadFile requests that read `limit` bytes from `offset` (None: to the end of the
     file), is sent each reply, and returns the bytes read.
 
@@ -221,22 +251,31 @@ def read_file_plan(sandbox_id: str, path: str, *, offset: int,
     while limit is None or received < limit:
         # limit_bytes 0 asks for as much as the daemon sends in one reply.
         wanted = 0 if limit is None else limit - received
-        reply = yield pb.ReadFileRequest(sandbox_id=sandbox_id, path=path, offset=offset + received,
-                                         limit_bytes=wanted)
+        reply = yield pb.ReadFileRequest(sandbox_id=sandbox_id, path=path, offset=offset + received, limit_bytes=wanted)
         parts.append(reply.data)
         received += len(reply.data)
         if not reply.truncated:
             break
         if not reply.data:
-            raise ProtocolError(f"ReadFile of {path!r} reported more data at offset "
-                                f"{offset + received} but returned none")
+            raise ProtocolError(
+                f"ReadFile of {path!r} reported more data at offset {offset + received} but returned none"
+            )
     return b"".join(parts)
 
 
 # ---- shell requests --------------------------------------------------------------------------
 
-def build_open_shell_request(sandbox_id: str, name: str, *, env: Mapping[str, str] | None, cwd: str | None,
-                             rows: int | None, cols: int | None, program: str | None) -> shell_pb.OpenShellRequest:
+
+def build_open_shell_request(
+    sandbox_id: str,
+    name: str,
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    rows: int | None,
+    cols: int | None,
+    program: str | None,
+) -> shell_pb.OpenShellRequest:
     request = shell_pb.OpenShellRequest(
         sandbox_id=sandbox_id,
         name=_shell_name(name),
@@ -250,9 +289,16 @@ def build_open_shell_request(sandbox_id: str, name: str, *, env: Mapping[str, st
     return request
 
 
-def build_run_in_shell_request(sandbox_id: str, name: str, cmd: str, *, timeout: float,
-                               idle_timeout: float | None, output_limit: int | None,
-                               strip_ansi: bool) -> shell_pb.RunInShellRequest:
+def build_run_in_shell_request(
+    sandbox_id: str,
+    name: str,
+    cmd: str,
+    *,
+    timeout: float,
+    idle_timeout: float | None,
+    output_limit: int | None,
+    strip_ansi: bool,
+) -> shell_pb.RunInShellRequest:
     if not isinstance(cmd, str):
         raise InvalidArgument(f"a shell command is str (any bash text), got {type(cmd).__name__}")
     return shell_pb.RunInShellRequest(
@@ -274,8 +320,9 @@ def build_list_shells_request(sandbox_id: str) -> shell_pb.ListShellsRequest:
     return shell_pb.ListShellsRequest(sandbox_id=sandbox_id)
 
 
-def build_attach_start(sandbox_id: str, *, rows: int | None, cols: int | None, term: str | None,
-                       program: str | None) -> shell_pb.AttachRequest:
+def build_attach_start(
+    sandbox_id: str, *, rows: int | None, cols: int | None, term: str | None, program: str | None
+) -> shell_pb.AttachRequest:
     """The first message of an Attach stream: which sandbox, the terminal size and $TERM."""
     start = shell_pb.AttachStart(sandbox_id=sandbox_id, term=term or "", program=program or "")
     size = _terminal_size(rows, cols)
@@ -307,21 +354,27 @@ def attach_output_or_exit(response: shell_pb.AttachResponse) -> bytes | int:
 
 # ---- kernel requests -------------------------------------------------------------------------
 
-def build_start_kernel_request(sandbox_id: str, *, python: str | None, cwd: str | None,
-                               env: Mapping[str, str] | None) -> kernel_pb.StartKernelRequest:
-    return kernel_pb.StartKernelRequest(sandbox_id=sandbox_id, python=python or "", cwd=cwd or "",
-                                        env=_string_map("env", env))
+
+def build_start_kernel_request(
+    sandbox_id: str, *, python: str | None, cwd: str | None, env: Mapping[str, str] | None
+) -> kernel_pb.StartKernelRequest:
+    return kernel_pb.StartKernelRequest(
+        sandbox_id=sandbox_id, python=python or "", cwd=cwd or "", env=_string_map("env", env)
+    )
 
 
 def build_execute_request(sandbox_id: str, kernel_id: str, code: str, *, timeout: float) -> kernel_pb.ExecuteRequest:
-    return kernel_pb.ExecuteRequest(sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code),
-                                    timeout_ms=_positive_ms("timeout", timeout))
+    return kernel_pb.ExecuteRequest(
+        sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code), timeout_ms=_positive_ms("timeout", timeout)
+    )
 
 
-def build_execute_gathered_request(sandbox_id: str, kernel_id: str, code: str, *,
-                                   timeout: float) -> kernel_pb.ExecuteGatheredRequest:
-    return kernel_pb.ExecuteGatheredRequest(sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code),
-                                            timeout_ms=_positive_ms("timeout", timeout))
+def build_execute_gathered_request(
+    sandbox_id: str, kernel_id: str, code: str, *, timeout: float
+) -> kernel_pb.ExecuteGatheredRequest:
+    return kernel_pb.ExecuteGatheredRequest(
+        sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code), timeout_ms=_positive_ms("timeout", timeout)
+    )
 
 
 def build_interrupt_kernel_request(sandbox_id: str, kernel_id: str) -> kernel_pb.InterruptKernelRequest:
@@ -341,6 +394,7 @@ def build_list_kernels_request(sandbox_id: str) -> kernel_pb.ListKernelsRequest:
 
 
 # ---- decoders --------------------------------------------------------------------------------
+
 
 def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
     return SandboxInfo(
@@ -491,8 +545,9 @@ class ExecEventDecoder:
 
 
 def shell_info_from_proto(shell: shell_pb.ShellInfo) -> ShellInfo:
-    return ShellInfo(sandbox_id=shell.sandbox_id, name=shell.name, pid=shell.pid, turns=shell.turns,
-                     restarts=shell.restarts)
+    return ShellInfo(
+        sandbox_id=shell.sandbox_id, name=shell.name, pid=shell.pid, turns=shell.turns, restarts=shell.restarts
+    )
 
 
 def find_shell(response: shell_pb.ListShellsResponse, name: str) -> ShellInfo | None:
@@ -549,8 +604,9 @@ def kernel_result_from_proto(response: kernel_pb.ExecuteGatheredResponse) -> Ker
         stderr=response.stderr,
         result=dict(response.result.data) if response.HasField("result") else None,
         displays=[dict(display.data) for display in response.displays],
-        error=None if error is None else KernelErrorInfo(ename=error.ename, evalue=error.evalue,
-                                                         traceback=list(error.traceback)),
+        error=None
+        if error is None
+        else KernelErrorInfo(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback)),
         execution_count=response.done.execution_count,
         timed_out=response.done.timed_out,
         kernel_died=response.done.kernel_died,
@@ -571,8 +627,13 @@ def kernel_event_from_proto(response: kernel_pb.ExecuteResponse) -> KernelEvent:
         return KernelErrorEvent(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback))
     if kind == "done":
         done = response.done
-        return KernelDoneEvent(execution_count=done.execution_count, failed=done.failed, timed_out=done.timed_out,
-                               kernel_died=done.kernel_died, duration_ms=done.duration_ms)
+        return KernelDoneEvent(
+            execution_count=done.execution_count,
+            failed=done.failed,
+            timed_out=done.timed_out,
+            kernel_died=done.kernel_died,
+            duration_ms=done.duration_ms,
+        )
     raise ProtocolError("Execute sent an event with none of stream/display/result/error/done set")
 
 
@@ -599,6 +660,7 @@ class KernelEventDecoder:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+
 
 def _output_stream_name(number: int) -> str:
     if number == pb.OUTPUT_STREAM_STDOUT:
@@ -642,7 +704,7 @@ def _cell_code(code: str) -> str:
 
 
 def _datetime_from_ms(unix_ms: int) -> datetime:
-    return datetime.fromtimestamp(unix_ms / 1000, tz=timezone.utc)
+    return datetime.fromtimestamp(unix_ms / 1000, tz=UTC)
 
 
 def _positive_ms(name: str, seconds: float) -> int:

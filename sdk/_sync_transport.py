@@ -49,15 +49,17 @@ class SyncTransport:
         with self._translate:
             return method(request, timeout=self._deadline(timeout), metadata=self._metadata)
 
-    def server_stream(self, method: Callable[..., Any], request: Any, *,
-                      timeout: float | None = None) -> ResponseStream[Any]:
+    def server_stream(
+        self, method: Callable[..., Any], request: Any, *, timeout: float | None = None
+    ) -> ResponseStream[Any]:
         self._ensure_open()
         with self._translate:
             call = method(request, timeout=self._deadline(timeout), metadata=self._metadata)
         return ResponseStream(call, self._translate)
 
-    def client_stream(self, method: Callable[..., ResponseT], requests: Iterable[Any], *,
-                      timeout: float | None = None) -> ResponseT:
+    def client_stream(
+        self, method: Callable[..., ResponseT], requests: Iterable[Any], *, timeout: float | None = None
+    ) -> ResponseT:
         self._ensure_open()
         producer = _RecordingRequests(requests)
         with self._translate:
@@ -178,8 +180,9 @@ class SyncBidiCall:
     gRPC errors are translated. grpc sends the requests from its own thread, taking them from a
     queue as the daemon reads them, so `write` never blocks."""
 
-    def __init__(self, method: Callable[..., Any], metadata: tuple[tuple[str, str], ...],
-                 translate: RpcErrorTranslator) -> None:
+    def __init__(
+        self, method: Callable[..., Any], metadata: tuple[tuple[str, str], ...], translate: RpcErrorTranslator
+    ) -> None:
         self._requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._translate = translate
         self._writing = True

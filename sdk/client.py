@@ -51,8 +51,9 @@ class AsyncClient:
     (exec calls get the command's timeout plus a margin).
     """
 
-    def __init__(self, address: str | None = None, token: str | None = None,
-                 timeout: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self, address: str | None = None, token: str | None = None, timeout: float = DEFAULT_CALL_TIMEOUT_S
+    ) -> None:
         self._transport = AsyncTransport(resolve_address(address), resolve_token(token), timeout)
 
     @property
@@ -65,11 +66,20 @@ class AsyncClient:
         """The daemon's RolloutService: LLM servers, and rollouts of tasks."""
         return AsyncRollouts(self._transport)
 
-    async def create_sandbox(self, image: str | None = None, backend: str | None = None, *,
-                             memory_bytes: int | None = None, pids: int | None = None,
-                             cpu_millicores: int | None = None, network: bool = False,
-                             env: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
-                             idle_timeout: float | None = None, timeout: float | None = None) -> AsyncSandbox:
+    async def create_sandbox(
+        self,
+        image: str | None = None,
+        backend: str | None = None,
+        *,
+        memory_bytes: int | None = None,
+        pids: int | None = None,
+        cpu_millicores: int | None = None,
+        network: bool = False,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        idle_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> AsyncSandbox:
         """Creates a sandbox and waits until it can run commands.
 
         `image`: "host" or a root filesystem directory (local), an image name (docker), or None
@@ -80,30 +90,39 @@ class AsyncClient:
         image can take longer than the client default).
         """
         request = _core.build_create_sandbox_request(
-            image=image, backend=backend, memory_bytes=memory_bytes, pids=pids,
-            cpu_millicores=cpu_millicores, network=network, env=env, labels=labels,
-            idle_timeout=idle_timeout)
-        response = await self._transport.unary(self._transport.sandbox_service.CreateSandbox, request,
-                                               timeout=timeout)
+            image=image,
+            backend=backend,
+            memory_bytes=memory_bytes,
+            pids=pids,
+            cpu_millicores=cpu_millicores,
+            network=network,
+            env=env,
+            labels=labels,
+            idle_timeout=idle_timeout,
+        )
+        response = await self._transport.unary(self._transport.sandbox_service.CreateSandbox, request, timeout=timeout)
         return AsyncSandbox(self._transport, _core.sandbox_info_from_proto(response.sandbox))
 
     async def get_sandbox(self, sandbox_id: str) -> AsyncSandbox:
         """A handle on an existing sandbox; raises SandboxNotFound for an unknown id."""
-        response = await self._transport.unary(self._transport.sandbox_service.GetSandbox,
-                                               _core.build_get_sandbox_request(sandbox_id))
+        response = await self._transport.unary(
+            self._transport.sandbox_service.GetSandbox, _core.build_get_sandbox_request(sandbox_id)
+        )
         return AsyncSandbox(self._transport, _core.sandbox_info_from_proto(response.sandbox))
 
     async def list_sandboxes(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
         """The daemon's sandboxes, only those carrying all of `labels` if given. `get_sandbox(id)`
         gives a handle on one."""
-        response = await self._transport.unary(self._transport.sandbox_service.ListSandboxes,
-                                               _core.build_list_sandboxes_request(labels))
+        response = await self._transport.unary(
+            self._transport.sandbox_service.ListSandboxes, _core.build_list_sandboxes_request(labels)
+        )
         return [_core.sandbox_info_from_proto(sandbox) for sandbox in response.sandboxes]
 
     async def node_info(self) -> NodeInfo:
         """What this node can do: backends, isolation, enforced limits, cgroup mode."""
-        response = await self._transport.unary(self._transport.sandbox_service.GetNodeInfo,
-                                               _core.build_node_info_request())
+        response = await self._transport.unary(
+            self._transport.sandbox_service.GetNodeInfo, _core.build_node_info_request()
+        )
         return _core.node_info_from_proto(response)
 
     async def close(self) -> None:
@@ -113,8 +132,9 @@ class AsyncClient:
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        traceback: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         await self.close()
 
     def __repr__(self) -> str:
@@ -143,9 +163,17 @@ class AsyncSandbox:
         """What the daemon last said about this sandbox; `refresh()` asks again."""
         return self._info
 
-    async def exec(self, cmd: Command, *, stdin: bytes | str | None = None, env: Mapping[str, str] | None = None,
-                   cwd: str | None = None, timeout: float = DEFAULT_EXEC_TIMEOUT_S,
-                   output_limit: int | None = None, check: bool = False) -> ExecResult:
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+        output_limit: int | None = None,
+        check: bool = False,
+    ) -> ExecResult:
         """Runs a command to completion and returns its exit status and output.
 
         `cmd`: a list of str runs as argv; a str runs under the sandbox's shell. `stdin`: bytes
@@ -153,26 +181,40 @@ class AsyncSandbox:
         tree is killed and `timed_out` is set. `output_limit`: bytes kept per stream (None: the
         daemon's default, 1 MiB). `check`: raise CommandExitError unless the result is `ok`.
         """
-        request = _core.build_exec_request(self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout,
-                                           output_limit=output_limit)
-        response = await self._transport.unary(self._transport.sandbox_service.Exec, request,
-                                                timeout=_core.exec_deadline(timeout))
+        request = _core.build_exec_request(
+            self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit
+        )
+        response = await self._transport.unary(
+            self._transport.sandbox_service.Exec, request, timeout=_core.exec_deadline(timeout)
+        )
         result = _core.exec_result_from_proto(response)
         return result.check() if check else result
 
-    def exec_stream(self, cmd: Command, *, stdin: bytes | str | None = None, env: Mapping[str, str] | None = None,
-                    cwd: str | None = None, timeout: float = DEFAULT_EXEC_TIMEOUT_S,
-                    output_limit: int | None = None, keepalive: float | None = None) -> AsyncExecStream:
+    def exec_stream(
+        self,
+        cmd: Command,
+        *,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+        output_limit: int | None = None,
+        keepalive: float | None = None,
+    ) -> AsyncExecStream:
         """Runs a command and streams its events as they happen: ExecStarted, then ExecOutput and
         ExecKeepalive (every `keepalive` seconds without output), then ExecExited.
 
         Closing the stream before ExecExited (or leaving its `async with` block) kills the command.
         Use: `async with sandbox.exec_stream([...]) as events: async for e in events: ...`.
         """
-        request = _core.build_exec_stream_request(self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout,
-                                                  output_limit=output_limit, keepalive=keepalive)
-        return AsyncExecStream(self._transport.server_stream(self._transport.sandbox_service.ExecStream, request,
-                                                             timeout=_core.exec_deadline(timeout)))
+        request = _core.build_exec_stream_request(
+            self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit, keepalive=keepalive
+        )
+        return AsyncExecStream(
+            self._transport.server_stream(
+                self._transport.sandbox_service.ExecStream, request, timeout=_core.exec_deadline(timeout)
+            )
+        )
 
     async def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Reads `limit` bytes (None: all) of a file from `offset`; relative paths are relative to
@@ -180,8 +222,9 @@ class AsyncSandbox:
         plan = _core.read_file_plan(self.id, path, offset=offset, limit=limit)
         return await self._transport.run_plan(self._transport.sandbox_service.ReadFile, plan)
 
-    async def write_file(self, path: str, data: bytes | str, mode: int | None = None,
-                         make_parents: bool = True) -> None:
+    async def write_file(
+        self, path: str, data: bytes | str, mode: int | None = None, make_parents: bool = True
+    ) -> None:
         """Writes a whole file, replacing it if it exists. A str is written as UTF-8. `mode`:
         permission bits of a new file (None: 0o644)."""
         request = _core.build_write_file_request(self.id, path, data, mode=mode, make_parents=make_parents)
@@ -189,33 +232,43 @@ class AsyncSandbox:
 
     async def list_dir(self, path: str) -> list[FileEntry]:
         """The entries of a directory, sorted by name."""
-        response = await self._transport.unary(self._transport.sandbox_service.ListDir,
-                                               _core.build_list_dir_request(self.id, path))
+        response = await self._transport.unary(
+            self._transport.sandbox_service.ListDir, _core.build_list_dir_request(self.id, path)
+        )
         return [_core.file_entry_from_proto(entry) for entry in response.entries]
 
-    async def upload(self, local_path: str | os.PathLike[str], remote_dir: str, *,
-                     timeout: float | None = None) -> str:
+    async def upload(self, local_path: str | os.PathLike[str], remote_dir: str, *, timeout: float | None = None) -> str:
         """Copies a local file or directory into `remote_dir` (created if missing) and returns its
         path inside the sandbox. `timeout`: deadline of the transfer (None: the client default)."""
         requests = _core.upload_requests(self.id, remote_dir, tar_chunks(local_path))
         await self._transport.client_stream(self._transport.sandbox_service.Upload, requests, timeout=timeout)
         return posixpath.join(remote_dir, archive_name(local_path))
 
-    async def download(self, remote_path: str, local_dir: str | os.PathLike[str], *,
-                       timeout: float | None = None) -> Path:
+    async def download(
+        self, remote_path: str, local_dir: str | os.PathLike[str], *, timeout: float | None = None
+    ) -> Path:
         """Copies a file or directory out of the sandbox into `local_dir` (created if missing) and
         returns its local path. Nothing is unpacked unless the whole archive arrived."""
         request = _core.build_download_request(self.id, remote_path)
         with download_spool() as archive:
-            async with self._transport.server_stream(self._transport.sandbox_service.Download, request,
-                                                     timeout=timeout) as responses:
+            async with self._transport.server_stream(
+                self._transport.sandbox_service.Download, request, timeout=timeout
+            ) as responses:
                 async for response in responses:
                     archive.write(response.chunk)
             return await self._transport.offload(extract_archive, archive, local_dir)
 
-    async def shell(self, name: str = _core.DEFAULT_SHELL_NAME, *, env: Mapping[str, str] | None = None,
-                    cwd: str | None = None, rows: int | None = None, cols: int | None = None,
-                    program: str | None = None, open: bool = True) -> AsyncShell:
+    async def shell(
+        self,
+        name: str = _core.DEFAULT_SHELL_NAME,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        rows: int | None = None,
+        cols: int | None = None,
+        program: str | None = None,
+        open: bool = True,
+    ) -> AsyncShell:
         """A persistent shell session called `name`: cwd, variables and functions carry over from
         one `AsyncShell.run` to the next.
 
@@ -228,18 +281,21 @@ class AsyncSandbox:
         """
         shell = AsyncShell(self._transport, self.id, name)
         if open:
-            await shell._open(_core.build_open_shell_request(self.id, name, env=env, cwd=cwd, rows=rows,
-                                                             cols=cols, program=program))
+            await shell._open(
+                _core.build_open_shell_request(self.id, name, env=env, cwd=cwd, rows=rows, cols=cols, program=program)
+            )
         return shell
 
     async def list_shells(self) -> list[ShellInfo]:
         """The sandbox's shell sessions; `shell(name, open=False)` gives a handle on one."""
-        response = await self._transport.unary(self._transport.shell_service.ListShells,
-                                               _core.build_list_shells_request(self.id))
+        response = await self._transport.unary(
+            self._transport.shell_service.ListShells, _core.build_list_shells_request(self.id)
+        )
         return [_core.shell_info_from_proto(shell) for shell in response.shells]
 
-    async def kernel(self, *, python: str | None = None, cwd: str | None = None,
-                     env: Mapping[str, str] | None = None) -> AsyncKernel:
+    async def kernel(
+        self, *, python: str | None = None, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> AsyncKernel:
         """Starts an IPython kernel; its state persists across `AsyncKernel.execute` calls.
 
         `python`: the interpreter inside the sandbox (None: python3), which must have ipykernel
@@ -247,8 +303,9 @@ class AsyncSandbox:
         the workdir). `env`: extra variables.
         """
         request = _core.build_start_kernel_request(self.id, python=python, cwd=cwd, env=env)
-        response = await self._transport.unary(self._transport.kernel_service.StartKernel, request,
-                                               timeout=_kernel_start_deadline(self._transport))
+        response = await self._transport.unary(
+            self._transport.kernel_service.StartKernel, request, timeout=_kernel_start_deadline(self._transport)
+        )
         return AsyncKernel(self._transport, _core.kernel_info_from_proto(response.kernel))
 
     async def get_kernel(self, kernel_id: str) -> AsyncKernel:
@@ -257,14 +314,16 @@ class AsyncSandbox:
 
     async def list_kernels(self) -> list[KernelInfo]:
         """The sandbox's kernels; `get_kernel(id)` gives a handle on one."""
-        response = await self._transport.unary(self._transport.kernel_service.ListKernels,
-                                               _core.build_list_kernels_request(self.id))
+        response = await self._transport.unary(
+            self._transport.kernel_service.ListKernels, _core.build_list_kernels_request(self.id)
+        )
         return [_core.kernel_info_from_proto(kernel) for kernel in response.kernels]
 
     async def refresh(self) -> SandboxInfo:
         """Asks the daemon for this sandbox's current state and returns it (also in `.info`)."""
-        response = await self._transport.unary(self._transport.sandbox_service.GetSandbox,
-                                               _core.build_get_sandbox_request(self.id))
+        response = await self._transport.unary(
+            self._transport.sandbox_service.GetSandbox, _core.build_get_sandbox_request(self.id)
+        )
         self._info = _core.sandbox_info_from_proto(response.sandbox)
         return self._info
 
@@ -274,8 +333,9 @@ class AsyncSandbox:
         if self._destroyed:
             return
         try:
-            await self._transport.unary(self._transport.sandbox_service.DestroySandbox,
-                                        _core.build_destroy_sandbox_request(self.id))
+            await self._transport.unary(
+                self._transport.sandbox_service.DestroySandbox, _core.build_destroy_sandbox_request(self.id)
+            )
         except NotFound:
             pass  # destroyed elsewhere or reaped by its idle timeout: the goal is reached
         self._destroyed = True
@@ -283,8 +343,9 @@ class AsyncSandbox:
     async def __aenter__(self) -> AsyncSandbox:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        traceback: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if exc is None:
             await self.destroy()
             return
@@ -325,8 +386,9 @@ class _AsyncEventStream(Generic[EventT]):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        traceback: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         await self.close()
 
 
@@ -367,8 +429,16 @@ class AsyncShell:
         `open=False` until `refresh()`)."""
         return self._info
 
-    async def run(self, cmd: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S, idle_timeout: float | None = None,
-                  output_limit: int | None = None, strip_ansi: bool = False, check: bool = False) -> ShellResult:
+    async def run(
+        self,
+        cmd: str,
+        *,
+        timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+        idle_timeout: float | None = None,
+        output_limit: int | None = None,
+        strip_ansi: bool = False,
+        check: bool = False,
+    ) -> ShellResult:
         """Runs one command (any bash text: several lines, heredocs, ...) in the session and
         returns its exit code and output.
 
@@ -378,19 +448,27 @@ class AsyncShell:
         the daemon's default, 1 MiB). `strip_ansi`: also return the output without ANSI escapes
         in `output_plain`. `check`: raise CommandExitError unless the result is `ok`.
         """
-        request = _core.build_run_in_shell_request(self._sandbox_id, self._name, cmd, timeout=timeout,
-                                                   idle_timeout=idle_timeout, output_limit=output_limit,
-                                                   strip_ansi=strip_ansi)
-        response = await self._transport.unary(self._transport.shell_service.RunInShell, request,
-                                               timeout=_core.shell_deadline(timeout))
+        request = _core.build_run_in_shell_request(
+            self._sandbox_id,
+            self._name,
+            cmd,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            output_limit=output_limit,
+            strip_ansi=strip_ansi,
+        )
+        response = await self._transport.unary(
+            self._transport.shell_service.RunInShell, request, timeout=_core.shell_deadline(timeout)
+        )
         result = _core.shell_result_from_proto(response)
         return result.check() if check else result
 
     async def refresh(self) -> ShellInfo:
         """Asks the daemon about this session and returns it (also in `.info`); NotFound once the
         session is gone."""
-        response = await self._transport.unary(self._transport.shell_service.ListShells,
-                                               _core.build_list_shells_request(self._sandbox_id))
+        response = await self._transport.unary(
+            self._transport.shell_service.ListShells, _core.build_list_shells_request(self._sandbox_id)
+        )
         info = _core.find_shell(response, self._name)
         if info is None:
             raise NotFound(f"sandbox {self._sandbox_id} has no shell named {self._name!r}")
@@ -403,8 +481,9 @@ class AsyncShell:
         if self._closed:
             return
         try:
-            await self._transport.unary(self._transport.shell_service.CloseShell,
-                                        _core.build_close_shell_request(self._sandbox_id, self._name))
+            await self._transport.unary(
+                self._transport.shell_service.CloseShell, _core.build_close_shell_request(self._sandbox_id, self._name)
+            )
         except NotFound:
             pass  # closed elsewhere, or its sandbox is gone: the goal is reached
         self._closed = True
@@ -429,8 +508,9 @@ class AsyncShell:
     async def __aenter__(self) -> AsyncShell:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        traceback: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         await _close_after(self.close, exc, f"shell {self._name!r} of sandbox {self._sandbox_id}")
 
     def __repr__(self) -> str:
@@ -464,8 +544,9 @@ class AsyncKernel:
         kernel is interrupted and `timed_out` is set (a cell that ignores the interrupt gets the
         kernel killed: `kernel_died`). A cell that raises is not an SDK error: see `.error`."""
         request = _core.build_execute_gathered_request(self.sandbox_id, self.id, code, timeout=timeout)
-        response = await self._transport.unary(self._transport.kernel_service.ExecuteGathered, request,
-                                               timeout=_core.kernel_deadline(timeout))
+        response = await self._transport.unary(
+            self._transport.kernel_service.ExecuteGathered, request, timeout=_core.kernel_deadline(timeout)
+        )
         return _core.kernel_result_from_proto(response)
 
     def execute_stream(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> AsyncKernelExecuteStream:
@@ -477,19 +558,26 @@ class AsyncKernel:
         ...`.
         """
         request = _core.build_execute_request(self.sandbox_id, self.id, code, timeout=timeout)
-        return AsyncKernelExecuteStream(self._transport.server_stream(
-            self._transport.kernel_service.Execute, request, timeout=_core.kernel_deadline(timeout)))
+        return AsyncKernelExecuteStream(
+            self._transport.server_stream(
+                self._transport.kernel_service.Execute, request, timeout=_core.kernel_deadline(timeout)
+            )
+        )
 
     async def interrupt(self) -> None:
         """Interrupts the running cell (SIGINT to the kernel), as Jupyter's stop button does."""
-        await self._transport.unary(self._transport.kernel_service.InterruptKernel,
-                                    _core.build_interrupt_kernel_request(self.sandbox_id, self.id))
+        await self._transport.unary(
+            self._transport.kernel_service.InterruptKernel,
+            _core.build_interrupt_kernel_request(self.sandbox_id, self.id),
+        )
 
     async def restart(self) -> KernelInfo:
         """Replaces the kernel process with a fresh one under the same id: all state is lost."""
-        response = await self._transport.unary(self._transport.kernel_service.RestartKernel,
-                                               _core.build_restart_kernel_request(self.sandbox_id, self.id),
-                                               timeout=_kernel_start_deadline(self._transport))
+        response = await self._transport.unary(
+            self._transport.kernel_service.RestartKernel,
+            _core.build_restart_kernel_request(self.sandbox_id, self.id),
+            timeout=_kernel_start_deadline(self._transport),
+        )
         self._info = _core.kernel_info_from_proto(response.kernel)
         return self._info
 
@@ -503,8 +591,10 @@ class AsyncKernel:
         if self._shut_down:
             return
         try:
-            await self._transport.unary(self._transport.kernel_service.ShutdownKernel,
-                                        _core.build_shutdown_kernel_request(self.sandbox_id, self.id))
+            await self._transport.unary(
+                self._transport.kernel_service.ShutdownKernel,
+                _core.build_shutdown_kernel_request(self.sandbox_id, self.id),
+            )
         except NotFound:
             pass  # shut down elsewhere, or its sandbox is gone: the goal is reached
         self._shut_down = True
@@ -512,8 +602,9 @@ class AsyncKernel:
     async def __aenter__(self) -> AsyncKernel:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        traceback: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         await _close_after(self.shutdown, exc, f"kernel {self.id} of sandbox {self.sandbox_id}")
 
     def __repr__(self) -> str:
@@ -528,14 +619,12 @@ class AsyncKernelExecuteStream(_AsyncEventStream[KernelEvent]):
         super().__init__(responses, _core.KernelEventDecoder())
 
 
-
 def _kernel_start_deadline(transport: AsyncTransport) -> float:
     return max(transport.default_timeout, _core.KERNEL_START_TIMEOUT_S)
 
 
 async def _lookup_kernel(transport: AsyncTransport, sandbox_id: str, kernel_id: str) -> KernelInfo:
-    response = await transport.unary(transport.kernel_service.ListKernels,
-                                     _core.build_list_kernels_request(sandbox_id))
+    response = await transport.unary(transport.kernel_service.ListKernels, _core.build_list_kernels_request(sandbox_id))
     info = _core.find_kernel(response, kernel_id)
     if info is None:
         raise NotFound(f"sandbox {sandbox_id} has no kernel {kernel_id!r}")

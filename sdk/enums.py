@@ -25,10 +25,13 @@ def enum_name(enum_type: EnumTypeWrapper, prefix: str, number: int) -> str:
 
 
 # "local" -> BACKEND_LOCAL, for every backend the contract names.
-BACKEND_NUMBERS: Mapping[str, int] = types.MappingProxyType({
-    name.removeprefix("BACKEND_").lower(): number
-    for name, number in pb.Backend.items() if number != pb.BACKEND_UNSPECIFIED
-})
+BACKEND_NUMBERS: Mapping[str, int] = types.MappingProxyType(
+    {
+        name.removeprefix("BACKEND_").lower(): number
+        for name, number in pb.Backend.items()
+        if number != pb.BACKEND_UNSPECIFIED
+    }
+)
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKEND_NUMBERS)
 
 

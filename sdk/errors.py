@@ -91,8 +91,14 @@ class Unavailable(CorralError):
 
     code = grpc.StatusCode.UNAVAILABLE
 
-    def __init__(self, message: str, *, details: str | None = None, code: grpc.StatusCode | None = None,
-                 address: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: str | None = None,
+        code: grpc.StatusCode | None = None,
+        address: str | None = None,
+    ) -> None:
         super().__init__(message, details=details, code=code)
         self.address = address
 
@@ -134,20 +140,22 @@ class CommandExitError(CorralError):
 
 # Callers catch by class, so each code the daemon documents gets exactly one class. Codes not listed
 # here (UNKNOWN, ABORTED, OUT_OF_RANGE, DATA_LOSS) become a plain CorralError carrying the code.
-_ERROR_CLASS_BY_CODE: Mapping[grpc.StatusCode, type[CorralError]] = types.MappingProxyType({
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.CANCELLED: Cancelled,
-    grpc.StatusCode.INTERNAL: Internal,
-    grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
-})
+_ERROR_CLASS_BY_CODE: Mapping[grpc.StatusCode, type[CorralError]] = types.MappingProxyType(
+    {
+        grpc.StatusCode.NOT_FOUND: NotFound,
+        grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+        grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+        grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+        grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+        grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+        grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+        grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+        grpc.StatusCode.UNAVAILABLE: Unavailable,
+        grpc.StatusCode.CANCELLED: Cancelled,
+        grpc.StatusCode.INTERNAL: Internal,
+        grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
+    }
+)
 
 
 def error_class_for(code: grpc.StatusCode | None) -> type[CorralError]:
@@ -170,8 +178,9 @@ def error_from_rpc(error: grpc.RpcError, *, address: str) -> CorralError:
         # "Nothing listens there" and the daemon's own UNAVAILABLE (shutting down, backend engine
         # down) share this code and cannot be told apart, so the wording fits both; naming the
         # address is what lets the reader spot a wrong socket path or a stopped daemon.
-        return Unavailable(f"the corral daemon at {address} is unavailable: {details}",
-                           details=details, address=address)
+        return Unavailable(
+            f"the corral daemon at {address} is unavailable: {details}", details=details, address=address
+        )
     if error_class is CorralError:
         return CorralError(f"{code.name}: {details}", details=details, code=code)
     return error_class(details, details=details)
@@ -191,8 +200,9 @@ class RpcErrorTranslator:
     def __enter__(self) -> RpcErrorTranslator:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: types.TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: types.TracebackType | None
+    ) -> None:
         if isinstance(exc, grpc.RpcError):
             raise error_from_rpc(exc, address=self.address) from exc
 

@@ -28,8 +28,9 @@ def build_register_llm_request(address: str, protocol: str, weight: int, model: 
     return pb.RegisterLLMRequest(address=address, protocol=_PROTOCOLS[protocol], weight=weight, model=model)
 
 
-def build_options(*, n: int = 1, max_staleness: int | None = None, stream_turns: bool = False,
-                  group_id: str | None = None) -> pb.RolloutOptions:
+def build_options(
+    *, n: int = 1, max_staleness: int | None = None, stream_turns: bool = False, group_id: str | None = None
+) -> pb.RolloutOptions:
     if n < 1:
         raise InvalidArgument(f"n must be at least 1, got {n}")
     options = pb.RolloutOptions(n=n, stream_turns=stream_turns, group_id=group_id or "")
@@ -61,49 +62,84 @@ def rejection_error(rejected: pb.RolloutRejected) -> CorralError:
 
 def turn_from_proto(turn: pb.Turn) -> RolloutTurn:
     return RolloutTurn(
-        rollout_id=turn.rollout_id, index=turn.index, generated_ids=list(turn.generated_ids),
-        generated_logprobs=list(turn.generated_logprobs), weight_version=turn.weight_version,
+        rollout_id=turn.rollout_id,
+        index=turn.index,
+        generated_ids=list(turn.generated_ids),
+        generated_logprobs=list(turn.generated_logprobs),
+        weight_version=turn.weight_version,
         tool_calls=[ToolCallRecord(call.name, call.arguments_json) for call in turn.tool_calls],
-        observation_ids=list(turn.observation_ids), format_error=turn.format_error,
-        llm_finish_reason=turn.llm_finish_reason, llm_address=turn.llm_address,
-        llm_time_ms=turn.llm_time_ms, tool_time_ms=turn.tool_time_ms)
+        observation_ids=list(turn.observation_ids),
+        format_error=turn.format_error,
+        llm_finish_reason=turn.llm_finish_reason,
+        llm_address=turn.llm_address,
+        llm_time_ms=turn.llm_time_ms,
+        tool_time_ms=turn.tool_time_ms,
+    )
 
 
 def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
     timings = result.timings
     return RolloutResult(
-        rollout_id=result.rollout_id, task_id=result.task_id, group_id=result.group_id,
+        rollout_id=result.rollout_id,
+        task_id=result.task_id,
+        group_id=result.group_id,
         sample_index=result.sample_index,
         status=enum_name(pb.RolloutStatus, "ROLLOUT_STATUS_", result.status),
-        filter_reason=(enum_name(pb.FilterReason, "FILTER_REASON_", result.filter_reason)
-                       if result.filter_reason else None),
-        error=result.error, reward=result.reward,
-        finish_reason=(enum_name(pb.FinishReason, "FINISH_REASON_", result.finish_reason)
-                       if result.finish_reason else None),
-        prompt_ids=list(result.prompt_ids), response_ids=list(result.response_ids),
-        response_mask=list(result.response_mask), response_logprobs=list(result.response_logprobs),
+        filter_reason=(
+            enum_name(pb.FilterReason, "FILTER_REASON_", result.filter_reason) if result.filter_reason else None
+        ),
+        error=result.error,
+        reward=result.reward,
+        finish_reason=(
+            enum_name(pb.FinishReason, "FINISH_REASON_", result.finish_reason) if result.finish_reason else None
+        ),
+        prompt_ids=list(result.prompt_ids),
+        response_ids=list(result.response_ids),
+        response_mask=list(result.response_mask),
+        response_logprobs=list(result.response_logprobs),
         weight_versions=list(result.weight_versions),
         turns=[turn_from_proto(turn) for turn in result.turns],
         messages=[{"role": m.role, "content": m.content} for m in result.messages],
-        timings={name: getattr(timings, f"{name}_ms") / 1000
-                 for name in ("init_queue", "init", "run_queue", "run", "eval_queue", "eval", "total")},
-        format_errors=result.format_errors, eval_output=result.eval_output, metadata=dict(result.metadata))
+        timings={
+            name: getattr(timings, f"{name}_ms") / 1000
+            for name in ("init_queue", "init", "run_queue", "run", "eval_queue", "eval", "total")
+        },
+        format_errors=result.format_errors,
+        eval_output=result.eval_output,
+        metadata=dict(result.metadata),
+    )
 
 
 def llm_server_from_proto(server: pb.LLMServer) -> LLMServerInfo:
     return LLMServerInfo(
-        address=server.address, protocol=enum_name(pb.LLMProtocol, "LLM_PROTOCOL_", server.protocol),
-        weight=server.weight, model=server.model, in_flight=server.in_flight, healthy=server.healthy,
-        requests=server.requests, failures=server.failures)
+        address=server.address,
+        protocol=enum_name(pb.LLMProtocol, "LLM_PROTOCOL_", server.protocol),
+        weight=server.weight,
+        model=server.model,
+        in_flight=server.in_flight,
+        healthy=server.healthy,
+        requests=server.requests,
+        failures=server.failures,
+    )
 
 
 def stats_from_proto(response: pb.GetRolloutStatsResponse) -> RolloutStats:
     def stage(stats: pb.StageStats) -> StageStats:
-        return StageStats(queued=stats.queued, in_flight=stats.in_flight, workers=stats.workers,
-                          completed=stats.completed, throughput_per_s=stats.throughput_per_s)
+        return StageStats(
+            queued=stats.queued,
+            in_flight=stats.in_flight,
+            workers=stats.workers,
+            completed=stats.completed,
+            throughput_per_s=stats.throughput_per_s,
+        )
 
     return RolloutStats(
-        init=stage(response.init), run=stage(response.run), eval=stage(response.eval),
+        init=stage(response.init),
+        run=stage(response.run),
+        eval=stage(response.eval),
         llm_servers=[llm_server_from_proto(s) for s in response.llm_servers],
-        policy_version=response.policy_version, results_completed=response.results_completed,
-        results_filtered=response.results_filtered, results_cancelled=response.results_cancelled)
+        policy_version=response.policy_version,
+        results_completed=response.results_completed,
+        results_filtered=response.results_filtered,
+        results_cancelled=response.results_cancelled,
+    )

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from types import TracebackType
-from typing import Union
 
 from corral.sdk import rollout_messages as core
 from corral.sdk._async_transport import AsyncTransport
@@ -25,9 +24,9 @@ from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import LLMServerInfo, RolloutResult, RolloutStats, RolloutTurn
 from corral.v1 import rollout_pb2 as pb
 
-RolloutEvent = Union[RolloutResult, RolloutTurn]
+RolloutEvent = RolloutResult | RolloutTurn
 # What `stream` takes: tasks from an iterable (in the asyncio client, an async iterable too).
-TaskSource = Union[Iterable[TaskLike], AsyncIterable[TaskLike]]
+TaskSource = Iterable[TaskLike] | AsyncIterable[TaskLike]
 
 
 class AsyncRollouts:
@@ -36,8 +35,9 @@ class AsyncRollouts:
     def __init__(self, transport: AsyncTransport) -> None:
         self._transport = transport
 
-    async def register_llm(self, address: str, protocol: str = "sglang", *, weight: int = 1,
-                           model: str = "") -> LLMServerInfo:
+    async def register_llm(
+        self, address: str, protocol: str = "sglang", *, weight: int = 1, model: str = ""
+    ) -> LLMServerInfo:
         """Adds an LLM server ("http://host:port") that rollouts generate from. `protocol`:
         "sglang" (native /generate) or "vllm" (OpenAI-compatible completions); `weight`: relative
         share of new rollouts; `model`: the model name vLLM is asked for (empty: the first it
@@ -57,23 +57,27 @@ class AsyncRollouts:
     async def set_policy_version(self, version: int) -> int:
         """Tells the daemon the trainer's current policy version (staleness is measured against
         it). Versions only move forward."""
-        response = await self._transport.unary(self._transport.rollout_service.SetPolicyVersion,
-                                                pb.SetPolicyVersionRequest(version=version))
+        response = await self._transport.unary(
+            self._transport.rollout_service.SetPolicyVersion, pb.SetPolicyVersionRequest(version=version)
+        )
         return response.version
 
     async def stats(self) -> RolloutStats:
-        response = await self._transport.unary(self._transport.rollout_service.GetRolloutStats,
-                                                pb.GetRolloutStatsRequest())
+        response = await self._transport.unary(
+            self._transport.rollout_service.GetRolloutStats, pb.GetRolloutStatsRequest()
+        )
         return core.stats_from_proto(response)
 
-    async def run(self, task: TaskLike, *, max_staleness: int | None = None,
-                  timeout: float | None = None) -> RolloutResult:
+    async def run(
+        self, task: TaskLike, *, max_staleness: int | None = None, timeout: float | None = None
+    ) -> RolloutResult:
         """Runs one rollout of `task` and returns its result. `timeout`: deadline of the whole
         rollout (None: none; cancelling the call cancels the rollout and frees its sandbox)."""
         request = core.build_run_request(task, max_staleness)
         with self._transport.translate:
-            response = await self._transport.rollout_service.Run(request, timeout=timeout,
-                                                                 metadata=self._transport.metadata)
+            response = await self._transport.rollout_service.Run(
+                request, timeout=timeout, metadata=self._transport.metadata
+            )
         return core.result_from_proto(response.result)
 
     def open_stream(self) -> AsyncRolloutStream:
@@ -81,8 +85,9 @@ class AsyncRollouts:
         AsyncRolloutStream). Use: `async with client.rollouts.open_stream() as s: ...`."""
         return AsyncRolloutStream(self._transport)
 
-    async def stream(self, tasks: TaskSource, *, n: int = 1,
-                     max_staleness: int | None = None, turns: bool = False) -> AsyncIterator[RolloutEvent]:
+    async def stream(
+        self, tasks: TaskSource, *, n: int = 1, max_staleness: int | None = None, turns: bool = False
+    ) -> AsyncIterator[RolloutEvent]:
         """Submits every task (`n` samples each) and yields each RolloutResult as it finishes, in
         completion order (with `turns`, also each RolloutTurn as it completes). Submitting goes on
         while results arrive; the daemon's queues pace it. Leaving the loop early cancels what is
@@ -90,6 +95,7 @@ class AsyncRollouts:
         if isinstance(tasks, Iterable):
             tasks = [task_from(task) for task in tasks]  # a malformed task fails before anything runs
         async with self.open_stream() as stream:
+
             async def submit_all() -> None:
                 try:
                     if isinstance(tasks, AsyncIterable):
@@ -126,8 +132,15 @@ class AsyncRolloutStream:
         self._input_closed = False
         self._client_refs = itertools.count()
 
-    async def submit(self, task: TaskLike, *, n: int = 1, max_staleness: int | None = None,
-                     turns: bool = False, group_id: str | None = None) -> None:
+    async def submit(
+        self,
+        task: TaskLike,
+        *,
+        n: int = 1,
+        max_staleness: int | None = None,
+        turns: bool = False,
+        group_id: str | None = None,
+    ) -> None:
         """Queues `n` rollouts of a task. Waits while the daemon's queues are full."""
         options = core.build_options(n=n, max_staleness=max_staleness, stream_turns=turns, group_id=group_id)
         self._check_input_open()
@@ -176,6 +189,7 @@ class AsyncRolloutStream:
     async def __aenter__(self) -> AsyncRolloutStream:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()

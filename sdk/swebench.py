@@ -52,8 +52,13 @@ def _test_ids(value: Any, field: str, instance_id: str) -> list[str]:
     return value
 
 
-def instance_to_task(instance: Mapping[str, Any], *, workdir: str = DEFAULT_WORKDIR,
-                     image_pattern: str = DEFAULT_IMAGE_PATTERN, max_turns: int = 50) -> pb.Task:
+def instance_to_task(
+    instance: Mapping[str, Any],
+    *,
+    workdir: str = DEFAULT_WORKDIR,
+    image_pattern: str = DEFAULT_IMAGE_PATTERN,
+    max_turns: int = 50,
+) -> pb.Task:
     """The corral task for one SWE-bench-style instance. InvalidArgument names what is missing."""
     missing = [key for key in REQUIRED if key not in instance]
     if missing:
@@ -61,38 +66,63 @@ def instance_to_task(instance: Mapping[str, Any], *, workdir: str = DEFAULT_WORK
     instance_id = str(instance["instance_id"])
     fail_to_pass = _test_ids(instance["FAIL_TO_PASS"], "FAIL_TO_PASS", instance_id)
     pass_to_pass = _test_ids(instance["PASS_TO_PASS"], "PASS_TO_PASS", instance_id)
-    image = (instance.get("image_name") or instance.get("image")
-             or image_pattern.format(instance_id=instance_id, instance_id_lower=instance_id.lower()))
+    image = (
+        instance.get("image_name")
+        or instance.get("image")
+        or image_pattern.format(instance_id=instance_id, instance_id_lower=instance_id.lower())
+    )
 
-    task = pb.Task(task_id=instance_id, backend=sandbox_pb2.BACKEND_DOCKER, image=image,
-                   tools=["bash", "editor", "submit"], limits=pb.TaskLimits(max_turns=max_turns))
+    task = pb.Task(
+        task_id=instance_id,
+        backend=sandbox_pb2.BACKEND_DOCKER,
+        image=image,
+        tools=["bash", "editor", "submit"],
+        limits=pb.TaskLimits(max_turns=max_turns),
+    )
     task.prompt.messages.add(role="system", content=SYSTEM_PROMPT)
     task.prompt.messages.add(role="user", content=USER_PROMPT)
-    task.prompt.fields.update({
-        "workdir": workdir, "repo": str(instance["repo"]), "base_commit": str(instance["base_commit"]),
-        "problem_statement": str(instance.get("problem_statement", "")),
-    })
+    task.prompt.fields.update(
+        {
+            "workdir": workdir,
+            "repo": str(instance["repo"]),
+            "base_commit": str(instance["base_commit"]),
+            "problem_statement": str(instance.get("problem_statement", "")),
+        }
+    )
     tests = fail_to_pass + pass_to_pass
     quoted_dir = shlex.quote(workdir)
     task.evaluation.files.add(path=TEST_PATCH_PATH, content=str(instance["test_patch"]).encode())
-    task.evaluation.commands.extend([
-        # The test files are put back as they were at base_commit, so the agent cannot have
-        # changed what checks it, then the hidden test patch is applied.
-        f"cd {quoted_dir} && for f in $(git apply --numstat {TEST_PATCH_PATH} | cut -f3); do "
-        f"git checkout -q {shlex.quote(str(instance['base_commit']))} -- \"$f\" 2>/dev/null || rm -f \"$f\"; done "
-        f"&& git apply {TEST_PATCH_PATH}",
-        f"cd {quoted_dir} && python -m pytest -q -rA --junitxml={REPORT_PATH} "
-        + " ".join(shlex.quote(test) for test in tests) + " || true",
-    ])
+    task.evaluation.commands.extend(
+        [
+            # The test files are put back as they were at base_commit, so the agent cannot have
+            # changed what checks it, then the hidden test patch is applied.
+            f"cd {quoted_dir} && for f in $(git apply --numstat {TEST_PATCH_PATH} | cut -f3); do "
+            f'git checkout -q {shlex.quote(str(instance["base_commit"]))} -- "$f" 2>/dev/null || rm -f "$f"; done '
+            f"&& git apply {TEST_PATCH_PATH}",
+            f"cd {quoted_dir} && python -m pytest -q -rA --junitxml={REPORT_PATH} "
+            + " ".join(shlex.quote(test) for test in tests)
+            + " || true",
+        ]
+    )
     task.evaluation.junit.report_path = REPORT_PATH
     task.evaluation.junit.tests.extend(tests)
-    task.reference_solution.extend([
-        pb.ToolCall(name="editor", arguments_json=json.dumps(
-            {"command": "create", "path": GOLD_PATCH_PATH, "file_text": str(instance["patch"])})),
-        pb.ToolCall(name="bash", arguments_json=json.dumps({"command": f"cd {quoted_dir} && git apply {GOLD_PATCH_PATH}"})),
-        pb.ToolCall(name="submit", arguments_json="{}"),
-    ])
-    task.metadata.update({"source": "swe-bench", "repo": str(instance["repo"]), "base_commit": str(instance["base_commit"])})
+    task.reference_solution.extend(
+        [
+            pb.ToolCall(
+                name="editor",
+                arguments_json=json.dumps(
+                    {"command": "create", "path": GOLD_PATCH_PATH, "file_text": str(instance["patch"])}
+                ),
+            ),
+            pb.ToolCall(
+                name="bash", arguments_json=json.dumps({"command": f"cd {quoted_dir} && git apply {GOLD_PATCH_PATH}"})
+            ),
+            pb.ToolCall(name="submit", arguments_json="{}"),
+        ]
+    )
+    task.metadata.update(
+        {"source": "swe-bench", "repo": str(instance["repo"]), "base_commit": str(instance["base_commit"])}
+    )
     return task
 
 
@@ -114,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("instances", help="JSONL of SWE-bench-style instances ('-': standard input)")
     parser.add_argument("--out", default="-", help="tasks JSONL to write ('-': standard output)")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
-    parser.add_argument("--image-pattern", default=DEFAULT_IMAGE_PATTERN,
-                        help="image of instances that name none; {instance_id} and {instance_id_lower} are filled in")
+    parser.add_argument(
+        "--image-pattern",
+        default=DEFAULT_IMAGE_PATTERN,
+        help="image of instances that name none; {instance_id} and {instance_id_lower} are filled in",
+    )
     parser.add_argument("--max-turns", type=int, default=50)
     args = parser.parse_args(argv)
     source = sys.stdin if args.instances == "-" else open(args.instances, encoding="utf-8")

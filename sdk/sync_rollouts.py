@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import Union
 
 from corral.sdk import rollout_messages as core
 from corral.sdk._sync_transport import SyncTransport
@@ -19,7 +18,7 @@ from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import LLMServerInfo, RolloutResult, RolloutStats, RolloutTurn
 from corral.v1 import rollout_pb2 as pb
 
-RolloutEvent = Union[RolloutResult, RolloutTurn]
+RolloutEvent = RolloutResult | RolloutTurn
 # What `stream` takes: tasks from an iterable (in the asyncio client, an async iterable too).
 TaskSource = Iterable[TaskLike]
 

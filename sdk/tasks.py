@@ -11,14 +11,14 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from google.protobuf import json_format
 
 from corral.sdk.errors import InvalidArgument
 from corral.v1 import rollout_pb2 as pb
 
-TaskLike = Union[pb.Task, Mapping[str, Any], str]
+TaskLike = pb.Task | Mapping[str, Any] | str
 
 
 def task_from(task: TaskLike) -> pb.Task:

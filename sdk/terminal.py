@@ -44,8 +44,9 @@ def attach_terminal(client: Client, sandbox_id: str, *, program: str | None = No
     interactive = os.isatty(stdin_fd)
     requests: queue.SimpleQueue[shell_pb2.AttachRequest | None] = queue.SimpleQueue()
     rows, cols = _window_size()
-    requests.put(_core.build_attach_start(sandbox_id, rows=rows, cols=cols, term=os.environ.get("TERM"),
-                                          program=program))
+    requests.put(
+        _core.build_attach_start(sandbox_id, rows=rows, cols=cols, term=os.environ.get("TERM"), program=program)
+    )
 
     def outgoing() -> Iterator[shell_pb2.AttachRequest]:
         # Runs on grpc's sending thread; None ends the stream.
@@ -116,7 +117,7 @@ def _window_size() -> tuple[int, int]:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, Union
+from typing import Literal
 
 from corral.sdk.errors import CommandExitError
 
@@ -131,7 +131,7 @@ class ExecExited:
     stderr_total_bytes: int
 
 
-ExecEvent = Union[ExecStarted, ExecOutput, ExecKeepalive, ExecExited]
+ExecEvent = ExecStarted | ExecOutput | ExecKeepalive | ExecExited
 
 
 @dataclass(frozen=True)
@@ -342,15 +342,24 @@ class KernelDoneEvent:
     duration_ms: int
 
 
-KernelEvent = Union[KernelStreamEvent, KernelDisplayEvent, KernelResultEvent, KernelErrorEvent, KernelDoneEvent]
+KernelEvent = KernelStreamEvent | KernelDisplayEvent | KernelResultEvent | KernelErrorEvent | KernelDoneEvent
 
 
 # -- rollouts ----------------------------------------------------------------------------------
 
 RolloutStatus = Literal["completed", "filtered", "cancelled", "unspecified", "unknown"]
 # Why an infrastructure failure filtered a rollout (never a reward).
-FilterReason = Literal["sandbox_start", "backend_crash", "llm_unreachable", "eval_infra", "shutdown",
-                       "staleness", "stage_timeout", "unspecified", "unknown"]
+FilterReason = Literal[
+    "sandbox_start",
+    "backend_crash",
+    "llm_unreachable",
+    "eval_infra",
+    "shutdown",
+    "staleness",
+    "stage_timeout",
+    "unspecified",
+    "unknown",
+]
 FinishReason = Literal["submitted", "max_turns", "context_full", "timeout", "unparsable", "unspecified", "unknown"]
 LLMProtocolName = Literal["sglang", "vllm"]
 

@@ -82,9 +82,18 @@ class DaemonProcess:
         self.log = root / "daemon.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 20.0) -> "DaemonProcess":
-        cmd = [sys.executable, "-m", "corral.cli", "serve", "--socket", str(self.socket),
-               "--state-dir", str(self.state_dir), *self.extra]
+    def start(self, timeout: float = 20.0) -> DaemonProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "corral.cli",
+            "serve",
+            "--socket",
+            str(self.socket),
+            "--state-dir",
+            str(self.state_dir),
+            *self.extra,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -118,12 +127,19 @@ class DaemonProcess:
 BACKEND_CASES = {
     "local-bwrap": ("local", "local", '[local]\nisolation = "bwrap"\n'),
     "local-unshare": ("local", "local", '[local]\nisolation = "unshare"\n'),
-    "docker": ("docker", "docker",
-               f'[daemon]\ndefault_backend = "docker"\n[docker]\ndefault_image = "{DOCKER_TEST_IMAGE}"\n'),
-    "podman": ("podman", "docker",
-               f'[daemon]\ndefault_backend = "docker"\n{PODMAN_CONFIG}default_image = "{DOCKER_TEST_IMAGE}"\n'),
+    "docker": (
+        "docker",
+        "docker",
+        f'[daemon]\ndefault_backend = "docker"\n[docker]\ndefault_image = "{DOCKER_TEST_IMAGE}"\n',
+    ),
+    "podman": (
+        "podman",
+        "docker",
+        f'[daemon]\ndefault_backend = "docker"\n{PODMAN_CONFIG}default_image = "{DOCKER_TEST_IMAGE}"\n',
+    ),
     "singularity": (
-        "singularity", "singularity",
+        "singularity",
+        "singularity",
         f'[daemon]\ndefault_backend = "singularity"\n[singularity]\ndefault_image = "{SIF_TEST_IMAGE}"\n',
     ),
 }

@@ -6,8 +6,8 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable
 
-from corral.rollout.reference.server import ReferenceServer
 from corral.rollout.reference.replay import ReplayPolicy
+from corral.rollout.reference.server import ReferenceServer
 from corral.v1 import rollout_pb2 as pb
 
 
@@ -15,8 +15,14 @@ def call(name: str, **arguments: object) -> pb.ToolCall:
     return pb.ToolCall(name=name, arguments_json=json.dumps(arguments))
 
 
-def repair_task(task_id: str, *, eval_command: str = "python3 check.py", reward: str = "exit_status",
-                solution: Iterable[pb.ToolCall] | None = None, **limits: int) -> pb.Task:
+def repair_task(
+    task_id: str,
+    *,
+    eval_command: str = "python3 check.py",
+    reward: str = "exit_status",
+    solution: Iterable[pb.ToolCall] | None = None,
+    **limits: int,
+) -> pb.Task:
     """A one-file repair task: `add` subtracts; the reference solution fixes it, checks, submits.
     Each task id gets its own prompt text, so the replay policy tells tasks apart."""
     task = pb.Task(task_id=task_id, limits=pb.TaskLimits(**limits))
@@ -28,9 +34,11 @@ def repair_task(task_id: str, *, eval_command: str = "python3 check.py", reward:
     task.evaluation.commands.append(eval_command)
     getattr(task.evaluation, reward).SetInParent()
     if solution is None:
-        solution = [call("editor", command="str_replace", path="calc.py", old_str="a - b", new_str="a + b"),
-                    call("bash", command="python3 -c 'import calc; print(calc.add(2, 2))'"),
-                    call("submit")]
+        solution = [
+            call("editor", command="str_replace", path="calc.py", old_str="a - b", new_str="a + b"),
+            call("bash", command="python3 -c 'import calc; print(calc.add(2, 2))'"),
+            call("submit"),
+        ]
     task.reference_solution.extend(solution)
     return task
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from corral.cli.run import is_token_exact
 from corral.rollout.llm.sglang import SGLangClient
 from corral.sdk import AsyncClient
-from corral.cli.run import is_token_exact
 from corral.trainer_adapters.common import DaemonNotRunning, ToolsModeRollouts, connect_service
 from tests.rollout_tasks import repair_task, replay_server
 

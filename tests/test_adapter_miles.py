@@ -29,11 +29,11 @@ import pytest
 from aiohttp import ClientSession, web
 from google.protobuf import json_format
 
+from corral.cli.run import is_token_exact
 from corral.rollout.llm.routing import ROUTING_KEY_HEADER
 from corral.rollout.prompt import fill_prompt_fields
 from corral.rollout.tokenizer import ByteChatTokenizer
 from corral.sdk import AsyncClient, AsyncRollouts, InvalidArgument, RolloutResult, load_tasks
-from corral.cli.run import is_token_exact
 from corral.trainer_adapters import miles as adapter
 from corral.trainer_adapters.common import ToolsModeRollouts
 from tests.rollout_tasks import repair_task, replay_server
@@ -43,6 +43,7 @@ MILES_COMMIT = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 
 
 # -- the stand-in `miles` package -----------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class AdapterRef:
@@ -130,11 +131,35 @@ class Sample:
 
 # The field names of Miles' Sample at MILES_COMMIT, in order.
 MILES_SAMPLE_FIELDS = [
-    "group_index", "index", "rollout_id", "prompt", "tokens", "multimodal_inputs", "multimodal_train_inputs",
-    "response", "response_length", "label", "reward", "loss_mask", "weight_versions", "rollout_log_probs",
-    "rollout_routed_experts", "rollout_indexer_topk", "remove_sample", "teacher_log_probs", "opd_reverse_kl",
-    "status", "metadata", "generate_function_path", "train_metadata", "adapter", "reward_spec", "routing_key",
-    "non_generation_time", "spec_info", "prefix_cache_info",
+    "group_index",
+    "index",
+    "rollout_id",
+    "prompt",
+    "tokens",
+    "multimodal_inputs",
+    "multimodal_train_inputs",
+    "response",
+    "response_length",
+    "label",
+    "reward",
+    "loss_mask",
+    "weight_versions",
+    "rollout_log_probs",
+    "rollout_routed_experts",
+    "rollout_indexer_topk",
+    "remove_sample",
+    "teacher_log_probs",
+    "opd_reverse_kl",
+    "status",
+    "metadata",
+    "generate_function_path",
+    "train_metadata",
+    "adapter",
+    "reward_spec",
+    "routing_key",
+    "non_generation_time",
+    "spec_info",
+    "prefix_cache_info",
 ]
 
 
@@ -162,8 +187,10 @@ class GenerateFnOutput:
 @pytest.fixture(autouse=True, scope="module")
 def stand_in_miles():
     """Puts the stand-in `miles` package into sys.modules for this module's tests."""
-    modules = {name: types.ModuleType(name) for name in
-               ("miles", "miles.utils", "miles.utils.types", "miles.rollout", "miles.rollout.base_types")}
+    modules = {
+        name: types.ModuleType(name)
+        for name in ("miles", "miles.utils", "miles.utils.types", "miles.rollout", "miles.rollout.base_types")
+    }
     modules["miles.utils.types"].Sample = Sample
     modules["miles.utils.types"].AdapterRef = AdapterRef
     modules["miles.utils.types"].RewardSpec = RewardSpec
@@ -181,16 +208,32 @@ def stand_in_miles():
 
 # -- helpers --------------------------------------------------------------------------------------
 
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 1024, "stop": None,
-            "stop_token_ids": None, "skip_special_tokens": False, "no_stop_trim": True,
-            "spaces_between_special_tokens": False}
+SAMPLING = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_new_tokens": 1024,
+    "stop": None,
+    "stop_token_ids": None,
+    "skip_special_tokens": False,
+    "no_stop_trim": True,
+    "spaces_between_special_tokens": False,
+}
 
 
 def miles_args(router: str, daemon_address: str, **overrides: Any) -> argparse.Namespace:
     host, port = router.removeprefix("http://").rsplit(":", 1)
-    values = dict(sglang_router_ip=host, sglang_router_port=int(port), sglang_router_policy=None,
-                  sglang_router_request_timeout_secs=60, rollout_max_context_len=None, hf_checkpoint=None,
-                  corral_address=daemon_address, corral_tokenizer=None, corral_max_staleness=None)
+    values = dict(
+        sglang_router_ip=host,
+        sglang_router_port=int(port),
+        sglang_router_policy=None,
+        sglang_router_request_timeout_secs=60,
+        rollout_max_context_len=None,
+        hf_checkpoint=None,
+        corral_address=daemon_address,
+        corral_tokenizer=None,
+        corral_max_staleness=None,
+    )
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -228,8 +271,9 @@ class Router:
 
     async def _generate(self, request: web.Request) -> web.Response:
         self.routing_keys.append(request.headers.get(ROUTING_KEY_HEADER))
-        async with self._session.post(self.upstream + "/generate", data=await request.read(),
-                                      headers={"Content-Type": "application/json"}) as answer:
+        async with self._session.post(
+            self.upstream + "/generate", data=await request.read(), headers={"Content-Type": "application/json"}
+        ) as answer:
             body = await answer.read()
             if self.abort:
                 data = json.loads(body)
@@ -281,7 +325,7 @@ def assert_filled_like(sample: Sample, result: RolloutResult) -> None:
     sample.validate()
     assert len(sample.loss_mask) == sample.response_length == len(sample.rollout_log_probs)
     assert sample.tokens == result.prompt_ids + result.response_ids
-    assert sample.tokens[-sample.response_length:] == result.response_ids
+    assert sample.tokens[-sample.response_length :] == result.response_ids
     assert sample.loss_mask == result.response_mask
     assert sample.rollout_log_probs == result.response_logprobs
     assert sample.weight_versions == [str(turn.weight_version) for turn in result.turns]
@@ -290,17 +334,24 @@ def assert_filled_like(sample: Sample, result: RolloutResult) -> None:
 
 # -- without a daemon -----------------------------------------------------------------------------
 
+
 def test_the_module_imports_without_miles() -> None:
-    code = ("import sys, corral.trainer_adapters.miles\n"
-            "assert not [m for m in sys.modules if m == 'miles' or m.startswith('miles.')]")
+    code = (
+        "import sys, corral.trainer_adapters.miles\n"
+        "assert not [m for m in sys.modules if m == 'miles' or m.startswith('miles.')]"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
 
 def test_the_stand_in_mirrors_miles_sample() -> None:
     assert [f.name for f in dataclasses.fields(Sample)] == MILES_SAMPLE_FIELDS
     assert {s.name: s.value for s in Sample.Status} == {
-        "PENDING": "pending", "COMPLETED": "completed", "TRUNCATED": "truncated", "ABORTED": "aborted",
-        "FAILED": "failed"}
+        "PENDING": "pending",
+        "COMPLETED": "completed",
+        "TRUNCATED": "truncated",
+        "ABORTED": "aborted",
+        "FAILED": "failed",
+    }
     Sample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 0], rollout_log_probs=[0.0, 0.0]).validate()
     for bad in (dict(loss_mask=[1]), dict(rollout_log_probs=[0.0, 0.0, 0.0]), dict(response_length=4)):
         with pytest.raises(AssertionError):
@@ -310,6 +361,7 @@ def test_the_stand_in_mirrors_miles_sample() -> None:
 def test_the_entry_points_are_what_miles_loads() -> None:
     """Miles takes a function as legacy when it has >= 3 parameters and the first is not named
     `input` (miles/rollout/inference_rollout/compatibility.py), and calls `fn.add_arguments(parser)`."""
+
     def legacy(fn) -> bool:
         params = list(inspect.signature(fn).parameters)
         return len(params) >= 3 and params[0] != "input"
@@ -322,8 +374,9 @@ def test_the_entry_points_are_what_miles_loads() -> None:
         parser = argparse.ArgumentParser()
         fn.add_arguments(parser)
         fn.add_arguments(parser)  # twice is harmless
-        args = parser.parse_args(["--corral-address", "unix:///x.sock", "--corral-tokenizer", "byte",
-                                  "--corral-max-staleness", "2"])
+        args = parser.parse_args(
+            ["--corral-address", "unix:///x.sock", "--corral-tokenizer", "byte", "--corral-max-staleness", "2"]
+        )
         assert (args.corral_address, args.corral_tokenizer, args.corral_max_staleness) == ("unix:///x.sock", "byte", 2)
     assert parser.parse_args([]).corral_max_staleness is None
 
@@ -360,27 +413,50 @@ def test_the_task_comes_from_metadata_completed_from_the_sample_and_miles_sampli
 
 
 def _result(**changes: Any) -> RolloutResult:
-    values = dict(rollout_id="t/0/ab", task_id="t", group_id="g", sample_index=0, status="completed",
-                  filter_reason=None, error="", reward=0.5, finish_reason="submitted", prompt_ids=[1, 2],
-                  response_ids=[65, 66, 10], response_mask=[1, 1, 0], response_logprobs=[-0.5, -0.25, 0.0],
-                  weight_versions=[3, 3, -1], turns=[], messages=[], timings={}, format_errors=0, eval_output=b"",
-                  metadata={})
+    values = dict(
+        rollout_id="t/0/ab",
+        task_id="t",
+        group_id="g",
+        sample_index=0,
+        status="completed",
+        filter_reason=None,
+        error="",
+        reward=0.5,
+        finish_reason="submitted",
+        prompt_ids=[1, 2],
+        response_ids=[65, 66, 10],
+        response_mask=[1, 1, 0],
+        response_logprobs=[-0.5, -0.25, 0.0],
+        weight_versions=[3, 3, -1],
+        turns=[],
+        messages=[],
+        timings={},
+        format_errors=0,
+        eval_output=b"",
+        metadata={},
+    )
     values.update(changes)
     return RolloutResult(**values)
 
 
-@pytest.mark.parametrize("status, finish, filter_reason, miles_status, reward", [
-    ("completed", "submitted", None, "completed", 0.5),
-    ("completed", "unparsable", None, "completed", 0.5),
-    ("completed", "max_turns", None, "truncated", 0.5),
-    ("completed", "context_full", None, "truncated", 0.5),
-    ("completed", "timeout", None, "truncated", 0.5),
-    ("filtered", None, "backend_crash", "aborted", None),
-    ("cancelled", None, None, "aborted", None),
-])
+@pytest.mark.parametrize(
+    "status, finish, filter_reason, miles_status, reward",
+    [
+        ("completed", "submitted", None, "completed", 0.5),
+        ("completed", "unparsable", None, "completed", 0.5),
+        ("completed", "max_turns", None, "truncated", 0.5),
+        ("completed", "context_full", None, "truncated", 0.5),
+        ("completed", "timeout", None, "truncated", 0.5),
+        ("filtered", None, "backend_crash", "aborted", None),
+        ("cancelled", None, None, "aborted", None),
+    ],
+)
 def test_statuses_and_rewards(status, finish, filter_reason, miles_status, reward) -> None:
-    sample = adapter.fill_sample(Sample(metadata={"corral_task": {}}), _result(
-        status=status, finish_reason=finish, filter_reason=filter_reason), ByteChatTokenizer())
+    sample = adapter.fill_sample(
+        Sample(metadata={"corral_task": {}}),
+        _result(status=status, finish_reason=finish, filter_reason=filter_reason),
+        ByteChatTokenizer(),
+    )
     sample.validate()
     assert (sample.status.value, sample.reward) == (miles_status, reward)
     assert sample.tokens == [1, 2, 65, 66, 10] and sample.response == "AB\n"
@@ -388,6 +464,7 @@ def test_statuses_and_rewards(status, finish, filter_reason, miles_status, rewar
 
 
 # -- end to end -----------------------------------------------------------------------------------
+
 
 def test_tasks_jsonl_converts_to_miles_prompt_data(tmp_path) -> None:
     out = tmp_path / "prompt.jsonl"
@@ -415,13 +492,19 @@ async def test_tools_mode_fills_miles_samples_for_bundled_tasks(local_daemon, co
         args = miles_args(router.url, local_daemon.address)  # corral_tokenizer unset: Miles' tokenizer
         state = miles_state(args)
         try:
-            outputs = await asyncio.gather(*[
-                adapter.generate(GenerateFnInput(state, dataset_sample(task, i), dict(SAMPLING), False))
-                for i, task in enumerate(tasks)])
+            outputs = await asyncio.gather(
+                *[
+                    adapter.generate(GenerateFnInput(state, dataset_sample(task, i), dict(SAMPLING), False))
+                    for i, task in enumerate(tasks)
+                ]
+            )
             legacy_args = miles_args(router.url, local_daemon.address, corral_tokenizer="byte")
-            legacy = await asyncio.gather(*[adapter.generate_legacy(legacy_args, dataset_sample(task, i),
-                                                                    dict(SAMPLING))
-                                            for i, task in enumerate(tasks)])
+            legacy = await asyncio.gather(
+                *[
+                    adapter.generate_legacy(legacy_args, dataset_sample(task, i), dict(SAMPLING))
+                    for i, task in enumerate(tasks)
+                ]
+            )
         finally:
             await adapter.DEFAULT_ROLLOUTS.close()
 
@@ -444,13 +527,17 @@ async def test_tools_mode_fills_miles_samples_for_bundled_tasks(local_daemon, co
         legacy_result = corral_results[legacy_sample.metadata["corral_rollout_id"]]
         assert legacy_result.task_id == task.task_id and legacy_result.rollout_id != result.rollout_id
         assert_filled_like(legacy_sample, legacy_result)
-        assert (legacy_sample.status, legacy_sample.reward, legacy_sample.weight_versions) == \
-            (sample.status, sample.reward, sample.weight_versions)
-        assert legacy_sample.tokens[:len(result.prompt_ids)] == result.prompt_ids
+        assert (legacy_sample.status, legacy_sample.reward, legacy_sample.weight_versions) == (
+            sample.status,
+            sample.reward,
+            sample.weight_versions,
+        )
+        assert legacy_sample.tokens[: len(result.prompt_ids)] == result.prompt_ids
         assert {**legacy_sample.metadata, "corral_rollout_id": None} == {**sample.metadata, "corral_rollout_id": None}
     # Every /generate carried its rollout's id as the routing key: one per turn.
     assert sorted(router.routing_keys) == sorted(
-        result.rollout_id for result in corral_results.values() for _ in result.turns)
+        result.rollout_id for result in corral_results.values() for _ in result.turns
+    )
     for task in tasks:
         assert not await labelled_sandboxes(local_daemon.address, task.task_id)
 
@@ -458,22 +545,25 @@ async def test_tools_mode_fills_miles_samples_for_bundled_tasks(local_daemon, co
 async def test_a_prompt_from_the_sample_is_used_verbatim(local_daemon) -> None:
     task = repair_task("miles-prompt")
     user = "[miles-prompt] add() in calc.py is wrong; fix it."
-    prompt = [{"role": "system", "content": "You repair Python code."},
-              {"role": "user", "content": user + " Keep {file} and {{x}} as written."}]
+    prompt = [
+        {"role": "system", "content": "You repair Python code."},
+        {"role": "user", "content": user + " Keep {file} and {{x}} as written."},
+    ]
     bare = repair_task("miles-prompt")
     del bare.prompt.messages[:]
     runtime = adapter.MilesRollouts()
     async with replay_server([task]) as server:
         args = miles_args(server.url, local_daemon.address, corral_tokenizer="byte")
         try:
-            output = await runtime.generate(GenerateFnInput(miles_state(args), sample_for(bare, prompt=prompt),
-                                                            dict(SAMPLING), False))
+            output = await runtime.generate(
+                GenerateFnInput(miles_state(args), sample_for(bare, prompt=prompt), dict(SAMPLING), False)
+            )
         finally:
             await runtime.close()
     sample = output.samples
     sample.validate()
     assert sample.reward == 1.0 and sample.status is Sample.Status.COMPLETED
-    prompt_text = ByteChatTokenizer().decode(sample.tokens[:-sample.response_length])
+    prompt_text = ByteChatTokenizer().decode(sample.tokens[: -sample.response_length])
     assert user + " Keep {file} and {{x}} as written." in prompt_text
 
 
@@ -557,9 +647,12 @@ async def test_service_mode_runs_the_rollout_in_the_daemon(local_daemon, corral_
         args = miles_args(server.url, local_daemon.address, corral_max_staleness=4)
         state = miles_state(args)
         try:
-            outputs = await asyncio.gather(*[
-                runtime.service_generate(GenerateFnInput(state, sample_for(task, i), dict(SAMPLING), False))
-                for i, task in enumerate(tasks)])
+            outputs = await asyncio.gather(
+                *[
+                    runtime.service_generate(GenerateFnInput(state, sample_for(task, i), dict(SAMPLING), False))
+                    for i, task in enumerate(tasks)
+                ]
+            )
             async with AsyncClient(local_daemon.address) as client:
                 assert server.url in [llm.address for llm in await client.rollouts.list_llms()]
         finally:

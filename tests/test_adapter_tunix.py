@@ -50,8 +50,10 @@ from corral.v1 import rollout_pb2 as pb  # noqa: E402
 from tests.rollout_tasks import call, repair_task, replay_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE_LINES = {json.loads(line)["task_id"]: line
-                 for line in (ROOT / "examples" / "tasks" / "repair.jsonl").read_text().splitlines()}
+EXAMPLE_LINES = {
+    json.loads(line)["task_id"]: line
+    for line in (ROOT / "examples" / "tasks" / "repair.jsonl").read_text().splitlines()
+}
 # One of each reward rule: exit_status and printed_number.
 EXAMPLE_IDS = ("accounts-super-init", "bitflags-clear-toggle", "pager-first-page")
 POLICY_VERSION = 3
@@ -106,10 +108,13 @@ class ReplayModelCall:
             answer = TOKENIZER.encode(self.replies[turn]) + [TOKENIZER.eos_id()]
         else:
             _, answer = self.policy.answer(prompt_ids)
-        return RolloutOutput(text=[TOKENIZER.decode(answer[:-1])], logits=[],
-                             tokens=[np.asarray(answer, dtype=np.int32)],
-                             left_padded_prompt_tokens=np.asarray([prompt_ids], dtype=np.int32),
-                             logprobs=[np.full(len(answer), LOGPROB, dtype=np.float32)])
+        return RolloutOutput(
+            text=[TOKENIZER.decode(answer[:-1])],
+            logits=[],
+            tokens=[np.asarray(answer, dtype=np.int32)],
+            left_padded_prompt_tokens=np.asarray([prompt_ids], dtype=np.int32),
+            logprobs=[np.full(len(answer), LOGPROB, dtype=np.float32)],
+        )
 
 
 def example_task(task_id: str) -> pb.Task:
@@ -139,21 +144,25 @@ def check_token_dict(traj: dict, *, logprob_marks_generated: bool = True) -> Non
 
 # -- environment mode --------------------------------------------------------------------------------
 
+
 async def test_episodes_through_the_orchestrator_a_grpo_learner_builds(local_daemon) -> None:
     """Four tasks given four ways (JSONL text, the learner's batch of one, a dict, a message) run
     through the RolloutOrchestrator of with_corral_engine(GRPOLearner): reward 1.0 from corral's
     evaluation, token dicts as GRPOLearner reads them, no sandbox left."""
     tasks = [example_task(task_id) for task_id in EXAMPLE_IDS] + [repair_task("tunix-orchestrated")]
-    examples = [{"corral_task": EXAMPLE_LINES[EXAMPLE_IDS[0]]},
-                {"corral_task": np.array([EXAMPLE_LINES[EXAMPLE_IDS[1]]])},
-                {"corral_task": json_format.MessageToDict(tasks[2])},
-                {"corral_task": tasks[3]}]
+    examples = [
+        {"corral_task": EXAMPLE_LINES[EXAMPLE_IDS[0]]},
+        {"corral_task": np.array([EXAMPLE_LINES[EXAMPLE_IDS[1]]])},
+        {"corral_task": json_format.MessageToDict(tasks[2])},
+        {"corral_task": tasks[3]},
+    ]
     model_call = ReplayModelCall(tasks)
 
     learner = object.__new__(with_corral_engine(GRPOLearner))
     learner.tokenizer, learner.chat_parser = TOKENIZER, PARSER
-    learner.algo_config = SimpleNamespace(episode_timeout=120.0, max_response_length=None, overlong_filter=False,
-                                          filter_statuses=None, max_concurrency=4)
+    learner.algo_config = SimpleNamespace(
+        episode_timeout=120.0, max_response_length=None, overlong_filter=False, filter_statuses=None, max_concurrency=4
+    )
     learner.rl_cluster = SimpleNamespace(perf_v2=None)
     learner._rollout_sync_lock = RolloutSyncLock()
     learner._model_call = model_call
@@ -161,8 +170,11 @@ async def test_episodes_through_the_orchestrator_a_grpo_learner_builds(local_dae
     assert orchestrator.engine_cls is CorralCollectEngine
 
     pairs = [pair(example, local_daemon.address, group_id=i) for i, example in enumerate(examples)]
-    producer = asyncio.create_task(orchestrator.run_producers_from_stream(
-        pairs, group_size=1, group_key_fn=lambda i, env, traj: env.extra_kwargs["group_id"], collect_mode="Token"))
+    producer = asyncio.create_task(
+        orchestrator.run_producers_from_stream(
+            pairs, group_size=1, group_key_fn=lambda i, env, traj: env.extra_kwargs["group_id"], collect_mode="Token"
+        )
+    )
     await asyncio.sleep(0)
     items = [item async for batch in orchestrator.yield_batches(batch_size=1) for item in batch]
     await producer
@@ -276,8 +288,9 @@ async def test_a_failing_setup_is_filtered_not_reward_zero(local_daemon) -> None
 
     # corral's engine: a FAILED trajectory that trains on nothing.
     agent, env = pair(task, local_daemon.address)
-    traj = await CorralCollectEngine(agent, env, model_call=model_call, tokenizer=TOKENIZER,
-                                     chat_parser=PARSER).collect("Token")
+    traj = await CorralCollectEngine(
+        agent, env, model_call=model_call, tokenizer=TOKENIZER, chat_parser=PARSER
+    ).collect("Token")
     assert model_call.calls == 0  # the model never ran
     assert traj["status"] == TrajectoryStatus.FAILED.name
     assert traj["corral_error"]["corral_filter_reason"] == "sandbox_start"
@@ -290,8 +303,9 @@ async def test_an_evaluation_that_cannot_run_is_filtered(local_daemon) -> None:
     # printed_number, but the command prints no number: EVAL_INFRA, not 0.
     task = repair_task("tunix-bad-eval", eval_command="true", reward="printed_number")
     agent, env = pair(task, local_daemon.address)
-    traj = await CorralCollectEngine(agent, env, model_call=ReplayModelCall([task]), tokenizer=TOKENIZER,
-                                     chat_parser=PARSER).collect("Token")
+    traj = await CorralCollectEngine(
+        agent, env, model_call=ReplayModelCall([task]), tokenizer=TOKENIZER, chat_parser=PARSER
+    ).collect("Token")
     assert traj["status"] == "FAILED" and traj["corral_error"]["corral_filter_reason"] == "eval_infra"
     assert len(traj["conversation_tokens"]) > 0 and not np.any(traj["conversation_masks"])
     assert await live_sandboxes(local_daemon.address, task.task_id) == []
@@ -300,8 +314,15 @@ async def test_an_evaluation_that_cannot_run_is_filtered(local_daemon) -> None:
 def test_corral_task_of_unwraps_what_tunix_hands_over() -> None:
     task = repair_task("tunix-parse")
     line = json.dumps(json_format.MessageToDict(task))
-    for value in (task, line, line.encode(), {"corral_task": line}, {"corral_task": np.array([line])},
-                  np.array([{"corral_task": json.loads(line)}], dtype=object), [line]):
+    for value in (
+        task,
+        line,
+        line.encode(),
+        {"corral_task": line},
+        {"corral_task": np.array([line])},
+        np.array([{"corral_task": json.loads(line)}], dtype=object),
+        [line],
+    ):
         assert corral_task_of(value) == task
     for bad in ({"corral_task": np.array([line, line])}, {"corral_task": 3}, "{not json"):
         with pytest.raises(InvalidArgument):
@@ -316,18 +337,22 @@ def test_a_missing_tunix_is_a_clear_import_error() -> None:
 
 # -- service mode ------------------------------------------------------------------------------------
 
+
 async def test_service_mode_yields_tunix_items_from_corral_results(local_daemon) -> None:
     tasks = [example_task(EXAMPLE_IDS[0]), repair_task("tunix-service")]
     bad = repair_task("tunix-service-bad-setup")
     bad.setup.commands.append("false")
     async with replay_server([*tasks, bad]) as server:
         try:
-            source = CorralRolloutSource([{"corral_task": EXAMPLE_LINES[EXAMPLE_IDS[0]]}, tasks[1], bad],
-                                         servers=[server.url], address=local_daemon.address, n=2,
-                                         first_group_id=10)
+            source = CorralRolloutSource(
+                [{"corral_task": EXAMPLE_LINES[EXAMPLE_IDS[0]]}, tasks[1], bad],
+                servers=[server.url],
+                address=local_daemon.address,
+                n=2,
+                first_group_id=10,
+            )
             items = [item async for item in source]
-            kept = [item async for item in CorralRolloutSource([bad], address=local_daemon.address,
-                                                               keep_filtered=True)]
+            kept = [item async for item in CorralRolloutSource([bad], address=local_daemon.address, keep_filtered=True)]
         finally:
             async with AsyncClient(local_daemon.address) as client:
                 for llm in await client.rollouts.list_llms():
@@ -346,8 +371,9 @@ async def test_service_mode_yields_tunix_items_from_corral_results(local_daemon)
         assert traj["policy_version"] == 0 and traj["group_id"] == item.group_id
         assert traj["conversation_text"] == result.messages
     assert items[0].traj["original_input"] is not None
-    assert {item.traj["original_input"]["corral_task"] for item in items if item.group_id == 10} \
-        == {EXAMPLE_LINES[EXAMPLE_IDS[0]]}
+    assert {item.traj["original_input"]["corral_task"] for item in items if item.group_id == 10} == {
+        EXAMPLE_LINES[EXAMPLE_IDS[0]]
+    }
 
     [failed] = kept
     assert failed.traj["status"] == "FAILED" and failed.traj["corral_filter_reason"] == "sandbox_start"

@@ -32,11 +32,11 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
+from corral.cli.run import is_token_exact  # noqa: E402
 from corral.rollout.llm.sglang import SGLangClient  # noqa: E402
 from corral.rollout.tokenizer import ByteChatTokenizer, HFChatTokenizer  # noqa: E402
 from corral.rollout.types import LLMUnavailable, SamplingOptions  # noqa: E402
 from corral.sdk import AsyncClient, RolloutResult, load_tasks  # noqa: E402
-from corral.cli.run import is_token_exact  # noqa: E402
 from corral.sdk.tasks import task_to_json  # noqa: E402
 from corral.trainer_adapters import verl as adapter  # noqa: E402
 from tests.rollout_tasks import repair_task, replay_server  # noqa: E402
@@ -44,8 +44,10 @@ from tests.rollout_tasks import repair_task, replay_server  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "verl"
 BUNDLED = ROOT / "examples" / "tasks" / "repair.jsonl"
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def byte_level_hf_tokenizer():
@@ -66,8 +68,9 @@ def byte_level_hf_tokenizer():
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(list(ByteChatTokenizer.SPECIAL_TOKENS))
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", chat_template=CHATML)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>", chat_template=CHATML
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,18 +83,31 @@ def verl_tokenizer():
 
 
 def trainer_config(prompt_length: int = 4096, response_length: int = 8192, name: str = "sglang"):
-    return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": name, "prompt_length": prompt_length,
-                                                               "response_length": response_length}},
-                             "data": {"apply_chat_template_kwargs": {}}})
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {"name": name, "prompt_length": prompt_length, "response_length": response_length}
+            },
+            "data": {"apply_chat_template_kwargs": {}},
+        }
+    )
 
 
 def make_loop(agent_name: str, server_manager: Any, tokenizer: Any, config=None, **overrides: Any):
     """An agent loop exactly as AgentLoopWorker._run_agent_loop makes one."""
     config = config if config is not None else trainer_config()
     return hydra.utils.instantiate(
-        config=_agent_loop_registry[agent_name], trainer_config=DictConfigWrap(config=config),
-        server_manager=server_manager, tokenizer=tokenizer, processor=None, hf_model_type=None,
-        dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]), **overrides)
+        config=_agent_loop_registry[agent_name],
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=server_manager,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap([]),
+        **overrides,
+    )
 
 
 class ReferenceServerManager:
@@ -102,33 +118,49 @@ class ReferenceServerManager:
     when sampling_params["logprobs"]; global_steps (and min/max, as LLMServerClient adds them)
     when given."""
 
-    def __init__(self, url: str, *, style: str = "sglang", global_steps: int | None = None,
-                 fail: Exception | None = None) -> None:
+    def __init__(
+        self, url: str, *, style: str = "sglang", global_steps: int | None = None, fail: Exception | None = None
+    ) -> None:
         self.client = SGLangClient(url)
         self.style = style
         self.global_steps = global_steps
         self.fail = fail
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       **kwargs: Any) -> TokenOutput:
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
         self.calls.append((request_id, dict(sampling_params)))
         if self.fail is not None:
             raise self.fail
         params = dict(sampling_params)
-        sampling = SamplingOptions(max_new_tokens=params.pop("max_tokens"), temperature=params["temperature"],
-                                   top_p=params["top_p"], top_k=params["top_k"], stop=tuple(params.get("stop", ())),
-                                   stop_token_ids=tuple(params.get("stop_token_ids", ())))
+        sampling = SamplingOptions(
+            max_new_tokens=params.pop("max_tokens"),
+            temperature=params["temperature"],
+            top_p=params["top_p"],
+            top_k=params["top_k"],
+            stop=tuple(params.get("stop", ())),
+            stop_token_ids=tuple(params.get("stop_token_ids", ())),
+        )
         generation = await self.client.generate(prompt_ids, sampling)
         reason = generation.finish_reason
         if self.style == "vllm":
             reason = "aborted" if reason == "abort" else "completed"
-        extra = {} if self.global_steps is None else {"global_steps": self.global_steps,
-                                                      "min_global_steps": self.global_steps,
-                                                      "max_global_steps": self.global_steps}
-        return TokenOutput(token_ids=generation.output_ids,
-                           log_probs=generation.logprobs if params.get("logprobs") else None,
-                           stop_reason=reason, extra_fields=extra)
+        extra = (
+            {}
+            if self.global_steps is None
+            else {
+                "global_steps": self.global_steps,
+                "min_global_steps": self.global_steps,
+                "max_global_steps": self.global_steps,
+            }
+        )
+        return TokenOutput(
+            token_ids=generation.output_ids,
+            log_probs=generation.logprobs if params.get("logprobs") else None,
+            stop_reason=reason,
+            extra_fields=extra,
+        )
 
     async def close(self) -> None:
         await self.client.close()
@@ -172,8 +204,13 @@ def dataset_rows(tmp_path: Path, tokenizer, count: int) -> list[dict[str, Any]]:
     make_dataset = load_example("make_dataset")
     out = tmp_path / "train.parquet"
     make_dataset.write(make_dataset.rows(str(BUNDLED))[:count], str(out))
-    dataset = RLHFDataset([str(out)], tokenizer, OmegaConf.create(
-        {"cache_dir": str(tmp_path / "cache"), "max_prompt_length": 4096, "filter_overlong_prompts": False}))
+    dataset = RLHFDataset(
+        [str(out)],
+        tokenizer,
+        OmegaConf.create(
+            {"cache_dir": str(tmp_path / "cache"), "max_prompt_length": 4096, "filter_overlong_prompts": False}
+        ),
+    )
     rows = []
     for i in range(len(dataset)):
         row = dict(dataset[i])
@@ -185,10 +222,10 @@ def dataset_rows(tmp_path: Path, tokenizer, count: int) -> list[dict[str, Any]]:
 
 # --- registration, configuration --------------------------------------------------------------------
 
+
 def test_the_loops_are_registered_and_the_yaml_example_is_what_verl_loads(verl_tokenizer, monkeypatch) -> None:
     assert _agent_loop_registry["corral"] == {"_target_": "corral.trainer_adapters.verl.CorralAgentLoop"}
-    assert _agent_loop_registry["corral_service"] == {
-        "_target_": "corral.trainer_adapters.verl.CorralServiceAgentLoop"}
+    assert _agent_loop_registry["corral_service"] == {"_target_": "corral.trainer_adapters.verl.CorralServiceAgentLoop"}
     # What AgentLoopWorker.__init__ does with rollout.agent.agent_loop_config_path.
     entries = OmegaConf.load(EXAMPLES / "agent_loop.yaml")
     assert [entry.name for entry in entries] == ["corral", "corral_service"]
@@ -196,11 +233,21 @@ def test_the_loops_are_registered_and_the_yaml_example_is_what_verl_loads(verl_t
         monkeypatch.setitem(_agent_loop_registry, entry.name, entry)
     loop = make_loop("corral", object(), verl_tokenizer)
     assert isinstance(loop, adapter.CorralAgentLoop)
-    assert (loop.corral_address, loop.filtered_reward, loop.prompt_length, loop.response_length) == (None, None,
-                                                                                                      4096, 8192)
+    assert (loop.corral_address, loop.filtered_reward, loop.prompt_length, loop.response_length) == (
+        None,
+        None,
+        4096,
+        8192,
+    )
     assert isinstance(loop.chat_tokenizer, HFChatTokenizer)  # veRL's own tokenizer by default
-    override = make_loop("corral", object(), verl_tokenizer, corral_tokenizer="byte", filtered_reward=0.0,
-                         corral_address="unix:///x.sock")
+    override = make_loop(
+        "corral",
+        object(),
+        verl_tokenizer,
+        corral_tokenizer="byte",
+        filtered_reward=0.0,
+        corral_address="unix:///x.sock",
+    )
     assert isinstance(override.chat_tokenizer, ByteChatTokenizer)
     assert (override.filtered_reward, override.corral_address) == (0.0, "unix:///x.sock")
     service = make_loop("corral_service", object(), verl_tokenizer, config=trainer_config(name="vllm"))
@@ -243,16 +290,19 @@ def test_token_outputs_become_generations_whatever_the_backend_says() -> None:
     with pytest.raises(LLMUnavailable, match="aborted"):
         convert(TokenOutput(token_ids=[], stop_reason="aborted"), sampling)
     # No logprobs asked: 0.0 each. The weight version: the oldest global step.
-    generation = convert(TokenOutput(token_ids=[1, 2], extra_fields={"global_steps": 9, "min_global_steps": 8}),
-                         sampling)
+    generation = convert(
+        TokenOutput(token_ids=[1, 2], extra_fields={"global_steps": 9, "min_global_steps": 8}), sampling
+    )
     assert generation.logprobs == [0.0, 0.0] and generation.weight_version == 8
     assert convert(TokenOutput(token_ids=[1], log_probs=[-0.5]), sampling).weight_version is None
 
 
 # --- tools mode -----------------------------------------------------------------------------------------
 
-async def test_tools_mode_runs_bundled_tasks_from_veRL_dataset_rows(local_daemon, verl_tokenizer, tmp_path,
-                                                                   monkeypatch) -> None:
+
+async def test_tools_mode_runs_bundled_tasks_from_veRL_dataset_rows(
+    local_daemon, verl_tokenizer, tmp_path, monkeypatch
+) -> None:
     rows = dataset_rows(tmp_path, verl_tokenizer, 4)
     tasks = load_tasks(BUNDLED)[:4]
     recorded = Recorded(monkeypatch)
@@ -260,10 +310,13 @@ async def test_tools_mode_runs_bundled_tasks_from_veRL_dataset_rows(local_daemon
     async with replay_server(tasks) as server:
         manager = ReferenceServerManager(server.url, global_steps=5)
         try:
-            loops = [make_loop("corral", manager, verl_tokenizer, config=config, corral_address=local_daemon.address)
-                     for _ in rows]
-            outputs = await asyncio.gather(*(loop.run(dict(SAMPLING), uid=f"uid-{i}", **row)
-                                             for i, (loop, row) in enumerate(zip(loops, rows))))
+            loops = [
+                make_loop("corral", manager, verl_tokenizer, config=config, corral_address=local_daemon.address)
+                for _ in rows
+            ]
+            outputs = await asyncio.gather(
+                *(loop.run(dict(SAMPLING), uid=f"uid-{i}", **row) for i, (loop, row) in enumerate(zip(loops, rows)))
+            )
         finally:
             await manager.close()
 
@@ -280,11 +333,21 @@ async def test_tools_mode_runs_bundled_tasks_from_veRL_dataset_rows(local_daemon
         assert output.metrics.generate_sequences == sum(t.llm_time_ms for t in result.turns) / 1000
         assert output.metrics.tool_calls == sum(t.tool_time_ms for t in result.turns) / 1000 > 0
         assert output.extra_fields | {"corral_rollout_id": None} == {
-            "corral_rollout_id": None, "corral_task_id": result.task_id, "corral_status": "completed",
-            "corral_filtered": False, "corral_filter_reason": None, "corral_error": "",
-            "corral_finish_reason": "submitted", "corral_format_errors": 0, "corral_min_weight_version": 5,
-            "corral_max_weight_version": 5, "corral_truncated_response_tokens": 0,
-            "corral_truncated_prompt_tokens": 0, "min_global_steps": 5, "max_global_steps": 5}
+            "corral_rollout_id": None,
+            "corral_task_id": result.task_id,
+            "corral_status": "completed",
+            "corral_filtered": False,
+            "corral_filter_reason": None,
+            "corral_error": "",
+            "corral_finish_reason": "submitted",
+            "corral_format_errors": 0,
+            "corral_min_weight_version": 5,
+            "corral_max_weight_version": 5,
+            "corral_truncated_response_tokens": 0,
+            "corral_truncated_prompt_tokens": 0,
+            "min_global_steps": 5,
+            "max_global_steps": 5,
+        }
     # Generation went through veRL's server_manager: the rollout id as request id, veRL's sampling
     # parameters plus corral's per-turn max_tokens and end-of-turn stop ids.
     rollout_ids = {o.extra_fields["corral_rollout_id"] for o in outputs}
@@ -299,8 +362,10 @@ async def test_tools_mode_runs_bundled_tasks_from_veRL_dataset_rows(local_daemon
     worker.rollout_config, worker.tokenizer, worker.processor = config.actor_rollout_ref.rollout, verl_tokenizer, None
     worker.reward_loop_worker_handles, worker.distillation_enabled = None, False
     worker.mm_processor_kwargs = {}
-    padded = [await worker._agent_loop_postprocess(o.model_copy(deep=True), False, raw_prompt=row["raw_prompt"])
-              for o, row in zip(outputs, rows)]
+    padded = [
+        await worker._agent_loop_postprocess(o.model_copy(deep=True), False, raw_prompt=row["raw_prompt"])
+        for o, row in zip(outputs, rows)
+    ]
     batch = worker._postprocess(padded)
     assert tuple(batch.batch["responses"].shape) == (4, 8192) and tuple(batch.batch["prompts"].shape) == (4, 4096)
     assert batch.batch["rm_scores"].sum(dim=1).tolist() == [1.0] * 4
@@ -312,8 +377,9 @@ async def test_tools_mode_runs_bundled_tasks_from_veRL_dataset_rows(local_daemon
     assert as_dict["rm_scores"][-1].item() == 1.0 and len(as_dict["rollout_log_probs"]) == len(outputs[0].response_ids)
 
 
-async def test_tools_mode_with_vllm_stop_reasons_no_logprobs_and_a_short_response(local_daemon, verl_tokenizer,
-                                                                                 monkeypatch) -> None:
+async def test_tools_mode_with_vllm_stop_reasons_no_logprobs_and_a_short_response(
+    local_daemon, verl_tokenizer, monkeypatch
+) -> None:
     """vLLM says "completed", logprobs were not asked for (rollout.calculate_log_probs off), no
     global_steps; the response is longer than rollout.response_length."""
     task = repair_task("verl-vllm")
@@ -322,8 +388,14 @@ async def test_tools_mode_with_vllm_stop_reasons_no_logprobs_and_a_short_respons
     async with replay_server([task]) as server:
         manager = ReferenceServerManager(server.url, style="vllm")
         try:
-            loop = make_loop("corral", manager, verl_tokenizer, config=trainer_config(response_length=40),
-                             corral_address=local_daemon.address, corral_tokenizer="byte")
+            loop = make_loop(
+                "corral",
+                manager,
+                verl_tokenizer,
+                config=trainer_config(response_length=40),
+                corral_address=local_daemon.address,
+                corral_tokenizer="byte",
+            )
             output = await loop.run({**SAMPLING, "logprobs": False}, **row)
         finally:
             await manager.close()
@@ -352,7 +424,8 @@ async def test_a_filtered_rollout_is_masked_out_and_says_why(local_daemon, verl_
     assert output.extra_fields["corral_filter_reason"] == "sandbox_start"
     assert "/nonexistent/rootfs" in output.extra_fields["corral_error"]
     assert output.prompt_ids == ByteChatTokenizer().encode_prompt(
-        [{"role": m.role, "content": m.content.replace("{file}", "calc.py")} for m in bad_image.prompt.messages])
+        [{"role": m.role, "content": m.content.replace("{file}", "calc.py")} for m in bad_image.prompt.messages]
+    )
     assert output.response_ids == output.response_mask == output.response_logprobs == [] and manager.calls == []
 
 
@@ -388,12 +461,30 @@ async def test_cancelling_the_agent_loop_frees_its_sandbox(local_daemon, verl_to
 
 # --- the converter --------------------------------------------------------------------------------------
 
+
 def test_the_converter_cuts_prompt_and_response_as_veRL_does() -> None:
     result = RolloutResult(
-        rollout_id="r", task_id="t", group_id="g", sample_index=0, status="completed", filter_reason=None, error="",
-        reward=0.5, finish_reason="max_turns", prompt_ids=list(range(10)), response_ids=[1, 2, 3, 4],
-        response_mask=[1, 1, 0, 1], response_logprobs=[-0.1, -0.2, 0.0, -0.4], weight_versions=[3, 3, -1, 4],
-        turns=[], messages=[], timings={}, format_errors=1, eval_output=b"", metadata={})
+        rollout_id="r",
+        task_id="t",
+        group_id="g",
+        sample_index=0,
+        status="completed",
+        filter_reason=None,
+        error="",
+        reward=0.5,
+        finish_reason="max_turns",
+        prompt_ids=list(range(10)),
+        response_ids=[1, 2, 3, 4],
+        response_mask=[1, 1, 0, 1],
+        response_logprobs=[-0.1, -0.2, 0.0, -0.4],
+        weight_versions=[3, 3, -1, 4],
+        turns=[],
+        messages=[],
+        timings={},
+        format_errors=1,
+        eval_output=b"",
+        metadata={},
+    )
     output = adapter.to_agent_loop_output(result, 3, prompt_length=8)
     assert isinstance(output, AgentLoopOutput)
     assert output.prompt_ids == list(range(2, 10)) and output.response_ids == [1, 2, 3]
@@ -407,6 +498,7 @@ def test_the_converter_cuts_prompt_and_response_as_veRL_does() -> None:
 
 
 # --- service mode ---------------------------------------------------------------------------------------
+
 
 class LoadBalancerStub:
     """veRL's load balancer actor as the service loop reads it (`get_all_servers.remote()`)."""
@@ -423,17 +515,26 @@ async def test_service_mode_runs_rollouts_against_veRLs_servers(local_daemon, ve
     async with replay_server(tasks) as server:
         host_port = server.url.removeprefix("http://")
         try:
-            listed = make_loop("corral_service", object(), verl_tokenizer, corral_address=local_daemon.address,
-                               corral_servers=[server.url])
+            listed = make_loop(
+                "corral_service",
+                object(),
+                verl_tokenizer,
+                corral_address=local_daemon.address,
+                corral_servers=[server.url],
+            )
             manager = type("Manager", (), {"_load_balancer": LoadBalancerStub([host_port])})()
             discovered = make_loop("corral_service", manager, verl_tokenizer, corral_address=local_daemon.address)
             assert await discovered.servers() == [host_port]
             outputs = await asyncio.gather(
                 listed.run(dict(SAMPLING), extra_info={"corral_task": task_to_json(tasks[0])}),
-                discovered.run({**SAMPLING, "temperature": 0.0}, extra_info={"corral_task": task_to_json(tasks[1])}))
-            streamed = [pair async for pair in adapter.service_outputs([tasks[2]], [host_port],
-                                                                       address=local_daemon.address,
-                                                                       response_length=50)]
+                discovered.run({**SAMPLING, "temperature": 0.0}, extra_info={"corral_task": task_to_json(tasks[1])}),
+            )
+            streamed = [
+                pair
+                async for pair in adapter.service_outputs(
+                    [tasks[2]], [host_port], address=local_daemon.address, response_length=50
+                )
+            ]
         finally:
             async with AsyncClient(local_daemon.address) as client:
                 for llm in await client.rollouts.list_llms():

@@ -41,8 +41,10 @@ from corral.sdk import AsyncClient
 from tests.test_rollout_tokenizer import QWEN_TEMPLATE, THINK_STRIPPING_TEMPLATE, make_hf_tokenizer_dir
 
 HERMES = ToolCallFormat.HERMES
-PROMPT = [{"role": "system", "content": "You are a careful agent."},
-          {"role": "user", "content": "Fix the failing test in main.py."}]
+PROMPT = [
+    {"role": "system", "content": "You are a careful agent."},
+    {"role": "user", "content": "Fix the failing test in main.py."},
+]
 
 
 def hermes(*calls: ToolCall) -> str:
@@ -89,8 +91,11 @@ class StandInToolBox:
     """Stands in for SandboxToolBox where the test is about the loop or tokenization: every call
     but submit returns the next scripted observation (or echoes the call)."""
 
-    def __init__(self, observations: list[str] | None = None,
-                 tools: frozenset[str] = frozenset({"bash", "python", "editor", "submit"})) -> None:
+    def __init__(
+        self,
+        observations: list[str] | None = None,
+        tools: frozenset[str] = frozenset({"bash", "python", "editor", "submit"}),
+    ) -> None:
         self.tools = tools
         self.observations = list(observations) if observations is not None else None
         self.calls: list[ToolCall] = []
@@ -110,9 +115,17 @@ def limits(**overrides) -> AgentLimits:
 
 
 def make_loop(tokenizer, llm, tools, *, fmt=HERMES, policy_version=lambda: 42, on_turn=None, **limit_overrides):
-    return AgentLoop(tokenizer, llm, tools, limits=limits(**limit_overrides), tool_call_format=fmt,
-                     sampling=SamplingOptions(max_new_tokens=1, temperature=0.7, stop_token_ids=(99999,)),
-                     rollout_id="r-1", policy_version=policy_version, on_turn=on_turn)
+    return AgentLoop(
+        tokenizer,
+        llm,
+        tools,
+        limits=limits(**limit_overrides),
+        tool_call_format=fmt,
+        sampling=SamplingOptions(max_new_tokens=1, temperature=0.7, stop_token_ids=(99999,)),
+        rollout_id="r-1",
+        policy_version=policy_version,
+        on_turn=on_turn,
+    )
 
 
 def assert_aligned(trajectory: Trajectory, llm: ScriptedLLM) -> None:
@@ -137,11 +150,16 @@ def assert_aligned(trajectory: Trajectory, llm: ScriptedLLM) -> None:
     assert trajectory.response_mask == mask
     assert trajectory.response_logprobs == logprobs
     assert trajectory.weight_versions == versions
-    assert len(trajectory.response_ids) == len(trajectory.response_mask) == len(trajectory.response_logprobs) \
+    assert (
+        len(trajectory.response_ids)
+        == len(trajectory.response_mask)
+        == len(trajectory.response_logprobs)
         == len(trajectory.weight_versions)
+    )
 
 
 # --- token exactness with a real BPE tokenizer ------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory) -> HFChatTokenizer:
@@ -175,8 +193,9 @@ async def test_trajectory_is_token_exact_over_many_turns(bpe):
     assert len(emoji_bytes) > 1  # cut inside it below
     replies = [
         Reply(bpe.encode("Let me look at the repository first.\n" + hermes(bash("ls -la"))) + [im_end]),
-        Reply(char_by_char(bpe, "I will read the tests. " + hermes(bash("cat tests.py"))) + [im_end],
-              weight_version=None),
+        Reply(
+            char_by_char(bpe, "I will read the tests. " + hermes(bash("cat tests.py"))) + [im_end], weight_version=None
+        ),
         # Cut by length after a complete call: fine, the continuation closes the turn.
         Reply(bpe.encode(hermes(bash("python main.py")) + "\nNow I will look at"), finish="length"),
         Reply(bpe.encode("Two at once: " + hermes(bash("pwd"), ToolCall("python", {"code": "1/0"}))) + [im_end]),
@@ -186,8 +205,13 @@ async def test_trajectory_is_token_exact_over_many_turns(bpe):
         Reply(bpe.encode(hermes(ToolCall("editor", {"command": "view", "path": "main.py"}))) + [im_end]),
         # Cut inside a multi-byte character.
         Reply(bpe.encode(hermes(bash("echo ok")) + " ") + emoji_bytes[:1], finish="length", weight_version=3),
-        Reply(bpe.encode("<think>\nThe test fails because main returns None.\n</think>\n\n"
-                         + hermes(bash("sed -i s/None/0/ main.py"))) + [im_end]),
+        Reply(
+            bpe.encode(
+                "<think>\nThe test fails because main returns None.\n</think>\n\n"
+                + hermes(bash("sed -i s/None/0/ main.py"))
+            )
+            + [im_end]
+        ),
         Reply(char_by_char(bpe, hermes(bash("python -m pytest -q"))) + [im_end]),
         Reply(bpe.encode(hermes(bash("git diff"))) + [im_end]),
         Reply(bpe.encode("Done. " + hermes(SUBMIT)) + [im_end]),
@@ -203,11 +227,11 @@ async def test_trajectory_is_token_exact_over_many_turns(bpe):
     assert [turn.format_error for turn in trajectory.turns] == [False] * 4 + [True, True] + [False] * 6
     assert_aligned(trajectory, llm)
     # The observation ids are the template's text after each turn, tokenized alone.
-    chat = trajectory.messages[len(PROMPT):]
+    chat = trajectory.messages[len(PROMPT) :]
     starts = [i for i, message in enumerate(chat) if message["role"] == "assistant"]
     for turn, generation, start, end in zip(trajectory.turns, llm.returned, starts, starts[1:]):
         assert chat[start]["content"] == bpe.decode([i for i in generation.output_ids if i != im_end])
-        body = "".join(f"\n<tool_response>\n{m['content']}\n</tool_response>" for m in chat[start + 1:end])
+        body = "".join(f"\n<tool_response>\n{m['content']}\n</tool_response>" for m in chat[start + 1 : end])
         closing = "\n" if generation.output_ids[-1] == im_end else "<|im_end|>\n"
         text = f"{closing}<|im_start|>user{body}<|im_end|>\n<|im_start|>assistant\n"
         assert bpe.decode(turn.observation_ids) == text
@@ -219,8 +243,11 @@ async def test_trajectory_is_token_exact_over_many_turns(bpe):
     # The whole sequence reads as the template's rendering of the final chat, cut turns included
     # (the continuation wrote their <|im_end|>); the last turn ends at its own <|im_end|>.
     whole = bpe.decode(trajectory.prompt_ids + trajectory.response_ids)
-    expected = bpe.render(trajectory.messages[:-1], add_generation_prompt=True) \
-        + trajectory.messages[-1]["content"] + "<|im_end|>"
+    expected = (
+        bpe.render(trajectory.messages[:-1], add_generation_prompt=True)
+        + trajectory.messages[-1]["content"]
+        + "<|im_end|>"
+    )
     assert whole == expected
     assert bpe.render(trajectory.messages, add_generation_prompt=False) == expected + "\n"
     assert trajectory.messages[0]["content"].startswith("You are a careful agent.\n\n# Tools")
@@ -233,18 +260,24 @@ async def test_exact_tokens_when_the_template_rewrites_history(tmp_path):
     plain = HFChatTokenizer(make_hf_tokenizer_dir(tmp_path / "plain", QWEN_TEMPLATE))
     im_end = tokenizer._tokenizer.get_vocab()["<|im_end|>"]
     think = "<think>\nThe test fails.\n</think>\n\n"
-    replies = [Reply(tokenizer.encode(think + hermes(bash("ls"))) + [im_end]),
-               Reply(tokenizer.encode(think + hermes(bash("cat main.py"))), finish="length"),
-               Reply(tokenizer.encode(hermes(bash("pwd"))) + [im_end]),
-               Reply(tokenizer.encode(think + hermes(SUBMIT)) + [im_end])]
+    replies = [
+        Reply(tokenizer.encode(think + hermes(bash("ls"))) + [im_end]),
+        Reply(tokenizer.encode(think + hermes(bash("cat main.py"))), finish="length"),
+        Reply(tokenizer.encode(hermes(bash("pwd"))) + [im_end]),
+        Reply(tokenizer.encode(think + hermes(SUBMIT)) + [im_end]),
+    ]
     llm = ScriptedLLM(replies)
     trajectory = await make_loop(tokenizer, llm, StandInToolBox(["a.py", "print(1)", "/workspace"])).run(PROMPT)
     assert trajectory.finish_reason is FinishReason.SUBMITTED
     assert_aligned(trajectory, llm)
     whole = tokenizer.decode(trajectory.prompt_ids + trajectory.response_ids)
     assert whole.count("<think>") == 3
-    assert whole == plain.render(trajectory.messages[:-1], add_generation_prompt=True) \
-        + trajectory.messages[-1]["content"] + "<|im_end|>"
+    assert (
+        whole
+        == plain.render(trajectory.messages[:-1], add_generation_prompt=True)
+        + trajectory.messages[-1]["content"]
+        + "<|im_end|>"
+    )
 
 
 # --- loop behaviour (byte tokenizer) ----------------------------------------------------------------
@@ -258,8 +291,9 @@ def byte_reply(text: str, *, end: bool = True, weight_version: int | None = 7) -
 
 
 async def test_submit_ends_the_episode_and_calls_after_it_do_not_run():
-    llm = ScriptedLLM([byte_reply(hermes(bash("ls"))),
-                       byte_reply(hermes(bash("echo before"), SUBMIT, bash("echo after")))])
+    llm = ScriptedLLM(
+        [byte_reply(hermes(bash("ls"))), byte_reply(hermes(bash("echo before"), SUBMIT, bash("echo after")))]
+    )
     tools = StandInToolBox()
     trajectory = await make_loop(BYTES, llm, tools).run(PROMPT)
     assert trajectory.finish_reason is FinishReason.SUBMITTED
@@ -293,7 +327,7 @@ async def test_context_full_caps_new_tokens_and_never_exceeds_the_total():
     def reply(index: int) -> Reply:
         sampling = llm.samplings[index]
         ids = BYTES.encode(text) + [IM_END]
-        return Reply(ids[:sampling.max_new_tokens], "stop" if len(ids) <= sampling.max_new_tokens else "length")
+        return Reply(ids[: sampling.max_new_tokens], "stop" if len(ids) <= sampling.max_new_tokens else "length")
 
     llm = ScriptedLLM(reply)
     trajectory = await make_loop(BYTES, llm, tools, max_total_tokens=total, max_new_tokens_per_turn=100).run(PROMPT)
@@ -314,8 +348,14 @@ async def test_prompt_longer_than_the_context_ends_before_any_generation():
 
 
 async def test_consecutive_format_errors_end_as_unparsable():
-    texts = ["no call here", '<tool_call>{"name": "bash"', hermes(bash("ls")),  # the valid call resets the count
-             "still nothing", "<tool_call>not json</tool_call>", "and again"]
+    texts = [
+        "no call here",
+        '<tool_call>{"name": "bash"',
+        hermes(bash("ls")),  # the valid call resets the count
+        "still nothing",
+        "<tool_call>not json</tool_call>",
+        "and again",
+    ]
     llm = ScriptedLLM([byte_reply(t) for t in texts])
     trajectory = await make_loop(BYTES, llm, StandInToolBox()).run(PROMPT)
     assert trajectory.finish_reason is FinishReason.UNPARSABLE
@@ -367,13 +407,22 @@ async def test_sampling_stop_ids_rollout_id_and_clipping():
 
 
 async def test_weight_version_falls_back_to_the_policy_version_and_on_turn_sees_each_turn():
-    llm = ScriptedLLM([byte_reply(hermes(bash("a")), weight_version=None),
-                       byte_reply(hermes(bash("b")), weight_version=5),
-                       byte_reply(hermes(SUBMIT), weight_version=None)])
+    llm = ScriptedLLM(
+        [
+            byte_reply(hermes(bash("a")), weight_version=None),
+            byte_reply(hermes(bash("b")), weight_version=5),
+            byte_reply(hermes(SUBMIT), weight_version=None),
+        ]
+    )
     versions = iter([11, 12])
     seen = []
-    loop = make_loop(BYTES, llm, StandInToolBox(), policy_version=lambda: next(versions),
-                     on_turn=lambda turn: seen.append((turn.index, turn.weight_version, len(loop.trajectory.turns))))
+    loop = make_loop(
+        BYTES,
+        llm,
+        StandInToolBox(),
+        policy_version=lambda: next(versions),
+        on_turn=lambda turn: seen.append((turn.index, turn.weight_version, len(loop.trajectory.turns))),
+    )
     trajectory = await loop.run(PROMPT)
     assert [turn.weight_version for turn in trajectory.turns] == [11, 5, 12]
     # on_turn runs once per turn, after the turn is in the trajectory.
@@ -388,6 +437,7 @@ async def test_llm_unavailable_propagates_and_keeps_the_complete_turns():
             raise LLMUnavailable("all servers down")
         generate.calls += 1
         return Generation(BYTES.encode(hermes(bash("ls"))) + [IM_END], [0.0] * (len(hermes(bash("ls"))) + 1), "stop")
+
     generate.calls = 0
     loop = make_loop(BYTES, generate, StandInToolBox())
     with pytest.raises(LLMUnavailable):
@@ -418,12 +468,14 @@ async def test_a_cancelled_run_leaves_a_consistent_trajectory():
     assert trajectory.finish_reason is None  # the caller sets TIMEOUT
     assert len(trajectory.messages) == len(PROMPT) + 4
     assert BYTES.decode(trajectory.prompt_ids + trajectory.response_ids) == BYTES.render(
-        trajectory.messages, add_generation_prompt=True)
+        trajectory.messages, add_generation_prompt=True
+    )
     llm.returned.pop()  # the generation of the cancelled turn
     assert_aligned(trajectory, llm)
 
 
 # --- observation truncation ---------------------------------------------------------------------------
+
 
 def test_every_tool_name_has_a_spec():
     assert set(TOOL_SPECS) == {tool.value for tool in ToolName}
@@ -449,6 +501,7 @@ def test_cut_middle_keeps_head_and_tail_with_a_marker():
 
 # --- SandboxToolBox against a real daemon -------------------------------------------------------------
 
+
 @pytest.fixture
 async def sandbox(local_daemon):
     async with AsyncClient(local_daemon.address) as client, await client.create_sandbox() as sb:
@@ -457,8 +510,9 @@ async def sandbox(local_daemon):
 
 @pytest.fixture
 async def toolbox(sandbox):
-    box = SandboxToolBox(sandbox, ["bash", "python", "editor", "submit"], workdir=sandbox.info.workdir,
-                         max_observation_bytes=4096)
+    box = SandboxToolBox(
+        sandbox, ["bash", "python", "editor", "submit"], workdir=sandbox.info.workdir, max_observation_bytes=4096
+    )
     yield box
     await box.close()
 
@@ -498,25 +552,36 @@ async def test_python_runs_in_a_persistent_kernel(toolbox, sandbox):
 
 
 async def test_editor_create_view_replace_insert(toolbox):
-    assert await run(toolbox, "editor", command="create", path="pkg/main.py",
-                     file_text="def f():\n    return None\n\nx = None\n") == "Created /workspace/pkg/main.py."
-    assert await run(toolbox, "editor", command="view", path="pkg/main.py") == \
-        "     1\tdef f():\n     2\t    return None\n     3\t\n     4\tx = None"
-    assert await run(toolbox, "editor", command="view", path="pkg/main.py", view_range=[2, 2]) == \
-        "     2\t    return None"
+    assert (
+        await run(
+            toolbox, "editor", command="create", path="pkg/main.py", file_text="def f():\n    return None\n\nx = None\n"
+        )
+        == "Created /workspace/pkg/main.py."
+    )
+    assert (
+        await run(toolbox, "editor", command="view", path="pkg/main.py")
+        == "     1\tdef f():\n     2\t    return None\n     3\t\n     4\tx = None"
+    )
+    assert (
+        await run(toolbox, "editor", command="view", path="pkg/main.py", view_range=[2, 2]) == "     2\t    return None"
+    )
     assert await run(toolbox, "editor", command="view", path=".") == "/workspace (directory):\npkg/"
     missing = await run(toolbox, "editor", command="str_replace", path="pkg/main.py", old_str="return 1", new_str="x")
-    assert missing == ("Error: no replacement: old_str does not occur in /workspace/pkg/main.py; "
-                       "it must occur exactly once")
+    assert missing == (
+        "Error: no replacement: old_str does not occur in /workspace/pkg/main.py; it must occur exactly once"
+    )
     twice = await run(toolbox, "editor", command="str_replace", path="pkg/main.py", old_str="None", new_str="0")
     assert "occurs 2 times" in twice and twice.startswith("Error: no replacement")
-    edited = await run(toolbox, "editor", command="str_replace", path="pkg/main.py",
-                       old_str="return None", new_str="return 0")
+    edited = await run(
+        toolbox, "editor", command="str_replace", path="pkg/main.py", old_str="return None", new_str="return 0"
+    )
     assert edited.startswith("Edited /workspace/pkg/main.py:\n") and "     2\t    return 0" in edited
     await run(toolbox, "editor", command="insert", path="pkg/main.py", insert_line=0, new_str="import os")
     await run(toolbox, "editor", command="insert", path="pkg/main.py", insert_line=5, new_str="y = 1\n")
-    assert await run(toolbox, "bash", command="cat pkg/main.py") == \
-        "import os\ndef f():\n    return 0\n\nx = None\ny = 1\n"
+    assert (
+        await run(toolbox, "bash", command="cat pkg/main.py")
+        == "import os\ndef f():\n    return 0\n\nx = None\ny = 1\n"
+    )
     bad = await run(toolbox, "editor", command="insert", path="pkg/main.py", insert_line=99, new_str="z")
     assert bad == "Error: insert_line 99 is outside the file (0 to 6)"
 
@@ -526,15 +591,18 @@ async def test_agent_mistakes_come_back_as_observations(toolbox):
     assert "Read-only" in await run(toolbox, "editor", command="create", path="/etc/corral-test", file_text="x")
     # A relative path that leaves the workdir is the daemon's to judge (here: the read-only host).
     assert "Read-only" in await run(toolbox, "editor", command="create", path="../escape", file_text="x")
-    assert await run(toolbox, "editor", command="rename", path="a") == \
-        "Error: editor: 'command' must be one of view, create, str_replace, insert"
+    assert (
+        await run(toolbox, "editor", command="rename", path="a")
+        == "Error: editor: 'command' must be one of view, create, str_replace, insert"
+    )
     assert await run(toolbox, "editor", command="create", path="a") == "Error: editor create needs file_text"
     assert await run(toolbox, "bash") == "Error: bash needs the argument 'command'"
     assert await run(toolbox, "bash", command=["ls"]) == "Error: bash: 'command' must be a string"
-    assert await run(toolbox, "bash", command="ls", cwd="/") == \
-        "Error: bash has no argument 'cwd' (arguments: command)"
-    assert await run(toolbox, "browser", url="x") == \
-        "Error: there is no tool 'browser' (tools: bash, editor, python, submit)"
+    assert await run(toolbox, "bash", command="ls", cwd="/") == "Error: bash has no argument 'cwd' (arguments: command)"
+    assert (
+        await run(toolbox, "browser", url="x")
+        == "Error: there is no tool 'browser' (tools: bash, editor, python, submit)"
+    )
     narrow = SandboxToolBox(toolbox.sandbox, ["bash", "submit"], workdir="/workspace", max_observation_bytes=100)
     assert await run(narrow, "python", code="1") == "Error: there is no tool 'python' (tools: bash, submit)"
     assert (await narrow.call(ToolCall("submit", {"answer": 1}), 5)).submitted
@@ -568,10 +636,12 @@ async def test_a_destroyed_sandbox_is_a_sandbox_failure(local_daemon):
 
 
 async def test_agent_loop_with_a_real_sandbox(sandbox):
-    texts = [hermes(bash("echo hello > greeting.txt && echo wrote")),
-             hermes(ToolCall("editor", {"command": "view", "path": "greeting.txt"})),
-             hermes(bash("seq 1 3000")),
-             hermes(SUBMIT)]
+    texts = [
+        hermes(bash("echo hello > greeting.txt && echo wrote")),
+        hermes(ToolCall("editor", {"command": "view", "path": "greeting.txt"})),
+        hermes(bash("seq 1 3000")),
+        hermes(SUBMIT),
+    ]
     llm = ScriptedLLM([byte_reply(text) for text in texts])
     box = SandboxToolBox(sandbox, ["bash", "editor", "submit"], workdir="/workspace", max_observation_bytes=512)
     try:
@@ -585,7 +655,8 @@ async def test_agent_loop_with_a_real_sandbox(sandbox):
     assert "bytes cut ...]" in observations[2]
     assert (await sandbox.read_file("greeting.txt")) == b"hello\n"
     assert BYTES.decode(trajectory.prompt_ids + trajectory.response_ids) + "\n" == BYTES.render(
-        trajectory.messages, add_generation_prompt=False)
+        trajectory.messages, add_generation_prompt=False
+    )
     assert_aligned(trajectory, llm)
 
 
@@ -606,11 +677,16 @@ async def test_a_generation_the_server_aborted_is_an_infrastructure_failure() ->
         async def call(self, call, timeout_s):
             raise AssertionError("no tool call expected")
 
-    loop = AgentLoop(ByteChatTokenizer(), aborting, NoTools(),
-                     limits=AgentLimits(max_turns=3, max_new_tokens_per_turn=8, max_total_tokens=4096,
-                                        action_timeout_s=5),
-                     tool_call_format=ToolCallFormat.HERMES, sampling=SamplingOptions(max_new_tokens=8),
-                     rollout_id="r", policy_version=lambda: 0)
+    loop = AgentLoop(
+        ByteChatTokenizer(),
+        aborting,
+        NoTools(),
+        limits=AgentLimits(max_turns=3, max_new_tokens_per_turn=8, max_total_tokens=4096, action_timeout_s=5),
+        tool_call_format=ToolCallFormat.HERMES,
+        sampling=SamplingOptions(max_new_tokens=8),
+        rollout_id="r",
+        policy_version=lambda: 0,
+    )
     with pytest.raises(LLMUnavailable, match="aborted"):
         await loop.run([{"role": "user", "content": "hi"}])
     assert loop.trajectory.turns == []

@@ -11,9 +11,14 @@ import pytest
 
 from corral.sdk import Client, errors
 from tests.conftest import (
-    DOCKER_TEST_IMAGE, PODMAN_CONFIG, PODMAN_SOCKET, SIF_TEST_IMAGE, DaemonProcess, require_backend, require_image,
+    DOCKER_TEST_IMAGE,
+    PODMAN_CONFIG,
+    PODMAN_SOCKET,
+    SIF_TEST_IMAGE,
+    DaemonProcess,
+    require_backend,
+    require_image,
 )
-
 
 # The docker backend on Docker's engine and on Podman's Docker-compatible socket.
 ENGINES = {"docker": (["docker"], ""), "podman": (["podman", "--url", PODMAN_SOCKET], PODMAN_CONFIG)}
@@ -22,7 +27,8 @@ ENGINES = {"docker": (["docker"], ""), "podman": (["podman", "--url", PODMAN_SOC
 def _containers(engine: str, daemon_id: str) -> list[str]:
     out = subprocess.run(
         [*ENGINES[engine][0], "ps", "-aq", "--filter", f"label=io.corral.daemon={daemon_id}"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return out.split()
 

@@ -89,9 +89,22 @@ def test_tcp_needs_the_token(tmp_path):
 
 def test_tcp_without_token_refuses_to_start(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "corral.cli", "serve", "--socket", str(tmp_path / "s.sock"),
-         "--state-dir", str(tmp_path / "st"), "--tcp", f"127.0.0.1:{_free_port()}"],
-        capture_output=True, text=True, timeout=30, env={**os.environ, "CORRAL_TOKEN": ""},
+        [
+            sys.executable,
+            "-m",
+            "corral.cli",
+            "serve",
+            "--socket",
+            str(tmp_path / "s.sock"),
+            "--state-dir",
+            str(tmp_path / "st"),
+            "--tcp",
+            f"127.0.0.1:{_free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "CORRAL_TOKEN": ""},
     )
     assert proc.returncode == 2 and "token" in proc.stderr
 
@@ -169,9 +182,19 @@ def test_sd_notify_ready(tmp_path):
 
 def test_second_daemon_on_same_socket_refused(daemon, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "corral.cli", "serve", "--socket", str(daemon.socket),
-         "--state-dir", str(tmp_path / "other")],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "corral.cli",
+            "serve",
+            "--socket",
+            str(daemon.socket),
+            "--state-dir",
+            str(tmp_path / "other"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 2 and "another daemon" in proc.stderr
     assert daemon.serving()
@@ -192,13 +215,22 @@ def test_cli_doctor_and_exec(daemon, tmp_path):
     cli = [sys.executable, "-m", "corral.cli"]
     doctor = subprocess.run([*cli, "doctor"], capture_output=True, text=True, timeout=30)
     assert doctor.returncode == 0 and "local: available" in doctor.stdout
-    sid = subprocess.run([*cli, "sandbox", "create"], capture_output=True, text=True, env=env, timeout=30).stdout.strip()
+    sid = subprocess.run(
+        [*cli, "sandbox", "create"], capture_output=True, text=True, env=env, timeout=30
+    ).stdout.strip()
     assert sid.startswith("sb-")
-    ex = subprocess.run([*cli, "exec", sid, "--", "sh", "-c", "echo cli; exit 4"], capture_output=True, env=env, timeout=30)
+    ex = subprocess.run(
+        [*cli, "exec", sid, "--", "sh", "-c", "echo cli; exit 4"], capture_output=True, env=env, timeout=30
+    )
     assert ex.returncode == 4 and ex.stdout == b"cli\n"
     (tmp_path / "f.txt").write_text("copied")
-    assert subprocess.run([*cli, "cp", str(tmp_path / "f.txt"), f"{sid}:/workspace"], env=env, timeout=30).returncode == 0
-    assert subprocess.run([*cli, "exec", sid, "--", "cat", "f.txt"], capture_output=True, env=env, timeout=30).stdout == b"copied"
+    assert (
+        subprocess.run([*cli, "cp", str(tmp_path / "f.txt"), f"{sid}:/workspace"], env=env, timeout=30).returncode == 0
+    )
+    assert (
+        subprocess.run([*cli, "exec", sid, "--", "cat", "f.txt"], capture_output=True, env=env, timeout=30).stdout
+        == b"copied"
+    )
     ls = subprocess.run([*cli, "sandbox", "ls"], capture_output=True, text=True, env=env, timeout=30)
     assert sid in ls.stdout
     assert subprocess.run([*cli, "sandbox", "rm", sid], env=env, timeout=30).returncode == 0
@@ -209,9 +241,21 @@ def test_isolation_none_only_when_explicitly_allowed(tmp_path):
     config = tmp_path / "none.toml"
     config.write_text('[local]\nisolation = "none"\n')
     refused = subprocess.run(
-        [sys.executable, "-m", "corral.cli", "serve", "--config", str(config),
-         "--socket", str(tmp_path / "r.sock"), "--state-dir", str(tmp_path / "r")],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "corral.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--socket",
+            str(tmp_path / "r.sock"),
+            "--state-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert refused.returncode == 2 and "allow_no_isolation" in refused.stderr
     config.write_text('[local]\nisolation = "none"\nallow_no_isolation = true\n')
@@ -241,8 +285,9 @@ def test_isolation_none_only_when_explicitly_allowed(tmp_path):
                 shells.OpenShell(shell_pb2.OpenShellRequest(sandbox_id=sb.id), timeout=30)
 
                 def run(cmd, timeout_ms=10_000):
-                    return shells.RunInShell(shell_pb2.RunInShellRequest(
-                        sandbox_id=sb.id, command=cmd, timeout_ms=timeout_ms), timeout=30)
+                    return shells.RunInShell(
+                        shell_pb2.RunInShellRequest(sandbox_id=sb.id, command=cmd, timeout_ms=timeout_ms), timeout=30
+                    )
 
                 run("cd /tmp; export N=1")
                 assert run("pwd; echo $N; id -u").output == f"/tmp\n1\n{uid.decode()}\n".encode()

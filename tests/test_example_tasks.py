@@ -40,8 +40,9 @@ def _tasks() -> list[rollout_pb2.Task]:
 def test_jsonl_in_sync_with_sources():
     builder = _load_builder()
     assert JSONL.is_file(), "examples/tasks/repair.jsonl is missing: run scripts/build_example_tasks.py"
-    assert JSONL.read_text(encoding="utf-8") == builder.render(), \
+    assert JSONL.read_text(encoding="utf-8") == builder.render(), (
         "examples/tasks/repair.jsonl is stale: run scripts/build_example_tasks.py"
+    )
     assert builder.in_sync()
 
 

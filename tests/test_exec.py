@@ -53,9 +53,7 @@ def test_huge_output_keeps_head_and_tail(sandbox):
 def test_timeout_kills_whole_tree(sandbox):
     # Three processes, one of which escapes the process group with setsid.
     start = time.monotonic()
-    r = sandbox.exec(
-        "sleep 300 & setsid sleep 301 & echo started; sleep 302", timeout=1
-    )
+    r = sandbox.exec("sleep 300 & setsid sleep 301 & echo started; sleep 302", timeout=1)
     assert r.timed_out and r.signal == 9
     assert r.stdout == b"started\n"  # the output so far comes back
     assert time.monotonic() - start < 10
@@ -71,7 +69,9 @@ def test_background_child_does_not_hold_the_call(sandbox):
 
 
 def test_exec_stream_event_order(sandbox):
-    events = list(sandbox.exec_stream("for i in 1 2 3; do echo $i; sleep 0.3; done; echo e >&2", timeout=30, keepalive=0.1))
+    events = list(
+        sandbox.exec_stream("for i in 1 2 3; do echo $i; sleep 0.3; done; echo e >&2", timeout=30, keepalive=0.1)
+    )
     kinds = [type(e).__name__ for e in events]
     assert kinds[0] == "ExecStarted" and kinds[-1] == "ExecExited"
     assert "ExecKeepalive" in kinds
@@ -114,6 +114,7 @@ def test_missing_program_gives_a_nonzero_exit(sandbox):
 def test_200_concurrent_execs_over_20_sandboxes(client):
     sandboxes = [client.create_sandbox() for _ in range(20)]
     try:
+
         def run(i: int) -> tuple[int, bytes]:
             sb = sandboxes[i % 20]
             return i, sb.exec(["echo", f"{i}-{i * 2}"], timeout=60).stdout

@@ -13,7 +13,10 @@ def test_round_trip_arbitrary_bytes(sandbox):
     data = bytes(range(256)) * 1000 + b"\x00\xff"
     sandbox.write_file("/workspace/deep/dir/blob.bin", data)
     assert sandbox.read_file("deep/dir/blob.bin") == data
-    assert sandbox.exec(["sha256sum", "deep/dir/blob.bin"], timeout=10).stdout.split()[0].decode() == __import__("hashlib").sha256(data).hexdigest()
+    assert (
+        sandbox.exec(["sha256sum", "deep/dir/blob.bin"], timeout=10).stdout.split()[0].decode()
+        == __import__("hashlib").sha256(data).hexdigest()
+    )
     assert sandbox.read_file("deep/dir/blob.bin", offset=256, limit=3) == b"\x00\x01\x02"
 
 

@@ -38,13 +38,16 @@ def kernel(stub, sandbox) -> kpb.KernelInfo:
 
 
 def run(stub, kernel: kpb.KernelInfo, code: str, timeout_ms: int = 0) -> kpb.ExecuteGatheredResponse:
-    request = kpb.ExecuteGatheredRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id, code=code,
-                                         timeout_ms=timeout_ms)
+    request = kpb.ExecuteGatheredRequest(
+        sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id, code=code, timeout_ms=timeout_ms
+    )
     return stub.ExecuteGathered(request, timeout=60)
 
 
 def stream(stub, kernel: kpb.KernelInfo, code: str, timeout_ms: int = 0):
-    request = kpb.ExecuteRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id, code=code, timeout_ms=timeout_ms)
+    request = kpb.ExecuteRequest(
+        sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id, code=code, timeout_ms=timeout_ms
+    )
     return stub.Execute(request, timeout=60)
 
 
@@ -55,8 +58,10 @@ def state_of(stub, kernel: kpb.KernelInfo) -> int:
 
 def tiny_png() -> bytes:
     """A valid 1x1 red PNG, built by hand so the test needs no imaging library."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
     header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
     pixels = zlib.compress(b"\x00\xff\x00\x00")
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
@@ -280,14 +285,21 @@ def test_kernel_talks_over_unix_sockets_in_the_run_dir(daemon, stub, sandbox, ke
     ipykernel itself always listens on one loopback TCP port, inside the sandbox's network
     namespace: the pipe through which forked children (multiprocessing) send their output, guarded
     by a random token. That one is allowed; nothing else, and no TCP connection at all."""
-    listing = sandbox.exec(["python3", "-c", (
-        "import json, os, stat, glob\n"
-        "(path,) = glob.glob('/run/corral/k*.json')\n"
-        "info = json.load(open(path))\n"
-        "ports = [info[k] for k in ('shell_port', 'iopub_port', 'stdin_port', 'control_port', 'hb_port')]\n"
-        "socks = [stat.S_ISSOCK(os.stat(f\"{info['ip']}-{p}\").st_mode) for p in ports]\n"
-        "print(json.dumps({'transport': info['transport'], 'ip': info['ip'], 'sockets': socks}))"
-    )], check=True)
+    listing = sandbox.exec(
+        [
+            "python3",
+            "-c",
+            (
+                "import json, os, stat, glob\n"
+                "(path,) = glob.glob('/run/corral/k*.json')\n"
+                "info = json.load(open(path))\n"
+                "ports = [info[k] for k in ('shell_port', 'iopub_port', 'stdin_port', 'control_port', 'hb_port')]\n"
+                "socks = [stat.S_ISSOCK(os.stat(f\"{info['ip']}-{p}\").st_mode) for p in ports]\n"
+                "print(json.dumps({'transport': info['transport'], 'ip': info['ip'], 'sockets': socks}))"
+            ),
+        ],
+        check=True,
+    )
     info = json.loads(listing.stdout)
     assert info["transport"] == "ipc" and info["ip"].startswith("/run/corral/")
     assert info["sockets"] == [True] * 5
@@ -336,8 +348,7 @@ def test_kernels_work_without_namespaces(tmp_path):
         parent.chmod(parent.stat().st_mode | 0o011)
     d = DaemonProcess(tmp_path, "--config", str(config)).start()
     try:
-        with Client(d.address) as c, c.create_sandbox() as sb, \
-                grpc.insecure_channel(f"unix:{d.socket}") as channel:
+        with Client(d.address) as c, c.create_sandbox() as sb, grpc.insecure_channel(f"unix:{d.socket}") as channel:
             stub = kernel_pb2_grpc.KernelServiceStub(channel)
             kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sb.id), timeout=60).kernel
             run(stub, kernel, "kept = 7")

@@ -11,15 +11,15 @@ import time
 import pytest
 from aiohttp import ClientSession, web
 
-from corral.rollout.llm.client import LLMRequestRejected, LLMServerError
-from corral.rollout.reference.policies import GenerateParams
 from corral.daemon.llm_pool import LLMPool, ServerAlreadyRegistered, UnknownServer
-from corral.rollout.reference.server import ReferenceServer
-from corral.rollout.reference.replay import ReplayPolicy
+from corral.rollout.llm.client import LLMRequestRejected, LLMServerError
 from corral.rollout.llm.routing import ROUTING_KEY_HEADER
 from corral.rollout.llm.sglang import SGLangClient
-from corral.rollout.reference.tiny import TinyPolicy
 from corral.rollout.llm.vllm import VLLMClient
+from corral.rollout.reference.policies import GenerateParams
+from corral.rollout.reference.replay import ReplayPolicy
+from corral.rollout.reference.server import ReferenceServer
+from corral.rollout.reference.tiny import TinyPolicy
 from corral.rollout.tokenizer import ByteChatTokenizer
 from corral.rollout.types import LLMUnavailable, SamplingOptions
 from corral.sdk.errors import InvalidArgument
@@ -81,7 +81,10 @@ async def test_sglang_client_keeps_the_stop_token():
         generation = await client.generate(prompt, SamplingOptions(max_new_tokens=200, stop_token_ids=(IM_END_ID,)))
         assert generation.finish_reason == "stop"
         assert generation.output_ids[-1] == IM_END_ID
-        assert TOK.decode(generation.output_ids) == '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call><|im_end|>'
+        assert (
+            TOK.decode(generation.output_ids)
+            == '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call><|im_end|>'
+        )
     finally:
         await client.close()
         await server.stop()
@@ -89,9 +92,14 @@ async def test_sglang_client_keeps_the_stop_token():
 
 def test_sglang_parse_appends_a_dropped_stop_token_and_rejects_missing_logprobs():
     client = SGLangClient("http://127.0.0.1:1")
-    answer = {"output_ids": [10, 11], "meta_info": {
-        "finish_reason": {"type": "stop", "matched": IM_END_ID}, "weight_version": "3",
-        "output_token_logprobs": [[-0.5, 10, None], [-0.25, 11, None]]}}
+    answer = {
+        "output_ids": [10, 11],
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": IM_END_ID},
+            "weight_version": "3",
+            "output_token_logprobs": [[-0.5, 10, None], [-0.25, 11, None]],
+        },
+    }
     generation = client.parse(answer)
     assert generation.output_ids == [10, 11, IM_END_ID]
     assert generation.logprobs == [-0.5, -0.25, 0.0]  # the dropped token's logprob is unknown
@@ -102,14 +110,21 @@ def test_sglang_parse_appends_a_dropped_stop_token_and_rejects_missing_logprobs(
     # Weight versions that are not integers are None; spans give the oldest.
     answer["meta_info"]["weight_version"] = "step-9"
     assert client.parse(answer).weight_version is None
-    answer["meta_info"]["weight_versions"] = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
+    answer["meta_info"]["weight_versions"] = [
+        {"version": "4", "start": 0, "end": 1},
+        {"version": "5", "start": 1, "end": 3},
+    ]
     assert client.parse(answer).weight_version == 4
     del answer["meta_info"]["output_token_logprobs"]
     with pytest.raises(LLMServerError, match="output_token_logprobs"):
         client.parse(answer)
     with pytest.raises(LLMServerError, match="2 output ids but 1 logprobs"):
-        client.parse({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "length"},
-                                                          "output_token_logprobs": [[-1.0, 1, None]]}})
+        client.parse(
+            {
+                "output_ids": [1, 2],
+                "meta_info": {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-1.0, 1, None]]},
+            }
+        )
 
 
 # ---- vLLM -------------------------------------------------------------------------------------------
@@ -150,25 +165,39 @@ class VLLMStandIn:
         self.bodies.append(body)
         if body.get("model") != "tiny-byte-lm":
             return web.json_response({"object": "error", "message": "model not found", "code": 404}, status=404)
-        params = GenerateParams(max_new_tokens=body["max_tokens"], temperature=body.get("temperature", 1.0),
-                                top_p=body.get("top_p", 1.0), top_k=body.get("top_k", -1),
-                                stop_token_ids=tuple(body.get("stop_token_ids", ())), seed=body.get("seed"))
+        params = GenerateParams(
+            max_new_tokens=body["max_tokens"],
+            temperature=body.get("temperature", 1.0),
+            top_p=body.get("top_p", 1.0),
+            top_k=body.get("top_k", -1),
+            stop_token_ids=tuple(body.get("stop_token_ids", ())),
+            seed=body.get("seed"),
+        )
         out = await self.policy.generate(body["prompt"], params)
         choice = {
             "index": 0,
             "text": TOK.decode(out.output_ids),
-            "logprobs": {"tokens": [f"token_id:{i}" for i in out.output_ids], "token_logprobs": out.logprobs,
-                         "text_offset": [0] * len(out.output_ids),
-                         "top_logprobs": [{f"token_id:{i}": lp} for i, lp in zip(out.output_ids, out.logprobs)]},
+            "logprobs": {
+                "tokens": [f"token_id:{i}" for i in out.output_ids],
+                "token_logprobs": out.logprobs,
+                "text_offset": [0] * len(out.output_ids),
+                "top_logprobs": [{f"token_id:{i}": lp} for i, lp in zip(out.output_ids, out.logprobs)],
+            },
             "finish_reason": out.finish_reason,
             "stop_reason": out.matched if out.matched in body.get("stop_token_ids", ()) else None,
         }
         if not self.old:
             choice["token_ids"] = out.output_ids
             choice["prompt_token_ids"] = body["prompt"]
-        return web.json_response({"id": "cmpl-1", "object": "text_completion", "model": body["model"],
-                                  "choices": [choice], "usage": {"prompt_tokens": len(body["prompt"]),
-                                                                 "completion_tokens": len(out.output_ids)}})
+        return web.json_response(
+            {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": body["model"],
+                "choices": [choice],
+                "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(out.output_ids)},
+            }
+        )
 
 
 @pytest.mark.parametrize("old", [False, True], ids=["token_ids", "logprob_tokens"])
@@ -178,8 +207,9 @@ async def test_vllm_client_against_a_completions_stand_in(old):
     client = VLLMClient(url, timeout_s=10)
     try:
         first = await client.generate(PROMPT, SamplingOptions(max_new_tokens=16, temperature=0.9, top_k=50))
-        second = await client.generate(PROMPT, SamplingOptions(max_new_tokens=30, temperature=1.0,
-                                                               stop_token_ids=(IM_END_ID,)))
+        second = await client.generate(
+            PROMPT, SamplingOptions(max_new_tokens=30, temperature=1.0, stop_token_ids=(IM_END_ID,))
+        )
         assert stand_in.models_asked == 1 and client.model == "tiny-byte-lm"
         body = stand_in.bodies[0]
         assert body["prompt"] == PROMPT and body["max_tokens"] == 16 and body["logprobs"] == 1
@@ -198,8 +228,12 @@ async def test_vllm_client_against_a_completions_stand_in(old):
 
         with torch.no_grad():
             logits, _ = stand_in.policy.model(torch.tensor([PROMPT + first.output_ids]))
-        expected = F.log_softmax(logits[0, len(PROMPT) - 1:-1] / 0.9, -1).gather(
-            -1, torch.tensor(first.output_ids)[:, None]).squeeze(-1).tolist()
+        expected = (
+            F.log_softmax(logits[0, len(PROMPT) - 1 : -1] / 0.9, -1)
+            .gather(-1, torch.tensor(first.output_ids)[:, None])
+            .squeeze(-1)
+            .tolist()
+        )
         assert first.logprobs == pytest.approx(expected, abs=1e-4)
     finally:
         await client.close()
@@ -228,8 +262,18 @@ async def test_vllm_client_uses_the_given_model_and_maps_errors():
 
 def test_vllm_parse_appends_a_dropped_stop_token():
     client = VLLMClient("http://127.0.0.1:1", model="m")
-    generation = client.parse({"choices": [{"token_ids": [5, 6], "finish_reason": "stop", "stop_reason": IM_END_ID,
-                                            "logprobs": {"token_logprobs": [-1.0, -2.0], "tokens": ["a", "b"]}}]})
+    generation = client.parse(
+        {
+            "choices": [
+                {
+                    "token_ids": [5, 6],
+                    "finish_reason": "stop",
+                    "stop_reason": IM_END_ID,
+                    "logprobs": {"token_logprobs": [-1.0, -2.0], "tokens": ["a", "b"]},
+                }
+            ]
+        }
+    )
     assert generation.output_ids == [5, 6, IM_END_ID] and generation.logprobs == [-1.0, -2.0, 0.0]
     with pytest.raises(LLMServerError, match="token_logprobs"):
         client.parse({"choices": [{"token_ids": [5], "finish_reason": "length", "logprobs": None}]})

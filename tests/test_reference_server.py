@@ -16,12 +16,12 @@ import torch
 from torch.nn import functional as F
 
 from corral.rollout.llm.client import LLMServerError
-from corral.rollout.reference.server import ReferenceServer
-from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.llm.sglang import SGLangClient
+from corral.rollout.prompt import MissingPromptField, fill_prompt_fields
+from corral.rollout.reference.replay import ReplayPolicy
+from corral.rollout.reference.server import ReferenceServer
 from corral.rollout.reference.tiny import TinyPolicy
 from corral.rollout.reference.tiny_model import TinyByteLM
-from corral.rollout.prompt import MissingPromptField, fill_prompt_fields
 from corral.rollout.tokenizer import ByteChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat, parse_tool_calls
 from corral.rollout.types import SamplingOptions, ToolCall
@@ -31,8 +31,14 @@ TOK = ByteChatTokenizer()
 IM_END_ID = TOK.special_ids["<|im_end|>"]
 
 
-def make_task(task_id: str, user: str, fields: dict[str, str], calls: list[tuple[str, dict]],
-              fmt: int = pb.TOOL_CALL_FORMAT_HERMES, system: str = "You are an agent.") -> pb.Task:
+def make_task(
+    task_id: str,
+    user: str,
+    fields: dict[str, str],
+    calls: list[tuple[str, dict]],
+    fmt: int = pb.TOOL_CALL_FORMAT_HERMES,
+    system: str = "You are an agent.",
+) -> pb.Task:
     task = pb.Task(task_id=task_id, tool_call_format=fmt)
     task.prompt.messages.add(role="system", content=system)
     task.prompt.messages.add(role="user", content=user)
@@ -45,24 +51,38 @@ def make_task(task_id: str, user: str, fields: dict[str, str], calls: list[tuple
 def normalized(calls: list[ToolCall]) -> list[ToolCall]:
     """Calls with bash commands' trailing newline dropped (a fenced block always ends its command
     with one)."""
-    return [ToolCall(c.name, {**c.arguments, "command": c.arguments["command"].rstrip("\n")})
-            if c.name == "bash" else c for c in calls]
+    return [
+        ToolCall(c.name, {**c.arguments, "command": c.arguments["command"].rstrip("\n")}) if c.name == "bash" else c
+        for c in calls
+    ]
 
 
 def prompt_messages(task: pb.Task) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": fill_prompt_fields(m.content, task.prompt.fields)}
-            for m in task.prompt.messages]
+    return [
+        {"role": m.role, "content": fill_prompt_fields(m.content, task.prompt.fields)} for m in task.prompt.messages
+    ]
 
 
-HERMES_TASK = make_task("fix-bug", "Fix the bug in {file}. Braces stay: {{x}}.", {"file": "calc.py"},
-                        [("bash", {"command": "cat calc.py"}),
-                         ("editor", {"command": "str_replace", "path": "calc.py", "old": "-", "new": "+"})])
-BASH_TASK = make_task("count-lines", "Count the lines of {file}.", {"file": "data.txt"},
-                      [("bash", {"command": "wc -l data.txt"})], fmt=pb.TOOL_CALL_FORMAT_FENCED_BASH)
+HERMES_TASK = make_task(
+    "fix-bug",
+    "Fix the bug in {file}. Braces stay: {{x}}.",
+    {"file": "calc.py"},
+    [
+        ("bash", {"command": "cat calc.py"}),
+        ("editor", {"command": "str_replace", "path": "calc.py", "old": "-", "new": "+"}),
+    ],
+)
+BASH_TASK = make_task(
+    "count-lines",
+    "Count the lines of {file}.",
+    {"file": "data.txt"},
+    [("bash", {"command": "wc -l data.txt"})],
+    fmt=pb.TOOL_CALL_FORMAT_FENCED_BASH,
+)
 
 
 def test_fill_prompt_fields():
-    assert fill_prompt_fields("a {x} {{y}} {{{x}}} {\"k\": 1}", {"x": "{z}"}) == "a {z} {y} {{z}} {\"k\": 1}"
+    assert fill_prompt_fields('a {x} {{y}} {{{x}}} {"k": 1}', {"x": "{z}"}) == 'a {z} {y} {{z}} {"k": 1}'
     with pytest.raises(MissingPromptField) as info:
         fill_prompt_fields("hi {name}", {})
     assert info.value.name == "name" and "{name}" in str(info.value)
@@ -88,14 +108,21 @@ async def test_replay_plays_the_reference_solution_in_order_then_submits():
                 text = TOK.decode(generation.output_ids[:-1])
                 assert normalized(parse_tool_calls(text, fmt)) == [want], (task.task_id, turn, text)
                 # The next prompt: this turn, a tool observation, the next generation prompt.
-                ids = ids + generation.output_ids + TOK.encode_continuation(
-                    history, generation.output_ids, [{"role": "tool", "content": f"output {turn}"}])
+                ids = (
+                    ids
+                    + generation.output_ids
+                    + TOK.encode_continuation(
+                        history, generation.output_ids, [{"role": "tool", "content": f"output {turn}"}]
+                    )
+                )
             # Past the end it keeps submitting.
             again = await client.generate(ids, SamplingOptions(max_new_tokens=512))
             assert parse_tool_calls(TOK.decode(again.output_ids[:-1]), fmt) == [ToolCall("submit", {})]
 
         # max_new_tokens smaller than the answer: cut, finish "length", no stop token.
-        short = await client.generate(TOK.encode_prompt(prompt_messages(HERMES_TASK)), SamplingOptions(max_new_tokens=5))
+        short = await client.generate(
+            TOK.encode_prompt(prompt_messages(HERMES_TASK)), SamplingOptions(max_new_tokens=5)
+        )
         assert short.finish_reason == "length" and len(short.output_ids) == 5 and IM_END_ID not in short.output_ids
     finally:
         await client.close()
@@ -125,13 +152,14 @@ def recomputed_logprobs(model: TinyByteLM, prompt: list[int], output: list[int],
     """log_softmax(logits / T) of each sampled token, from one forward pass over the whole text."""
     with torch.no_grad():
         logits, _ = model(torch.tensor([prompt + output]))
-    scaled = logits[0, len(prompt) - 1:-1] / (temperature if temperature > 0 else 1.0)
+    scaled = logits[0, len(prompt) - 1 : -1] / (temperature if temperature > 0 else 1.0)
     return F.log_softmax(scaled, dim=-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1).tolist()
 
 
 async def generate_raw(session: aiohttp.ClientSession, url: str, ids: list[int], **params) -> dict:
-    async with session.post(url + "/generate", json={"input_ids": ids, "sampling_params": params,
-                                                     "return_logprob": True}) as response:
+    async with session.post(
+        url + "/generate", json={"input_ids": ids, "sampling_params": params, "return_logprob": True}
+    ) as response:
         assert response.status == 200, await response.text()
         return await response.json()
 
@@ -147,7 +175,9 @@ async def test_tiny_policy_samples_reproducibly_with_true_logprobs():
             second = await generate_raw(session, url, prompt, max_new_tokens=40, temperature=0.8, sampling_seed=11)
             other = await generate_raw(session, url, prompt, max_new_tokens=40, temperature=0.8, sampling_seed=12)
             greedy = await generate_raw(session, url, prompt, max_new_tokens=20, temperature=0.0)
-            top1 = await generate_raw(session, url, prompt, max_new_tokens=20, temperature=1.3, top_k=1, sampling_seed=5)
+            top1 = await generate_raw(
+                session, url, prompt, max_new_tokens=20, temperature=1.3, top_k=1, sampling_seed=5
+            )
         assert first["output_ids"] == second["output_ids"]
         assert first["output_ids"] != other["output_ids"]
         assert 0 < len(first["output_ids"]) <= 40
@@ -160,11 +190,11 @@ async def test_tiny_policy_samples_reproducibly_with_true_logprobs():
         assert all(math.isfinite(lp) and lp <= 0 for lp in logprobs)
         assert logprobs == pytest.approx(recomputed_logprobs(policy.model, prompt, first["output_ids"], 0.8), abs=1e-4)
         # Greedy is the argmax at every step, and top_k=1 samples the same tokens.
-        assert greedy["output_ids"] == top1["output_ids"][:len(greedy["output_ids"])]
+        assert greedy["output_ids"] == top1["output_ids"][: len(greedy["output_ids"])]
         with torch.no_grad():
             logits, _ = policy.model(torch.tensor([prompt + greedy["output_ids"]]))
-        argmax = logits[0, len(prompt) - 1:-1].argmax(-1).tolist()
-        assert greedy["output_ids"] == argmax[:len(greedy["output_ids"])]
+        argmax = logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+        assert greedy["output_ids"] == argmax[: len(greedy["output_ids"])]
         if meta["finish_reason"]["type"] == "length":
             assert meta["finish_reason"]["length"] == 40
     finally:
@@ -178,15 +208,24 @@ async def test_tiny_policy_stops_on_stop_token_ids_and_stop_strings():
     prompt = TOK.encode_prompt([{"role": "user", "content": "Go."}])
     try:
         async with aiohttp.ClientSession() as session:
-            free = await generate_raw(session, url, prompt, max_new_tokens=60, temperature=1.0, sampling_seed=4,
-                                      ignore_eos=True)
+            free = await generate_raw(
+                session, url, prompt, max_new_tokens=60, temperature=1.0, sampling_seed=4, ignore_eos=True
+            )
             ids = free["output_ids"]
             assert len(ids) == 60 and free["meta_info"]["finish_reason"] == {"type": "length", "length": 60}
             # Asking to stop on the 10th sampled token (first occurrence) stops right there, keeping it.
             stop_id = ids[9]
             cut = ids.index(stop_id) + 1
-            stopped = await generate_raw(session, url, prompt, max_new_tokens=60, temperature=1.0, sampling_seed=4,
-                                         ignore_eos=True, stop_token_ids=[stop_id])
+            stopped = await generate_raw(
+                session,
+                url,
+                prompt,
+                max_new_tokens=60,
+                temperature=1.0,
+                sampling_seed=4,
+                ignore_eos=True,
+                stop_token_ids=[stop_id],
+            )
             assert stopped["output_ids"] == ids[:cut]
             assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
     finally:
@@ -207,7 +246,9 @@ async def test_update_weights_from_disk_bumps_the_version_and_changes_outputs(tm
     try:
         async with aiohttp.ClientSession() as session:
             before = await generate_raw(session, url, prompt, max_new_tokens=30, sampling_seed=1)
-            async with session.post(url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "step1.pt")}) as r:
+            async with session.post(
+                url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "step1.pt")}
+            ) as r:
                 assert r.status == 200
                 assert (await r.json())["success"] is True
             assert await client.get_weight_version() == 1
@@ -215,10 +256,13 @@ async def test_update_weights_from_disk_bumps_the_version_and_changes_outputs(tm
             assert after["meta_info"]["weight_version"] == "1"
             assert after["output_ids"] != before["output_ids"]
             assert [t[0] for t in after["meta_info"]["output_token_logprobs"]] == pytest.approx(
-                recomputed_logprobs(trained, prompt, after["output_ids"], 1.0), abs=1e-4)
+                recomputed_logprobs(trained, prompt, after["output_ids"], 1.0), abs=1e-4
+            )
             # An explicit version is taken as given.
-            async with session.post(url + "/update_weights_from_disk",
-                                    json={"model_path": str(tmp_path / "step2.pt"), "weight_version": "7"}) as r:
+            async with session.post(
+                url + "/update_weights_from_disk",
+                json={"model_path": str(tmp_path / "step2.pt"), "weight_version": "7"},
+            ) as r:
                 assert r.status == 200
             async with session.get(url + "/get_model_info") as r:
                 info = await r.json()
@@ -226,8 +270,11 @@ async def test_update_weights_from_disk_bumps_the_version_and_changes_outputs(tm
             generation = await client.generate(prompt, SamplingOptions(max_new_tokens=5))
             assert generation.weight_version == 7
             # Unusable files fail with 400 and leave the version alone.
-            for payload in ({"model_path": str(tmp_path / "junk.pt")}, {"model_path": str(tmp_path / "missing.pt")},
-                            {"model_path": str(tmp_path / "step1.pt"), "weight_version": "v2"}):
+            for payload in (
+                {"model_path": str(tmp_path / "junk.pt")},
+                {"model_path": str(tmp_path / "missing.pt")},
+                {"model_path": str(tmp_path / "step1.pt"), "weight_version": "v2"},
+            ):
                 async with session.post(url + "/update_weights_from_disk", json=payload) as r:
                     assert r.status == 400
                     assert (await r.json())["success"] is False
@@ -253,8 +300,9 @@ def test_start_in_thread_serves_sync_callers():
     server = ReferenceServer(ReplayPolicy([HERMES_TASK]))
     url = server.start_in_thread()
     try:
-        body = json.dumps({"input_ids": TOK.encode_prompt(prompt_messages(HERMES_TASK)),
-                           "sampling_params": {"max_new_tokens": 256}}).encode()
+        body = json.dumps(
+            {"input_ids": TOK.encode_prompt(prompt_messages(HERMES_TASK)), "sampling_params": {"max_new_tokens": 256}}
+        ).encode()
         request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             answer = json.loads(response.read())
@@ -275,14 +323,32 @@ def test_command_line_serves_replay_tasks(tmp_path):
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(json_format.MessageToJson(t, indent=None) for t in (HERMES_TASK, BASH_TASK)) + "\n")
-    proc = subprocess.Popen([sys.executable, "-m", "corral.rollout.reference.server", "--policy", "replay",
-                             "--tasks", str(tasks), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "corral.rollout.reference.server",
+            "--policy",
+            "replay",
+            "--tasks",
+            str(tasks),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url
-        body = json.dumps({"input_ids": TOK.encode_prompt(prompt_messages(BASH_TASK)),
-                           "sampling_params": {"max_new_tokens": 256}, "return_logprob": True}).encode()
+        body = json.dumps(
+            {
+                "input_ids": TOK.encode_prompt(prompt_messages(BASH_TASK)),
+                "sampling_params": {"max_new_tokens": 256},
+                "return_logprob": True,
+            }
+        ).encode()
         request = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             answer = json.loads(response.read())

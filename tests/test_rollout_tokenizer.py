@@ -35,7 +35,9 @@ THINK_STRIPPING_TEMPLATE = QWEN_TEMPLATE.replace(
     "{%- else %}",
     "{%- elif message.role == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' + message.content.split('</think>')[-1].lstrip('\\n') + '<|im_end|>\\n' }}"
-    "{%- else %}", 1)
+    "{%- else %}",
+    1,
+)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -46,12 +48,13 @@ _CORPUS = [
     "<tool_response>\ntotal 12\ndrwxr-xr-x 2 root root 4096 main.py tests\n</tool_response>",
     "def main():\n    print('hello world')\n    return 0\n\nif __name__ == '__main__':\n    main()\n",
     "<think>\nThe test fails because the function returns None.\n</think>\n\nI will fix it.",
-    "Traceback (most recent call last):\n  File \"main.py\", line 3, in <module>\nZeroDivisionError",
+    'Traceback (most recent call last):\n  File "main.py", line 3, in <module>\nZeroDivisionError',
 ]
 
 
-def make_hf_tokenizer_dir(path: Path, template: str = QWEN_TEMPLATE, *, eos_token: str = "<|endoftext|>",
-                          with_template: bool = True) -> Path:
+def make_hf_tokenizer_dir(
+    path: Path, template: str = QWEN_TEMPLATE, *, eos_token: str = "<|endoftext|>", with_template: bool = True
+) -> Path:
     """Trains a byte-level BPE tokenizer on a small corpus and saves it, with `template`, as a
     Hugging Face tokenizer directory."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -60,11 +63,19 @@ def make_hf_tokenizer_dir(path: Path, template: str = QWEN_TEMPLATE, *, eos_toke
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=800,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(_CORPUS * 30, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, pad_token="<|endoftext|>",
-                                   chat_template=template if with_template else None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=eos_token,
+        pad_token="<|endoftext|>",
+        chat_template=template if with_template else None,
+    )
     path.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(path))
     return path
@@ -82,12 +93,15 @@ def hf(qwen_dir) -> HFChatTokenizer:
     return tokenizer
 
 
-CHAT = [{"role": "system", "content": "You are a careful agent."},
-        {"role": "user", "content": "Fix the failing test in main.py."}]
+CHAT = [
+    {"role": "system", "content": "You are a careful agent."},
+    {"role": "user", "content": "Fix the failing test in main.py."},
+]
 TOOL = [{"role": "tool", "content": "total 12\nmain.py tests"}]
 
 
 # --- ByteChatTokenizer -----------------------------------------------------------------------------
+
 
 def test_byte_tokenizer_round_trips_text_and_special_tokens():
     tokenizer = ByteChatTokenizer()
@@ -109,10 +123,12 @@ def test_byte_tokenizer_continuation_reproduces_the_template():
         continuation = tokenizer.encode_continuation(CHAT, generated, TOOL)
         reply = {"role": "assistant", "content": "ls" if closed else "ls -"}
         assert tokenizer.decode(prompt + generated + continuation) == tokenizer.render(
-            [*CHAT, reply, *TOOL], add_generation_prompt=True)
+            [*CHAT, reply, *TOOL], add_generation_prompt=True
+        )
 
 
 # --- load_tokenizer ----------------------------------------------------------------------------------
+
 
 def test_load_tokenizer_specs(tmp_path):
     assert isinstance(load_tokenizer("byte"), ByteChatTokenizer)
@@ -140,6 +156,7 @@ def test_tokenizer_without_chat_template_is_refused(tmp_path):
 
 # --- HFChatTokenizer ---------------------------------------------------------------------------------
 
+
 def test_end_of_turn_ids_are_eos_and_im_end(hf, tmp_path):
     vocab = hf._tokenizer.get_vocab()
     assert hf.end_of_turn_ids == (vocab["<|endoftext|>"], vocab["<|im_end|>"])
@@ -165,8 +182,10 @@ def test_continuation_is_the_template_delta_tokenized_alone(hf):
     assert generated[:-1] != hf.encode(text)
     tools = [{"role": "tool", "content": "first"}, {"role": "tool", "content": "second"}]
     continuation = hf.encode_continuation(CHAT, generated, tools)
-    expected = ("\n<|im_start|>user\n<tool_response>\nfirst\n</tool_response>\n<tool_response>\nsecond\n"
-                "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    expected = (
+        "\n<|im_start|>user\n<tool_response>\nfirst\n</tool_response>\n<tool_response>\nsecond\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert hf.decode(continuation) == expected
     assert continuation == hf.encode(expected)
     # Cut by max_new_tokens: the continuation closes the turn first.
@@ -183,8 +202,10 @@ def test_continuation_falls_back_when_the_template_rewrites_history(tmp_path):
     reply = "<think>\nThe test fails.\n</think>\n\nI will fix it."
     history_render = hf.render([*CHAT, {"role": "assistant", "content": reply}, *TOOL], add_generation_prompt=True)
     assert "<think>" not in history_render  # the template really drops it
-    expected = "\n<|im_start|>user\n<tool_response>\ntotal 12\nmain.py tests\n</tool_response><|im_end|>\n" \
-               "<|im_start|>assistant\n"
+    expected = (
+        "\n<|im_start|>user\n<tool_response>\ntotal 12\nmain.py tests\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     ended = hf.encode(reply) + [vocab["<|im_end|>"]]
     assert hf.decode(hf.encode_continuation(CHAT, ended, TOOL)) == expected
     # Cut by length: the end of turn is written first.
@@ -195,8 +216,9 @@ def test_continuation_falls_back_when_the_template_rewrites_history(tmp_path):
 
 
 def test_template_kwargs_reach_the_template(tmp_path):
-    template = QWEN_TEMPLATE.replace("'<|im_start|>assistant\\n' }}{%- endif %}",
-                                     "'<|im_start|>assistant\\n' + (prefill or '') }}{%- endif %}")
+    template = QWEN_TEMPLATE.replace(
+        "'<|im_start|>assistant\\n' }}{%- endif %}", "'<|im_start|>assistant\\n' + (prefill or '') }}{%- endif %}"
+    )
     path = make_hf_tokenizer_dir(tmp_path / "kwargs", template)
     assert HFChatTokenizer(path).decode(HFChatTokenizer(path).encode_prompt(CHAT)).endswith("assistant\n")
     prefilled = HFChatTokenizer(path, template_kwargs={"prefill": "<think>\n"})

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from corral.sdk import AlreadyExists, AsyncClient, FailedPrecondition, InvalidArgument, NotFound
 from corral.cli.run import is_token_exact
+from corral.sdk import AlreadyExists, AsyncClient, FailedPrecondition, InvalidArgument, NotFound
 from corral.v1 import rollout_pb2 as pb
 from tests.conftest import DaemonProcess, require_backend
 from tests.rollout_tasks import call, repair_task, replay_server
@@ -86,16 +86,25 @@ async def test_streamed_turns_arrive_before_their_result(client) -> None:
 
 
 async def test_rewards_from_a_printed_number_and_a_junit_report(client) -> None:
-    printed = repair_task("printed", eval_command="python3 check.py >/dev/null && echo 'score: 0.75'",
-                          reward="printed_number")
-    report = ('<testsuite><testcase classname="tests.test_calc" name="test_add"/>'
-              '<testcase classname="tests.test_calc.TestMore" name="test_big"><failure/></testcase>'
-              '<testcase classname="tests.test_calc" name="test_neg"/></testsuite>')
+    printed = repair_task(
+        "printed", eval_command="python3 check.py >/dev/null && echo 'score: 0.75'", reward="printed_number"
+    )
+    report = (
+        '<testsuite><testcase classname="tests.test_calc" name="test_add"/>'
+        '<testcase classname="tests.test_calc.TestMore" name="test_big"><failure/></testcase>'
+        '<testcase classname="tests.test_calc" name="test_neg"/></testsuite>'
+    )
     junit = repair_task("junit", eval_command=f"echo '{report}' > report.xml")
     junit.evaluation.ClearField("exit_status")
     junit.evaluation.junit.report_path = "report.xml"
-    junit.evaluation.junit.tests.extend(["tests/test_calc.py::test_add", "tests/test_calc.py::TestMore::test_big",
-                                         "tests/test_calc.py::test_missing", "tests/test_calc.py::test_neg"])
+    junit.evaluation.junit.tests.extend(
+        [
+            "tests/test_calc.py::test_add",
+            "tests/test_calc.py::TestMore::test_big",
+            "tests/test_calc.py::test_missing",
+            "tests/test_calc.py::test_neg",
+        ]
+    )
     async with replay_server([printed, junit]) as server:
         await client.rollouts.register_llm(server.url)
         results = {r.task_id: r async for r in client.rollouts.stream([printed, junit])}
@@ -279,11 +288,14 @@ async def test_daemon_shutdown_mid_rollout_filters_as_shutdown(tmp_path) -> None
 
 
 def test_results_serialise_to_json(tmp_path) -> None:
-    from corral.sdk.rollout_messages import result_from_proto
     from corral.cli.run import result_to_dict
+    from corral.sdk.rollout_messages import result_from_proto
 
-    result = result_from_proto(pb.RolloutResult(rollout_id="r", task_id="t", eval_output=b"\xff ok",
-                                                status=pb.ROLLOUT_STATUS_COMPLETED, response_ids=[1, 2]))
+    result = result_from_proto(
+        pb.RolloutResult(
+            rollout_id="r", task_id="t", eval_output=b"\xff ok", status=pb.ROLLOUT_STATUS_COMPLETED, response_ids=[1, 2]
+        )
+    )
     data = json.loads(json.dumps(result_to_dict(result)))
     assert data["status"] == "completed" and data["response_ids"] == [1, 2] and data["eval_output"] == "\ufffd ok"
 
@@ -339,7 +351,11 @@ async def test_sandbox_starts_that_fail_for_the_node_are_retried_then_filtered(t
                     await wait_until(lambda: _has_sandbox_for(client, "holder"))
                     await stream.submit(waiter)
                     result = await asyncio.wait_for(stream.__anext__(), 30)
-                    assert (result.task_id, result.status, result.filter_reason) == ("waiter", "filtered", "sandbox_start")
+                    assert (result.task_id, result.status, result.filter_reason) == (
+                        "waiter",
+                        "filtered",
+                        "sandbox_start",
+                    )
                     assert "5 times" in result.error
     finally:
         daemon.stop()

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from corral.sdk.rollout_messages import result_from_proto
 from corral.cli.run import is_token_exact, summarize
+from corral.sdk.rollout_messages import result_from_proto
 from corral.sdk.tasks import load_tasks, task_to_json
 from tests.conftest import require_backend
 
@@ -18,8 +18,13 @@ BUNDLED = ROOT / "examples" / "tasks" / "repair.jsonl"
 
 
 def corral_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "corral.cli", "run", *args, "--no-progress"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "corral.cli", "run", *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
 def test_every_bundled_task_reaches_reward_one_with_the_replay_policy(tmp_path) -> None:
@@ -59,11 +64,23 @@ def test_a_missing_tasks_file_is_a_clear_error(tmp_path) -> None:
 def test_summary_counts_filtered_reasons_and_token_exactness() -> None:
     from corral.v1 import rollout_pb2 as pb
 
-    good = pb.RolloutResult(status=pb.ROLLOUT_STATUS_COMPLETED, reward=1.0, response_ids=[5, 6, 7],
-                            response_mask=[1, 0, 0], response_logprobs=[-0.1, 0, 0], weight_versions=[0, -1, -1])
+    good = pb.RolloutResult(
+        status=pb.ROLLOUT_STATUS_COMPLETED,
+        reward=1.0,
+        response_ids=[5, 6, 7],
+        response_mask=[1, 0, 0],
+        response_logprobs=[-0.1, 0, 0],
+        weight_versions=[0, -1, -1],
+    )
     good.turns.add(generated_ids=[5], observation_ids=[6, 7])
-    broken = pb.RolloutResult(status=pb.ROLLOUT_STATUS_FILTERED, filter_reason=pb.FILTER_REASON_LLM_UNREACHABLE,
-                              response_ids=[1], response_mask=[1], response_logprobs=[0.0], weight_versions=[0])
+    broken = pb.RolloutResult(
+        status=pb.ROLLOUT_STATUS_FILTERED,
+        filter_reason=pb.FILTER_REASON_LLM_UNREACHABLE,
+        response_ids=[1],
+        response_mask=[1],
+        response_logprobs=[0.0],
+        weight_versions=[0],
+    )
     summary = summarize([result_from_proto(good), result_from_proto(broken)], wall_s=2.0)
     assert (summary.total, summary.completed, summary.solved) == (2, 1, 1)
     assert summary.filtered == {"llm_unreachable": 1}

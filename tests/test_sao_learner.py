@@ -24,18 +24,32 @@ def make_model() -> TinyByteLM:
     return TinyByteLM(embed_dim=16, hidden_dim=32, num_layers=1)
 
 
-def result(model: TinyByteLM, *, task_id: str = "t", reward: float = 1.0, version: int = 0,
-           status: int = pb.ROLLOUT_STATUS_COMPLETED):
+def result(
+    model: TinyByteLM,
+    *,
+    task_id: str = "t",
+    reward: float = 1.0,
+    version: int = 0,
+    status: int = pb.ROLLOUT_STATUS_COMPLETED,
+):
     """A one-turn rollout (generated ids, then an observation) whose logprobs are the model's own,
     as if the model had sampled it at `version`."""
     response = GENERATED + OBSERVATION
     with torch.no_grad():
         logprobs = tiny_byte_lm_logprobs(model, PROMPT, response).tolist()
     mask = [1] * len(GENERATED) + [0] * len(OBSERVATION)
-    return result_from_proto(pb.RolloutResult(
-        task_id=task_id, status=status, reward=reward, prompt_ids=PROMPT, response_ids=response,
-        response_mask=mask, response_logprobs=[lp if m else 0.0 for lp, m in zip(logprobs, mask)],
-        weight_versions=[version if m else -1 for m in mask]))
+    return result_from_proto(
+        pb.RolloutResult(
+            task_id=task_id,
+            status=status,
+            reward=reward,
+            prompt_ids=PROMPT,
+            response_ids=response,
+            response_mask=mask,
+            response_logprobs=[lp if m else 0.0 for lp, m in zip(logprobs, mask)],
+            weight_versions=[version if m else -1 for m in mask],
+        )
+    )
 
 
 def learner(model: TinyByteLM, **config) -> tuple[StreamingLearner, list[int]]:
@@ -45,13 +59,14 @@ def learner(model: TinyByteLM, **config) -> tuple[StreamingLearner, list[int]]:
         published.append(version)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    return StreamingLearner(model, optimizer, tiny_byte_lm_logprobs, config=LearnerConfig(**config),
-                            publish=publish), published
+    return StreamingLearner(
+        model, optimizer, tiny_byte_lm_logprobs, config=LearnerConfig(**config), publish=publish
+    ), published
 
 
 def generated_logprob(model: TinyByteLM) -> float:
     with torch.no_grad():
-        return float(tiny_byte_lm_logprobs(model, PROMPT, GENERATED + OBSERVATION)[:len(GENERATED)].sum())
+        return float(tiny_byte_lm_logprobs(model, PROMPT, GENERATED + OBSERVATION)[: len(GENERATED)].sum())
 
 
 async def test_batches_form_by_rollout_count_without_waiting_for_a_group() -> None:
@@ -68,7 +83,7 @@ async def test_batches_form_by_token_count() -> None:
     model = make_model()
     sao, _ = learner(model, batch_rollouts=None, batch_tokens=3)
     assert not sao.add(result(model))  # 2 generated tokens
-    assert sao.add(result(model))      # 4 >= 3
+    assert sao.add(result(model))  # 4 >= 3
 
 
 async def test_a_positive_advantage_raises_the_generated_tokens_probability() -> None:
@@ -93,8 +108,7 @@ async def test_stale_tokens_are_dropped_or_down_weighted() -> None:
     losses = {}
     for mode in ("downweight", None):
         model = make_model()
-        sao, _ = learner(model, batch_rollouts=1, max_staleness=2 if mode else None,
-                         stale_tokens=mode or "drop")
+        sao, _ = learner(model, batch_rollouts=1, max_staleness=2 if mode else None, stale_tokens=mode or "drop")
         sao.policy_version = 5
         sao.add(result(model, version=1))
         losses[mode] = (await sao.update()).loss
@@ -139,8 +153,12 @@ async def test_max_updates_stops_early() -> None:
 def test_a_learner_needs_a_batch_size() -> None:
     model = make_model()
     with pytest.raises(ValueError):
-        StreamingLearner(model, torch.optim.SGD(model.parameters(), lr=0.1), tiny_byte_lm_logprobs,
-                         config=LearnerConfig(batch_rollouts=None, batch_tokens=None))
+        StreamingLearner(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            tiny_byte_lm_logprobs,
+            config=LearnerConfig(batch_rollouts=None, batch_tokens=None),
+        )
 
 
 async def test_the_event_loop_keeps_running_while_the_learner_trains() -> None:
@@ -154,8 +172,9 @@ async def test_the_event_loop_keeps_running_while_the_learner_trains() -> None:
         assert step_may_finish.wait(5), "the loop never got to run while the step was under way"
         return tiny_byte_lm_logprobs(m, prompt, response)
 
-    sao = StreamingLearner(model, torch.optim.SGD(model.parameters(), lr=0.1), slow_logprobs,
-                           config=LearnerConfig(batch_rollouts=1))
+    sao = StreamingLearner(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), slow_logprobs, config=LearnerConfig(batch_rollouts=1)
+    )
     sao.add(result(model))
     update = asyncio.create_task(sao.update())
     while not step_started.is_set():

@@ -50,8 +50,9 @@ def test_tokens_outside_the_band_contribute_nothing_on_either_side() -> None:
 def test_the_band_is_strict_at_its_edges() -> None:
     config = SAOConfig(eps_low=0.5, eps_high=1.0)  # band (0.5, 2.0)
     current = logs(0.5, 2.0, 1.0)
-    loss, metrics = sao_policy_loss(current, torch.zeros_like(current), torch.ones_like(current),
-                                    torch.ones_like(current), config)
+    loss, metrics = sao_policy_loss(
+        current, torch.zeros_like(current), torch.ones_like(current), torch.ones_like(current), config
+    )
     assert metrics["masked_fraction"] == pytest.approx(2 / 3)
     assert loss.item() == pytest.approx(-1.0 / 3)
 
@@ -76,8 +77,9 @@ def test_zero_advantage_tokens_give_zero_loss_and_gradient() -> None:
 
 def test_a_fully_masked_batch_is_zero_with_a_graph() -> None:
     current = logs(1.0, 1.0).requires_grad_()
-    loss, metrics = sao_policy_loss(current, torch.zeros_like(current), torch.ones_like(current),
-                                    torch.zeros_like(current))
+    loss, metrics = sao_policy_loss(
+        current, torch.zeros_like(current), torch.ones_like(current), torch.zeros_like(current)
+    )
     loss.backward()  # no error: a step with nothing to learn from is harmless
     assert loss.item() == 0.0 and metrics["masked_fraction"] == 0.0
 
@@ -102,8 +104,9 @@ def test_denominators() -> None:
     assert token.item() == pytest.approx(-2 / 3) and kept.item() == pytest.approx(-1.0)
     batch = torch.cat([logs(1.0, 1.0), logs(2.0, 1.0)])
     seq_mask = torch.tensor([[1, 1], [1, 0]], dtype=torch.float64)
-    sequence, _ = sao_policy_loss(batch, torch.zeros_like(batch), torch.ones_like(batch), seq_mask,
-                                  SAOConfig(denominator="sequence"))
+    sequence, _ = sao_policy_loss(
+        batch, torch.zeros_like(batch), torch.ones_like(batch), seq_mask, SAOConfig(denominator="sequence")
+    )
     assert sequence.item() == pytest.approx((-1.0 + -2.0) / 2)  # each sequence's mean, then the mean
 
 
@@ -111,8 +114,13 @@ def test_stopping_the_ratio_gradient_keeps_the_gradient() -> None:
     grads = []
     for mode in ("through", "stop"):
         current = logs(1.5, 0.7).requires_grad_()
-        loss, _ = sao_policy_loss(current, torch.zeros_like(current), torch.tensor([[1.0, -2.0]], dtype=torch.float64),
-                                  torch.ones_like(current), SAOConfig(ratio_grad=mode))
+        loss, _ = sao_policy_loss(
+            current,
+            torch.zeros_like(current),
+            torch.tensor([[1.0, -2.0]], dtype=torch.float64),
+            torch.ones_like(current),
+            SAOConfig(ratio_grad=mode),
+        )
         loss.backward()
         grads.append(current.grad[0].tolist())
     assert grads[0] == pytest.approx(grads[1])
@@ -125,9 +133,9 @@ def test_gae_skips_observation_tokens() -> None:
     rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]])
     advantages, returns = gae_advantages(rewards, values, mask, gamma=0.9, lam=0.5)
     # Steps over generated tokens only: V = 0.5, 0.6, 0.8, then 0.
-    d2 = 1.0 + 0.9 * 0.0 - 0.8            # 0.2
-    d1 = 0.0 + 0.9 * 0.8 - 0.6            # 0.12: bootstraps from the token after the observation
-    d0 = 0.0 + 0.9 * 0.6 - 0.5            # 0.04
+    d2 = 1.0 + 0.9 * 0.0 - 0.8  # 0.2
+    d1 = 0.0 + 0.9 * 0.8 - 0.6  # 0.12: bootstraps from the token after the observation
+    d0 = 0.0 + 0.9 * 0.6 - 0.5  # 0.04
     a2 = d2
     a1 = d1 + 0.45 * a2
     a0 = d0 + 0.45 * a1
@@ -146,10 +154,10 @@ def test_gae_with_gamma_and_lambda_one_is_reward_to_go_minus_value() -> None:
 
 def test_running_baseline_per_task() -> None:
     baseline = RunningBaseline(momentum=0.5)
-    assert baseline.advantage("a", 1.0) == 1.0        # first: against initial 0; mean becomes 0.5
-    assert baseline.advantage("a", 0.0) == -0.5       # against 0.5; mean becomes 0.25
-    assert baseline.advantage("a", 1.0) == 0.75       # against 0.25; mean becomes 0.625
-    assert baseline.advantage("b", 0.0) == 0.0        # tasks are separate
+    assert baseline.advantage("a", 1.0) == 1.0  # first: against initial 0; mean becomes 0.5
+    assert baseline.advantage("a", 0.0) == -0.5  # against 0.5; mean becomes 0.25
+    assert baseline.advantage("a", 1.0) == 0.75  # against 0.25; mean becomes 0.625
+    assert baseline.advantage("b", 0.0) == 0.0  # tasks are separate
     assert baseline.baseline("a") == pytest.approx(0.625)
     assert baseline.baseline("never seen") == 0.0
     with pytest.raises(ValueError):

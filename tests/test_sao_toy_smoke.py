@@ -31,8 +31,13 @@ SCRIPT = ROOT / "examples" / "sao_toy" / "train.py"
 
 def test_smoke_run_trains_both_modes_and_pushes_weights(tmp_path: Path) -> None:
     require_backend("local")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=150, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
     report = json.loads((tmp_path / "sao_toy.json").read_text())

@@ -112,11 +112,14 @@ def malicious_archive(name: str, *, symlink_to: str | None = None) -> io.BytesIO
     return buffer
 
 
-@pytest.mark.parametrize(("name", "symlink_to"), [
-    ("../escape.txt", None),
-    ("link", "/etc/passwd"),
-    ("link", "../../outside"),
-])
+@pytest.mark.parametrize(
+    ("name", "symlink_to"),
+    [
+        ("../escape.txt", None),
+        ("link", "/etc/passwd"),
+        ("link", "../../outside"),
+    ],
+)
 def test_unsafe_archives_are_refused(tmp_path: Path, name: str, symlink_to: str | None) -> None:
     with pytest.raises(ProtocolError):
         extract_archive(malicious_archive(name, symlink_to=symlink_to), tmp_path / "out")

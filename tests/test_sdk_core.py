@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import grpc
 import pytest
@@ -46,18 +46,21 @@ from corral.v1 import sandbox_pb2 as pb
 # ---- addresses -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "transport", "target", "shown"), [
-    ("unix:///run/corral/corral.sock", "unix", "unix:///run/corral/corral.sock", "unix:///run/corral/corral.sock"),
-    ("/tmp/c.sock", "unix", "unix:///tmp/c.sock", "unix:///tmp/c.sock"),
-    ("unix:/tmp/c.sock", "unix", "unix:///tmp/c.sock", "unix:///tmp/c.sock"),
-    ("unix:rel/c.sock", "unix", "unix:rel/c.sock", "unix:rel/c.sock"),
-    ("./c.sock", "unix", "unix:./c.sock", "unix:./c.sock"),
-    ("localhost:50051", "tcp", "localhost:50051", "tcp://localhost:50051"),
-    ("tcp://10.0.0.7:7000", "tcp", "10.0.0.7:7000", "tcp://10.0.0.7:7000"),
-    ("tcp://node-3:7000/", "tcp", "node-3:7000", "tcp://node-3:7000"),
-    ("[::1]:7000", "tcp", "[::1]:7000", "tcp://[::1]:7000"),
-    ("  host:1  ", "tcp", "host:1", "tcp://host:1"),
-])
+@pytest.mark.parametrize(
+    ("text", "transport", "target", "shown"),
+    [
+        ("unix:///run/corral/corral.sock", "unix", "unix:///run/corral/corral.sock", "unix:///run/corral/corral.sock"),
+        ("/tmp/c.sock", "unix", "unix:///tmp/c.sock", "unix:///tmp/c.sock"),
+        ("unix:/tmp/c.sock", "unix", "unix:///tmp/c.sock", "unix:///tmp/c.sock"),
+        ("unix:rel/c.sock", "unix", "unix:rel/c.sock", "unix:rel/c.sock"),
+        ("./c.sock", "unix", "unix:./c.sock", "unix:./c.sock"),
+        ("localhost:50051", "tcp", "localhost:50051", "tcp://localhost:50051"),
+        ("tcp://10.0.0.7:7000", "tcp", "10.0.0.7:7000", "tcp://10.0.0.7:7000"),
+        ("tcp://node-3:7000/", "tcp", "node-3:7000", "tcp://node-3:7000"),
+        ("[::1]:7000", "tcp", "[::1]:7000", "tcp://[::1]:7000"),
+        ("  host:1  ", "tcp", "host:1", "tcp://host:1"),
+    ],
+)
 def test_parse_address(text: str, transport: str, target: str, shown: str) -> None:
     address = parse_address(text)
     assert address.transport == transport
@@ -65,8 +68,23 @@ def test_parse_address(text: str, transport: str, target: str, shown: str) -> No
     assert str(address) == shown
 
 
-@pytest.mark.parametrize("text", ["", "   ", "unix://", "host", "host:", "host:port", "host:0", "host:70000",
-                                  "tcp://host", "http://host:80", "::1:7000", ":7000"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   ",
+        "unix://",
+        "host",
+        "host:",
+        "host:port",
+        "host:0",
+        "host:70000",
+        "tcp://host",
+        "http://host:80",
+        "::1:7000",
+        ":7000",
+    ],
+)
 def test_parse_address_rejects(text: str) -> None:
     with pytest.raises(InvalidArgument):
         parse_address(text)
@@ -113,8 +131,9 @@ def test_exec_request_argv() -> None:
 
 
 def test_exec_request_shell_with_options() -> None:
-    request = _core.build_exec_request("sb-1", "echo $X | wc -c", stdin="héllo", env={"X": "1"}, cwd="/tmp",
-                                       timeout=0.25, output_limit=4096)
+    request = _core.build_exec_request(
+        "sb-1", "echo $X | wc -c", stdin="héllo", env={"X": "1"}, cwd="/tmp", timeout=0.25, output_limit=4096
+    )
     command = request.command
     assert command.WhichOneof("program") == "shell"
     assert command.shell == "echo $X | wc -c"
@@ -137,16 +156,19 @@ def test_exec_request_tuple_argv() -> None:
     assert list(command.argv.args) == ["ls", "-l"]
 
 
-@pytest.mark.parametrize(("cmd", "overrides"), [
-    ([], {}),
-    ("  ", {}),
-    (["echo", 1], {}),
-    (b"echo", {}),
-    (["true"], {"timeout": 0}),
-    (["true"], {"timeout": -1}),
-    (["true"], {"output_limit": -5}),
-    (["true"], {"env": {"A": 1}}),
-])
+@pytest.mark.parametrize(
+    ("cmd", "overrides"),
+    [
+        ([], {}),
+        ("  ", {}),
+        (["echo", 1], {}),
+        (b"echo", {}),
+        (["true"], {"timeout": 0}),
+        (["true"], {"timeout": -1}),
+        (["true"], {"output_limit": -5}),
+        (["true"], {"env": {"A": 1}}),
+    ],
+)
 def test_exec_request_rejects(cmd: object, overrides: dict) -> None:
     with pytest.raises(InvalidArgument):
         _core.build_exec_request("sb", cmd, **{**EXEC_DEFAULTS, **overrides})
@@ -177,8 +199,16 @@ def test_deadlines() -> None:
 
 def test_create_sandbox_request() -> None:
     request = _core.build_create_sandbox_request(
-        image="python:3.12", backend="docker", memory_bytes=512 << 20, pids=256, cpu_millicores=1500,
-        network=True, env={"A": "b"}, labels={"job": "7"}, idle_timeout=90)
+        image="python:3.12",
+        backend="docker",
+        memory_bytes=512 << 20,
+        pids=256,
+        cpu_millicores=1500,
+        network=True,
+        env={"A": "b"},
+        labels={"job": "7"},
+        idle_timeout=90,
+    )
     assert request.backend == pb.BACKEND_DOCKER
     assert request.image == "python:3.12"
     assert request.limits == pb.ResourceLimits(memory_bytes=512 << 20, pids=256, cpu_millicores=1500)
@@ -190,17 +220,30 @@ def test_create_sandbox_request() -> None:
 
 def test_create_sandbox_request_defaults() -> None:
     request = _core.build_create_sandbox_request(
-        image="host", backend=None, memory_bytes=None, pids=None, cpu_millicores=None, network=False,
-        env=None, labels=None, idle_timeout=None)
+        image="host",
+        backend=None,
+        memory_bytes=None,
+        pids=None,
+        cpu_millicores=None,
+        network=False,
+        env=None,
+        labels=None,
+        idle_timeout=None,
+    )
     assert request.backend == pb.BACKEND_UNSPECIFIED
     assert request.limits == pb.ResourceLimits()
     assert request.idle_timeout_ms == 0
 
 
-@pytest.mark.parametrize(("name", "number"), [
-    (None, pb.BACKEND_UNSPECIFIED), ("local", pb.BACKEND_LOCAL), ("docker", pb.BACKEND_DOCKER),
-    ("singularity", pb.BACKEND_SINGULARITY),
-])
+@pytest.mark.parametrize(
+    ("name", "number"),
+    [
+        (None, pb.BACKEND_UNSPECIFIED),
+        ("local", pb.BACKEND_LOCAL),
+        ("docker", pb.BACKEND_DOCKER),
+        ("singularity", pb.BACKEND_SINGULARITY),
+    ],
+)
 def test_backend_names(name: str | None, number: int) -> None:
     assert backend_number(name) == number
 
@@ -232,6 +275,7 @@ def test_list_sandboxes_request() -> None:
 
 # ---- the ReadFile plan -----------------------------------------------------------------------
 
+
 def drive(plan, file: bytes, cap: int) -> tuple[bytes, list[pb.ReadFileRequest]]:
     """Runs a read plan against an in-memory file served with a per-reply cap."""
     sent: list[pb.ReadFileRequest] = []
@@ -240,9 +284,10 @@ def drive(plan, file: bytes, cap: int) -> tuple[bytes, list[pb.ReadFileRequest]]
         while True:
             sent.append(request)
             size = cap if request.limit_bytes == 0 else min(cap, request.limit_bytes)
-            data = file[request.offset:request.offset + size]
-            reply = pb.ReadFileResponse(data=data, size_bytes=len(file),
-                                        truncated=request.offset + len(data) < len(file))
+            data = file[request.offset : request.offset + size]
+            reply = pb.ReadFileResponse(
+                data=data, size_bytes=len(file), truncated=request.offset + len(data) < len(file)
+            )
             request = plan.send(reply)
     except StopIteration as finished:
         return finished.value, sent
@@ -289,16 +334,23 @@ def test_read_plan_rejects_negative_offset() -> None:
 
 # ---- decoders --------------------------------------------------------------------------------
 
+
 def sandbox_message() -> pb.Sandbox:
     return pb.Sandbox(
-        sandbox_id="sb-3f9c2a61d0e4", backend=pb.BACKEND_LOCAL, image="host", state=pb.SANDBOX_STATE_RUNNING,
+        sandbox_id="sb-3f9c2a61d0e4",
+        backend=pb.BACKEND_LOCAL,
+        image="host",
+        state=pb.SANDBOX_STATE_RUNNING,
         isolation=pb.ISOLATION_LEVEL_NAMESPACES,
         limits=pb.ResourceLimits(memory_bytes=1 << 30, pids=512, cpu_millicores=2000),
         limit_status=[
             pb.LimitStatus(kind=pb.LIMIT_KIND_MEMORY, enforced=True, mechanism="cgroup v1 memory"),
             pb.LimitStatus(kind=pb.LIMIT_KIND_CPU, enforced=False, reason="no cpu controller"),
         ],
-        network=False, labels={"job": "7"}, created_at_unix_ms=1_700_000_000_123, workdir="/workspace",
+        network=False,
+        labels={"job": "7"},
+        created_at_unix_ms=1_700_000_000_123,
+        workdir="/workspace",
         idle_timeout_ms=600_000,
     )
 
@@ -311,10 +363,12 @@ def test_sandbox_info_from_proto() -> None:
     assert info.isolation == "namespaces"
     assert info.limits.memory_bytes == 1 << 30 and info.limits.pids == 512 and info.limits.cpu_millicores == 2000
     assert [(s.kind, s.enforced, s.mechanism, s.reason) for s in info.limit_status] == [
-        ("memory", True, "cgroup v1 memory", ""), ("cpu", False, "", "no cpu controller")]
+        ("memory", True, "cgroup v1 memory", ""),
+        ("cpu", False, "", "no cpu controller"),
+    ]
     assert info.labels == {"job": "7"}
     assert info.workdir == "/workspace"
-    assert info.created_at == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=timezone.utc)
+    assert info.created_at == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)
     assert info.idle_timeout == 600.0
 
 
@@ -330,18 +384,42 @@ def test_unknown_enum_value_reads_as_unknown() -> None:
 def test_exec_result_from_proto() -> None:
     response = pb.ExecResponse(
         status=pb.ExitStatus(exit_code=137, signal=9, timed_out=True, oom_killed=False, duration_ms=1003),
-        stdout=b"partial\xff", stderr=b"", truncated=True, stdout_total_bytes=5 << 20, stderr_total_bytes=0)
+        stdout=b"partial\xff",
+        stderr=b"",
+        truncated=True,
+        stdout_total_bytes=5 << 20,
+        stderr_total_bytes=0,
+    )
     result = _core.exec_result_from_proto(response)
-    assert result == ExecResult(exit_code=137, signal=9, stdout=b"partial\xff", stderr=b"", timed_out=True,
-                                oom_killed=False, truncated=True, duration_ms=1003,
-                                stdout_total_bytes=5 << 20, stderr_total_bytes=0)
+    assert result == ExecResult(
+        exit_code=137,
+        signal=9,
+        stdout=b"partial\xff",
+        stderr=b"",
+        timed_out=True,
+        oom_killed=False,
+        truncated=True,
+        duration_ms=1003,
+        stdout_total_bytes=5 << 20,
+        stderr_total_bytes=0,
+    )
     assert result.text == "partial\ufffd"
     assert not result.ok
 
 
 def make_result(**fields: object) -> ExecResult:
-    defaults = dict(exit_code=0, signal=0, stdout=b"", stderr=b"", timed_out=False, oom_killed=False,
-                    truncated=False, duration_ms=1, stdout_total_bytes=0, stderr_total_bytes=0)
+    defaults = dict(
+        exit_code=0,
+        signal=0,
+        stdout=b"",
+        stderr=b"",
+        timed_out=False,
+        oom_killed=False,
+        truncated=False,
+        duration_ms=1,
+        stdout_total_bytes=0,
+        stderr_total_bytes=0,
+    )
     return ExecResult(**{**defaults, **fields})
 
 
@@ -351,12 +429,15 @@ def test_check_passes_ok_results() -> None:
     assert result.check() is result
 
 
-@pytest.mark.parametrize(("fields", "phrase"), [
-    ({"exit_code": 2, "stderr": b"ls: cannot access 'x'\n"}, "exited with code 2; stderr: ls: cannot access 'x'"),
-    ({"exit_code": 137, "signal": 9, "timed_out": True, "duration_ms": 5000}, "timed out after 5000 ms"),
-    ({"exit_code": 137, "signal": 9}, "killed by signal 9"),
-    ({"exit_code": 137, "signal": 9, "oom_killed": True}, "out-of-memory"),
-])
+@pytest.mark.parametrize(
+    ("fields", "phrase"),
+    [
+        ({"exit_code": 2, "stderr": b"ls: cannot access 'x'\n"}, "exited with code 2; stderr: ls: cannot access 'x'"),
+        ({"exit_code": 137, "signal": 9, "timed_out": True, "duration_ms": 5000}, "timed out after 5000 ms"),
+        ({"exit_code": 137, "signal": 9}, "killed by signal 9"),
+        ({"exit_code": 137, "signal": 9, "oom_killed": True}, "out-of-memory"),
+    ],
+)
 def test_check_raises_with_the_result(fields: dict, phrase: str) -> None:
     result = make_result(**fields)
     with pytest.raises(CommandExitError, match=phrase) as caught:
@@ -372,9 +453,14 @@ def stream_events() -> list[pb.ExecStreamResponse]:
         pb.ExecStreamResponse(output=pb.ExecOutput(stream=pb.OUTPUT_STREAM_STDOUT, data=b"out")),
         pb.ExecStreamResponse(keepalive=pb.ExecKeepalive()),
         pb.ExecStreamResponse(output=pb.ExecOutput(stream=pb.OUTPUT_STREAM_STDERR, data=b"err")),
-        pb.ExecStreamResponse(exited=pb.ExecExited(
-            status=pb.ExitStatus(exit_code=3, duration_ms=12), truncated=False,
-            stdout_total_bytes=3, stderr_total_bytes=3)),
+        pb.ExecStreamResponse(
+            exited=pb.ExecExited(
+                status=pb.ExitStatus(exit_code=3, duration_ms=12),
+                truncated=False,
+                stdout_total_bytes=3,
+                stderr_total_bytes=3,
+            )
+        ),
     ]
 
 
@@ -387,16 +473,27 @@ def test_exec_event_decoder_in_order() -> None:
         ExecOutput(stream="stdout", data=b"out"),
         ExecKeepalive(),
         ExecOutput(stream="stderr", data=b"err"),
-        ExecExited(exit_code=3, signal=0, timed_out=False, oom_killed=False, truncated=False, duration_ms=12,
-                   stdout_total_bytes=3, stderr_total_bytes=3),
+        ExecExited(
+            exit_code=3,
+            signal=0,
+            timed_out=False,
+            oom_killed=False,
+            truncated=False,
+            duration_ms=12,
+            stdout_total_bytes=3,
+            stderr_total_bytes=3,
+        ),
     ]
 
 
-@pytest.mark.parametrize(("order", "problem"), [
-    ([1], "before the started event"),
-    ([0, 0], "second started"),
-    ([0, 4, 1], "after the exited event"),
-])
+@pytest.mark.parametrize(
+    ("order", "problem"),
+    [
+        ([1], "before the started event"),
+        ([0, 0], "second started"),
+        ([0, 4, 1], "after the exited event"),
+    ],
+)
 def test_exec_event_decoder_rejects_bad_order(order: list[int], problem: str) -> None:
     responses = stream_events()
     decoder = _core.ExecEventDecoder()
@@ -418,34 +515,67 @@ def test_exec_event_decoder_rejects_empty_event() -> None:
 
 
 def test_file_entry_from_proto() -> None:
-    link = _core.file_entry_from_proto(pb.FileInfo(
-        name="python", path="/usr/bin/python", type=pb.FILE_TYPE_SYMLINK, size_bytes=9, mode=0o777,
-        modified_unix_ms=0, symlink_target="python3"))
+    link = _core.file_entry_from_proto(
+        pb.FileInfo(
+            name="python",
+            path="/usr/bin/python",
+            type=pb.FILE_TYPE_SYMLINK,
+            size_bytes=9,
+            mode=0o777,
+            modified_unix_ms=0,
+            symlink_target="python3",
+        )
+    )
     assert (link.name, link.type, link.symlink_target, link.mode) == ("python", "symlink", "python3", 0o777)
-    assert link.modified_at == datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert link.modified_at == datetime(1970, 1, 1, tzinfo=UTC)
     directory = _core.file_entry_from_proto(pb.FileInfo(name="d", path="/d", type=pb.FILE_TYPE_DIRECTORY))
     assert directory.is_dir and not directory.is_file and directory.symlink_target is None
 
 
 def test_node_info_from_proto() -> None:
-    info = _core.node_info_from_proto(pb.GetNodeInfoResponse(
-        version="0.1.0", daemon_id="d-1", default_backend=pb.BACKEND_LOCAL, cgroup_mode="hybrid", sandbox_count=3,
-        backends=[
-            pb.BackendInfo(backend=pb.BACKEND_LOCAL, available=True, detail="bubblewrap 0.8.0",
-                           isolation=pb.ISOLATION_LEVEL_NAMESPACES,
-                           limits=[pb.LimitStatus(kind=pb.LIMIT_KIND_PIDS, enforced=True, mechanism="cgroup v1 pids")]),
-            pb.BackendInfo(backend=pb.BACKEND_DOCKER, available=False, detail="no docker socket"),
-        ]))
+    info = _core.node_info_from_proto(
+        pb.GetNodeInfoResponse(
+            version="0.1.0",
+            daemon_id="d-1",
+            default_backend=pb.BACKEND_LOCAL,
+            cgroup_mode="hybrid",
+            sandbox_count=3,
+            backends=[
+                pb.BackendInfo(
+                    backend=pb.BACKEND_LOCAL,
+                    available=True,
+                    detail="bubblewrap 0.8.0",
+                    isolation=pb.ISOLATION_LEVEL_NAMESPACES,
+                    limits=[pb.LimitStatus(kind=pb.LIMIT_KIND_PIDS, enforced=True, mechanism="cgroup v1 pids")],
+                ),
+                pb.BackendInfo(backend=pb.BACKEND_DOCKER, available=False, detail="no docker socket"),
+            ],
+        )
+    )
     assert (info.version, info.daemon_id, info.default_backend, info.cgroup_mode, info.sandbox_count) == (
-        "0.1.0", "d-1", "local", "hybrid", 3)
+        "0.1.0",
+        "d-1",
+        "local",
+        "hybrid",
+        3,
+    )
     local, docker = info.backends
     assert (local.backend, local.available, local.isolation, local.limits[0].kind) == (
-        "local", True, "namespaces", "pids")
+        "local",
+        True,
+        "namespaces",
+        "pids",
+    )
     assert (docker.backend, docker.available, docker.detail, docker.isolation) == (
-        "docker", False, "no docker socket", "unspecified")
+        "docker",
+        False,
+        "no docker socket",
+        "unspecified",
+    )
 
 
 # ---- errors ----------------------------------------------------------------------------------
+
 
 class FakeRpcError(grpc.RpcError):
     """What the sync channel raises: an RpcError that is also a Call."""
@@ -495,8 +625,9 @@ def test_sandbox_not_found_is_not_found() -> None:
     assert SandboxNotFound is NotFound
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED, grpc.StatusCode.DATA_LOSS,
-                                  grpc.StatusCode.OUT_OF_RANGE])
+@pytest.mark.parametrize(
+    "code", [grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED, grpc.StatusCode.DATA_LOSS, grpc.StatusCode.OUT_OF_RANGE]
+)
 def test_unmapped_codes_become_the_root_class(code: grpc.StatusCode) -> None:
     error = error_from_rpc(FakeRpcError(code, "odd"), address="unix:///s.sock")
     assert type(error) is CorralError
@@ -511,8 +642,10 @@ def test_bare_rpc_error_has_a_code() -> None:
 
 
 def test_unavailable_names_the_address() -> None:
-    error = error_from_rpc(aio_error(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"),
-                           address="unix:///run/corral/corral.sock")
+    error = error_from_rpc(
+        aio_error(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"),
+        address="unix:///run/corral/corral.sock",
+    )
     assert isinstance(error, Unavailable)
     assert "unix:///run/corral/corral.sock" in str(error)
     assert "failed to connect to all addresses" in str(error)

@@ -65,10 +65,16 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self._check(context)
         with self._lock:
             sandbox_id = f"sb-{len(self.sandboxes) + 1:012x}"
-        sandbox = pb.Sandbox(sandbox_id=sandbox_id, backend=request.backend or pb.BACKEND_LOCAL,
-                             image=request.image or "host", state=pb.SANDBOX_STATE_RUNNING,
-                             labels=request.labels, workdir="/workspace", limits=request.limits,
-                             created_at_unix_ms=int(time.time() * 1000))
+        sandbox = pb.Sandbox(
+            sandbox_id=sandbox_id,
+            backend=request.backend or pb.BACKEND_LOCAL,
+            image=request.image or "host",
+            state=pb.SANDBOX_STATE_RUNNING,
+            labels=request.labels,
+            workdir="/workspace",
+            limits=request.limits,
+            created_at_unix_ms=int(time.time() * 1000),
+        )
         self.sandboxes[sandbox_id] = sandbox
         return pb.CreateSandboxResponse(sandbox=sandbox)
 
@@ -79,8 +85,9 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     def ListSandboxes(self, request, context):
         self._check(context)
         wanted = dict(request.labels).items()
-        return pb.ListSandboxesResponse(sandboxes=[
-            sandbox for sandbox in self.sandboxes.values() if wanted <= dict(sandbox.labels).items()])
+        return pb.ListSandboxesResponse(
+            sandboxes=[sandbox for sandbox in self.sandboxes.values() if wanted <= dict(sandbox.labels).items()]
+        )
 
     def DestroySandbox(self, request, context):
         self._check(context)
@@ -117,8 +124,9 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             return
         yield pb.ExecStreamResponse(output=pb.ExecOutput(stream=pb.OUTPUT_STREAM_STDOUT, data=b"a"))
         yield pb.ExecStreamResponse(output=pb.ExecOutput(stream=pb.OUTPUT_STREAM_STDERR, data=b"b"))
-        yield pb.ExecStreamResponse(exited=pb.ExecExited(status=pb.ExitStatus(exit_code=0), stdout_total_bytes=1,
-                                                         stderr_total_bytes=1))
+        yield pb.ExecStreamResponse(
+            exited=pb.ExecExited(status=pb.ExitStatus(exit_code=0), stdout_total_bytes=1, stderr_total_bytes=1)
+        )
 
     def ReadFile(self, request, context):
         self._check(context)
@@ -126,9 +134,8 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no file {request.path}")
         data = self.files[request.path]
         size = READ_CAP if request.limit_bytes == 0 else min(READ_CAP, request.limit_bytes)
-        piece = data[request.offset:request.offset + size]
-        return pb.ReadFileResponse(data=piece, size_bytes=len(data),
-                                   truncated=request.offset + len(piece) < len(data))
+        piece = data[request.offset : request.offset + size]
+        return pb.ReadFileResponse(data=piece, size_bytes=len(data), truncated=request.offset + len(piece) < len(data))
 
     def WriteFile(self, request, context):
         self._check(context)
@@ -137,9 +144,12 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
 
     def ListDir(self, request, context):
         self._check(context)
-        return pb.ListDirResponse(entries=[
-            pb.FileInfo(name=path.rsplit("/", 1)[-1], path=path, type=pb.FILE_TYPE_FILE, size_bytes=len(data))
-            for path, data in sorted(self.files.items())])
+        return pb.ListDirResponse(
+            entries=[
+                pb.FileInfo(name=path.rsplit("/", 1)[-1], path=path, type=pb.FILE_TYPE_FILE, size_bytes=len(data))
+                for path, data in sorted(self.files.items())
+            ]
+        )
 
     def Upload(self, request_iterator, context):
         self._check(context)
@@ -161,12 +171,13 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no such path {request.path}")
         archive = self.archives[request.path]
         for start in range(0, len(archive), 3000):
-            yield pb.DownloadResponse(chunk=archive[start:start + 3000])
+            yield pb.DownloadResponse(chunk=archive[start : start + 3000])
 
     def GetNodeInfo(self, request, context):
         self._check(context)
-        return pb.GetNodeInfoResponse(version="0.0-fake", daemon_id="fake", default_backend=pb.BACKEND_LOCAL,
-                                      sandbox_count=len(self.sandboxes))
+        return pb.GetNodeInfoResponse(
+            version="0.0-fake", daemon_id="fake", default_backend=pb.BACKEND_LOCAL, sandbox_count=len(self.sandboxes)
+        )
 
 
 def serve(service: FakeSandboxService, address: str) -> tuple[grpc.Server, int]:
@@ -203,6 +214,7 @@ def make_tree(root: Path) -> Path:
 
 
 # ---- sync ------------------------------------------------------------------------------------
+
 
 def test_sync_example(fake) -> None:
     service, address = fake
@@ -310,6 +322,7 @@ def test_sync_token_over_tcp(fake_tcp_with_token) -> None:
 
 
 # ---- async -----------------------------------------------------------------------------------
+
 
 async def test_async_example(fake) -> None:
     service, address = fake

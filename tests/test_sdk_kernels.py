@@ -57,15 +57,16 @@ def test_errors_and_rich_output(kernel):
     assert not failed.ok and failed.result is None and failed.result_text is None
     assert failed.error.ename == "ZeroDivisionError" and "division by zero" in failed.error.evalue
     assert any("ZeroDivisionError" in line for line in failed.error.traceback)
-    shown = kernel.execute("from IPython.display import HTML, display\ndisplay(HTML('<b>hi</b>'))\n"
-                           "{'a': 1}")
+    shown = kernel.execute("from IPython.display import HTML, display\ndisplay(HTML('<b>hi</b>'))\n{'a': 1}")
     assert len(shown.displays) == 1 and shown.displays[0]["text/html"] == b"<b>hi</b>"
     assert shown.result_text == "{'a': 1}"
 
 
 def test_execute_stream_yields_typed_events(kernel):
-    code = ("import time, sys\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.05)\n"
-            "print('e', file=sys.stderr)\nfrom IPython.display import display\ndisplay('shown')\n'last'")
+    code = (
+        "import time, sys\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.05)\n"
+        "print('e', file=sys.stderr)\nfrom IPython.display import display\ndisplay('shown')\n'last'"
+    )
     with kernel.execute_stream(code, timeout=30) as events:
         received = list(events)
     assert isinstance(received[-1], KernelDoneEvent) and not received[-1].failed
@@ -155,6 +156,7 @@ async def test_async_kernel(daemon):
 
 
 # ---- the sans-IO part, without a daemon ----------------------------------------------------------
+
 
 def test_event_decoder_enforces_done_last():
     from corral.sdk import ProtocolError

@@ -100,19 +100,25 @@ def test_matching_protocols(sync_class: type, async_class: type) -> None:
 def test_keyword_only_options_of_exec() -> None:
     """Only the command is positional, so options can be added later without breaking calls."""
     parameters = inspect.signature(Sandbox.exec).parameters
-    positional = [name for name, parameter in parameters.items()
-                  if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    positional = [
+        name for name, parameter in parameters.items() if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
     assert positional == ["self", "cmd"]
 
 
-@pytest.mark.parametrize(("method", "positional"), [
-    (Shell.run, ["self", "cmd"]),
-    (Kernel.execute, ["self", "code"]),
-    (Kernel.execute_stream, ["self", "code"]),
-    (Sandbox.shell, ["self", "name"]),
-    (Sandbox.kernel, ["self"]),
-], ids=["Shell.run", "Kernel.execute", "Kernel.execute_stream", "Sandbox.shell", "Sandbox.kernel"])
+@pytest.mark.parametrize(
+    ("method", "positional"),
+    [
+        (Shell.run, ["self", "cmd"]),
+        (Kernel.execute, ["self", "code"]),
+        (Kernel.execute_stream, ["self", "code"]),
+        (Sandbox.shell, ["self", "name"]),
+        (Sandbox.kernel, ["self"]),
+    ],
+    ids=["Shell.run", "Kernel.execute", "Kernel.execute_stream", "Sandbox.shell", "Sandbox.kernel"],
+)
 def test_keyword_only_options_of_shells_and_kernels(method: object, positional: list[str]) -> None:
     parameters = inspect.signature(method).parameters
-    assert [name for name, parameter in parameters.items()
-            if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD] == positional
+    assert [
+        name for name, parameter in parameters.items() if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ] == positional

@@ -165,14 +165,21 @@ def test_cli_shell_unknown_sandbox(daemon):
 
 # ---- the sans-IO part, without a daemon ----------------------------------------------------------
 
+
 def test_shell_deadline_and_decoding():
-    from corral.sdk._core import SHELL_DEADLINE_MARGIN_S, build_run_in_shell_request, shell_deadline, shell_result_from_proto
+    from corral.sdk._core import (
+        SHELL_DEADLINE_MARGIN_S,
+        build_run_in_shell_request,
+        shell_deadline,
+        shell_result_from_proto,
+    )
     from corral.v1 import shell_pb2
 
     # The daemon's interrupt sequence (SIGINT, EOF, SIGKILL) must fit before the client gives up.
     assert shell_deadline(60.0) == 60.0 + SHELL_DEADLINE_MARGIN_S and SHELL_DEADLINE_MARGIN_S >= 10
-    request = build_run_in_shell_request("sb-1", "main", "ls", timeout=0.0001, idle_timeout=2, output_limit=None,
-                                         strip_ansi=True)
+    request = build_run_in_shell_request(
+        "sb-1", "main", "ls", timeout=0.0001, idle_timeout=2, output_limit=None, strip_ansi=True
+    )
     assert (request.timeout_ms, request.idle_timeout_ms, request.strip_ansi) == (1, 2000, True)
     plain = shell_result_from_proto(shell_pb2.RunInShellResponse(output=b"x", output_plain=b""))
     assert plain.output_plain == b"" and plain.timeout_reason is None

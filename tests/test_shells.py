@@ -29,8 +29,9 @@ class Session:
 
     def run(self, command: str, timeout: float = 20, **kw) -> pb.RunInShellResponse:
         return self.stub.RunInShell(
-            pb.RunInShellRequest(sandbox_id=self.sandbox_id, name=self.name, command=command,
-                                 timeout_ms=int(timeout * 1000), **kw),
+            pb.RunInShellRequest(
+                sandbox_id=self.sandbox_id, name=self.name, command=command, timeout_ms=int(timeout * 1000), **kw
+            ),
             timeout=timeout + 20,
         )
 
@@ -41,7 +42,7 @@ def sh(shells, sandbox) -> Session:
 
 
 def test_state_persists_across_turns(sh):
-    sh.run("cd /tmp && export GREETING=hello && shout() { echo \"$1!\"; } && ANSWER=42")
+    sh.run('cd /tmp && export GREETING=hello && shout() { echo "$1!"; } && ANSWER=42')
     r = sh.run("pwd; echo $GREETING $ANSWER; shout hey")
     assert r.output == b"/tmp\nhello 42\nhey!\n" and r.exit_code == 0
 
@@ -135,7 +136,9 @@ def test_background_job_does_not_hold_the_turn(sh):
 
 
 def test_pagers_and_editors_disarmed(sh):
-    r = sh.run("echo $PAGER $GIT_PAGER; printf 'a\\nb\\n' | $PAGER; git --version >/dev/null && cd /tmp && git init -q p && cd p && git log 2>&1 | head -1")
+    r = sh.run(
+        "echo $PAGER $GIT_PAGER; printf 'a\\nb\\n' | $PAGER; git --version >/dev/null && cd /tmp && git init -q p && cd p && git log 2>&1 | head -1"
+    )
     assert r.output.startswith(b"cat cat\na\nb\n") and not r.timed_out
 
 
@@ -225,6 +228,7 @@ def test_attach_interactive_terminal(shells, sandbox):
 def test_50_sandboxes_20_turns_each(client, shells):
     sandboxes = [client.create_sandbox() for _ in range(50)]
     try:
+
         def drive(i: int) -> bool:
             s = Session(shells, sandboxes[i].id)
             s.run(f"N={i}")

@@ -51,11 +51,14 @@ def test_an_instance_naming_its_image_keeps_it() -> None:
     assert task.image == "local/widgets:123"
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"patch": None}, "missing patch"),
-    ({"FAIL_TO_PASS": "not json"}, "FAIL_TO_PASS is not a JSON list"),
-    ({"PASS_TO_PASS": [1, 2]}, "PASS_TO_PASS must be a list"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"patch": None}, "missing patch"),
+        ({"FAIL_TO_PASS": "not json"}, "FAIL_TO_PASS is not a JSON list"),
+        ({"PASS_TO_PASS": [1, 2]}, "PASS_TO_PASS must be a list"),
+    ],
+)
 def test_bad_instances_name_the_problem(change: dict, message: str) -> None:
     instance = {**INSTANCE, **change}
     if change.get("patch", 0) is None:
@@ -68,8 +71,9 @@ def test_the_command_line_converts_jsonl(tmp_path) -> None:
     source = tmp_path / "instances.jsonl"
     source.write_text(json.dumps(INSTANCE) + "\n\n" + json.dumps({**INSTANCE, "instance_id": "b-1"}) + "\n")
     out = tmp_path / "tasks.jsonl"
-    done = subprocess.run([sys.executable, "-m", "corral.sdk.swebench", str(source), "--out", str(out)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "corral.sdk.swebench", str(source), "--out", str(out)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     assert [task_from(line).task_id for line in out.read_text().splitlines()] == ["acme__widgets-123", "b-1"]
     assert len(convert(source.read_text().splitlines())) == 2

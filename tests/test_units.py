@@ -7,8 +7,8 @@ import pytest
 from corral.daemon import rules
 from corral.daemon.backends.docker import parse_ulimit
 from corral.daemon.config import ConfigError, ExecConfig, load_config
-from corral.sdk.errors import InvalidArgument
 from corral.daemon.output import HeadTailBuffer
+from corral.sdk.errors import InvalidArgument
 
 
 def test_config_precedence(tmp_path):
@@ -74,7 +74,14 @@ def _spec(**kw):
 
 def test_command_validation():
     assert _spec().timeout_s == ExecConfig().default_timeout_s
-    for bad in (dict(argv=[]), dict(argv=None), dict(cwd="rel"), dict(env={"A=B": "x"}),
-                dict(timeout_ms=10**12), dict(output_limit_bytes=1 << 40), dict(argv=["a\0b"])):
+    for bad in (
+        dict(argv=[]),
+        dict(argv=None),
+        dict(cwd="rel"),
+        dict(env={"A=B": "x"}),
+        dict(timeout_ms=10**12),
+        dict(output_limit_bytes=1 << 40),
+        dict(argv=["a\0b"]),
+    ):
         with pytest.raises(InvalidArgument):
             _spec(**bad)

@@ -47,8 +47,10 @@ async def connect(address: str | None = None) -> AsyncClient:
         await client.node_info()
     except CorralError as error:
         await client.close()
-        raise DaemonNotRunning(f"no corral daemon answers at {client.address}: {error}. Start one with "
-                               "`corral serve` (or the systemd unit), or pass its address") from None
+        raise DaemonNotRunning(
+            f"no corral daemon answers at {client.address}: {error}. Start one with "
+            "`corral serve` (or the systemd unit), or pass its address"
+        ) from None
     return client
 
 
@@ -62,8 +64,14 @@ class ToolsModeRollouts:
     their sandboxes.
     """
 
-    def __init__(self, generate: GenerateFn, tokenizer: Any, *, address: str | None = None,
-                 settings: PipelineSettings = TOOLS_MODE_SETTINGS) -> None:
+    def __init__(
+        self,
+        generate: GenerateFn,
+        tokenizer: Any,
+        *,
+        address: str | None = None,
+        settings: PipelineSettings = TOOLS_MODE_SETTINGS,
+    ) -> None:
         self._generate = generate
         self._tokenizer = chat_tokenizer(tokenizer)
         self._address = address
@@ -91,7 +99,9 @@ class ToolsModeRollouts:
         if self._pipeline is not None:
             self._pipeline.set_policy_version(version)
 
-    async def run(self, task: TaskLike, *, max_staleness: int | None = None, group_id: str | None = None) -> RolloutResult:
+    async def run(
+        self, task: TaskLike, *, max_staleness: int | None = None, group_id: str | None = None
+    ) -> RolloutResult:
         """One rollout of `task`, start to end. Cancelling it cancels the rollout and waits until
         its sandbox is gone."""
         await self.start()
@@ -102,8 +112,9 @@ class ToolsModeRollouts:
             if not done.done():
                 done.set_result(result)
 
-        rollouts = await self._pipeline.submit(task_from(task), build_options(max_staleness=max_staleness,
-                                                                             group_id=group_id), deliver)
+        rollouts = await self._pipeline.submit(
+            task_from(task), build_options(max_staleness=max_staleness, group_id=group_id), deliver
+        )
         try:
             return result_from_proto(await asyncio.shield(done))
         except asyncio.CancelledError:
@@ -122,8 +133,9 @@ class ToolsModeRollouts:
             self._client = None
 
 
-async def connect_service(servers: Iterable[str], *, protocol: str = "sglang", address: str | None = None,
-                          policy_version: int | None = None) -> AsyncClient:
+async def connect_service(
+    servers: Iterable[str], *, protocol: str = "sglang", address: str | None = None, policy_version: int | None = None
+) -> AsyncClient:
     """Service mode: a client of the node daemon with the trainer's inference servers registered
     (servers registered already are kept). Then `client.rollouts.stream(tasks)` yields results as
     they finish."""

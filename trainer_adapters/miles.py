@@ -108,8 +108,16 @@ from corral.trainer_adapters.common import ToolsModeRollouts, connect_service
 from corral.v1 import rollout_pb2 as pb
 
 __all__ = [
-    "CORRAL_TASK_KEY", "DEFAULT_ROLLOUTS", "MilesRollouts", "add_arguments", "fill_sample", "generate",
-    "generate_legacy", "prompt_data_row", "service_generate", "task_for_sample",
+    "CORRAL_TASK_KEY",
+    "DEFAULT_ROLLOUTS",
+    "MilesRollouts",
+    "add_arguments",
+    "fill_sample",
+    "generate",
+    "generate_legacy",
+    "prompt_data_row",
+    "service_generate",
+    "task_for_sample",
 ]
 
 # The key of a sample's metadata that holds its corral task.
@@ -120,22 +128,29 @@ _TRUNCATING_FINISHES = frozenset({"max_turns", "context_full", "timeout"})
 
 # -- Miles' command line --------------------------------------------------------------------------
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The corral options, added to Miles' parser through `generate.add_arguments` (Miles calls it
     for the function that --custom-generate-function-path names)."""
     options = {
         "--corral-address": dict(
-            type=str, default=None,
-            help="The corral node daemon (default: $CORRAL_ADDRESS / $CORRAL_SOCKET / the system socket)."),
+            type=str,
+            default=None,
+            help="The corral node daemon (default: $CORRAL_ADDRESS / $CORRAL_SOCKET / the system socket).",
+        ),
         "--corral-tokenizer": dict(
-            type=str, default=None,
+            type=str,
+            default=None,
             help="The chat tokenizer of corral's agent loop. Unset: Miles' own (from --hf-checkpoint); 'byte': "
-                 "corral's byte-level one (the built-in reference server's); else a local Hugging Face tokenizer "
-                 "directory."),
+            "corral's byte-level one (the built-in reference server's); else a local Hugging Face tokenizer "
+            "directory.",
+        ),
         "--corral-max-staleness": dict(
-            type=int, default=None,
+            type=int,
+            default=None,
             help="Abort (as corral filters) a rollout whose oldest generated token is more than this many weight "
-                 "versions behind the newest the router reported."),
+            "versions behind the newest the router reported.",
+        ),
     }
     for flag, spec in options.items():
         with contextlib.suppress(argparse.ArgumentError):  # already added (the parser was built twice)
@@ -148,8 +163,10 @@ def router_url(args: Any) -> str:
     wraps an IPv6 address in brackets already)."""
     ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
     if not ip or not port:
-        raise ValueError("args.sglang_router_ip / args.sglang_router_port are not set: Miles sets them once the "
-                         "rollout servers start (or pass --sglang-router-ip/--sglang-router-port)")
+        raise ValueError(
+            "args.sglang_router_ip / args.sglang_router_port are not set: Miles sets them once the "
+            "rollout servers start (or pass --sglang-router-ip/--sglang-router-port)"
+        )
     return f"http://{ip}:{port}"
 
 
@@ -168,6 +185,7 @@ def _tokenizer_source(args: Any, state: Any) -> Any:
 
 # -- sample to task, result to sample -------------------------------------------------------------
 
+
 def _escape_braces(text: str) -> str:
     """Text that corral's prompt-field substitution gives back unchanged."""
     return text.replace("{", "{{").replace("}", "}}")
@@ -183,12 +201,15 @@ def _prompt_messages(prompt: Any) -> list[pb.ChatMessage]:
         for message in prompt:
             content = message.get("content") if isinstance(message, Mapping) else None
             if not isinstance(content, str) or not isinstance(message.get("role"), str):
-                raise InvalidArgument(f"sample prompt message {message!r}: corral takes text messages "
-                                      "({'role': str, 'content': str})")
+                raise InvalidArgument(
+                    f"sample prompt message {message!r}: corral takes text messages ({{'role': str, 'content': str}})"
+                )
             messages.append(pb.ChatMessage(role=message["role"], content=_escape_braces(content)))
         return messages
-    raise InvalidArgument(f"the corral task has no prompt messages and the sample's prompt ({type(prompt).__name__}) "
-                          "is neither text nor a list of messages")
+    raise InvalidArgument(
+        f"the corral task has no prompt messages and the sample's prompt ({type(prompt).__name__}) "
+        "is neither text nor a list of messages"
+    )
 
 
 def task_for_sample(sample: Any, sampling_params: Mapping[str, Any] | None = None, args: Any = None) -> pb.Task:
@@ -198,9 +219,11 @@ def task_for_sample(sample: Any, sampling_params: Mapping[str, Any] | None = Non
     metadata = getattr(sample, "metadata", None) or {}
     raw = metadata.get(CORRAL_TASK_KEY)
     if raw is None:
-        raise InvalidArgument(f"the sample (index {getattr(sample, 'index', None)}) has no "
-                              f"metadata[{CORRAL_TASK_KEY!r}]: put each row's corral task under "
-                              "metadata.corral_task in the prompt data")
+        raise InvalidArgument(
+            f"the sample (index {getattr(sample, 'index', None)}) has no "
+            f"metadata[{CORRAL_TASK_KEY!r}]: put each row's corral task under "
+            "metadata.corral_task in the prompt data"
+        )
     if isinstance(raw, (bytes, bytearray)):
         raw = raw.decode()
     task = pb.Task()
@@ -226,8 +249,9 @@ def task_for_sample(sample: Any, sampling_params: Mapping[str, Any] | None = Non
     return task
 
 
-def fill_sample(sample: Any, result: RolloutResult | None, tokenizer: ChatTokenizer | None, *,
-                aborted_reason: str | None = None) -> Any:
+def fill_sample(
+    sample: Any, result: RolloutResult | None, tokenizer: ChatTokenizer | None, *, aborted_reason: str | None = None
+) -> Any:
     """Writes a corral result into a Miles sample (in place; returns it); `tokenizer` decodes
     `response`. `result` None: Miles aborted the step before the rollout finished
     (`aborted_reason` says so): the sample comes back ABORTED with no tokens."""
@@ -241,9 +265,14 @@ def fill_sample(sample: Any, result: RolloutResult | None, tokenizer: ChatTokeni
         sample.weight_versions = []
         sample.reward = None
         sample.status = Sample.Status.ABORTED
-        sample.metadata = {**(sample.metadata or {}), "corral_rollout_id": None, "corral_status": "aborted",
-                           "corral_finish_reason": None, "corral_filter_reason": None,
-                           "corral_error": aborted_reason or "aborted"}
+        sample.metadata = {
+            **(sample.metadata or {}),
+            "corral_rollout_id": None,
+            "corral_status": "aborted",
+            "corral_finish_reason": None,
+            "corral_filter_reason": None,
+            "corral_error": aborted_reason or "aborted",
+        }
         return sample
 
     if tokenizer is None:
@@ -256,24 +285,32 @@ def fill_sample(sample: Any, result: RolloutResult | None, tokenizer: ChatTokeni
     sample.weight_versions = [str(turn.weight_version) for turn in result.turns]
     if result.status == "completed":
         sample.reward = float(result.reward)
-        sample.status = (Sample.Status.TRUNCATED if result.finish_reason in _TRUNCATING_FINISHES
-                         else Sample.Status.COMPLETED)
+        sample.status = (
+            Sample.Status.TRUNCATED if result.finish_reason in _TRUNCATING_FINISHES else Sample.Status.COMPLETED
+        )
     else:  # filtered (infrastructure) or cancelled: never a reward
         sample.reward = None
         sample.status = Sample.Status.ABORTED
-    sample.metadata = {**(sample.metadata or {}), "corral_rollout_id": result.rollout_id,
-                       "corral_status": result.status, "corral_finish_reason": result.finish_reason,
-                       "corral_filter_reason": result.filter_reason, "corral_error": result.error or None}
+    sample.metadata = {
+        **(sample.metadata or {}),
+        "corral_rollout_id": result.rollout_id,
+        "corral_status": result.status,
+        "corral_finish_reason": result.finish_reason,
+        "corral_filter_reason": result.filter_reason,
+        "corral_error": result.error or None,
+    }
     return sample
 
 
 # -- the runtime ----------------------------------------------------------------------------------
 
+
 class _ToolsEngine:
     """Tools mode for one router and daemon: the pipeline and the router's client."""
 
-    def __init__(self, url: str, tokenizer: ChatTokenizer, address: str | None, *, timeout_s: float,
-                 retries: int) -> None:
+    def __init__(
+        self, url: str, tokenizer: ChatTokenizer, address: str | None, *, timeout_s: float, retries: int
+    ) -> None:
         self.session = routed_session()  # Miles' semaphore bounds the samples in flight
         self.llm = SGLangClient(url, session=self.session, timeout_s=timeout_s)
         self.retries = retries
@@ -298,7 +335,7 @@ class _ToolsEngine:
                         raise LLMRequestRejected(str(error), server=error.server, status=error.status) from None
                     if attempt == self.retries:
                         raise LLMUnavailable(f"the SGLang router failed {attempt + 1} times: {error}") from None
-                    await asyncio.sleep(2.0 ** attempt)
+                    await asyncio.sleep(2.0**attempt)
         if generation.weight_version is not None:
             self.observe_version(generation.weight_version)
         return generation
@@ -385,8 +422,9 @@ class MilesRollouts:
 
     # -- the shared path --
 
-    async def _generate(self, args: Any, state: Any, sample: Any, sampling_params: Mapping[str, Any] | None, *,
-                        service: bool) -> Any:
+    async def _generate(
+        self, args: Any, state: Any, sample: Any, sampling_params: Mapping[str, Any] | None, *, service: bool
+    ) -> Any:
         task = task_for_sample(sample, sampling_params, args)
         url = router_url(args)
         address = getattr(args, "corral_address", None)
@@ -438,8 +476,13 @@ class MilesRollouts:
         async with held.lock:
             if key not in held.engines:
                 timeout = float(getattr(args, "sglang_router_request_timeout_secs", None) or 600.0)
-                held.engines[key] = _ToolsEngine(url, chat_tokenizer(_tokenizer_source(args, state)), address,
-                                                 timeout_s=timeout, retries=self.llm_retries)
+                held.engines[key] = _ToolsEngine(
+                    url,
+                    chat_tokenizer(_tokenizer_source(args, state)),
+                    address,
+                    timeout_s=timeout,
+                    retries=self.llm_retries,
+                )
             return held.engines[key]
 
     async def _service_engine(self, args: Any, state: Any, url: str, address: str | None) -> _ServiceEngine:
@@ -486,6 +529,7 @@ service_generate.add_arguments = add_arguments  # type: ignore[attr-defined]
 
 # -- tasks JSONL to Miles' prompt data ------------------------------------------------------------
 
+
 def prompt_data_row(task: TaskLike) -> dict[str, Any]:
     """One line of Miles' prompt data (`--prompt-data x.jsonl`, default `--input-key input`,
     `--metadata-key metadata`) for a corral task: "input" is the task's first user message with
@@ -493,15 +537,19 @@ def prompt_data_row(task: TaskLike) -> dict[str, Any]:
     "metadata.corral_task" the task in the proto3 JSON mapping."""
     task = task_from(task)
     users = [message["content"] for message in render_messages(task) if message["role"] == "user"]
-    return {"input": users[0] if users else "",
-            "metadata": {CORRAL_TASK_KEY: json_format.MessageToDict(task, preserving_proto_field_name=True)}}
+    return {
+        "input": users[0] if users else "",
+        "metadata": {CORRAL_TASK_KEY: json_format.MessageToDict(task, preserving_proto_field_name=True)},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m corral.trainer_adapters.miles TASKS.jsonl... -o PROMPT_DATA.jsonl`."""
-    parser = argparse.ArgumentParser(prog="python -m corral.trainer_adapters.miles",
-                                     description="Convert corral tasks (JSONL) into Miles prompt data (JSONL) whose "
-                                                 "rows carry the task under metadata.corral_task.")
+    parser = argparse.ArgumentParser(
+        prog="python -m corral.trainer_adapters.miles",
+        description="Convert corral tasks (JSONL) into Miles prompt data (JSONL) whose "
+        "rows carry the task under metadata.corral_task.",
+    )
     parser.add_argument("tasks", nargs="+", help="corral tasks JSONL files")
     parser.add_argument("-o", "--out", required=True, help="the Miles prompt-data JSONL to write ('-': stdout)")
     options = parser.parse_args(argv)

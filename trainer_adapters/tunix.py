@@ -81,8 +81,9 @@ try:
     from tunix.rl.agentic.environments.base_environment import BaseTaskEnv, EnvStepResult
     from tunix.rl.agentic.trajectory.trajectory_collect_engine import TrajectoryCollectEngine
 except ImportError as _error:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError("corral.trainer_adapters.tunix needs tunix, which is not installed: "
-                      f"pip install 'corral[tunix]' ({_error})") from _error
+    raise ImportError(
+        f"corral.trainer_adapters.tunix needs tunix, which is not installed: pip install 'corral[tunix]' ({_error})"
+    ) from _error
 
 from corral.rollout.evaluation import (
     Evaluation,
@@ -144,6 +145,7 @@ class CorralEnvError(RuntimeError):
 
 # -- tasks -----------------------------------------------------------------------------------------
 
+
 def corral_task_of(value: Any) -> pb.Task:
     """The corral task in a tunix example: `{"corral_task": task}` (or the task itself), where the
     task is a `corral.v1.Task`, a dict in the proto3 JSON mapping, or JSON text (a line of a tasks
@@ -155,8 +157,10 @@ def corral_task_of(value: Any) -> pb.Task:
     if isinstance(value, bytes):
         value = value.decode()
     if not isinstance(value, (pb.Task, Mapping, str)):
-        raise InvalidArgument(f"not a corral task: a {type(value).__name__} (expected a corral.v1.Task, a dict in "
-                              "the proto3 JSON mapping or JSON text, under the example's 'corral_task' key)")
+        raise InvalidArgument(
+            f"not a corral task: a {type(value).__name__} (expected a corral.v1.Task, a dict in "
+            "the proto3 JSON mapping or JSON text, under the example's 'corral_task' key)"
+        )
     return task_from(value)
 
 
@@ -191,6 +195,7 @@ def task_prompt(task: TaskLike, *, instructions_in_prompt: bool = False) -> str:
 
 
 # -- the bridge: one event loop thread for every env in the process -------------------------------
+
 
 class _Bridge:
     """An asyncio event loop in a daemon thread, and the daemon clients that live on it."""
@@ -239,6 +244,7 @@ _BRIDGE = _Bridge()
 
 # -- environment mode ------------------------------------------------------------------------------
 
+
 class CorralTaskEnv(BaseTaskEnv):
     """A tunix task environment whose episode runs in a corral sandbox.
 
@@ -254,8 +260,15 @@ class CorralTaskEnv(BaseTaskEnv):
     output. Infrastructure failures raise `CorralEnvError` (see the module docstring).
     """
 
-    def __init__(self, task: Any = None, *, address: str | None = None, max_steps: int | None = None,
-                 instructions_in_prompt: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        task: Any = None,
+        *,
+        address: str | None = None,
+        max_steps: int | None = None,
+        instructions_in_prompt: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if task is not None and not isinstance(task, dict):
             task = {"corral_task": task}
         super().__init__(task, max_steps=1, **kwargs)
@@ -296,7 +309,7 @@ class CorralTaskEnv(BaseTaskEnv):
             return
         try:
             _BRIDGE.submit(self._close()).result(timeout=DESTROY_TIMEOUT_S + 30)
-        except Exception as error:  # the daemon's idle reaper removes what could not be destroyed now
+        except Exception as error:  # noqa: BLE001 - the daemon's idle reaper removes what could not be destroyed now
             _log.warning("closing the corral environment of task %s failed: %s", self.corral_task.task_id, error)
 
     # -- on the bridge loop ----------------------------------------------------------------------
@@ -332,7 +345,7 @@ class CorralTaskEnv(BaseTaskEnv):
             return
         try:
             await asyncio.wait_for(sandbox.destroy(), DESTROY_TIMEOUT_S)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - the daemon's idle reaper removes it later
             _log.warning("destroying sandbox %s failed: %s", sandbox.id, error)
 
     async def _start(self) -> None:
@@ -345,22 +358,32 @@ class CorralTaskEnv(BaseTaskEnv):
         rollout_id = f"tunix/{extra.get('group_id', '-')}/{extra.get('pair_index', '-')}/{secrets.token_hex(4)}"
         try:
             async with asyncio.timeout(timeout_s):
-                self._sandbox = await start_task_sandbox(client, self.corral_task, rollout_id=rollout_id,
-                                                         retries=INIT_RETRIES,
-                                                         action_timeout_s=self.limits.action_timeout_s)
+                self._sandbox = await start_task_sandbox(
+                    client,
+                    self.corral_task,
+                    rollout_id=rollout_id,
+                    retries=INIT_RETRIES,
+                    action_timeout_s=self.limits.action_timeout_s,
+                )
         except SandboxStartFailed as error:
             raise CorralEnvError("sandbox_start", str(error)) from error
         except TimeoutError:
-            raise CorralEnvError("stage_timeout",
-                                 f"creating and setting up the sandbox ran past {timeout_s:g} s") from None
-        self._toolbox = SandboxToolBox(self._sandbox, enabled_tools(self.corral_task),
-                                       workdir=self._sandbox.info.workdir,
-                                       max_observation_bytes=self.limits.max_observation_bytes)
+            raise CorralEnvError(
+                "stage_timeout", f"creating and setting up the sandbox ran past {timeout_s:g} s"
+            ) from None
+        self._toolbox = SandboxToolBox(
+            self._sandbox,
+            enabled_tools(self.corral_task),
+            workdir=self._sandbox.info.workdir,
+            max_observation_bytes=self.limits.max_observation_bytes,
+        )
 
     async def _step(self, text: str, last: bool) -> EnvStepResult:
         if self._toolbox is None:
-            raise RuntimeError("step() without a running episode: call reset() first (the episode ended, "
-                               "or the environment was closed)")
+            raise RuntimeError(
+                "step() without a running episode: call reset() first (the episode ended, "
+                "or the environment was closed)"
+            )
         calls, error = [], None
         try:
             calls = parse_tool_calls(text, self._format)
@@ -381,17 +404,30 @@ class CorralTaskEnv(BaseTaskEnv):
             await self._release()
             raise CorralEnvError("backend_crash", str(failure)) from failure
         self._format_errors = self._format_errors + 1 if error is not None else 0
-        info: dict[str, Any] = {"tool_calls": [call.name for call in calls], "format_error": error is not None,
-                                "sandbox_id": self.sandbox_id}
-        finish = ("submitted" if submitted else
-                  "unparsable" if self._format_errors >= MAX_CONSECUTIVE_FORMAT_ERRORS else
-                  "max_turns" if last else None)
+        info: dict[str, Any] = {
+            "tool_calls": [call.name for call in calls],
+            "format_error": error is not None,
+            "sandbox_id": self.sandbox_id,
+        }
+        finish = (
+            "submitted"
+            if submitted
+            else "unparsable"
+            if self._format_errors >= MAX_CONSECUTIVE_FORMAT_ERRORS
+            else "max_turns"
+            if last
+            else None
+        )
         if finish is None:
-            return EnvStepResult(observation=error if error is not None else "\n\n".join(observations),
-                                 reward=0.0, done=False, info=info)
+            return EnvStepResult(
+                observation=error if error is not None else "\n\n".join(observations), reward=0.0, done=False, info=info
+            )
         evaluation = await self._evaluate()
-        self.last_result = {"finish_reason": finish, "reward": evaluation.reward,
-                            "eval_output": evaluation.output.decode(errors="replace")[-EVAL_OUTPUT_INFO_CHARS:]}
+        self.last_result = {
+            "finish_reason": finish,
+            "reward": evaluation.reward,
+            "eval_output": evaluation.output.decode(errors="replace")[-EVAL_OUTPUT_INFO_CHARS:],
+        }
         info.update(self.last_result)
         return EnvStepResult(observation=None, reward=evaluation.reward, done=True, info=info)
 
@@ -455,12 +491,17 @@ class CorralCollectEngine(TrajectoryCollectEngine):
             # has its task and prompt tokens like any other.
             self.corral_error = error
             self.agent.reset()
-            self.agent.update_from_env(observation=getattr(self.env, "prompt", None), reward=0.0, done=False,
-                                       info=dict(error.info))
+            self.agent.update_from_env(
+                observation=getattr(self.env, "prompt", None), reward=0.0, done=False, info=dict(error.info)
+            )
             if self.tokenizer is not None and self.chat_parser is not None:
                 prompt_tokens, _ = tunix_utils.tokenize_and_generate_masks(
-                    self.agent.chat_completions, tokenizer=self.tokenizer, parser=self.chat_parser,
-                    contains_first_msg=True, contains_generation_msg=True)
+                    self.agent.chat_completions,
+                    tokenizer=self.tokenizer,
+                    parser=self.chat_parser,
+                    contains_first_msg=True,
+                    contains_generation_msg=True,
+                )
                 self.agent.trajectory.prompt_tokens = prompt_tokens
             self._start_ts = time.perf_counter()
             self._response_token_count = 0
@@ -485,7 +526,7 @@ def with_corral_engine(learner_cls: type) -> type:
     `TrajectoryCollectEngine`)."""
 
     class CorralLearner(learner_cls):  # type: ignore[misc, valid-type]
-        def _build_orchestrator(self):  # noqa: ANN202 - tunix's own signature
+        def _build_orchestrator(self):
             orchestrator = super()._build_orchestrator()
             orchestrator.engine_cls = CorralCollectEngine
             return orchestrator
@@ -507,8 +548,9 @@ _STATUS_BY_FINISH = {
 }
 
 
-def token_trajectory(result: RolloutResult, *, group_id: Any = None, original_input: Any = None,
-                     policy_version: int = 0) -> dict[str, Any]:
+def token_trajectory(
+    result: RolloutResult, *, group_id: Any = None, original_input: Any = None, policy_version: int = 0
+) -> dict[str, Any]:
     """A corral rollout result as the dict tunix's `TrajectoryCollectEngine.collect("Token")`
     returns: prompt_tokens, conversation_tokens (corral's response ids: generated tokens and
     observations), conversation_masks (1 generated / 0 observation), old_logprobs (0.0 on
@@ -532,8 +574,12 @@ def token_trajectory(result: RolloutResult, *, group_id: Any = None, original_in
         "conversation_masks": masks if completed else np.zeros_like(masks),
         "status": status.name,
         "trajectory_reward": float(result.reward) if completed else 0.0,
-        "env_time": {"reset_latency": timings.get("init", 0.0), "reset_cpu_time": 0.0,
-                     "step_latency": sum(turn.tool_time_ms for turn in result.turns) / 1000, "step_cpu_time": 0.0},
+        "env_time": {
+            "reset_latency": timings.get("init", 0.0),
+            "reset_cpu_time": 0.0,
+            "step_latency": sum(turn.tool_time_ms for turn in result.turns) / 1000,
+            "step_cpu_time": 0.0,
+        },
         "reward_time": {"reward_latency": timings.get("eval", 0.0), "reward_cpu_time": 0.0},
         "old_logprobs": np.asarray(result.response_logprobs, dtype=np.float32),
         "policy_version": span[0] if span is not None else policy_version,
@@ -570,10 +616,19 @@ class CorralRolloutSource:
     Leaving the loop early cancels the unfinished rollouts (their sandboxes are freed).
     """
 
-    def __init__(self, tasks: Iterable[Any] | AsyncIterable[Any], *, servers: Iterable[str] = (),
-                 protocol: str = "sglang", address: str | None = None, n: int = 1,
-                 max_staleness: int | None = None, policy_version: int | None = None,
-                 first_group_id: int = 0, keep_filtered: bool = False) -> None:
+    def __init__(
+        self,
+        tasks: Iterable[Any] | AsyncIterable[Any],
+        *,
+        servers: Iterable[str] = (),
+        protocol: str = "sglang",
+        address: str | None = None,
+        n: int = 1,
+        max_staleness: int | None = None,
+        policy_version: int | None = None,
+        first_group_id: int = 0,
+        keep_filtered: bool = False,
+    ) -> None:
         self._tasks = tasks
         self._servers = list(servers)
         self._protocol = protocol
@@ -590,20 +645,21 @@ class CorralRolloutSource:
         return self._items()
 
     async def _items(self) -> AsyncIterator[TrajectoryItem]:
-        client = await connect_service(self._servers, protocol=self._protocol, address=self._address,
-                                       policy_version=self._policy_version)
+        client = await connect_service(
+            self._servers, protocol=self._protocol, address=self._address, policy_version=self._policy_version
+        )
         # group id -> [the task as given, results still to come]
         pending: dict[str, list[Any]] = {}
         try:
             async with client.rollouts.open_stream() as stream:
+
                 async def submit_all() -> None:
                     try:
                         group = self._first_group_id
                         async for given in _aiter(self._tasks):
                             task = corral_task_of(given)
                             pending[str(group)] = [given, self._n]
-                            await stream.submit(task, n=self._n, max_staleness=self._max_staleness,
-                                                group_id=str(group))
+                            await stream.submit(task, n=self._n, max_staleness=self._max_staleness, group_id=str(group))
                             group += 1
                     finally:
                         await stream.close_input()
@@ -632,15 +688,21 @@ class CorralRolloutSource:
                 del pending[result.group_id]
         if result.status != "completed" and not self._keep_filtered:
             self.skipped += 1
-            _log.info("skipping rollout %s (%s, %s): %s", result.rollout_id, result.status, result.filter_reason,
-                      result.error)
+            _log.info(
+                "skipping rollout %s (%s, %s): %s", result.rollout_id, result.status, result.filter_reason, result.error
+            )
             return None
         group_id: Any = int(result.group_id) if result.group_id.lstrip("-").isdigit() else result.group_id
-        traj = token_trajectory(result, group_id=group_id, original_input=original,
-                                policy_version=self._policy_version or 0)
-        return TrajectoryItem(pair_index=result.sample_index, group_id=group_id, start_step=0, traj=traj,
-                              metadata={"corral_result": result, "rollout_id": result.rollout_id,
-                                        "task_id": result.task_id})
+        traj = token_trajectory(
+            result, group_id=group_id, original_input=original, policy_version=self._policy_version or 0
+        )
+        return TrajectoryItem(
+            pair_index=result.sample_index,
+            group_id=group_id,
+            start_step=0,
+            traj=traj,
+            metadata={"corral_result": result, "rollout_id": result.rollout_id, "task_id": result.task_id},
+        )
 
 
 async def _aiter(items: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:

@@ -76,8 +76,9 @@ try:
         register,
     )
 except ImportError as _error:  # tests/test_adapter_verl.py hides verl to check this message
-    raise ImportError(f"corral.trainer_adapters.verl needs veRL (>= 0.9.1): pip install 'corral[verl]' "
-                      f"({_error})") from _error
+    raise ImportError(
+        f"corral.trainer_adapters.verl needs veRL (>= 0.9.1): pip install 'corral[verl]' ({_error})"
+    ) from _error
 
 from corral.rollout.pipeline import PipelineSettings
 from corral.rollout.tasks import DEFAULT_MAX_TOTAL_TOKENS, render_messages
@@ -118,9 +119,16 @@ _ONE_ROLLOUT = PipelineSettings(
 
 # -- conversion ---------------------------------------------------------------------------------
 
-def to_agent_loop_output(result: RolloutResult, response_length: int | None = None, *,
-                         prompt_length: int | None = None, filtered_reward: float | None = None,
-                         logprobs: bool = True, placeholder_prompt_ids: Sequence[int] = ()) -> AgentLoopOutput:
+
+def to_agent_loop_output(
+    result: RolloutResult,
+    response_length: int | None = None,
+    *,
+    prompt_length: int | None = None,
+    filtered_reward: float | None = None,
+    logprobs: bool = True,
+    placeholder_prompt_ids: Sequence[int] = (),
+) -> AgentLoopOutput:
     """A corral RolloutResult as veRL's AgentLoopOutput (see the module docstring).
 
     `response_length` / `prompt_length`: veRL's rollout.response_length / prompt_length (None: no
@@ -135,8 +143,12 @@ def to_agent_loop_output(result: RolloutResult, response_length: int | None = No
     if prompt_length is not None and len(prompt_ids) > prompt_length:
         cut_prompt = len(prompt_ids) - prompt_length
         prompt_ids = prompt_ids[cut_prompt:]
-        _log.warning("corral rollout %s: a prompt of %d tokens is longer than rollout.prompt_length=%d; "
-                     "left-truncated", result.rollout_id, cut_prompt + prompt_length, prompt_length)
+        _log.warning(
+            "corral rollout %s: a prompt of %d tokens is longer than rollout.prompt_length=%d; left-truncated",
+            result.rollout_id,
+            cut_prompt + prompt_length,
+            prompt_length,
+        )
     response_ids = list(result.response_ids)
     mask = list(result.response_mask) if completed else [0] * len(response_ids)
     response_logprobs = list(result.response_logprobs) if logprobs else None
@@ -148,9 +160,15 @@ def to_agent_loop_output(result: RolloutResult, response_length: int | None = No
             response_logprobs = response_logprobs[:response_length]
 
     if not completed:
-        _log.warning("corral rollout %s of task %s is %s (%s): %s; its tokens are masked out and its "
-                     "reward_score is %s", result.rollout_id, result.task_id, result.status,
-                     result.filter_reason, result.error, filtered_reward)
+        _log.warning(
+            "corral rollout %s of task %s is %s (%s): %s; its tokens are masked out and its reward_score is %s",
+            result.rollout_id,
+            result.task_id,
+            result.status,
+            result.filter_reason,
+            result.error,
+            filtered_reward,
+        )
     span = weight_version_span(result)
     metrics = AgentLoopMetrics(
         generate_sequences=sum(turn.llm_time_ms for turn in result.turns) / 1000,
@@ -213,11 +231,13 @@ def token_output_to_generation(output: TokenOutput, sampling: SamplingOptions) -
     version = extra.get("min_global_steps", extra.get("global_steps"))
     if not isinstance(version, int) or isinstance(version, bool):
         version = None
-    return Generation(output_ids=ids, logprobs=[float(p) for p in logprobs], finish_reason=finish,
-                      weight_version=version)
+    return Generation(
+        output_ids=ids, logprobs=[float(p) for p in logprobs], finish_reason=finish, weight_version=version
+    )
 
 
 # -- shared pieces of both loops ----------------------------------------------------------------
+
 
 def _plain(value: Any) -> Any:
     """Dataset values as plain Python: numpy arrays (what parquet columns come back as) become
@@ -242,8 +262,10 @@ def task_from_row(row: Mapping[str, Any]) -> pb.Task:
     if raw is None:
         raw = row.get("corral_task")
     if raw is None:
-        raise ValueError("the dataset row has no corral task: put the task (proto3 JSON text or dict) in "
-                         "extra_info.corral_task (see examples/verl/make_dataset.py)")
+        raise ValueError(
+            "the dataset row has no corral task: put the task (proto3 JSON text or dict) in "
+            "extra_info.corral_task (see examples/verl/make_dataset.py)"
+        )
     task = pb.Task()
     task.CopyFrom(task_from(raw if isinstance(raw, (str, pb.Task)) else _plain(raw)))
     if not task.prompt.messages:
@@ -294,8 +316,15 @@ def _chat_tokenizer_for(spec: Any, verl_tokenizer: Any, template_kwargs: Mapping
 class _CorralLoop(AgentLoopBase):
     """What both corral agent loops share: configuration, the task from the row, the output."""
 
-    def __init__(self, *args: Any, corral_address: str | None = None, corral_tokenizer: str | None = None,
-                 filtered_reward: float | None = None, tools: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        corral_address: str | None = None,
+        corral_tokenizer: str | None = None,
+        filtered_reward: float | None = None,
+        tools: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.corral_address = corral_address or None
         self.filtered_reward = None if filtered_reward is None else float(filtered_reward)
@@ -307,8 +336,9 @@ class _CorralLoop(AgentLoopBase):
     @property
     def chat_tokenizer(self) -> ChatTokenizer:
         if self._chat_tokenizer is None:
-            self._chat_tokenizer = _chat_tokenizer_for(self._tokenizer_spec, self.tokenizer,
-                                                       self.apply_chat_template_kwargs or {})
+            self._chat_tokenizer = _chat_tokenizer_for(
+                self._tokenizer_spec, self.tokenizer, self.apply_chat_template_kwargs or {}
+            )
         return self._chat_tokenizer
 
     def _task(self, kwargs: Mapping[str, Any]) -> pb.Task:
@@ -320,12 +350,18 @@ class _CorralLoop(AgentLoopBase):
         placeholder: list[int] = []
         if not result.prompt_ids:  # ended before its prompt was encoded
             placeholder = list(self.chat_tokenizer.encode_prompt(render_messages(task)))
-        return to_agent_loop_output(result, self.response_length, prompt_length=self.prompt_length,
-                                    filtered_reward=self.filtered_reward, logprobs=logprobs,
-                                    placeholder_prompt_ids=placeholder)
+        return to_agent_loop_output(
+            result,
+            self.response_length,
+            prompt_length=self.prompt_length,
+            filtered_reward=self.filtered_reward,
+            logprobs=logprobs,
+            placeholder_prompt_ids=placeholder,
+        )
 
 
 # -- tools mode ---------------------------------------------------------------------------------
+
 
 @register("corral")
 class CorralAgentLoop(_CorralLoop):
@@ -352,11 +388,13 @@ class CorralAgentLoop(_CorralLoop):
         if sampling.stop:
             params["stop"] = list(dict.fromkeys([*(params.get("stop") or []), *sampling.stop]))
         if sampling.stop_token_ids:
-            params["stop_token_ids"] = list(dict.fromkeys([*(params.get("stop_token_ids") or []),
-                                                           *sampling.stop_token_ids]))
+            params["stop_token_ids"] = list(
+                dict.fromkeys([*(params.get("stop_token_ids") or []), *sampling.stop_token_ids])
+            )
         try:
-            output = await self.server_manager.generate(request_id=rollout_id, prompt_ids=list(prompt_ids),
-                                                        sampling_params=params, **self._generate_kwargs)
+            output = await self.server_manager.generate(
+                request_id=rollout_id, prompt_ids=list(prompt_ids), sampling_params=params, **self._generate_kwargs
+            )
         except Exception as error:  # CancelledError is not an Exception: cancellation propagates
             raise LLMUnavailable(f"veRL's server_manager.generate failed: {type(error).__name__}: {error}") from error
         generation = token_output_to_generation(output, sampling)
@@ -374,8 +412,9 @@ class CorralAgentLoop(_CorralLoop):
         priority = kwargs.get("priority") or 0
         self._generate_kwargs = {"priority": int(priority)} if priority else {}
         uid = kwargs.get("uid")  # veRL's id of the prompt's group of samples
-        rollouts = ToolsModeRollouts(self._generate, self.chat_tokenizer, address=self.corral_address,
-                                     settings=_ONE_ROLLOUT)
+        rollouts = ToolsModeRollouts(
+            self._generate, self.chat_tokenizer, address=self.corral_address, settings=_ONE_ROLLOUT
+        )
         try:
             result = await rollouts.run(task, group_id=None if uid is None else str(uid))
         finally:
@@ -383,8 +422,10 @@ class CorralAgentLoop(_CorralLoop):
             await asyncio.shield(rollouts.close())
         wanted = bool(sampling_params.get("logprobs"))
         if wanted and self._logprobs_missing:
-            _log.warning("corral rollout %s: veRL's server returned no logprobs for some generations; they read 0.0",
-                         result.rollout_id)
+            _log.warning(
+                "corral rollout %s: veRL's server returned no logprobs for some generations; they read 0.0",
+                result.rollout_id,
+            )
         output = self._output(result, task, logprobs=wanted)
         if self._num_preempted is not None:
             output.metrics.num_preempted = self._num_preempted
@@ -396,12 +437,14 @@ class CorralAgentLoop(_CorralLoop):
 
 # -- service mode -------------------------------------------------------------------------------
 
+
 def _server_url(address: str) -> str:
     return address if "://" in address else f"http://{address}"
 
 
-async def _service_results(tasks: Iterable[TaskLike], servers: Iterable[str], *, protocol: str,
-                           address: str | None, n: int = 1) -> AsyncIterator[RolloutResult]:
+async def _service_results(
+    tasks: Iterable[TaskLike], servers: Iterable[str], *, protocol: str, address: str | None, n: int = 1
+) -> AsyncIterator[RolloutResult]:
     client = await connect_service([_server_url(s) for s in servers], protocol=protocol, address=address)
     try:
         async for event in client.rollouts.stream(tasks, n=n):
@@ -411,19 +454,31 @@ async def _service_results(tasks: Iterable[TaskLike], servers: Iterable[str], *,
         await client.close()
 
 
-async def service_outputs(tasks: Iterable[TaskLike], servers: Iterable[str], *, protocol: str = "sglang",
-                          address: str | None = None, n: int = 1, response_length: int | None = None,
-                          prompt_length: int | None = None, filtered_reward: float | None = None,
-                          ) -> AsyncIterator[tuple[RolloutResult, AgentLoopOutput]]:
+async def service_outputs(
+    tasks: Iterable[TaskLike],
+    servers: Iterable[str],
+    *,
+    protocol: str = "sglang",
+    address: str | None = None,
+    n: int = 1,
+    response_length: int | None = None,
+    prompt_length: int | None = None,
+    filtered_reward: float | None = None,
+) -> AsyncIterator[tuple[RolloutResult, AgentLoopOutput]]:
     """Service mode from a driver: registers `servers` (veRL's inference servers, e.g. an
     LLMServerManager's server_addresses; "host:port" or URLs) with the daemon, runs `n` rollouts of
     every task there, and yields each result with its AgentLoopOutput as it finishes (completion
     order). Leaving the loop early cancels the unfinished rollouts."""
-    async with contextlib.aclosing(_service_results(tasks, servers, protocol=protocol, address=address,
-                                                    n=n)) as results:
+    async with contextlib.aclosing(
+        _service_results(tasks, servers, protocol=protocol, address=address, n=n)
+    ) as results:
         async for result in results:
-            yield result, to_agent_loop_output(result, response_length, prompt_length=prompt_length,
-                                               filtered_reward=filtered_reward)
+            yield (
+                result,
+                to_agent_loop_output(
+                    result, response_length, prompt_length=prompt_length, filtered_reward=filtered_reward
+                ),
+            )
 
 
 @register("corral_service")
@@ -433,8 +488,9 @@ class CorralServiceAgentLoop(_CorralLoop):
     not used for generation, so its load balancing and weight-sync pauses do not apply: the
     daemon health-checks the servers itself."""
 
-    def __init__(self, *args: Any, corral_servers: Sequence[str] | None = None, corral_protocol: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, corral_servers: Sequence[str] | None = None, corral_protocol: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.corral_servers = [str(s) for s in corral_servers] if corral_servers else None
         self.corral_protocol = str(corral_protocol or self.rollout_config.get("name") or "sglang")
@@ -451,11 +507,10 @@ class CorralServiceAgentLoop(_CorralLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         task = self._task(kwargs)
         _apply_sampling(task, sampling_params)
-        result = None
-        async with contextlib.aclosing(_service_results([task], await self.servers(), protocol=self.corral_protocol,
-                                                        address=self.corral_address)) as results:
-            async for result in results:
-                break
+        async with contextlib.aclosing(
+            _service_results([task], await self.servers(), protocol=self.corral_protocol, address=self.corral_address)
+        ) as results:
+            result = await anext(results, None)
         if result is None:
             raise RuntimeError(f"the corral daemon returned no result for task {task.task_id}")
         return self._output(result, task, logprobs=bool(sampling_params.get("logprobs")))

@@ -265,7 +265,9 @@ class ManagedSandbox(SandboxRuntime):
 
     def make_file_access(self) -> SandboxFiles:
         """File access through the init's root, as the sandbox's uid."""
-        return SandboxFiles(f"/proc/{self.init_pid}/root", self.workdir, self.uid, self.uid, self.context.max_file_bytes)
+        return SandboxFiles(
+            f"/proc/{self.init_pid}/root", self.workdir, self.uid, self.uid, self.context.max_file_bytes
+        )
 
     def _pick_shell(self) -> None:
         # bash where the image has it, else /bin/sh.
@@ -332,7 +334,7 @@ class Backend(abc.ABC):
         if not self._status.available:
             raise FailedPrecondition(f"the {self.name} backend cannot make sandboxes here: {self._status.detail}")
 
-    async def check_image(self, image: str) -> None:
+    async def check_image(self, image: str) -> None:  # noqa: B027 - an optional hook
         """Raises InvalidArgument/NotFound for an image this backend cannot start."""
 
     def placeholder_record(self, sandbox_id: str) -> dict:
@@ -351,14 +353,14 @@ class Backend(abc.ABC):
         await self.context.cgroups.remove_group(record.get("sandbox_id", ""))
         await remove_sandbox_dirs(record, self.context.sandboxes_dir, self.context.run_base)
 
-    async def release(self, record: dict) -> None:
+    async def release(self, record: dict) -> None:  # noqa: B027 - an optional hook
         """Stops what a crashed daemon's sandbox left running (its launcher, container or
         instance), from its record."""
 
-    async def reap_orphans(self) -> None:
+    async def reap_orphans(self) -> None:  # noqa: B027 - an optional hook
         """At start, after every record was reaped: removes leftovers no record mentions."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook
         """Releases what the backend holds (clients, pools)."""
 
 

@@ -44,7 +44,7 @@ def _docker():
 
 
 def _engine_name(version: dict) -> str:
-    """"docker engine 20.10.24" or "podman engine 4.3.1", from the engine's /version reply."""
+    """ "docker engine 20.10.24" or "podman engine 4.3.1", from the engine's /version reply."""
     podman = any("podman" in str(c.get("Name", "")).lower() for c in version.get("Components") or [])
     return f"{'podman' if podman else 'docker'} engine {version.get('Version', '?')}"
 
@@ -67,7 +67,7 @@ class DockerSettings:
 
 
 def parse_ulimit(entry: str) -> tuple[str, int, int]:
-    """"name=soft[:hard]" -> (name, soft, hard); hard defaults to soft. ValueError naming the key
+    """ "name=soft[:hard]" -> (name, soft, hard); hard defaults to soft. ValueError naming the key
     (docker.ulimits) otherwise."""
     name, sep, values = entry.partition("=")
     soft, _, hard = values.partition(":")
@@ -116,8 +116,11 @@ class DockerSandbox(ManagedSandbox):
         )
         if settings.ulimits:
             ulimit = _docker().types.Ulimit
-            kwargs.update(ulimits=[ulimit(name=name, soft=soft, hard=hard)
-                                   for name, soft, hard in map(parse_ulimit, settings.ulimits)])
+            kwargs.update(
+                ulimits=[
+                    ulimit(name=name, soft=soft, hard=hard) for name, soft, hard in map(parse_ulimit, settings.ulimits)
+                ]
+            )
         if lim.memory_bytes:
             kwargs.update(mem_limit=lim.memory_bytes, memswap_limit=lim.memory_bytes)
         if lim.pids:
@@ -168,7 +171,9 @@ class DockerSandbox(ManagedSandbox):
     def _our_leaves(self) -> list[CgroupGroup]:
         assert self.cgroup is not None
         first = self.cgroup.paths[0]
-        names = [p.name for p in first.iterdir() if p.is_dir() and p.name.startswith("corral-")] if first.is_dir() else []
+        names = (
+            [p.name for p in first.iterdir() if p.is_dir() and p.name.startswith("corral-")] if first.is_dir() else []
+        )
         return [CgroupGroup([p / n for p in self.cgroup.paths], self.cgroup.hierarchies) for n in names]
 
 
@@ -201,7 +206,9 @@ class DockerBackend(Backend):
         try:
             docker = _docker()
         except ImportError:
-            return BackendStatus(False, "the docker Python package is not installed (pip install 'corral[docker]')", "none", limits)
+            return BackendStatus(
+                False, "the docker Python package is not installed (pip install 'corral[docker]')", "none", limits
+            )
         problems = []
         self._unreachable = False
         if os.geteuid() != 0:

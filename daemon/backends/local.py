@@ -20,9 +20,8 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
 
@@ -87,8 +86,9 @@ class LocalSandbox(ManagedSandbox):
         if backend.launcher == "bwrap":
             argv = bwrap_argv(backend.bwrap, layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network)
         else:
-            argv = unshare_argv(backend.unshare, layout, self.sandbox_dir, self.run_dir, self.workdir,
-                                self.spec.network, self.uid)
+            argv = unshare_argv(
+                backend.unshare, layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, self.uid
+            )
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
         # Spawned from the event loop thread on purpose: nothing here may die with a worker.
         self._launcher = subprocess.Popen(
@@ -162,7 +162,9 @@ class LocalBackend(Backend):
             "memory": cgroups.support("memory"),
             "pids": cgroups.support("pids"),
             "cpu": cgroups.support("cpu"),
-            "wall_clock": LimitSupport(True, "process group + cgroup kill" if cgroups.can_track else "process group kill"),
+            "wall_clock": LimitSupport(
+                True, "process group + cgroup kill" if cgroups.can_track else "process group kill"
+            ),
             "network": LimitSupport(True, "network namespace"),
         }
         missing = []
@@ -174,10 +176,15 @@ class LocalBackend(Backend):
             # Only reachable with local.allow_no_isolation (config validation): commands run as
             # the sandbox's own uid on the host, in its workspace, with cgroup limits but no
             # namespaces. Said loudly everywhere a sandbox describes itself.
-            self.launcher, detail = "none", "NO ISOLATION (local.isolation = \"none\"): commands run on the host as an unprivileged uid"
+            self.launcher, detail = (
+                "none",
+                'NO ISOLATION (local.isolation = "none"): commands run on the host as an unprivileged uid',
+            )
             limits["network"] = LimitSupport(False, reason='local.isolation = "none": no network namespace')
             if os.geteuid() != 0:
-                return BackendStatus(False, "the daemon is not root: it needs root to run commands as another uid", "none", limits)
+                return BackendStatus(
+                    False, "the daemon is not root: it needs root to run commands as another uid", "none", limits
+                )
             return BackendStatus(True, detail, "none", limits)
         if mode in ("auto", "bwrap") and self.bwrap:
             self.launcher, detail = "bwrap", _version(self.bwrap) or "bubblewrap"
@@ -186,7 +193,8 @@ class LocalBackend(Backend):
         else:
             self.launcher, detail = "", ""
             missing.append(
-                "bubblewrap is not installed (apt-get install bubblewrap)" if mode == "bwrap"
+                "bubblewrap is not installed (apt-get install bubblewrap)"
+                if mode == "bwrap"
                 else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
             )
         if missing:

@@ -43,11 +43,20 @@ def root_layout(rootfs: str, hidden_paths: list[str]) -> list[Mount]:
     return layout
 
 
-def bwrap_argv(bwrap: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool) -> list[str]:
+def bwrap_argv(
+    bwrap: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool
+) -> list[str]:
     argv = [
         bwrap,
-        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        "--hostname", "corral", "--new-session", "--cap-drop", "ALL",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "corral",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
     ]
     if not network:
         argv.append("--unshare-net")
@@ -55,13 +64,29 @@ def bwrap_argv(bwrap: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path
     for m in layout:
         argv += [flags[m.kind], m.src, m.dst] if m.kind != "hide" else ["--tmpfs", m.dst]
     return argv + [
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run",
-        "--bind", str(sandbox_dir / "tmp"), "/tmp",
-        "--bind", str(sandbox_dir / "workspace"), workdir,
-        "--bind", str(run_dir), RUN_DIR_IN_SANDBOX,
-        "--remount-ro", "/",
-        "--chdir", workdir,
-        "--", "/bin/sh", "-c", INIT_SCRIPT,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/run",
+        "--bind",
+        str(sandbox_dir / "tmp"),
+        "/tmp",
+        "--bind",
+        str(sandbox_dir / "workspace"),
+        workdir,
+        "--bind",
+        str(run_dir),
+        RUN_DIR_IN_SANDBOX,
+        "--remount-ro",
+        "/",
+        "--chdir",
+        workdir,
+        "--",
+        "/bin/sh",
+        "-c",
+        INIT_SCRIPT,
     ]
 
 
@@ -116,14 +141,27 @@ _REAPER_CODE = (
 )
 
 
-def unshare_argv(unshare: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool, uid: int) -> list[str]:
+def unshare_argv(
+    unshare: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool, uid: int
+) -> list[str]:
     (sandbox_dir / "root").mkdir(exist_ok=True)
     argv = [unshare, "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--propagation", "private"]
     if not network:
         argv.append("--net")
-    argv += ["--", "/bin/sh", "-c", _UNSHARE_SETUP.replace("$INIT", INIT_SCRIPT.replace('"', '\\"')),
-             "corral-setup", str(sandbox_dir / "root"), str(sandbox_dir), str(run_dir), workdir, str(uid),
-             sys.executable, _REAPER_CODE]
+    argv += [
+        "--",
+        "/bin/sh",
+        "-c",
+        _UNSHARE_SETUP.replace("$INIT", INIT_SCRIPT.replace('"', '\\"')),
+        "corral-setup",
+        str(sandbox_dir / "root"),
+        str(sandbox_dir),
+        str(run_dir),
+        workdir,
+        str(uid),
+        sys.executable,
+        _REAPER_CODE,
+    ]
     for m in layout:
         argv += [m.kind, m.src or "-", m.dst]
     return argv

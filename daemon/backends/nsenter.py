@@ -28,11 +28,23 @@ def nsenter_argv(
     `target_pid`, starting in `cwd` (default: the target's own cwd, which is `workdir`), with
     environment `env`. Spawn it with HOST_ENV."""
     enter = [
-        nsenter, "-t", str(target_pid), "-m", "-p", "-i", "-u", "-n",
-        "-r", "-w", "-S", str(uid), "-G", str(uid), "--",
+        nsenter,
+        "-t",
+        str(target_pid),
+        "-m",
+        "-p",
+        "-i",
+        "-u",
+        "-n",
+        "-r",
+        "-w",
+        "-S",
+        str(uid),
+        "-G",
+        str(uid),
+        "--",
     ]
     if cwd and os.path.normpath(cwd) != workdir:
         # nsenter can only take the target's cwd; change directory once inside.
         enter += ["/bin/sh", "-c", 'cd -- "$1" || exit 126; shift; exec "$@"', "sh", cwd]
     return [*enter, *inside_env(argv, env)]
-

@@ -15,6 +15,6 @@ from .docker import DockerBackend
 from .local import LocalBackend
 from .singularity import SingularityBackend
 
-BACKENDS: Mapping[str, type[Backend]] = MappingProxyType({
-    backend.name: backend for backend in (LocalBackend, DockerBackend, SingularityBackend)
-})
+BACKENDS: Mapping[str, type[Backend]] = MappingProxyType(
+    {backend.name: backend for backend in (LocalBackend, DockerBackend, SingularityBackend)}
+)

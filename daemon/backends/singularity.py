@@ -38,7 +38,10 @@ INSTANCE_CWD = "/root"
 
 async def _run(argv: list[str], timeout: float, cgroup: CgroupGroup | None = None) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        *in_cgroup(argv, cgroup), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(HOST_ENV),
+        *in_cgroup(argv, cgroup),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(HOST_ENV),
         start_new_session=True,
     )
     try:
@@ -75,10 +78,17 @@ class SingularitySandbox(ManagedSandbox):
         binary = self.backend.binary
         assert binary is not None
         argv = [
-            binary, "instance", "start", "--containall", "--no-home",
-            "--hostname", "corral",
-            "--bind", f"{self.workspace}:{self.workdir}",
-            "--bind", f"{self.run_dir}:{RUN_DIR_IN_SANDBOX}",
+            binary,
+            "instance",
+            "start",
+            "--containall",
+            "--no-home",
+            "--hostname",
+            "corral",
+            "--bind",
+            f"{self.workspace}:{self.workdir}",
+            "--bind",
+            f"{self.run_dir}:{RUN_DIR_IN_SANDBOX}",
         ]
         if not self.spec.network:
             argv += ["--net", "--network", "none"]
@@ -103,7 +113,9 @@ class SingularitySandbox(ManagedSandbox):
     def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
         assert self.backend.nsenter is not None
-        enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, INSTANCE_CWD, argv, cwd or self.workdir, env)
+        enter = nsenter_argv(
+            self.backend.nsenter, self.init_pid, self.uid, INSTANCE_CWD, argv, cwd or self.workdir, env
+        )
         return EnterCommand(enter, cgroup, "/")
 
 
@@ -138,7 +150,9 @@ class SingularityBackend(Backend):
         version = ""
         if self.binary:
             try:
-                version = subprocess.run([self.binary, "version"], capture_output=True, text=True, timeout=10).stdout.strip()
+                version = subprocess.run(
+                    [self.binary, "version"], capture_output=True, text=True, timeout=10
+                ).stdout.strip()
             except (OSError, subprocess.SubprocessError) as err:
                 problems.append(f"{self.binary} does not run: {err}")
         if problems or not self.binary:

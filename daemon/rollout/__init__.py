@@ -43,15 +43,20 @@ class _ForwardingFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers imports under the old package with a module that forwards every attribute to the
     module at the new path, so that classes keep their identity (isinstance, except clauses)."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(_PREFIX):
             return None
         return importlib.util.spec_from_loader(fullname, self, is_package=True)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         target_name = new_name(spec.name)
-        warnings.warn(f"{spec.name} moved to {target_name}; the old path goes away in the next release",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{spec.name} moved to {target_name}; the old path goes away in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         target = importlib.import_module(target_name)
         module = types.ModuleType(spec.name, target.__doc__)
         module.__getattr__ = lambda attribute: getattr(target, attribute)  # type: ignore[method-assign]

@@ -15,8 +15,13 @@ STREAMS = {"stdout": pb.STREAM_NAME_STDOUT, "stderr": pb.STREAM_NAME_STDERR}
 
 
 def kernel_info(info: KernelInfo) -> pb.KernelInfo:
-    return pb.KernelInfo(sandbox_id=info.sandbox_id, kernel_id=info.kernel_id, state=STATES[info.state],
-                         execution_count=info.execution_count, python=info.python)
+    return pb.KernelInfo(
+        sandbox_id=info.sandbox_id,
+        kernel_id=info.kernel_id,
+        state=STATES[info.state],
+        execution_count=info.execution_count,
+        python=info.python,
+    )
 
 
 def kernel_error(event: ErrorOutput) -> pb.KernelError:
@@ -24,13 +29,20 @@ def kernel_error(event: ErrorOutput) -> pb.KernelError:
 
 
 def kernel_done(event: CellDone) -> pb.KernelDone:
-    return pb.KernelDone(execution_count=event.execution_count, failed=event.failed, timed_out=event.timed_out,
-                         kernel_died=event.kernel_died, duration_ms=event.duration_ms)
+    return pb.KernelDone(
+        execution_count=event.execution_count,
+        failed=event.failed,
+        timed_out=event.timed_out,
+        kernel_died=event.kernel_died,
+        duration_ms=event.duration_ms,
+    )
 
 
 def execute_response(event: KernelEvent) -> pb.ExecuteResponse:
     if isinstance(event, StreamOutput):
-        return pb.ExecuteResponse(stream=pb.KernelStream(name=STREAMS.get(event.name, pb.STREAM_NAME_UNSPECIFIED), text=event.text))
+        return pb.ExecuteResponse(
+            stream=pb.KernelStream(name=STREAMS.get(event.name, pb.STREAM_NAME_UNSPECIFIED), text=event.text)
+        )
     if isinstance(event, DisplayOutput):
         return pb.ExecuteResponse(display=pb.KernelDisplay(data=event.data))
     if isinstance(event, ResultOutput):
@@ -61,7 +73,9 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
             request.sandbox_id, request.kernel_id, request.code, request.timeout_ms
         )
         reply = pb.ExecuteGatheredResponse(
-            stdout=cell.stdout, stderr=cell.stderr, truncated=cell.truncated,
+            stdout=cell.stdout,
+            stderr=cell.stderr,
+            truncated=cell.truncated,
             displays=[pb.KernelDisplay(data=d.data) for d in cell.displays],
         )
         if cell.result is not None:

@@ -8,23 +8,32 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from corral.rollout.pipeline import RolloutPipeline, Stage
+from corral.sdk.errors import CorralError, InvalidArgument
 from corral.v1 import rollout_pb2 as pb
 from corral.v1 import rollout_pb2_grpc
 
-from corral.rollout.pipeline import RolloutPipeline, Stage
-from corral.sdk.errors import CorralError, InvalidArgument
-
 from ..llm_pool import LLMPool, ServerStats
 
-_PROTOCOL_NAMES = {pb.LLM_PROTOCOL_UNSPECIFIED: "sglang", pb.LLM_PROTOCOL_SGLANG: "sglang",
-                   pb.LLM_PROTOCOL_VLLM: "vllm"}
+_PROTOCOL_NAMES = {
+    pb.LLM_PROTOCOL_UNSPECIFIED: "sglang",
+    pb.LLM_PROTOCOL_SGLANG: "sglang",
+    pb.LLM_PROTOCOL_VLLM: "vllm",
+}
 _PROTOCOL_NUMBERS = {"sglang": pb.LLM_PROTOCOL_SGLANG, "vllm": pb.LLM_PROTOCOL_VLLM}
 
 
 def server_to_proto(server: ServerStats) -> pb.LLMServer:
-    return pb.LLMServer(address=server.address, protocol=_PROTOCOL_NUMBERS[server.protocol], weight=server.weight,
-                        in_flight=server.in_flight, healthy=server.healthy, requests=server.requests,
-                        failures=server.failures, model=server.model)
+    return pb.LLMServer(
+        address=server.address,
+        protocol=_PROTOCOL_NUMBERS[server.protocol],
+        weight=server.weight,
+        in_flight=server.in_flight,
+        healthy=server.healthy,
+        requests=server.requests,
+        failures=server.failures,
+        model=server.model,
+    )
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -70,7 +79,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 for rollout in rollouts:
                     self.pipeline.cancel(rollout.rollout_id)
 
-    async def Stream(self, request_iterator: AsyncIterator[pb.StreamRequest], context) -> AsyncIterator[pb.StreamResponse]:
+    async def Stream(
+        self, request_iterator: AsyncIterator[pb.StreamRequest], context
+    ) -> AsyncIterator[pb.StreamResponse]:
         session = _StreamSession(self)
         reader = asyncio.create_task(session.read(request_iterator))
         try:
@@ -89,7 +100,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def GetRolloutStats(self, request: pb.GetRolloutStatsRequest, context) -> pb.GetRolloutStatsResponse:
         totals = self.pipeline.totals
         return pb.GetRolloutStatsResponse(
-            init=self.pipeline.stage_stats(Stage.INIT), run=self.pipeline.stage_stats(Stage.RUN),
+            init=self.pipeline.stage_stats(Stage.INIT),
+            run=self.pipeline.stage_stats(Stage.RUN),
             eval=self.pipeline.stage_stats(Stage.EVAL),
             llm_servers=[server_to_proto(s) for s in self.llms.snapshot()],
             policy_version=self.pipeline.policy_version,
@@ -129,15 +141,27 @@ class _StreamSession:
             # One bad submission must not end the stream: it is answered in-band, with the status
             # code the call would have had on its own.
             code = error.code or grpc.StatusCode.INTERNAL
-            self.events.put_nowait(pb.StreamResponse(rejected=pb.RolloutRejected(
-                client_ref=submit.client_ref, task_id=submit.task.task_id, code=code.name, message=str(error))))
+            self.events.put_nowait(
+                pb.StreamResponse(
+                    rejected=pb.RolloutRejected(
+                        client_ref=submit.client_ref, task_id=submit.task.task_id, code=code.name, message=str(error)
+                    )
+                )
+            )
             return
         for rollout in rollouts:
             if rollout.rollout_id not in self.finished:
                 self.unfinished[rollout.rollout_id] = rollout.task.task_id
-        self.events.put_nowait(pb.StreamResponse(accepted=pb.RolloutAccepted(
-            client_ref=submit.client_ref, task_id=submit.task.task_id, group_id=rollouts[0].group_id,
-            rollout_ids=[r.rollout_id for r in rollouts])))
+        self.events.put_nowait(
+            pb.StreamResponse(
+                accepted=pb.RolloutAccepted(
+                    client_ref=submit.client_ref,
+                    task_id=submit.task.task_id,
+                    group_id=rollouts[0].group_id,
+                    rollout_ids=[r.rollout_id for r in rollouts],
+                )
+            )
+        )
 
     def deliver(self, result: pb.RolloutResult) -> None:
         self.unfinished.pop(result.rollout_id, None)
@@ -160,4 +184,3 @@ class _StreamSession:
     def _maybe_end(self) -> None:
         if self.input_done and not self.unfinished:
             self.events.put_nowait(None)
-

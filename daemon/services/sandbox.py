@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-
-from corral.v1 import sandbox_pb2 as pb
-from corral.v1 import sandbox_pb2_grpc
-
 from corral.sdk.enums import BACKEND_NUMBERS, backend_name
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
+from corral.v1 import sandbox_pb2 as pb
+from corral.v1 import sandbox_pb2_grpc
 
 from ..backends.base import BackendStatus, Limits
 from ..node import NodeInfo
 from ..rules import CommandRequest
-from ..sandboxes import Exited, ExecOutcome, Keepalive, Output, Sandbox, SandboxManager, Started
+from ..sandboxes import ExecOutcome, Exited, Keepalive, Output, Sandbox, SandboxManager, Started
 from ..transfer import TarTransfer
+
 ISOLATION = {
     "none": pb.ISOLATION_LEVEL_NONE,
     "namespaces": pb.ISOLATION_LEVEL_NAMESPACES,
@@ -96,8 +95,11 @@ def node_info_message(info: NodeInfo) -> pb.GetNodeInfoResponse:
 def exit_status(outcome: ExecOutcome) -> pb.ExitStatus:
     e = outcome.exit
     return pb.ExitStatus(
-        exit_code=e.exit_code, signal=e.signal, timed_out=e.timed_out,
-        oom_killed=outcome.oom_killed, duration_ms=e.duration_ms,
+        exit_code=e.exit_code,
+        signal=e.signal,
+        timed_out=e.timed_out,
+        oom_killed=outcome.oom_killed,
+        duration_ms=e.duration_ms,
     )
 
 
@@ -171,10 +173,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     yield pb.ExecStreamResponse(started=pb.ExecStarted(pid=event.pid))
                 elif isinstance(event, Exited):
                     o = event.outcome
-                    yield pb.ExecStreamResponse(exited=pb.ExecExited(
-                        status=exit_status(o), truncated=o.truncated,
-                        stdout_total_bytes=o.stdout_total, stderr_total_bytes=o.stderr_total,
-                    ))
+                    yield pb.ExecStreamResponse(
+                        exited=pb.ExecExited(
+                            status=exit_status(o),
+                            truncated=o.truncated,
+                            stdout_total_bytes=o.stdout_total,
+                            stderr_total_bytes=o.stderr_total,
+                        )
+                    )
         finally:
             await events.aclose()
 
@@ -192,13 +198,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def ListDir(self, request, context) -> pb.ListDirResponse:
         entries = await self.manager.list_dir(request.sandbox_id, request.path)
-        return pb.ListDirResponse(entries=[
-            pb.FileInfo(
-                name=e.name, path=e.path, type=FILE_TYPES[e.kind], size_bytes=e.size, mode=e.mode,
-                modified_unix_ms=e.modified_ns // 1_000_000, symlink_target=e.symlink_target,
-            )
-            for e in entries
-        ])
+        return pb.ListDirResponse(
+            entries=[
+                pb.FileInfo(
+                    name=e.name,
+                    path=e.path,
+                    type=FILE_TYPES[e.kind],
+                    size_bytes=e.size,
+                    mode=e.mode,
+                    modified_unix_ms=e.modified_ns // 1_000_000,
+                    symlink_target=e.symlink_target,
+                )
+                for e in entries
+            ]
+        )
 
     async def Upload(self, request_iterator, context) -> pb.UploadResponse:
         first = await anext(aiter(request_iterator), None)

@@ -13,8 +13,9 @@ from ..shells import AttachExited, AttachOutput, ShellManager
 
 
 def shell_info(sandbox_id: str, session: ShellSession) -> pb.ShellInfo:
-    return pb.ShellInfo(sandbox_id=sandbox_id, name=session.name, pid=session.pid,
-                        turns=session.turns, restarts=session.restarts)
+    return pb.ShellInfo(
+        sandbox_id=sandbox_id, name=session.name, pid=session.pid, turns=session.turns, restarts=session.restarts
+    )
 
 
 def _size(size: pb.TerminalSize, has: bool) -> tuple[int, int] | None:
@@ -27,21 +28,33 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
 
     async def OpenShell(self, request: pb.OpenShellRequest, context) -> pb.OpenShellResponse:
         session = await self.shells.open(
-            request.sandbox_id, request.name, env=dict(request.env), cwd=request.cwd,
-            size=_size(request.size, request.HasField("size")), program=request.program,
+            request.sandbox_id,
+            request.name,
+            env=dict(request.env),
+            cwd=request.cwd,
+            size=_size(request.size, request.HasField("size")),
+            program=request.program,
         )
         return pb.OpenShellResponse(shell=shell_info(request.sandbox_id, session))
 
     async def RunInShell(self, request: pb.RunInShellRequest, context) -> pb.RunInShellResponse:
         result, plain = await self.shells.run(
-            request.sandbox_id, request.name, request.command, timeout_ms=request.timeout_ms,
-            idle_timeout_ms=request.idle_timeout_ms, output_limit_bytes=request.output_limit_bytes,
+            request.sandbox_id,
+            request.name,
+            request.command,
+            timeout_ms=request.timeout_ms,
+            idle_timeout_ms=request.idle_timeout_ms,
+            output_limit_bytes=request.output_limit_bytes,
             strip_ansi=request.strip_ansi,
         )
         response = pb.RunInShellResponse(
-            output=result.output, exit_code=result.exit_code, timed_out=result.timed_out,
-            timeout_reason=result.timeout_reason, truncated=result.truncated,
-            output_total_bytes=result.output_total, duration_ms=result.duration_ms,
+            output=result.output,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            timeout_reason=result.timeout_reason,
+            truncated=result.truncated,
+            output_total_bytes=result.output_total,
+            duration_ms=result.duration_ms,
             shell_restarted=result.shell_restarted,
         )
         if plain is not None:
@@ -53,7 +66,9 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
         return pb.CloseShellResponse()
 
     async def ListShells(self, request, context) -> pb.ListShellsResponse:
-        return pb.ListShellsResponse(shells=[shell_info(request.sandbox_id, s) for s in self.shells.list(request.sandbox_id)])
+        return pb.ListShellsResponse(
+            shells=[shell_info(request.sandbox_id, s) for s in self.shells.list(request.sandbox_id)]
+        )
 
     async def Attach(self, request_iterator, context) -> AsyncIterator[pb.AttachResponse]:
         first = await anext(aiter(request_iterator), None)
@@ -72,8 +87,11 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
                     yield kind, getattr(message, kind)
 
         events = self.shells.attach(
-            start.sandbox_id, size=_size(start.size, start.HasField("size")), term=start.term,
-            program=start.program, inputs=inputs(),
+            start.sandbox_id,
+            size=_size(start.size, start.HasField("size")),
+            term=start.term,
+            program=start.program,
+            inputs=inputs(),
         )
         try:
             async for event in events:

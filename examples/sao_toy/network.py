@@ -89,17 +89,18 @@ class SharedPrefixLogprobs:
         cut = len(self.prefix)
         if len(prompt) <= cut or prompt[:cut] != self.prefix:
             ids = torch.tensor([prompt + response], dtype=torch.long)
-            return model.token_logprobs(ids, self.temperature)[0, len(prompt) - 1:]
+            return model.token_logprobs(ids, self.temperature)[0, len(prompt) - 1 :]
         suffix = torch.tensor([prompt[cut:] + response], dtype=torch.long)
         logits, _ = model(suffix[:, :-1], self._prefix_state(model))
         if self.temperature > 0:
             logits = logits / self.temperature
         logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, suffix[:, 1:, None]).squeeze(-1)[0]
         # logits[j] predicts suffix[j + 1]; the first response id is suffix[len(prompt) - cut].
-        return logprobs[len(prompt) - cut - 1:]
+        return logprobs[len(prompt) - cut - 1 :]
 
-    def reply_logits(self, model: TinyByteLM, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
-                     ) -> list[torch.Tensor]:
+    def reply_logits(
+        self, model: TinyByteLM, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
         """Per rollout, the raw logits that predict each response id ([len(response), vocab]), for
         many rollouts in one batched pass (right-padded); every prompt must start with the prefix."""
         cut = len(self.prefix)
@@ -107,14 +108,18 @@ class SharedPrefixLogprobs:
         width = max(len(s) for s in suffixes)
         ids = torch.zeros(len(suffixes), width, dtype=torch.long)
         for row, suffix in enumerate(suffixes):
-            ids[row, :len(suffix)] = torch.tensor(suffix)
+            ids[row, : len(suffix)] = torch.tensor(suffix)
         state = self._prefix_state(model).expand(-1, len(suffixes), -1).contiguous()
         logits, _ = model(ids[:, :-1], state)
         # logits[j] predicts suffix[j + 1]; the first response id is suffix[len(prompt) - cut].
-        return [logits[row, len(p) - cut - 1:len(p) - cut - 1 + len(r)] for row, (p, r) in enumerate(zip(prompts, responses))]
+        return [
+            logits[row, len(p) - cut - 1 : len(p) - cut - 1 + len(r)]
+            for row, (p, r) in enumerate(zip(prompts, responses))
+        ]
 
-    def batch(self, model: TinyByteLM, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
-              ) -> list[torch.Tensor]:
+    def batch(
+        self, model: TinyByteLM, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
         """What `__call__` gives, for many rollouts in one batched pass (see `reply_logits`)."""
         out = []
         for logits, response in zip(self.reply_logits(model, prompts, responses), responses):

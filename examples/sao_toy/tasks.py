@@ -34,9 +34,9 @@ CHECK_PAIRS = ((7, 3), (12, 5))
 
 @dataclass(frozen=True)
 class Variant:
-    name: str     # the function, and the task id
-    wrong: str    # the operator calc.py uses
-    right: str    # the operator it must use
+    name: str  # the function, and the task id
+    wrong: str  # the operator calc.py uses
+    right: str  # the operator it must use
 
     @property
     def user(self) -> str:
@@ -64,15 +64,16 @@ VARIANTS = (
 )
 
 
-def make_task(variant: Variant, *, max_turns: int = 2, max_new_tokens: int = 64,
-              temperature: float = 1.0) -> pb.Task:
+def make_task(variant: Variant, *, max_turns: int = 2, max_new_tokens: int = 64, temperature: float = 1.0) -> pb.Task:
     task = pb.Task(task_id=variant.name, tool_call_format=pb.TOOL_CALL_FORMAT_FENCED_BASH)
     task.tools.extend(TOOLS)
     task.limits.max_turns = max_turns
     task.limits.max_new_tokens_per_turn = max_new_tokens
     task.limits.action_timeout_ms = 3_000
     task.sampling.temperature = temperature
-    task.setup.files.add(path="calc.py", content=f"def {variant.name}(a, b):\n    return a {variant.wrong} b\n".encode())
+    task.setup.files.add(
+        path="calc.py", content=f"def {variant.name}(a, b):\n    return a {variant.wrong} b\n".encode()
+    )
     task.prompt.messages.add(role="system", content=SYSTEM)
     task.prompt.messages.add(role="user", content=variant.user)
     checks = "\n".join(f"assert calc.{variant.name}({a}, {b}) == {a} {variant.right} {b}" for a, b in CHECK_PAIRS)

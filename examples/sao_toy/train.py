@@ -63,6 +63,9 @@ if str(HERE) not in sys.path:
 
 import aiohttp  # noqa: E402
 import torch  # noqa: E402
+from network import SharedPrefixLogprobs, common_prefix, load_checkpoint, save_checkpoint  # noqa: E402
+from tasks import VARIANTS, Variant, make_task, prompt_ids  # noqa: E402
+from warm_start import WarmStart, exact_probabilities, warm_start  # noqa: E402
 
 from corral.daemon.embedded import embedded_daemon  # noqa: E402
 from corral.rollout.reference.server import ReferenceServer  # noqa: E402
@@ -76,9 +79,6 @@ from corral.trainer_adapters.sao import (  # noqa: E402
     group_normalized_advantages,
     sequence_advantages_to_tokens,
 )
-from network import SharedPrefixLogprobs, common_prefix, load_checkpoint, save_checkpoint  # noqa: E402
-from tasks import VARIANTS, Variant, make_task, prompt_ids  # noqa: E402
-from warm_start import WarmStart, exact_probabilities, warm_start  # noqa: E402
 
 GOAL_REWARD = 0.8
 
@@ -88,21 +88,21 @@ class Settings:
     minutes: float = 15.0
     seed: int = 0
     lr: float = 3e-4
-    optimizer: str = "adam"        # adam or sgd, both modes
+    optimizer: str = "adam"  # adam or sgd, both modes
     baseline_momentum: float = 0.9  # SAO: the per-task running baseline
     # Loss aggregation, both modes (see trainer_adapters/sao/loss.py): "sequence" weighs every
     # rollout equally; "token" lets long failed rollouts outweigh short successes (see README).
     denominator: str = "sequence"
-    batch: int = 8                 # rollouts per update, both modes
-    in_flight: int = 4             # SAO: rollouts kept running
-    max_lag: int = 2               # SAO: updates generation may run ahead of training
-    group_size: int = 4            # GRPO: samples per prompt; groups = batch / group_size
-    workers: int = 4               # daemon init/run/eval workers, both modes
+    batch: int = 8  # rollouts per update, both modes
+    in_flight: int = 4  # SAO: rollouts kept running
+    max_lag: int = 2  # SAO: updates generation may run ahead of training
+    group_size: int = 4  # GRPO: samples per prompt; groups = batch / group_size
+    workers: int = 4  # daemon init/run/eval workers, both modes
     max_turns: int = 2
     max_new_tokens: int = 48
     temperature: float = 1.0
-    window: int = 64               # moving average over this many rollouts
-    eval_rollouts: int = 96        # each evaluation (a multiple of 6 tells every variant equally)
+    window: int = 64  # moving average over this many rollouts
+    eval_rollouts: int = 96  # each evaluation (a multiple of 6 tells every variant equally)
     warm_smoothing: float = 0.05
     warm_max_steps: int = 800
     warm_lr: float = 3e-3
@@ -114,14 +114,25 @@ class Settings:
 
     def task(self, variant: Variant) -> Any:
         """The rollout task of `variant` with this run's turn, token and temperature settings."""
-        return make_task(variant, max_turns=self.max_turns, max_new_tokens=self.max_new_tokens,
-                         temperature=self.temperature)
+        return make_task(
+            variant, max_turns=self.max_turns, max_new_tokens=self.max_new_tokens, temperature=self.temperature
+        )
 
 
 def smoke_settings(seed: int) -> Settings:
     """A short run for the test: a few updates per mode, a handful of evaluation rollouts."""
-    return Settings(minutes=0.25, seed=seed, batch=4, in_flight=2, group_size=2, workers=2, window=8,
-                    eval_rollouts=6, warm_max_steps=40, max_updates=3)
+    return Settings(
+        minutes=0.25,
+        seed=seed,
+        batch=4,
+        in_flight=2,
+        group_size=2,
+        workers=2,
+        window=8,
+        eval_rollouts=6,
+        warm_max_steps=40,
+        max_updates=3,
+    )
 
 
 def make_optimizer(model: torch.nn.Module, settings: Settings) -> torch.optim.Optimizer:
@@ -171,8 +182,10 @@ class Session:
         """Save, load into the server under `version`, tell the daemon."""
         started = time.monotonic()
         await asyncio.to_thread(save_checkpoint, model, self.weights_path)
-        async with self.http.post(f"{self.url}/update_weights_from_disk",
-                                  json={"model_path": str(self.weights_path), "weight_version": version}) as response:
+        async with self.http.post(
+            f"{self.url}/update_weights_from_disk",
+            json={"model_path": str(self.weights_path), "weight_version": version},
+        ) as response:
             body = await response.json()
         if response.status != 200 or not body.get("success"):
             raise RuntimeError(f"the server refused the weights of version {version}: {body}")
@@ -219,19 +232,28 @@ class ModeResult:
         reached = next((u["t"] for u in self.updates if u["window_full"] and u["reward_ma"] >= GOAL_REWARD), None)
         staleness_means = [u["staleness_mean"] for u in self.updates]
         return {
-            "mode": self.mode, "budget_s": self.budget_s, "wall_s": round(self.wall_s, 1),
-            "updates": len(self.updates), "rollouts_trained": len(self.rollouts), "rollouts_filtered": self.filtered,
+            "mode": self.mode,
+            "budget_s": self.budget_s,
+            "wall_s": round(self.wall_s, 1),
+            "updates": len(self.updates),
+            "rollouts_trained": len(self.rollouts),
+            "rollouts_filtered": self.filtered,
             "rollouts_per_s": round(len(self.rollouts) / self.wall_s, 3) if self.wall_s else 0.0,
             "reward_first_window": round(statistics.fmean(first), 4) if first else None,
             "reward_last_window": round(statistics.fmean(last), 4) if last else None,
-            "seconds_to_goal": reached, "goal_reward": GOAL_REWARD,
+            "seconds_to_goal": reached,
+            "goal_reward": GOAL_REWARD,
             "staleness_mean": round(statistics.fmean(staleness_means), 3) if staleness_means else 0.0,
             "staleness_max": max((u["staleness_max"] for u in self.updates), default=0),
             "masked_fraction_mean": round(statistics.fmean(u["masked_fraction"] for u in self.updates), 4)
-            if self.updates else 0.0,
-            "final_eval": self.final_eval, "server_weight_version": self.server_weight_version,
-            "daemon_policy_version": self.daemon_policy_version, "weight_pushes": self.pushes,
-            "push_seconds_total": round(self.push_seconds, 2), "prompt_ids_match": self.prompt_check,
+            if self.updates
+            else 0.0,
+            "final_eval": self.final_eval,
+            "server_weight_version": self.server_weight_version,
+            "daemon_policy_version": self.daemon_policy_version,
+            "weight_pushes": self.pushes,
+            "push_seconds_total": round(self.push_seconds, 2),
+            "prompt_ids_match": self.prompt_check,
             # The newest weight version that generated a trained-on rollout: > 0 once pushed weights were served.
             "max_generation_version": max((r["version"] for r in self.rollouts), default=-1),
             "load_average_start_end": [round(x, 2) for x in self.load_average],
@@ -243,9 +265,16 @@ def rollout_record(result: Any, t: float, version: int) -> dict:
     weight version among its generated tokens, and its staleness against the learner's `version`."""
     stale = staleness_of(result, version)
     generated_by = [v for m, v in zip(result.response_mask, result.weight_versions) if m]
-    return {"t": round(t, 3), "task": result.task_id, "reward": result.reward, "version": min(generated_by, default=-1),
-            "turns": len(result.turns), "generated": len(stale),
-            "staleness_max": max(stale, default=0), "finish": result.finish_reason}
+    return {
+        "t": round(t, 3),
+        "task": result.task_id,
+        "reward": result.reward,
+        "version": min(generated_by, default=-1),
+        "turns": len(result.turns),
+        "generated": len(stale),
+        "staleness_max": max(stale, default=0),
+        "finish": result.finish_reason,
+    }
 
 
 def check_prompt(result: Any) -> bool:
@@ -258,8 +287,14 @@ def check_prompt(result: Any) -> bool:
 # ---- SAO: streaming -------------------------------------------------------------------------------
 
 
-async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPrefixLogprobs,
-                  settings: Settings, rng: random.Random, start_reward: float | None) -> ModeResult:
+async def run_sao(
+    session: Session,
+    model: torch.nn.Module,
+    logprobs: SharedPrefixLogprobs,
+    settings: Settings,
+    rng: random.Random,
+    start_reward: float | None,
+) -> ModeResult:
     client = session.client
     budget = settings.minutes * 60
     result = ModeResult("sao", [], [], budget)
@@ -274,12 +309,18 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
 
     # Every task's running baseline starts at the warm start's measured success rate: from 0, the
     # first successes of each task would look far better than they are.
-    learner = StreamingLearner(model, optimizer, logprobs,
-                               config=LearnerConfig(batch_rollouts=settings.batch,
-                                                    loss=dataclasses.replace(CODING, denominator=settings.denominator),
-                                                    baseline_momentum=settings.baseline_momentum,
-                                                    baseline_initial=start_reward or 0.0),
-                               publish=publish)
+    learner = StreamingLearner(
+        model,
+        optimizer,
+        logprobs,
+        config=LearnerConfig(
+            batch_rollouts=settings.batch,
+            loss=dataclasses.replace(CODING, denominator=settings.denominator),
+            baseline_momentum=settings.baseline_momentum,
+            baseline_initial=start_reward or 0.0,
+        ),
+        publish=publish,
+    )
     results: asyncio.Queue = asyncio.Queue()
     state = {"submitted": 0, "in_flight": 0, "stop": False}
 
@@ -297,9 +338,18 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
                 continue
             report = await learner.update()
             batch, trained_batch[:] = list(trained_batch), []
-            record_update(result, report.version, time.monotonic() - t0, batch, average,
-                          staleness_mean=report.staleness_mean, staleness_max=report.staleness_max,
-                          masked_fraction=report.masked_fraction, loss=report.loss, tokens=report.tokens)
+            record_update(
+                result,
+                report.version,
+                time.monotonic() - t0,
+                batch,
+                average,
+                staleness_mean=report.staleness_mean,
+                staleness_max=report.staleness_max,
+                masked_fraction=report.masked_fraction,
+                loss=report.loss,
+                tokens=report.tokens,
+            )
             changed.set()
             if settings.max_updates is not None and len(result.updates) >= settings.max_updates:
                 state["stop"] = True
@@ -316,6 +366,7 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
         return budget - (time.monotonic() - t0)
 
     async with client.rollouts.open_stream() as stream:
+
         async def submit() -> None:
             while not state["stop"] and time_left() > 0:
                 if not may_submit():
@@ -362,8 +413,14 @@ async def run_sao(session: Session, model: torch.nn.Module, logprobs: SharedPref
 # ---- GRPO: synchronous group barrier ---------------------------------------------------------------
 
 
-async def run_grpo(session: Session, model: torch.nn.Module, logprobs: SharedPrefixLogprobs,
-                   settings: Settings, rng: random.Random, start_reward: float | None) -> ModeResult:
+async def run_grpo(
+    session: Session,
+    model: torch.nn.Module,
+    logprobs: SharedPrefixLogprobs,
+    settings: Settings,
+    rng: random.Random,
+    start_reward: float | None,
+) -> ModeResult:
     client = session.client
     budget = settings.minutes * 60
     result = ModeResult("grpo", [], [], budget)
@@ -377,12 +434,14 @@ async def run_grpo(session: Session, model: torch.nn.Module, logprobs: SharedPre
         old = torch.zeros(len(batch), width)
         mask = torch.zeros(len(batch), width)
         for row, r in enumerate(batch):
-            old[row, :len(r.response_ids)] = torch.tensor(r.response_logprobs)
-            mask[row, :len(r.response_ids)] = torch.tensor(r.response_mask, dtype=torch.float32)
+            old[row, : len(r.response_ids)] = torch.tensor(r.response_logprobs)
+            mask[row, : len(r.response_ids)] = torch.tensor(r.response_mask, dtype=torch.float32)
         advantages = sequence_advantages_to_tokens(
-            group_normalized_advantages([r.reward for r in batch], [r.group_id for r in batch]), mask)
+            group_normalized_advantages([r.reward for r in batch], [r.group_id for r in batch]), mask
+        )
         current = torch.nn.utils.rnn.pad_sequence(
-            [logprobs(model, r.prompt_ids, r.response_ids) for r in batch], batch_first=True)
+            [logprobs(model, r.prompt_ids, r.response_ids) for r in batch], batch_first=True
+        )
         loss, metrics = clipped_policy_loss(current, old, advantages, mask, denominator=settings.denominator)
         optimizer.zero_grad()
         loss.backward()
@@ -414,26 +473,55 @@ async def run_grpo(session: Session, model: torch.nn.Module, logprobs: SharedPre
             loss, metrics, tokens = await asyncio.to_thread(step, batch)
             version += 1
             await session.push(model, version)
-            record_update(result, version, time.monotonic() - t0, records, average,
-                          staleness_mean=statistics.fmean(stale) if stale else 0.0, staleness_max=max(stale, default=0),
-                          masked_fraction=metrics["clip_fraction"], loss=loss, tokens=tokens)
+            record_update(
+                result,
+                version,
+                time.monotonic() - t0,
+                records,
+                average,
+                staleness_mean=statistics.fmean(stale) if stale else 0.0,
+                staleness_max=max(stale, default=0),
+                masked_fraction=metrics["clip_fraction"],
+                loss=loss,
+                tokens=tokens,
+            )
             if settings.max_updates is not None and len(result.updates) >= settings.max_updates:
                 break
     result.wall_s = time.monotonic() - t0
     return result
 
 
-def record_update(result: ModeResult, version: int, t: float, records: list[dict], average: MovingAverage, *,
-                  staleness_mean: float, staleness_max: int, masked_fraction: float, loss: float, tokens: int) -> None:
+def record_update(
+    result: ModeResult,
+    version: int,
+    t: float,
+    records: list[dict],
+    average: MovingAverage,
+    *,
+    staleness_mean: float,
+    staleness_max: int,
+    masked_fraction: float,
+    loss: float,
+    tokens: int,
+) -> None:
     rewards = [r["reward"] for r in records]
     moving = average.add(rewards)
     result.rollouts.extend(records)
-    result.updates.append({
-        "version": version, "t": round(t, 3), "rollouts": len(records), "tokens": tokens,
-        "reward": round(statistics.fmean(rewards), 4) if rewards else None, "reward_ma": round(moving, 4),
-        "window_full": average.full, "staleness_mean": round(staleness_mean, 3), "staleness_max": staleness_max,
-        "masked_fraction": round(masked_fraction, 4), "loss": round(loss, 5),
-    })
+    result.updates.append(
+        {
+            "version": version,
+            "t": round(t, 3),
+            "rollouts": len(records),
+            "tokens": tokens,
+            "reward": round(statistics.fmean(rewards), 4) if rewards else None,
+            "reward_ma": round(moving, 4),
+            "window_full": average.full,
+            "staleness_mean": round(staleness_mean, 3),
+            "staleness_max": staleness_max,
+            "masked_fraction": round(masked_fraction, 4),
+            "loss": round(loss, 5),
+        }
+    )
 
 
 # ---- evaluation --------------------------------------------------------------------------------------
@@ -450,18 +538,25 @@ async def evaluate(session: Session, settings: Settings, count: int) -> dict:
             continue
         per_variant.setdefault(item.task_id, []).append(item.reward)
     rewards = [r for values in per_variant.values() for r in values]
-    return {"rollouts": len(rewards), "filtered": filtered,
-            "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,
-            "per_variant": {k: round(statistics.fmean(v), 3) for k, v in sorted(per_variant.items())}}
+    return {
+        "rollouts": len(rewards),
+        "filtered": filtered,
+        "mean_reward": round(statistics.fmean(rewards), 4) if rewards else None,
+        "per_variant": {k: round(statistics.fmean(v), 3) for k, v in sorted(per_variant.items())},
+    }
 
 
 async def with_session(name: str, settings: Settings, checkpoint: Path, workdir: Path, body) -> Any:
     session = Session(name, settings, checkpoint, workdir)
     session.url = await session.server.start()
     try:
-        async with embedded_daemon(init_workers=settings.workers, run_workers=settings.workers,
-                                   eval_workers=settings.workers) as address, \
-                AsyncClient(address) as client, aiohttp.ClientSession() as http:
+        async with (
+            embedded_daemon(
+                init_workers=settings.workers, run_workers=settings.workers, eval_workers=settings.workers
+            ) as address,
+            AsyncClient(address) as client,
+            aiohttp.ClientSession() as http,
+        ):
             session.client, session.http = client, http
             await client.rollouts.register_llm(session.url)
             return await body(session)
@@ -469,8 +564,9 @@ async def with_session(name: str, settings: Settings, checkpoint: Path, workdir:
         await session.server.stop()
 
 
-async def run_mode(mode: str, settings: Settings, checkpoint: Path, workdir: Path,
-                   start_reward: float | None = None) -> ModeResult:
+async def run_mode(
+    mode: str, settings: Settings, checkpoint: Path, workdir: Path, start_reward: float | None = None
+) -> ModeResult:
     async def body(session: Session) -> ModeResult:
         torch.manual_seed(settings.seed)
         model = load_checkpoint(checkpoint)
@@ -495,26 +591,41 @@ async def run_mode(mode: str, settings: Settings, checkpoint: Path, workdir: Pat
 def plot(path: Path, results: dict[str, ModeResult], start_eval: dict | None, settings: Settings) -> bool:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no plot written, only the JSON logs "
-              "(pip install matplotlib to get the PNG)")
+        print(
+            "matplotlib is not installed: no plot written, only the JSON logs (pip install matplotlib to get the PNG)"
+        )
         return False
     colours = {"sao": "tab:blue", "grpo": "tab:orange"}
-    labels = {"sao": f"SAO streaming (batch {settings.batch}, {settings.in_flight} in flight)",
-              "grpo": f"GRPO group barrier ({settings.groups} x {settings.group_size})"}
+    labels = {
+        "sao": f"SAO streaming (batch {settings.batch}, {settings.in_flight} in flight)",
+        "grpo": f"GRPO group barrier ({settings.groups} x {settings.group_size})",
+    }
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for mode, result in results.items():
         xs = [u["t"] for u in result.updates]
         ax.plot(xs, [u["reward"] for u in result.updates], color=colours[mode], alpha=0.18, linewidth=0.8)
-        ax.plot(xs, [u["reward_ma"] for u in result.updates], color=colours[mode], linewidth=2,
-                label=f"{labels[mode]}: moving average of {settings.window} rollouts")
+        ax.plot(
+            xs,
+            [u["reward_ma"] for u in result.updates],
+            color=colours[mode],
+            linewidth=2,
+            label=f"{labels[mode]}: moving average of {settings.window} rollouts",
+        )
         if result.final_eval and result.final_eval["mean_reward"] is not None:
             ax.scatter([result.wall_s], [result.final_eval["mean_reward"]], color=colours[mode], marker="D", zorder=5)
     if start_eval and start_eval["mean_reward"] is not None:
-        ax.scatter([0], [start_eval["mean_reward"]], color="black", marker="D", zorder=5,
-                   label="evaluations (warm start at 0, final policies at the end)")
+        ax.scatter(
+            [0],
+            [start_eval["mean_reward"]],
+            color="black",
+            marker="D",
+            zorder=5,
+            label="evaluations (warm start at 0, final policies at the end)",
+        )
     ax.axhline(GOAL_REWARD, color="grey", linestyle="--", linewidth=1, label=f"goal {GOAL_REWARD}")
     ax.set_xlabel("wall-clock seconds (training budget)")
     ax.set_ylabel("mean reward of the rollouts trained on")
@@ -533,14 +644,16 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, help="wall-clock training budget per mode (default 15; --smoke 0.25)")
     parser.add_argument("--out", default="runs/", help="folder for the JSON logs and the plot")
     parser.add_argument("--mode", choices=("both", "sao", "grpo"), default="both")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true",
-                        help="a short run (a few updates per mode, tiny warm start): what the test runs")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a short run (a few updates per mode, tiny warm start): what the test runs"
+    )
     parser.add_argument("--lr", type=float, help="Adam learning rate, both modes")
     parser.add_argument("--optimizer", choices=("adam", "sgd"), help="both modes")
     parser.add_argument("--baseline-momentum", type=float, help="SAO: per-task running baseline momentum")
@@ -560,11 +673,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     settings = smoke_settings(args.seed) if args.smoke else Settings(seed=args.seed)
-    overrides = {"minutes": args.minutes, "lr": args.lr, "optimizer": args.optimizer, "baseline_momentum": args.baseline_momentum,
-                 "batch": args.batch, "denominator": args.denominator,
-                 "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "in_flight": args.in_flight, "max_lag": args.max_lag,
-                 "group_size": args.group_size, "warm_smoothing": args.warm_smoothing,
-                 "eval_rollouts": args.eval_rollouts, "max_updates": args.max_updates}
+    overrides = {
+        "minutes": args.minutes,
+        "lr": args.lr,
+        "optimizer": args.optimizer,
+        "baseline_momentum": args.baseline_momentum,
+        "batch": args.batch,
+        "denominator": args.denominator,
+        "max_turns": args.max_turns,
+        "max_new_tokens": args.max_new_tokens,
+        "in_flight": args.in_flight,
+        "max_lag": args.max_lag,
+        "group_size": args.group_size,
+        "warm_smoothing": args.warm_smoothing,
+        "eval_rollouts": args.eval_rollouts,
+        "max_updates": args.max_updates,
+    }
     return dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -576,20 +700,32 @@ async def main_async(settings: Settings, modes: list[str], out: Path, warm_from:
     if warm_from:
         print(f"warm start: {warm_from}", flush=True)
         model, warm = load_checkpoint(warm_from), WarmStart()
-        warm.exact_probability = exact_probabilities(model, SharedPrefixLogprobs(
-            common_prefix([prompt_ids(v) for v in VARIANTS])))
+        warm.exact_probability = exact_probabilities(
+            model, SharedPrefixLogprobs(common_prefix([prompt_ids(v) for v in VARIANTS]))
+        )
     else:
-        print(f"warm start (behaviour cloning, label smoothing {settings.warm_smoothing}, until the greedy reply "
-              "is right for every variant)", flush=True)
-        model, warm = warm_start(settings.seed, smoothing=settings.warm_smoothing, max_steps=settings.warm_max_steps,
-                                 lr=settings.warm_lr)
+        print(
+            f"warm start (behaviour cloning, label smoothing {settings.warm_smoothing}, until the greedy reply "
+            "is right for every variant)",
+            flush=True,
+        )
+        model, warm = warm_start(
+            settings.seed, smoothing=settings.warm_smoothing, max_steps=settings.warm_max_steps, lr=settings.warm_lr
+        )
     checkpoint = save_checkpoint(model, workdir / "warm_start.pt")
-    print(f"  {warm.steps} steps in {warm.seconds:.1f} s; greedy reply right: {warm.greedy_correct}; exact-reply probability "
-          f"{', '.join(f'{k} {v:.2f}' for k, v in warm.exact_probability.items())}", flush=True)
+    print(
+        f"  {warm.steps} steps in {warm.seconds:.1f} s; greedy reply right: {warm.greedy_correct}; exact-reply probability "
+        f"{', '.join(f'{k} {v:.2f}' for k, v in warm.exact_probability.items())}",
+        flush=True,
+    )
 
-    start_eval = await with_session("start", settings, checkpoint, workdir,
-                                    lambda session: evaluate(session, settings, settings.eval_rollouts))
-    print(f"  warm start evaluated on {start_eval['rollouts']} rollouts: mean reward {start_eval['mean_reward']}", flush=True)
+    start_eval = await with_session(
+        "start", settings, checkpoint, workdir, lambda session: evaluate(session, settings, settings.eval_rollouts)
+    )
+    print(
+        f"  warm start evaluated on {start_eval['rollouts']} rollouts: mean reward {start_eval['mean_reward']}",
+        flush=True,
+    )
 
     results: dict[str, ModeResult] = {}
     for mode in modes:
@@ -597,24 +733,44 @@ async def main_async(settings: Settings, modes: list[str], out: Path, warm_from:
         result = await run_mode(mode, settings, checkpoint, workdir, start_eval["mean_reward"])
         results[mode] = result
         summary = result.summary(settings.window)
-        write_json(out / f"sao_toy_{mode}.json", {"summary": summary, "settings": dataclasses.asdict(settings),
-                                                   "updates": result.updates, "rollouts": result.rollouts})
-        print(f"  {summary['updates']} updates, {summary['rollouts_trained']} rollouts in {summary['wall_s']} s; "
-              f"reward first {settings.window}: {summary['reward_first_window']}, last {settings.window}: "
-              f"{summary['reward_last_window']}; goal {GOAL_REWARD} reached at "
-              f"{summary['seconds_to_goal'] if summary['seconds_to_goal'] is not None else 'never'} s; staleness mean "
-              f"{summary['staleness_mean']} max {summary['staleness_max']}; server weight version "
-              f"{summary['server_weight_version']}; final evaluation {summary['final_eval']['mean_reward']}", flush=True)
+        write_json(
+            out / f"sao_toy_{mode}.json",
+            {
+                "summary": summary,
+                "settings": dataclasses.asdict(settings),
+                "updates": result.updates,
+                "rollouts": result.rollouts,
+            },
+        )
+        print(
+            f"  {summary['updates']} updates, {summary['rollouts_trained']} rollouts in {summary['wall_s']} s; "
+            f"reward first {settings.window}: {summary['reward_first_window']}, last {settings.window}: "
+            f"{summary['reward_last_window']}; goal {GOAL_REWARD} reached at "
+            f"{summary['seconds_to_goal'] if summary['seconds_to_goal'] is not None else 'never'} s; staleness mean "
+            f"{summary['staleness_mean']} max {summary['staleness_max']}; server weight version "
+            f"{summary['server_weight_version']}; final evaluation {summary['final_eval']['mean_reward']}",
+            flush=True,
+        )
 
     plotted = plot(out / "sao_toy.png", results, start_eval, settings) if results else False
     report = {
-        "date": time.strftime("%Y-%m-%d"), "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                                        "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+        },
         "settings": dataclasses.asdict(settings),
         "model": {"config": dict(model.config), "parameters": model.num_parameters()},
-        "warm_start": {"steps": warm.steps, "seconds": round(warm.seconds, 1), "smoothing": warm.smoothing,
-                       "greedy_correct": warm.greedy_correct, "mean_exact": round(warm.mean_exact, 4),
-                       "exact_probability": {k: round(v, 4) for k, v in warm.exact_probability.items()}},
+        "warm_start": {
+            "steps": warm.steps,
+            "seconds": round(warm.seconds, 1),
+            "smoothing": warm.smoothing,
+            "greedy_correct": warm.greedy_correct,
+            "mean_exact": round(warm.mean_exact, 4),
+            "exact_probability": {k: round(v, 4) for k, v in warm.exact_probability.items()},
+        },
         "start_eval": start_eval,
         "modes": {mode: result.summary(settings.window) for mode, result in results.items()},
         "plot": str(out / "sao_toy.png") if plotted else None,

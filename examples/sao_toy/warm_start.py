@@ -30,10 +30,9 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn import functional as F
-
 from network import SharedPrefixLogprobs, build_model, common_prefix
 from tasks import VARIANTS, prompt_ids, solution_ids
+from torch.nn import functional as F
 
 
 @dataclass
@@ -70,8 +69,16 @@ def greedy_correct(model, logprobs: SharedPrefixLogprobs) -> bool:
     return all(bool((row.argmax(-1) == torch.tensor(reply)).all()) for row, reply in zip(logits, replies))
 
 
-def warm_start(seed: int, *, smoothing: float = 0.05, max_steps: int = 800, lr: float = 3e-3,
-               check_every: int = 10, confirm: int = 3, log=print):
+def warm_start(
+    seed: int,
+    *,
+    smoothing: float = 0.05,
+    max_steps: int = 800,
+    lr: float = 3e-3,
+    check_every: int = 10,
+    confirm: int = 3,
+    log=print,
+):
     """(model, WarmStart): see the module docstring."""
     model = build_model(seed)
     prompts = [prompt_ids(v) for v in VARIANTS]
@@ -94,11 +101,19 @@ def warm_start(seed: int, *, smoothing: float = 0.05, max_steps: int = 800, lr: 
         correct = greedy_correct(model, logprobs)
         confirmed = confirmed + 1 if correct else 0
         report.exact_probability = exact_probabilities(model, logprobs)
-        report.history.append({"step": report.steps, "loss": round(float(loss.detach()), 4),
-                               "mean_exact": round(report.mean_exact, 4), "greedy_correct": correct})
+        report.history.append(
+            {
+                "step": report.steps,
+                "loss": round(float(loss.detach()), 4),
+                "mean_exact": round(report.mean_exact, 4),
+                "greedy_correct": correct,
+            }
+        )
         if report.steps % (check_every * 10) == 0:
-            log(f"  warm start step {report.steps}: loss {float(loss.detach()):.3f}, mean exact-reply "
-                f"probability {report.mean_exact:.3f}, greedy reply right for every variant: {correct}")
+            log(
+                f"  warm start step {report.steps}: loss {float(loss.detach()):.3f}, mean exact-reply "
+                f"probability {report.mean_exact:.3f}, greedy reply right for every variant: {correct}"
+            )
         if confirmed >= confirm:
             break
     report.greedy_correct = greedy_correct(model, logprobs)

@@ -30,8 +30,8 @@ from tunix.rl.agentic.pipeline.rollout_orchestrator import RolloutOrchestrator
 from tunix.rl.agentic.utils import RolloutSyncLock
 from tunix.rl.rollout.base_rollout import RolloutOutput
 
-from corral.rollout.reference.server import ReferenceServer
 from corral.rollout.reference.replay import ReplayPolicy
+from corral.rollout.reference.server import ReferenceServer
 from corral.rollout.tokenizer import END_OF_TEXT, IM_END, ByteChatTokenizer
 from corral.sdk import AsyncClient, load_tasks
 from corral.trainer_adapters.tunix import CorralCollectEngine, CorralRolloutSource, CorralTaskEnv, system_prompt
@@ -69,12 +69,17 @@ def replay_model_call(tasks, tokenizer, parser):
     def model_call(chat_completions, env=None, max_generation_steps=None, **kwargs):
         if env is not None:
             env.task["policy_version"] = 0  # the learner's _model_call stamps its policy version
-        prompt_ids = tokenizer.encode(parser.parse(messages=chat_completions, add_generation_prompt=True,
-                                                   is_first_msg=True))
+        prompt_ids = tokenizer.encode(
+            parser.parse(messages=chat_completions, add_generation_prompt=True, is_first_msg=True)
+        )
         _, answer = policy.answer(prompt_ids)
-        return RolloutOutput(text=[tokenizer.decode(answer[:-1])], logits=[], tokens=[np.asarray(answer)],
-                             left_padded_prompt_tokens=np.asarray([prompt_ids]),
-                             logprobs=[np.zeros(len(answer), dtype=np.float32)])
+        return RolloutOutput(
+            text=[tokenizer.decode(answer[:-1])],
+            logits=[],
+            tokens=[np.asarray(answer)],
+            left_padded_prompt_tokens=np.asarray([prompt_ids]),
+            logprobs=[np.zeros(len(answer), dtype=np.float32)],
+        )
 
     return model_call
 
@@ -84,23 +89,34 @@ async def environment_mode(lines: list[str], address: str | None) -> None:
     parser = QwenChatTemplateParser(tokenizer)
     tasks = [CorralTaskEnv({"corral_task": line}).corral_task for line in lines]
     orchestrator = RolloutOrchestrator(
-        rollout_sync_lock=RolloutSyncLock(), engine_cls=CorralCollectEngine, max_concurrency=4,
-        engine_kwargs={"model_call": replay_model_call(tasks, tokenizer, parser), "tokenizer": tokenizer,
-                       "chat_parser": parser})
+        rollout_sync_lock=RolloutSyncLock(),
+        engine_cls=CorralCollectEngine,
+        max_concurrency=4,
+        engine_kwargs={
+            "model_call": replay_model_call(tasks, tokenizer, parser),
+            "tokenizer": tokenizer,
+            "chat_parser": parser,
+        },
+    )
     # What the learner does per example: one (agent, env) pair per generation.
     pairs = []
     for group_id, line in enumerate(lines):
         env = CorralTaskEnv({"corral_task": line}, group_id=group_id, pair_index=0, address=address)
         pairs.append((ModelAgent(system_prompt=system_prompt(env.corral_task)), env))
-    producer = asyncio.create_task(orchestrator.run_producers_from_stream(
-        pairs, group_size=1, group_key_fn=lambda i, env, traj: env.extra_kwargs["group_id"], collect_mode="Token"))
+    producer = asyncio.create_task(
+        orchestrator.run_producers_from_stream(
+            pairs, group_size=1, group_key_fn=lambda i, env, traj: env.extra_kwargs["group_id"], collect_mode="Token"
+        )
+    )
     await asyncio.sleep(0)
     async for batch in orchestrator.yield_batches(batch_size=1):
         for item in batch:
             traj = item.traj
-            print(f"  env mode     {tasks[item.group_id].task_id:28} status={traj['status']:9} "
-                  f"reward={traj['trajectory_reward']:.2f} tokens={len(traj['conversation_tokens'])} "
-                  f"trained-on={int(traj['conversation_masks'].sum())}")
+            print(
+                f"  env mode     {tasks[item.group_id].task_id:28} status={traj['status']:9} "
+                f"reward={traj['trajectory_reward']:.2f} tokens={len(traj['conversation_tokens'])} "
+                f"trained-on={int(traj['conversation_masks'].sum())}"
+            )
     await producer
 
 
@@ -111,9 +127,11 @@ async def service_mode(lines: list[str], address: str | None) -> None:
     try:
         async for item in CorralRolloutSource(tasks, servers=[server.url], address=address, n=2):
             traj = item.traj
-            print(f"  service mode {traj['corral_task_id']:28} group={item.group_id} sample={item.pair_index} "
-                  f"status={traj['status']:9} reward={traj['trajectory_reward']:.2f} "
-                  f"tokens={len(traj['conversation_tokens'])} trained-on={int(traj['conversation_masks'].sum())}")
+            print(
+                f"  service mode {traj['corral_task_id']:28} group={item.group_id} sample={item.pair_index} "
+                f"status={traj['status']:9} reward={traj['trajectory_reward']:.2f} "
+                f"tokens={len(traj['conversation_tokens'])} trained-on={int(traj['conversation_masks'].sum())}"
+            )
     finally:
         async with AsyncClient(address) as client:  # the daemon keeps servers registered: take ours out
             await client.rollouts.remove_llm(server.url)
@@ -125,7 +143,7 @@ async def main() -> None:
     parser.add_argument("--address", help="the corral daemon (default: $CORRAL_ADDRESS or the system socket)")
     parser.add_argument("--limit", type=int, default=3, help="how many bundled tasks to run (default 3)")
     args = parser.parse_args()
-    lines = TASKS.read_text(encoding="utf-8").splitlines()[:args.limit]
+    lines = TASKS.read_text(encoding="utf-8").splitlines()[: args.limit]
     print("environment mode: tunix runs the agent loop, corral the sandboxes")
     await environment_mode(lines, args.address)
     print("service mode: the daemon runs the rollouts against a registered server")

@@ -21,9 +21,15 @@ from corral.sdk.tasks import task_to_json
 
 
 def rows(tasks_path: str, agent_name: str = "corral") -> list[dict]:
-    return [{"data_source": "corral", "agent_name": agent_name, "prompt": render_messages(task),
-             "extra_info": {"index": index, "task_id": task.task_id, "corral_task": task_to_json(task)}}
-            for index, task in enumerate(load_tasks(tasks_path))]
+    return [
+        {
+            "data_source": "corral",
+            "agent_name": agent_name,
+            "prompt": render_messages(task),
+            "extra_info": {"index": index, "task_id": task.task_id, "corral_task": task_to_json(task)},
+        }
+        for index, task in enumerate(load_tasks(tasks_path))
+    ]
 
 
 def write(records: list[dict], out: str) -> None:

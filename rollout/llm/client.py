@@ -4,7 +4,6 @@ sorts failures into retryable (the server's fault: try another) and not (the req
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, Protocol
 
@@ -23,8 +22,15 @@ class LLMServerError(Exception):
     same way anywhere.
     """
 
-    def __init__(self, message: str, *, server: str = "", status: int | None = None, retryable: bool = True,
-                 take_out: bool | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        server: str = "",
+        status: int | None = None,
+        retryable: bool = True,
+        take_out: bool | None = None,
+    ) -> None:
         super().__init__(message)
         self.server = server
         self.status = status
@@ -61,8 +67,9 @@ class HTTPClientBase:
     """Holds the base URL and the aiohttp session (shared when given, else owned and closed by
     `close`)."""
 
-    def __init__(self, base_url: str, *, session: aiohttp.ClientSession | None = None,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, base_url: str, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 600.0
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._session = session
@@ -80,8 +87,14 @@ class HTTPClientBase:
             await self._session.close()
             self._session = None
 
-    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None,
-                       timeout_s: float | None = None, json_answer: bool = True) -> Any:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        json_answer: bool = True,
+    ) -> Any:
         """The decoded JSON answer (the raw body when not `json_answer`); LLMServerError
         (retryable or not) for every failure."""
         url = self.base_url + path
@@ -90,23 +103,28 @@ class HTTPClientBase:
             async with self._get_session().request(method, url, json=payload, timeout=timeout) as response:
                 body = await response.read()
                 status = response.status
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise LLMServerError(f"{method} {url} timed out", server=self.base_url) from None
         except (aiohttp.ClientError, OSError) as error:
-            raise LLMServerError(f"{method} {url} failed: {type(error).__name__}: {error}",
-                                 server=self.base_url) from None
+            raise LLMServerError(
+                f"{method} {url} failed: {type(error).__name__}: {error}", server=self.base_url
+            ) from None
         if status >= 400:
             detail = body[:500].decode(errors="replace")
             retryable = status >= 500 or status in (408, 429)
-            raise LLMServerError(f"{method} {url} answered {status}: {detail}", server=self.base_url,
-                                 status=status, retryable=retryable)
+            raise LLMServerError(
+                f"{method} {url} answered {status}: {detail}", server=self.base_url, status=status, retryable=retryable
+            )
         if not json_answer:
             return body
         try:
             return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise LLMServerError(f"{method} {url} answered something that is not JSON: {body[:200]!r}",
-                                 server=self.base_url, status=status) from None
+            raise LLMServerError(
+                f"{method} {url} answered something that is not JSON: {body[:200]!r}",
+                server=self.base_url,
+                status=status,
+            ) from None
 
 
 def protocol_error(server: str, message: str) -> LLMServerError:

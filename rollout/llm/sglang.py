@@ -37,8 +37,9 @@ class SGLangClient(HTTPClientBase):
 
     protocol = "sglang"
 
-    def __init__(self, base_url: str, *, session: aiohttp.ClientSession | None = None,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, base_url: str, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 600.0
+    ) -> None:
         super().__init__(base_url, session=session, timeout_s=timeout_s)
 
     def request_body(self, input_ids: list[int], sampling: SamplingOptions) -> dict[str, Any]:
@@ -50,8 +51,13 @@ class SGLangClient(HTTPClientBase):
             "no_stop_trim": True,
         }
         params.update(optional_sampling_fields(sampling))
-        return {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True,
-                "logprob_start_len": -1, "stream": False}
+        return {
+            "input_ids": list(input_ids),
+            "sampling_params": params,
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "stream": False,
+        }
 
     async def generate(self, input_ids: list[int], sampling: SamplingOptions) -> Generation:
         data = await self._request("POST", "/generate", self.request_body(input_ids, sampling))
@@ -70,8 +76,12 @@ class SGLangClient(HTTPClientBase):
         logprobs: list[float] = []
         logprob_ids: list[int] = []
         for entry in triples:
-            if not isinstance(entry, (list, tuple)) or len(entry) < 2 or not isinstance(entry[0], (int, float)) \
-                    or int_or_none(entry[1]) is None:
+            if (
+                not isinstance(entry, (list, tuple))
+                or len(entry) < 2
+                or not isinstance(entry[0], (int, float))
+                or int_or_none(entry[1]) is None
+            ):
                 raise protocol_error(self.base_url, f"bad output_token_logprobs entry {entry!r}")
             logprobs.append(float(entry[0]))
             logprob_ids.append(int(entry[1]))
@@ -86,8 +96,12 @@ class SGLangClient(HTTPClientBase):
         kind = reason.get("type") if isinstance(reason, dict) else reason
         finish = str(kind) if kind else "stop"
         matched = reason.get("matched") if isinstance(reason, dict) else None
-        if finish == "stop" and isinstance(matched, int) and not isinstance(matched, bool) \
-                and (not output_ids or output_ids[-1] != matched):
+        if (
+            finish == "stop"
+            and isinstance(matched, int)
+            and not isinstance(matched, bool)
+            and (not output_ids or output_ids[-1] != matched)
+        ):
             output_ids.append(matched)
             if len(logprobs) < len(output_ids):
                 logprobs.append(0.0)  # the server dropped the stop token: its logprob is unknown
@@ -97,8 +111,13 @@ class SGLangClient(HTTPClientBase):
             raise protocol_error(self.base_url, f"{len(output_ids)} output ids but {len(logprobs)} logprobs")
         if logprob_ids != output_ids:
             raise protocol_error(self.base_url, "output_token_logprobs name other ids than output_ids")
-        return Generation(output_ids=output_ids, logprobs=logprobs, finish_reason=finish,
-                          weight_version=weight_version(meta), server=self.base_url)
+        return Generation(
+            output_ids=output_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            weight_version=weight_version(meta),
+            server=self.base_url,
+        )
 
     async def get_weight_version(self) -> int | None:
         """GET /get_weight_version (falling back to /get_model_info): the served version as an int,

@@ -40,8 +40,9 @@ class VLLMClient(HTTPClientBase):
 
     protocol = "vllm"
 
-    def __init__(self, base_url: str, *, session: aiohttp.ClientSession | None = None,
-                 timeout_s: float = 600.0, model: str = "") -> None:
+    def __init__(
+        self, base_url: str, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 600.0, model: str = ""
+    ) -> None:
         super().__init__(base_url, session=session, timeout_s=timeout_s)
         self.model = model
         self._model_lock = asyncio.Lock()
@@ -98,23 +99,31 @@ class VLLMClient(HTTPClientBase):
             tokens = logprobs_obj.get("tokens") or []
             ids = [_token_id(token) for token in tokens]
             if any(i is None for i in ids):
-                raise protocol_error(self.base_url, "the completion has no token_ids and its logprob tokens "
-                                                    "are not 'token_id:<id>' (return_tokens_as_token_ids)")
+                raise protocol_error(
+                    self.base_url,
+                    "the completion has no token_ids and its logprob tokens "
+                    "are not 'token_id:<id>' (return_tokens_as_token_ids)",
+                )
         if not isinstance(ids, list) or not all(int_or_none(i) is not None for i in ids):
             raise protocol_error(self.base_url, "token_ids is not a list of ids")
         output_ids = [int(i) for i in ids]
 
         finish = str(choice.get("finish_reason") or "stop")
         stop_reason = choice.get("stop_reason")
-        if finish == "stop" and isinstance(stop_reason, int) and not isinstance(stop_reason, bool) \
-                and (not output_ids or output_ids[-1] != stop_reason):
+        if (
+            finish == "stop"
+            and isinstance(stop_reason, int)
+            and not isinstance(stop_reason, bool)
+            and (not output_ids or output_ids[-1] != stop_reason)
+        ):
             output_ids.append(stop_reason)
             if len(logprobs) < len(output_ids):
                 logprobs.append(0.0)  # the server dropped the stop token: its logprob is unknown
         if len(logprobs) != len(output_ids):
             raise protocol_error(self.base_url, f"{len(output_ids)} token ids but {len(logprobs)} logprobs")
-        return Generation(output_ids=output_ids, logprobs=logprobs, finish_reason=finish,
-                          weight_version=None, server=self.base_url)
+        return Generation(
+            output_ids=output_ids, logprobs=logprobs, finish_reason=finish, weight_version=None, server=self.base_url
+        )
 
     async def health(self) -> bool:
         try:
@@ -126,5 +135,5 @@ class VLLMClient(HTTPClientBase):
 
 def _token_id(token: Any) -> int | None:
     if isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX):
-        return int_or_none(token[len(_TOKEN_ID_PREFIX):])
+        return int_or_none(token[len(_TOKEN_ID_PREFIX) :])
     return None

@@ -31,7 +31,7 @@ class GenerateParams:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_sglang(cls, params: Mapping[str, Any] | None) -> "GenerateParams":
+    def from_sglang(cls, params: Mapping[str, Any] | None) -> GenerateParams:
         """Reads SGLang's `sampling_params` object; PolicyError on a malformed value."""
         try:
             params = dict(params or {})

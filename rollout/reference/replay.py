@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from corral.rollout.reference.policies import GenerateParams, PolicyError, PolicyOutput
 from corral.rollout.prompt import fill_prompt_fields
+from corral.rollout.reference.policies import GenerateParams, PolicyError, PolicyOutput
 from corral.rollout.tokenizer import IM_END, IM_START, ByteChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat, render_tool_calls
 from corral.rollout.types import ToolCall
@@ -30,8 +30,11 @@ class _Entry:
         self.contents = [content for _, content in contents if content]
         # Assistant messages written into the prompt (few-shot examples) are not turns of ours.
         self.prompt_assistant_turns = sum(1 for role, _ in contents if role == "assistant")
-        self.format = (ToolCallFormat.FENCED_BASH if task.tool_call_format == pb.TOOL_CALL_FORMAT_FENCED_BASH
-                       else ToolCallFormat.HERMES)
+        self.format = (
+            ToolCallFormat.FENCED_BASH
+            if task.tool_call_format == pb.TOOL_CALL_FORMAT_FENCED_BASH
+            else ToolCallFormat.HERMES
+        )
         self.calls = [_tool_call(task.task_id, i, call) for i, call in enumerate(task.reference_solution)]
         # Identity of what would be replayed, to tell a true ambiguity from duplicate tasks.
         self.signature = (self.format, tuple(c.arguments_json() + c.name for c in self.calls))
@@ -81,15 +84,18 @@ class ReplayPolicy:
         if not matches:
             raise PolicyError(
                 f"the replay policy knows no task whose first user message occurs in this prompt "
-                f"({len(self._entries)} tasks loaded; prompt starts {text[:120]!r})")
+                f"({len(self._entries)} tasks loaded; prompt starts {text[:120]!r})"
+            )
         if len(matches) > 1:
             full = [entry for entry in matches if all(content in text for content in entry.contents)]
             matches = full or matches
             longest = max(len(entry.key) for entry in matches)
             matches = [entry for entry in matches if len(entry.key) == longest]
             if len({entry.signature for entry in matches}) > 1:
-                raise PolicyError("the prompt matches several replay tasks with different reference solutions: "
-                                  + ", ".join(repr(entry.task_id) for entry in matches[:5]))
+                raise PolicyError(
+                    "the prompt matches several replay tasks with different reference solutions: "
+                    + ", ".join(repr(entry.task_id) for entry in matches[:5])
+                )
         entry = matches[0]
         turn = text.count(_ASSISTANT_HEADER) - 1 - entry.prompt_assistant_turns
         return entry, max(turn, 0)
@@ -107,7 +113,7 @@ class ReplayPolicy:
     async def generate(self, input_ids: list[int], params: GenerateParams) -> PolicyOutput:
         _, ids = self.answer(input_ids)
         if len(ids) > params.max_new_tokens:
-            ids = ids[:params.max_new_tokens]
+            ids = ids[: params.max_new_tokens]
             return PolicyOutput(ids, [0.0] * len(ids), "length", None)
         return PolicyOutput(ids, [0.0] * len(ids), "stop", self._end_id)
 

@@ -55,8 +55,17 @@ class ReferenceServer:
     then runs its own event loop in a daemon thread.
     """
 
-    def __init__(self, policy: Policy, host: str = "127.0.0.1", port: int = 0, *, latency_s: float = 0.0,
-                 per_token_latency_s: float = 0.0, model_path: str | None = None, grace_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        latency_s: float = 0.0,
+        per_token_latency_s: float = 0.0,
+        model_path: str | None = None,
+        grace_s: float = 1.0,
+    ) -> None:
         self.policy = policy
         self.host = host
         self.port = port
@@ -182,12 +191,17 @@ class ReferenceServer:
         }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[lp, token, None] for lp, token in zip(output.logprobs, output.output_ids)]
-        return web.json_response({
-            "text": self._text(output, skip_special=params_raw.get("skip_special_tokens", True),
-                               no_stop_trim=bool(params_raw.get("no_stop_trim", False))),
-            "output_ids": output.output_ids,
-            "meta_info": meta,
-        })
+        return web.json_response(
+            {
+                "text": self._text(
+                    output,
+                    skip_special=params_raw.get("skip_special_tokens", True),
+                    no_stop_trim=bool(params_raw.get("no_stop_trim", False)),
+                ),
+                "output_ids": output.output_ids,
+                "meta_info": meta,
+            }
+        )
 
     def _input_ids(self, body: dict[str, Any]) -> list[int]:
         ids = body.get("input_ids")
@@ -219,14 +233,16 @@ class ReferenceServer:
         return web.Response(text="")
 
     async def _model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "model_path": self.model_path,
-            "tokenizer_path": "builtin:bytes",
-            "is_generation": True,
-            "weight_version": str(self.policy.weight_version),
-            "vocab_size": self.tokenizer.vocab_size,
-            "policy": self.policy.name,
-        })
+        return web.json_response(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": "builtin:bytes",
+                "is_generation": True,
+                "weight_version": str(self.policy.weight_version),
+                "vocab_size": self.tokenizer.vocab_size,
+                "policy": self.policy.name,
+            }
+        )
 
     async def _weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.policy.weight_version)})
@@ -264,8 +280,9 @@ def _error(message: str, status: int = 400) -> web.Response:
 
 
 def _update_result(success: bool, message: str) -> web.Response:
-    return web.json_response({"success": success, "message": message, "num_paused_requests": 0},
-                             status=200 if success else 400)
+    return web.json_response(
+        {"success": success, "message": message, "num_paused_requests": 0}, status=200 if success else 400
+    )
 
 
 # ---- command line -------------------------------------------------------------------------------
@@ -313,8 +330,10 @@ async def _serve(server: ReferenceServer) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m corral.rollout.reference.server",
-                                     description="The built-in reference LLM server (SGLang protocol).")
+    parser = argparse.ArgumentParser(
+        prog="python -m corral.rollout.reference.server",
+        description="The built-in reference LLM server (SGLang protocol).",
+    )
     parser.add_argument("--policy", choices=("replay", "tiny"), required=True)
     parser.add_argument("--tasks", help="JSONL tasks whose reference solutions the replay policy plays")
     parser.add_argument("--checkpoint", help="a torch.save'd TinyByteLM state dict for the tiny policy")
@@ -329,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, PolicyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    server = ReferenceServer(policy, args.host, args.port, latency_s=args.latency_s,
-                             per_token_latency_s=args.per_token_latency_s)
+    server = ReferenceServer(
+        policy, args.host, args.port, latency_s=args.latency_s, per_token_latency_s=args.per_token_latency_s
+    )
     asyncio.run(_serve(server))
     return 0
 

@@ -42,8 +42,15 @@ class TinyPolicy:
 
     name = "tiny"
 
-    def __init__(self, model: TinyByteLM | None = None, *, seed: int = 0, checkpoint: str | Path | None = None,
-                 weight_version: int = 0, tokenizer: ByteChatTokenizer | None = None) -> None:
+    def __init__(
+        self,
+        model: TinyByteLM | None = None,
+        *,
+        seed: int = 0,
+        checkpoint: str | Path | None = None,
+        weight_version: int = 0,
+        tokenizer: ByteChatTokenizer | None = None,
+    ) -> None:
         self.tokenizer = tokenizer or ByteChatTokenizer()
         if model is None and checkpoint is not None:
             # The checkpoint decides the sizes (see TinyByteLM.from_checkpoint).
@@ -57,7 +64,9 @@ class TinyPolicy:
                 torch.manual_seed(seed)
                 model = TinyByteLM(vocab_size=self.tokenizer.vocab_size)
         if model.vocab_size != self.tokenizer.vocab_size:
-            raise ValueError(f"the model's vocabulary has {model.vocab_size} ids, the tokenizer {self.tokenizer.vocab_size}")
+            raise ValueError(
+                f"the model's vocabulary has {model.vocab_size} ids, the tokenizer {self.tokenizer.vocab_size}"
+            )
         self.model = model.eval()
         self.weight_version = weight_version
         self.eos_id = self.tokenizer.special_ids[END_OF_TEXT]
@@ -98,7 +107,7 @@ class TinyPolicy:
             if token in stop_ids:
                 return PolicyOutput(output_ids, logprobs, "stop", token)
             if longest_stop:
-                tail = self.tokenizer.decode(output_ids[-(longest_stop + 4):])
+                tail = self.tokenizer.decode(output_ids[-(longest_stop + 4) :])
                 matched = next((s for s in params.stop if s in tail), None)
                 if matched is not None:
                     return PolicyOutput(output_ids, logprobs, "stop", matched)

@@ -25,11 +25,16 @@ class TinyByteLM(nn.Module):
     """Embedding -> multi-layer GRU -> linear head. The recurrent state makes incremental decoding
     O(1) per token: `forward(ids, state)` continues from `state`."""
 
-    def __init__(self, vocab_size: int = VOCAB_SIZE, embed_dim: int = 64, hidden_dim: int = 128,
-                 num_layers: int = 2) -> None:
+    def __init__(
+        self, vocab_size: int = VOCAB_SIZE, embed_dim: int = 64, hidden_dim: int = 128, num_layers: int = 2
+    ) -> None:
         super().__init__()
-        self.config: dict[str, int] = {"vocab_size": vocab_size, "embed_dim": embed_dim,
-                                       "hidden_dim": hidden_dim, "num_layers": num_layers}
+        self.config: dict[str, int] = {
+            "vocab_size": vocab_size,
+            "embed_dim": embed_dim,
+            "hidden_dim": hidden_dim,
+            "num_layers": num_layers,
+        }
         self.embed = nn.Embedding(vocab_size, embed_dim)
         self.rnn = nn.GRU(embed_dim, hidden_dim, num_layers=num_layers, batch_first=True)
         self.head = nn.Linear(hidden_dim, vocab_size)
@@ -38,8 +43,7 @@ class TinyByteLM(nn.Module):
     def vocab_size(self) -> int:
         return self.config["vocab_size"]
 
-    def forward(self, ids: torch.Tensor, state: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [batch, time] (int64) -> (logits [batch, time, vocab], state [layers, batch,
         hidden]). Logits at position t predict the token at t + 1."""
         hidden, state = self.rnn(self.embed(ids), state)
@@ -58,7 +62,7 @@ class TinyByteLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     @classmethod
-    def from_checkpoint(cls, obj: Any) -> "TinyByteLM":
+    def from_checkpoint(cls, obj: Any) -> TinyByteLM:
         """A model built from what `torch.load` returned: a bare state dict (default sizes, or
         sizes inferred from its shapes) or {"config": ..., "state_dict": ...}."""
         config, state_dict = split_checkpoint(obj)
@@ -89,5 +93,9 @@ def infer_config(state_dict: dict[str, torch.Tensor]) -> dict[str, int]:
     except KeyError as error:
         raise ValueError(f"not a TinyByteLM state dict (no {error.args[0]})") from None
     num_layers = sum(1 for key in state_dict if key.startswith("rnn.weight_ih_l"))
-    return {"vocab_size": int(vocab_size), "embed_dim": int(embed_dim),
-            "hidden_dim": int(hidden_dim), "num_layers": num_layers}
+    return {
+        "vocab_size": int(vocab_size),
+        "embed_dim": int(embed_dim),
+        "hidden_dim": int(hidden_dim),
+        "num_layers": num_layers,
+    }

@@ -11,8 +11,9 @@ from collections.abc import Hashable, Sequence
 import torch
 
 
-def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, *,
-                   gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level GAE over generated tokens only; returns (advantages, returns), zero off the mask.
 
     Observation tokens are skipped, not treated as steps: the value after the last generated token
@@ -73,8 +74,9 @@ class RunningBaseline:
         return reward - mean
 
 
-def group_normalized_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable], *,
-                                scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def group_normalized_advantages(
+    rewards: Sequence[float], group_ids: Sequence[Hashable], *, scale: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     """GRPO/DAPO: each reward minus its group's mean, divided by the group's standard deviation
     (population std; `scale=False` leaves it unscaled, as Dr. GRPO does). A group of one, or one
     whose rewards are all equal, gets advantage 0: it carries no signal."""

@@ -31,17 +31,25 @@ from corral.trainer_adapters.sao.loss import CODING, SAOConfig, sao_token_losses
 VERL_LOSS_NAME = "sao"
 
 
-def verl_sao_policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-                         response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config: Any = None,
-                         rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def verl_sao_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """veRL's PolicyLossFn signature (called with keywords by veRL's actor)."""
     from verl.trainer.ppo.core_algos import agg_loss
 
     behaviour = old_log_prob
     if rollout_is_weights is not None:
         behaviour = old_log_prob - torch.log(rollout_is_weights.clamp(min=1e-12))
-    sao = SAOConfig(eps_low=_config_value(config, "clip_ratio_low", CODING.eps_low),
-                    eps_high=_config_value(config, "clip_ratio_high", CODING.eps_high))
+    sao = SAOConfig(
+        eps_low=_config_value(config, "clip_ratio_low", CODING.eps_low),
+        eps_high=_config_value(config, "clip_ratio_high", CODING.eps_high),
+    )
     per_token, _, metrics = sao_token_losses(log_prob, behaviour.detach(), advantages, response_mask, sao)
     batch_info = _config_value(config, "global_batch_info", None) or {}
     loss = agg_loss(per_token, response_mask, loss_agg_mode, **dict(batch_info))
@@ -57,8 +65,12 @@ def register_verl_policy_loss() -> Callable[..., Any]:
     return verl_sao_policy_loss
 
 
-def miles_sao_loss(args: Namespace, batch: dict[str, Any], logits: torch.Tensor,
-                   sum_of_sample_mean: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def miles_sao_loss(
+    args: Namespace,
+    batch: dict[str, Any],
+    logits: torch.Tensor,
+    sum_of_sample_mean: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Miles' LossFunction signature: current logprobs from the logits with Miles' own helper
     (it handles packing and parallelism), the rollout's logprobs as the behaviour policy."""
     from miles.backends.training_utils.cp_utils import get_local_response_loss_masks
@@ -68,17 +80,26 @@ def miles_sao_loss(args: Namespace, batch: dict[str, Any], logits: torch.Tensor,
         raise ValueError("the SAO loss needs the rollouts' logprobs (rollout_log_probs) in the batch")
     max_seq_lens = batch.get("max_seq_lens")
     log_probs = get_log_probs_and_entropy(
-        logits, args=args, unconcat_tokens=batch["unconcat_tokens"], total_lengths=batch["total_lengths"],
-        response_lengths=batch["response_lengths"], with_entropy=False, entropy_requires_grad=False,
-        max_seq_lens=max_seq_lens)["log_probs"]
-    masks = get_local_response_loss_masks(batch["total_lengths"], batch["response_lengths"], batch["loss_masks"],
-                                          args.qkv_format, max_seq_lens)
+        logits,
+        args=args,
+        unconcat_tokens=batch["unconcat_tokens"],
+        total_lengths=batch["total_lengths"],
+        response_lengths=batch["response_lengths"],
+        with_entropy=False,
+        entropy_requires_grad=False,
+        max_seq_lens=max_seq_lens,
+    )["log_probs"]
+    masks = get_local_response_loss_masks(
+        batch["total_lengths"], batch["response_lengths"], batch["loss_masks"], args.qkv_format, max_seq_lens
+    )
     current = torch.cat(log_probs, dim=0)
     behaviour = torch.cat([lp.detach() for lp in batch["rollout_log_probs"]], dim=0).to(current.device)
     advantages = torch.cat([a.detach() for a in batch["advantages"]], dim=0).to(current.device)
     mask = torch.cat(masks, dim=0).to(current.device)
-    sao = SAOConfig(eps_low=getattr(args, "sao_eps_low", None) or CODING.eps_low,
-                    eps_high=getattr(args, "sao_eps_high", None) or CODING.eps_high)
+    sao = SAOConfig(
+        eps_low=getattr(args, "sao_eps_low", None) or CODING.eps_low,
+        eps_high=getattr(args, "sao_eps_high", None) or CODING.eps_high,
+    )
     per_token, _, metrics = sao_token_losses(current, behaviour, advantages, mask, sao)
     loss = sum_of_sample_mean(per_token)
     return loss, {"loss": loss.detach(), **{f"sao_{k}": torch.tensor(v) for k, v in metrics.items()}}

@@ -92,14 +92,24 @@ class LearnerStats:
 
     def throughput(self) -> dict[str, float]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        return {"rollouts_per_s": self.rollouts_trained / elapsed, "tokens_per_s": self.tokens_trained / elapsed,
-                "updates_per_s": len(self.updates) / elapsed}
+        return {
+            "rollouts_per_s": self.rollouts_trained / elapsed,
+            "tokens_per_s": self.tokens_trained / elapsed,
+            "updates_per_s": len(self.updates) / elapsed,
+        }
 
 
 class StreamingLearner:
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, logprob_fn: LogprobFn, *,
-                 config: LearnerConfig = LearnerConfig(), policy_version: int = 0,
-                 publish: Callable[[int], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        logprob_fn: LogprobFn,
+        *,
+        config: LearnerConfig = LearnerConfig(),
+        policy_version: int = 0,
+        publish: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
         if config.batch_rollouts is None and config.batch_tokens is None:
             raise ValueError("set batch_rollouts or batch_tokens")
         self.model = model
@@ -169,7 +179,8 @@ class StreamingLearner:
             mask[row, :n] = token_mask
             advantages[row, :n] = self.baseline.advantage(result.task_id, result.reward) * weight * token_mask
         current = torch.nn.utils.rnn.pad_sequence(
-            [self.logprob_fn(self.model, r.prompt_ids, r.response_ids) for r in batch], batch_first=True)
+            [self.logprob_fn(self.model, r.prompt_ids, r.response_ids) for r in batch], batch_first=True
+        )
         loss, metrics = sao_policy_loss(current, rollout, advantages, mask, self.config.loss)
         self.optimizer.zero_grad()
         loss.backward()
@@ -178,13 +189,20 @@ class StreamingLearner:
         self.optimizer.step()
         generated = len(staleness_values)
         return UpdateReport(
-            version=self.policy_version, rollouts=len(batch), tokens=int(mask.sum()), loss=float(loss.detach()),
-            mean_reward=statistics.fmean(r.reward for r in batch), masked_fraction=metrics["masked_fraction"],
+            version=self.policy_version,
+            rollouts=len(batch),
+            tokens=int(mask.sum()),
+            loss=float(loss.detach()),
+            mean_reward=statistics.fmean(r.reward for r in batch),
+            masked_fraction=metrics["masked_fraction"],
             stale_dropped_fraction=stale_dropped / generated if generated else 0.0,
             staleness_mean=statistics.fmean(staleness_values) if staleness_values else 0.0,
-            staleness_max=max(staleness_values, default=0))
+            staleness_max=max(staleness_values, default=0),
+        )
 
-    def _staleness_weights(self, result: RolloutResult, staleness_values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _staleness_weights(
+        self, result: RolloutResult, staleness_values: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss mask after dropping stale tokens, per-token advantage weight); records each
         generated token's staleness in `staleness_values`."""
         token_mask = torch.tensor(result.response_mask, dtype=torch.float32)
@@ -204,10 +222,11 @@ class StreamingLearner:
         return token_mask, weight
 
 
-def tiny_byte_lm_logprobs(model: torch.nn.Module, prompt_ids: Sequence[int], response_ids: Sequence[int],
-                          temperature: float = 1.0) -> torch.Tensor:
+def tiny_byte_lm_logprobs(
+    model: torch.nn.Module, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float = 1.0
+) -> torch.Tensor:
     """logprob_fn for `TinyByteLM` (the built-in tiny policy's network): the logprob of each
     response token given everything before it, as the tiny policy reports it when sampling at
     `temperature`."""
     ids = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long)
-    return model.token_logprobs(ids, temperature)[0, len(prompt_ids) - 1:]
+    return model.token_logprobs(ids, temperature)[0, len(prompt_ids) - 1 :]

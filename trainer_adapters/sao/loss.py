@@ -49,9 +49,13 @@ CODING = SAOConfig(eps_low=0.8, eps_high=3.0)
 MATHS = SAOConfig(eps_low=0.3, eps_high=5.0)
 
 
-def sao_token_losses(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, advantages: torch.Tensor,
-                     loss_mask: torch.Tensor, config: SAOConfig = CODING
-                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def sao_token_losses(
+    logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: SAOConfig = CODING,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """The SAO loss per token, before aggregation: (per-token loss, zero where not kept; the kept
     mask; metrics). For trainers that aggregate themselves (veRL's agg_loss, Miles'
     sum_of_sample_mean). Any shape; `loss_mask` is 1 on generated tokens.
@@ -79,8 +83,13 @@ def sao_token_losses(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, adv
     return per_token * keep, keep, metrics
 
 
-def sao_policy_loss(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    loss_mask: torch.Tensor, config: SAOConfig = CODING) -> tuple[torch.Tensor, dict[str, float]]:
+def sao_policy_loss(
+    logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: SAOConfig = CODING,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The SAO loss over a batch of (batch, tokens) tensors; `loss_mask` is 1 on generated
     tokens (a trajectory's response_mask) and 0 on prompt, observation and padding tokens.
 
@@ -91,9 +100,16 @@ def sao_policy_loss(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, adva
     return _aggregate(per_token, loss_mask.to(logprobs.dtype), keep, config.denominator), metrics
 
 
-def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                        loss_mask: torch.Tensor, *, eps_low: float = 0.2, eps_high: float = 0.28,
-                        denominator: Denominator = "token") -> tuple[torch.Tensor, dict[str, float]]:
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    denominator: Denominator = "token",
+) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate with DAPO's decoupled bounds (clip to (1 - eps_low, 1 + eps_high))
     and token-level normalisation by default: max(-r·A, -clip(r)·A) per token."""
     mask = loss_mask.to(logprobs.dtype)
@@ -107,7 +123,9 @@ def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adva
     return loss, {"clip_fraction": float(clip_active), "ratio_mean": float((ratio.detach() * mask).sum() / tokens)}
 
 
-def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, denominator: Denominator) -> torch.Tensor:
+def _aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, denominator: Denominator
+) -> torch.Tensor:
     """Sum of per-token losses (already zero off the mask) over the chosen denominator. A batch
     with nothing to learn from gives a zero loss that still has a graph (so backward() works)."""
     if denominator == "token":
