@@ -23,7 +23,7 @@ BUF := node_modules/.bin/buf
 # Compare against this git ref in `buf breaking`; empty: origin/main (merge base), else HEAD~.
 BUF_AGAINST ?=
 
-.PHONY: venv test demo protos lint-protos clean
+.PHONY: venv test demo protos lint-protos clean system-deps
 
 # Extras installed into .venv; CI adds the trainer packages: make test EXTRAS=dev,verl,tunix
 EXTRAS ?= dev
@@ -48,10 +48,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV_PY) -m pip install $(PIP_CONSTRAINTS) -e '.[$(EXTRAS)]'
 	@touch $@
 
-test: venv
+# The Debian packages demo and test need (bubblewrap, python3-ipykernel, ...), installed when missing
+# and root; else it says what is missing. CORRAL_SKIP_SYSTEM_DEPS=1 skips it.
+system-deps:
+	@PYTHON='$(PYTHON)' bash scripts/install_system_deps.sh
+
+test: system-deps venv
 	$(VENV_PY) -m pytest -q
 
-demo: venv
+demo: system-deps venv
 	$(VENV_PY) examples/demo.py
 
 protos: venv

@@ -6,6 +6,7 @@ Sans-IO with respect to the wire: both clients feed these the bytes they send or
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import tarfile
@@ -136,6 +137,23 @@ def _leaves(path: str) -> bool:
     return False
 
 
+def _extract_data(tar: tarfile.TarFile, destination: Path, members: list[tarfile.TarInfo]) -> None:
+    """extractall with tarfile's "data" filter, or, on Pythons that predate extraction filters
+    (before 3.11.4, e.g. Debian 12's 3.11.2), with what that filter does beyond `_check_member`:
+    no set-id, sticky or group/other-write bits, and files owned by whoever unpacks them."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(destination, members=members, filter="data")
+        return
+    safe = []
+    for member in members:
+        member = copy.copy(member)
+        member.mode &= 0o755
+        member.uid, member.gid = os.getuid(), os.getgid()
+        member.uname = member.gname = ""  # no lookup by name: the numeric ids above are used
+        safe.append(member)
+    tar.extractall(destination, members=safe)
+
+
 def extract_archive(archive: IO[bytes], local_dir: str | os.PathLike[str]) -> Path:
     """Unpacks a complete tar archive into `local_dir` (created if missing) and returns the path of
     its top-level entry.
@@ -152,7 +170,7 @@ def extract_archive(archive: IO[bytes], local_dir: str | os.PathLike[str]) -> Pa
             members = tar.getmembers()
             for member in members:
                 _check_member(member)
-            tar.extractall(destination, members=members, filter="data")
+            _extract_data(tar, destination, members)
     except tarfile.TarError as error:
         raise ProtocolError(f"the downloaded archive cannot be unpacked safely: {error}") from error
     if not members:

@@ -53,7 +53,7 @@ def test_tcp_requires_token():
 def test_example_config_parses():
     from pathlib import Path
 
-    load_config(Path(__file__).parent.parent / "deploy" / "corral.toml", environ={})
+    load_config(Path(__file__).parents[2] / "deploy" / "corral.toml", environ={})
 
 
 def test_head_tail_buffer():

@@ -38,7 +38,7 @@ from corral.rollout.types import (
     Trajectory,
 )
 from corral.sdk import AsyncClient
-from tests.test_rollout_tokenizer import QWEN_TEMPLATE, THINK_STRIPPING_TEMPLATE, make_hf_tokenizer_dir
+from tests.unit.test_rollout_tokenizer import QWEN_TEMPLATE, THINK_STRIPPING_TEMPLATE, make_hf_tokenizer_dir
 
 HERMES = ToolCallFormat.HERMES
 PROMPT = [

@@ -21,7 +21,7 @@ from google.protobuf import json_format
 from corral.rollout.evaluation import printed_number_reward
 from corral.v1 import rollout_pb2
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JSONL = ROOT / "examples" / "tasks" / "repair.jsonl"
 SANDBOX_PYTHON = Path("/usr/bin/python3")
 

@@ -41,7 +41,7 @@ from corral.sdk.tasks import task_to_json  # noqa: E402
 from corral.trainer_adapters import verl as adapter  # noqa: E402
 from tests.rollout_tasks import repair_task, replay_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "verl"
 BUNDLED = ROOT / "examples" / "tasks" / "repair.jsonl"
 CHATML = (

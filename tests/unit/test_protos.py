@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_generator():
@@ -22,5 +22,9 @@ def test_generated_code_matches_protos(tmp_path):
         committed = ROOT / "proto" / fresh.relative_to(tmp_path)
         assert committed.exists(), f"{committed} is missing: run scripts/gen_protos.py"
         assert committed.read_bytes() == fresh.read_bytes(), f"{committed} is stale: run scripts/gen_protos.py"
-    committed_all = {p.relative_to(ROOT / "proto") for p in (ROOT / "proto").rglob("*_pb2*.py*")}
+    committed_all = {
+        p.relative_to(ROOT / "proto")
+        for p in (ROOT / "proto").rglob("*_pb2*.py*")
+        if "__pycache__" not in p.parts  # bytecode an ordinary Python run leaves beside them
+    }
     assert committed_all == {p.relative_to(tmp_path) for p in generated}, "generated files without a .proto"

@@ -38,7 +38,7 @@ from corral.trainer_adapters import miles as adapter
 from corral.trainer_adapters.common import ToolsModeRollouts
 from tests.rollout_tasks import repair_task, replay_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MILES_COMMIT = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 
 

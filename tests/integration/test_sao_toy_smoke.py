@@ -25,7 +25,7 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.local
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "sao_toy" / "train.py"
 
 

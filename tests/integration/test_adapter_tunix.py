@@ -49,7 +49,7 @@ from corral.trainer_adapters.tunix import (  # noqa: E402
 from corral.v1 import rollout_pb2 as pb  # noqa: E402
 from tests.rollout_tasks import call, repair_task, replay_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_LINES = {
     json.loads(line)["task_id"]: line
     for line in (ROOT / "examples" / "tasks" / "repair.jsonl").read_text().splitlines()

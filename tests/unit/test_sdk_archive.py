@@ -164,3 +164,36 @@ def test_unsafe_members_are_refused_before_extraction(tmp_path, member):
     with pytest.raises(ProtocolError):
         extract_archive(buf, tmp_path / "out")
     assert not (tmp_path / "evil.txt").exists()
+
+
+@pytest.fixture(params=["data filter", "no extraction filters"])
+def extraction(request, monkeypatch):
+    """Both ways archives are unpacked: with tarfile's "data" filter, and as on a Python that
+    predates extraction filters (before 3.11.4, such as Debian 12's python3)."""
+    if request.param == "no extraction filters":
+        monkeypatch.delattr(tarfile, "data_filter")
+    return request.param
+
+
+def test_unpacking_drops_set_id_bits_and_foreign_owners(tmp_path: Path, extraction: str) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, mode in (("top/suid", 0o4777), ("top/plain", 0o644)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.uid, info.gid, info.uname = 2, mode, 4242, 4242, "nobody-here"
+            tar.addfile(info, io.BytesIO(b"ok"))
+    top = extract_archive(buffer, tmp_path / "out")
+    suid = os.stat(top / "suid")
+    assert suid.st_mode & 0o7777 == 0o755  # no set-uid, no group/other write
+    assert os.stat(top / "plain").st_mode & 0o777 == 0o644
+    assert (suid.st_uid, suid.st_gid) == (os.getuid(), os.getgid())
+    assert (top / "suid").read_bytes() == b"ok"
+
+
+def test_round_trip_either_way(tmp_path: Path, extraction: str) -> None:
+    tree = make_tree(tmp_path)
+    top = unpack(list(tar_chunks(tree)), tmp_path / "out")
+    assert (top / "big.bin").read_bytes() == (tree / "big.bin").read_bytes()
+    assert os.readlink(top / "link") == "src/pkg/mod.py"
+    with pytest.raises(ProtocolError):
+        extract_archive(malicious_archive("../escape.txt"), tmp_path / "out2")

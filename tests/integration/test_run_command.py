@@ -13,7 +13,7 @@ from corral.sdk.rollout_messages import result_from_proto
 from corral.sdk.tasks import load_tasks, task_to_json
 from tests.conftest import require_backend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "examples" / "tasks" / "repair.jsonl"
 
 
