@@ -2,8 +2,12 @@
 # both create the virtual environment (.venv) on first use.
 #
 #   make venv         create .venv and install corral with its dev extras (again when pyproject.toml changes)
-#   make test         run the test suite
+#   make test         run the whole test suite (unit and integration; root for the local backend)
+#   make test-unit    run the unit tests only: no root, no daemon process, no system packages, seconds
 #   make demo         run examples/demo.py
+#   make lint         ruff (lint and format), mypy, import-linter, and the generated sync client's check
+#   make format       ruff format and ruff's import sorting, in place
+#   make sync-client  regenerate sdk/sync_client.py and sdk/sync_rollouts.py from their asyncio sources
 #   make protos       regenerate the Python modules from proto/corral/v1/*.proto
 #   make lint-protos  buf lint, plus buf breaking against the base commit when there is one
 #   make clean        remove the virtual environment, node_modules and build/test leftovers
@@ -23,7 +27,7 @@ BUF := node_modules/.bin/buf
 # Compare against this git ref in `buf breaking`; empty: origin/main (merge base), else HEAD~.
 BUF_AGAINST ?=
 
-.PHONY: venv test demo protos lint-protos clean system-deps
+.PHONY: venv test test-unit demo lint format typecheck sync-client protos lint-protos clean system-deps
 
 # Extras installed into .venv; CI adds the trainer packages: make test EXTRAS=dev,verl,tunix
 EXTRAS ?= dev
@@ -53,11 +57,34 @@ $(STAMP): pyproject.toml constraints.txt
 system-deps:
 	@PYTHON='$(PYTHON)' bash scripts/install_system_deps.sh
 
-test: system-deps venv
+# The packages first, then the venv (which may need python3-venv), in that order even under -j.
+test: system-deps
+	@$(MAKE) --no-print-directory venv
 	$(VENV_PY) -m pytest -q
 
-demo: system-deps venv
+test-unit: venv
+	$(VENV_PY) -m pytest -q tests/unit
+
+demo: system-deps
+	@$(MAKE) --no-print-directory venv
 	$(VENV_PY) examples/demo.py
+
+lint: venv
+	$(VENV_PY) -m ruff check .
+	$(VENV_PY) -m ruff format --check .
+	$(VENV_PY) scripts/typecheck.py
+	$(VENV)/bin/lint-imports
+	$(VENV_PY) scripts/unasync.py --check
+
+format: venv
+	$(VENV_PY) -m ruff check --select I --fix .
+	$(VENV_PY) -m ruff format .
+
+typecheck: venv
+	$(VENV_PY) scripts/typecheck.py
+
+sync-client: venv
+	$(VENV_PY) scripts/unasync.py
 
 protos: venv
 	$(VENV_PY) scripts/gen_protos.py
@@ -90,5 +117,5 @@ lint-protos: $(BUF)
 	$(BUF) breaking --against "$$tmp"
 
 clean:
-	rm -rf $(VENV) node_modules build dist .pytest_cache *.egg-info
+	rm -rf $(VENV) node_modules build dist .pytest_cache .mypy_cache .ruff_cache *.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

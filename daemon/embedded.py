@@ -11,19 +11,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Any
 
+from corral.daemon.backends.base import Backend
 from corral.daemon.config import Config, load_config, validate
 from corral.daemon.server import Daemon
 
 
 @contextlib.asynccontextmanager
-async def embedded_daemon(config: Config | None = None, **rollout: object) -> AsyncIterator[str]:
+async def embedded_daemon(
+    config: Config | None = None,
+    *,
+    backend_classes: Mapping[str, type[Backend]] | None = None,
+    **rollout: Any,
+) -> AsyncIterator[str]:
     """Starts a daemon (configuration: `config`, else the defaults and the environment) on a
     socket in a fresh temporary directory and yields its address. `rollout` overrides keys of the
-    [rollout] section (e.g. tokenizer="byte", run_workers=8). Everything it made is removed on
-    exit."""
+    [rollout] section (e.g. tokenizer="byte", run_workers=8); `backend_classes` replaces the
+    backend registry (tests: corral.daemon.testing.fake_backends()). Everything it made is removed
+    on exit."""
     config = config or load_config(environ={})
     with tempfile.TemporaryDirectory(prefix="corral-embedded-") as root:
         config = dataclasses.replace(
@@ -34,7 +42,7 @@ async def embedded_daemon(config: Config | None = None, **rollout: object) -> As
             rollout=dataclasses.replace(config.rollout, **rollout),
         )
         validate(config)
-        daemon = Daemon(config)
+        daemon = Daemon(config, backend_classes=backend_classes)
         try:
             await daemon.start()
             yield f"unix://{daemon.socket_path}"

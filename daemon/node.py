@@ -3,7 +3,7 @@ GetNodeInfo and `corral doctor`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -22,15 +22,22 @@ def version() -> str:
 
 
 def make_backends(
-    config: Config, cgroups: CgroupDriver, daemon_id: str, *, hidden_paths: Sequence[str] = ()
+    config: Config,
+    cgroups: CgroupDriver,
+    daemon_id: str,
+    *,
+    hidden_paths: Sequence[str] = (),
+    backend_classes: Mapping[str, type[Backend]] | None = None,
 ) -> dict[str, Backend]:
-    """Every registered backend, each with its own settings and the shared rest of the context
-    (one uid pool for all of them: a uid is never handed to two sandboxes)."""
+    """Every registered backend (or those of `backend_classes`, by name: tests put a stand-in in
+    place of one), each with its own settings and the shared rest of the context (one uid pool for
+    all of them: a uid is never handed to two sandboxes)."""
     uids = UidPool(config.sandbox.uid_base, config.sandbox.uid_count)
     run_base = run_dir_base(daemon_id)
     return {
         name: backend_class(
             BackendContext(
+                name=name,
                 daemon_id=daemon_id,
                 state_dir=config.state_path,
                 run_base=run_base,
@@ -42,7 +49,7 @@ def make_backends(
                 settings=config.backend(name),
             )
         )
-        for name, backend_class in BACKENDS.items()
+        for name, backend_class in (BACKENDS if backend_classes is None else backend_classes).items()
     }
 
 

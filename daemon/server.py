@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -31,6 +32,7 @@ from corral.v1 import (
     shell_pb2_grpc,
 )
 
+from .backends.base import Backend
 from .cgroups import CgroupDriver
 from .config import Config
 from .errors import map_errors
@@ -80,14 +82,21 @@ def _claim_socket(path: Path) -> None:
 
 
 class Daemon:
-    def __init__(self, config: Config) -> None:
+    """The node daemon. `backend_classes` replaces the backend registry (tests: see
+    corral.daemon.testing)."""
+
+    def __init__(self, config: Config, *, backend_classes: Mapping[str, type[Backend]] | None = None) -> None:
         self.config = config
         self.state = StateStore(config.state_path)
         self.cgroups = CgroupDriver(self.state.daemon_id)
         self.socket_path = Path(config.daemon.socket).absolute()
         hidden = [config.daemon.state_dir, str(self.socket_path.parent)]
         self.backends = make_backends(
-            config, self.cgroups, self.state.daemon_id, hidden_paths=[p for p in hidden if p != "/"]
+            config,
+            self.cgroups,
+            self.state.daemon_id,
+            hidden_paths=[p for p in hidden if p != "/"],
+            backend_classes=backend_classes,
         )
         self.metrics = Metrics()
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)

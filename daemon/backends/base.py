@@ -66,6 +66,7 @@ def run_dir_base(daemon_id: str) -> Path:
 class BackendContext:
     """What the daemon gives every backend: the same shape for all of them."""
 
+    name: str  # the name it serves under (its registry key, what records and the wire call it)
     daemon_id: str
     state_dir: Path
     run_base: Path
@@ -290,13 +291,14 @@ class ManagedSandbox(SandboxRuntime):
 class Backend(abc.ABC):
     """One kind of sandbox. Every backend is built the same way, `Backend(context)`."""
 
-    name: ClassVar[str]
+    name: str  # the registry key; an instance takes the name its context gives
     # The dataclass of the backend's configuration section ([name] in the TOML file). Its
     # `validate()` raises ValueError naming the key.
     Settings: ClassVar[type]
     sandbox_class: ClassVar[type[ManagedSandbox]]
 
     def __init__(self, context: BackendContext) -> None:
+        self.name = context.name
         self.context = context
         self.settings = context.settings
         self._status = self.probe()

@@ -1,0 +1,157 @@
+"""Test support: a daemon whose sandboxes are plain host processes, for testing without root.
+
+`FakeBackend` is a STAND-IN, not a sandbox: its "sandboxes" run commands, shells and kernels as
+the calling user, directly on the host, in a per-sandbox workspace directory, with no namespaces,
+no cgroups, no uid of their own and no limits (every limit reports "not enforced"). What it keeps
+is everything around isolation: the daemon's managers, request rules, idle reaper, teardown order,
+state records, the SDK over a real gRPC socket and the rollout pipeline all run unchanged on it,
+so they can be tested in seconds as any user (`make test-unit`). The real backends are tested
+by the integration suite.
+
+    async with embedded_daemon(backend_classes=fake_backends()) as address:
+        async with AsyncClient(address) as client: ...
+
+Processes a fake sandbox starts carry its id in their environment (CORRAL_FAKE_SANDBOX), which is
+how destroying it finds and kills them all, background children included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.sdk.errors import InvalidArgument
+
+from .backends.base import Backend, BackendContext, BackendStatus, EnterCommand, ManagedSandbox, SandboxSpec
+from .backends.nsenter import HOST_ENV, inside_env
+from .cgroups import LimitSupport
+from .fsaccess import SandboxFiles
+from .uids import UidPool
+
+MARKER = "CORRAL_FAKE_SANDBOX"
+KILL_TIMEOUT_S = 5.0
+NOT_ENFORCED = LimitSupport(False, reason="fake backend (test stand-in): no isolation, no limits")
+
+
+@dataclass
+class FakeSettings:
+    """The fake backend has no settings."""
+
+    def validate(self) -> None:
+        pass
+
+
+class CallerUid(UidPool):
+    """Every fake sandbox runs as the caller: the one uid there is, handed out any number of times."""
+
+    def __init__(self) -> None:
+        super().__init__(os.getuid(), 1)
+
+    def take(self) -> int:
+        return os.getuid()
+
+    def give_back(self, uid: int) -> None:
+        pass
+
+
+class FakeSandbox(ManagedSandbox):
+    isolation = "none"
+    owns_cgroup = False  # no cgroups at all
+
+    def __init__(self, backend: Backend, spec: SandboxSpec, uid: int) -> None:
+        super().__init__(backend, spec, uid)
+        self._running = False
+
+    async def launch(self) -> None:
+        # The host paths themselves: there is no mount namespace to place them elsewhere.
+        self.workdir = str(self.workspace)
+        self.run_dir_sandbox = self.run_dir_host
+        self._running = True
+
+    async def shutdown(self) -> None:
+        self._running = False
+
+    def alive(self) -> bool:
+        return self._running
+
+    def make_file_access(self) -> SandboxFiles:
+        return SandboxFiles("/", self.workdir, None, None, self.context.max_file_bytes)
+
+    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
+        marked = {**env, MARKER: self.spec.sandbox_id}
+        return EnterCommand(inside_env(argv, marked), None, cwd or self.workdir, wrapped=False, env=dict(HOST_ENV))
+
+    async def kill_processes(self) -> None:
+        await asyncio.to_thread(kill_marked, self.spec.sandbox_id)
+
+
+def marked_pids(sandbox_id: str) -> set[int]:
+    """The caller's processes that carry this fake sandbox's marker."""
+    needle = f"{MARKER}={sandbox_id}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def kill_marked(sandbox_id: str) -> bool:
+    """SIGKILLs every process of the fake sandbox; True once none is left."""
+    deadline = time.monotonic() + KILL_TIMEOUT_S
+    while pids := marked_pids(sandbox_id):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+class FakeBackend(Backend):
+    """See the module docstring: host processes as the caller, for tests only."""
+
+    name = "fake"
+    Settings = FakeSettings
+    sandbox_class = FakeSandbox
+
+    def probe(self) -> BackendStatus:
+        limits = {kind: NOT_ENFORCED for kind in ("memory", "pids", "cpu", "network")}
+        limits["wall_clock"] = LimitSupport(True, "process group kill")
+        return BackendStatus(True, "FAKE BACKEND (test stand-in): host processes, no isolation", "none", limits)
+
+    def default_image(self) -> str:
+        return "host"
+
+    def __init__(self, context: BackendContext) -> None:
+        super().__init__(dataclasses.replace(context, uids=CallerUid()))
+
+    async def check_image(self, image: str) -> None:
+        if image not in ("", "host"):
+            raise InvalidArgument(f'the fake backend only runs the "host" image, not {image!r}')
+
+    async def release(self, record: dict) -> None:
+        # A crashed daemon's fake sandbox: its processes still carry its marker.
+        await asyncio.to_thread(kill_marked, record.get("sandbox_id", ""))
+
+
+def fake_backends(name: str = "local") -> dict[str, type[Backend]]:
+    """The backend table of a daemon whose `name` backend (the default one, "local") is the fake:
+    pass it as `backend_classes` to `Daemon` or `embedded_daemon`. The wire still calls it by
+    that name; GetNodeInfo's detail and every limit status say what it really is."""
+    return {name: FakeBackend}
