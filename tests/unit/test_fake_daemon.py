@@ -112,14 +112,14 @@ async def test_the_sandbox_limit_is_resource_exhausted(client) -> None:
 async def test_a_timeout_kills_the_whole_tree_while_other_sandboxes_load_the_cpu(client) -> None:
     loaders = [await client.create_sandbox() for _ in range(2)]
     burners = [
-        asyncio.create_task(sb.exec("while :; do :; done", timeout=8))
+        asyncio.create_task(sb.exec("while :; do :; done", timeout=5))
         for sb in loaders  # two busy cores' worth
     ]
     sandbox = await client.create_sandbox()
     started = time.monotonic()
     result = await sandbox.exec("echo before; (sleep 300; echo never) & sleep 300", timeout=1)
     assert result.timed_out and result.stdout == b"before\n"
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 5
     after = await sandbox.exec("echo still usable", timeout=10)
     assert after.stdout == b"still usable\n"
     for task in burners:
