@@ -72,6 +72,7 @@ class Daemon:
             str(self.root / "state"),
         ]
         if self.tcp_address:
+            assert self.token is not None  # made with the TCP address (tcp=True)
             token_file = self.root / "token"
             token_file.write_text(self.token)
             cmd += ["--tcp", self.tcp_address, "--token-file", str(token_file)]
@@ -173,8 +174,9 @@ class ApptainerInstance:
     if None) so that a benchmark can start many without making directories inside the timing."""
 
     def __init__(self, name: str, base: Path | None = None, image: str = SIF_IMAGE) -> None:
-        self.binary = apptainer_binary()
-        assert self.binary, "apptainer is not installed"
+        binary = apptainer_binary()
+        assert binary, "apptainer is not installed"
+        self.binary = binary
         self.name, self.image = name, image
         self.own_base = base is None
         self.base = Path(tempfile.mkdtemp(prefix="corral-bench-sif-")) if base is None else base

@@ -21,6 +21,7 @@ import asyncio
 import tempfile
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 from _common import (
@@ -35,6 +36,7 @@ from _common import (
     write_json,
 )
 from jupyter_client import AsyncKernelManager
+from jupyter_client.asynchronous.client import AsyncKernelClient
 
 CODE = "1+1"
 RATIO_PAIRS = [
@@ -54,7 +56,7 @@ class InProcessKernel:
         if transport == "ipc":  # the ipc socket files go next to the connection file
             self.manager.connection_file = f"{runtime_dir}/kernel-{id(self)}.json"
             self.manager.ip = f"{runtime_dir}/kernel-{id(self)}-ipc"
-        self.client = None
+        self.client: AsyncKernelClient | None = None
 
     def start(self) -> InProcessKernel:
         async def start():
@@ -70,10 +72,11 @@ class InProcessKernel:
             raise
         return self
 
-    def execute(self) -> dict:
+    def execute(self) -> dict | None:
         return self.loop.run_until_complete(self._execute(CODE))
 
-    async def _execute(self, code: str) -> dict:
+    async def _execute(self, code: str) -> dict | None:
+        assert self.client is not None  # start() made it
         msg_id = self.client.execute(code)
         result, idle, reply = None, False, None
         while not (idle and reply):
@@ -100,17 +103,26 @@ class InProcessKernel:
         self.loop.run_until_complete(stop())
 
 
+KernelT = TypeVar("KernelT")
+
+
 def start_several(
-    start: Callable[[], object], stop: Callable[[object], None], count: int, start_ms: dict[str, list[float]], name: str
-):
-    """Starts `count` kernels one after the other, timing each; keeps the last and stops the rest."""
-    kernel = None
+    start: Callable[[], KernelT],
+    stop: Callable[[KernelT], None],
+    count: int,
+    start_ms: dict[str, list[float]],
+    name: str,
+) -> KernelT:
+    """Starts `count` (at least 1) kernels one after the other, timing each; keeps the last and
+    stops the rest."""
+    kernel: KernelT | None = None
     for _ in range(count):
         if kernel is not None:
             stop(kernel)
         t0 = time.perf_counter()
         kernel = start()
         start_ms.setdefault(name, []).append((time.perf_counter() - t0) * 1000)
+    assert kernel is not None
     return kernel
 
 
@@ -147,8 +159,12 @@ def main() -> None:
 
             for transport in ("ipc", "tcp"):
                 name = f"jupyter_{transport}"
+
+                def start_local(transport: str = transport) -> InProcessKernel:
+                    return InProcessKernel(loop, transport, runtime_dir).start()
+
                 local = start_several(
-                    lambda transport=transport: InProcessKernel(loop, transport, runtime_dir).start(),
+                    start_local,
                     InProcessKernel.stop,
                     starts,
                     start_ms,

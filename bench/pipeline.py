@@ -148,26 +148,33 @@ async def train(batch_size: int, train_ms: float) -> None:
     await asyncio.sleep(batch_size * train_ms / 1000)
 
 
+@dataclass
+class _StreamState:
+    in_flight: int = 0
+    steps: int = 0  # training steps done
+    all_submitted_at: float | None = None
+
+
 async def run_streaming(client, tasks: list, expected: dict[str, int], p) -> Run:
     run = Run("streaming")
     buffer: list[tuple[object, int]] = []  # (result, steps done when it was submitted)
     submitted_at: dict[str, tuple[float, int]] = {}  # rollout key -> (time, steps done)
     changed = asyncio.Event()  # a result arrived or a step ended
-    state = {"in_flight": 0, "steps": 0, "all_submitted_at": None}
+    state = _StreamState()
     t0 = time.perf_counter()
 
     async with client.rollouts.open_stream() as stream:
 
         async def submit_all() -> None:
             for i, task in enumerate(tasks):
-                while not (state["in_flight"] < p.group and i < (state["steps"] + 1 + p.max_lag) * p.batch):
+                while not (state.in_flight < p.group and i < (state.steps + 1 + p.max_lag) * p.batch):
                     changed.clear()
                     await changed.wait()
-                state["in_flight"] += 1
-                submitted_at[task.task_id] = (time.perf_counter(), state["steps"])
+                state.in_flight += 1
+                submitted_at[task.task_id] = (time.perf_counter(), state.steps)
                 await stream.submit(task)
-            state["all_submitted_at"] = time.perf_counter()
-            run.last_submission_s = state["all_submitted_at"] - t0
+            state.all_submitted_at = time.perf_counter()
+            run.last_submission_s = state.all_submitted_at - t0
             await stream.close_input()
 
         async def read_all() -> None:
@@ -178,7 +185,7 @@ async def run_streaming(client, tasks: list, expected: dict[str, int], p) -> Run
                 run.latencies_ms.append((now - started) * 1000)
                 run.busy_s += now - started
                 buffer.append((result, step))
-                state["in_flight"] -= 1
+                state.in_flight -= 1
                 changed.set()
 
         async def consume() -> None:
@@ -192,13 +199,13 @@ async def run_streaming(client, tasks: list, expected: dict[str, int], p) -> Run
                 run.idle_s += now - waited
                 if trained == 0:
                     run.idle_first_s = now - waited
-                elif state["all_submitted_at"] is not None:
-                    run.idle_drain_s += now - max(waited, state["all_submitted_at"])
+                elif state.all_submitted_at is not None:
+                    run.idle_drain_s += now - max(waited, state.all_submitted_at)
                 batch, buffer[:] = buffer[: p.batch], buffer[p.batch :]
-                run.lags += [state["steps"] - step for _, step in batch]
+                run.lags += [state.steps - step for _, step in batch]
                 await train(p.batch, p.train_ms)
                 trained += p.batch
-                state["steps"] += 1
+                state.steps += 1
                 run.steps += 1
                 changed.set()
 
@@ -223,7 +230,7 @@ async def run_batch(client, tasks: list, expected: dict[str, int], p) -> Run:
             for task in tasks[first : first + p.group]:
                 submitted_at[task.task_id] = time.perf_counter()
                 await stream.submit(task)
-            results = []
+            results: list[object] = []
             while len(results) < len(submitted_at):
                 result = await anext(stream)
                 now = time.perf_counter()

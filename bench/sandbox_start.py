@@ -33,6 +33,7 @@ Usage: python bench/sandbox_start.py [--quick] [--json PATH] [--backends local,d
 
 from __future__ import annotations
 
+import functools
 import secrets
 import shutil
 import subprocess
@@ -291,16 +292,14 @@ def main() -> None:
                 elif backend in ("docker", "podman"):
                     docker = RawDocker() if backend == "docker" else RawDocker(PODMAN_SOCKET, PODMAN_ULIMITS)
                     closers.append(docker.close)
-                    variants[f"raw_{backend}"] = lambda docker=docker: docker.cycle(nsenter=False)
-                    variants[f"raw_{backend}_nsenter"] = lambda docker=docker: docker.cycle(nsenter=True)
-                    variants[f"raw_{backend}_as_corral"] = lambda docker=docker: docker.cycle(
-                        nsenter=True, as_corral=True
-                    )
+                    variants[f"raw_{backend}"] = functools.partial(docker.cycle, nsenter=False)
+                    variants[f"raw_{backend}_nsenter"] = functools.partial(docker.cycle, nsenter=True)
+                    variants[f"raw_{backend}_as_corral"] = functools.partial(docker.cycle, nsenter=True, as_corral=True)
                 elif backend == "singularity":
                     apptainer = RawApptainer()
                     closers.append(apptainer.close)
-                    variants["raw_singularity"] = lambda a=apptainer: a.cycle(nsenter=False)
-                    variants["raw_singularity_nsenter"] = lambda a=apptainer: a.cycle(nsenter=True)
+                    variants["raw_singularity"] = functools.partial(apptainer.cycle, nsenter=False)
+                    variants["raw_singularity_nsenter"] = functools.partial(apptainer.cycle, nsenter=True)
             samples = interleaved_phases(variants, n, warmup, blocks=min(20, n))
         finally:
             for close in reversed(closers):

@@ -253,8 +253,8 @@ def main() -> None:
             closers.append(uds.close)
             sandbox = uds.create_sandbox(image=image, backend=args.backend, timeout=120)
             closers.append(sandbox.destroy)
-            variants["corral_uds"] = sandbox.shell("uds").run
-            assert variants["corral_uds"]("echo x").output == b"x\n"
+            run_uds = variants["corral_uds"] = sandbox.shell("uds").run
+            assert run_uds("echo x").output == b"x\n"
             tcp = Client(daemon.tcp_address, token=daemon.token)
             closers.append(tcp.close)
             variants["corral_tcp"] = tcp.get_sandbox(sandbox.id).shell("tcp").run

@@ -23,11 +23,14 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from corral.sdk import AsyncClient
 from corral.sdk.tasks import load_tasks
 from corral.sdk.types import RolloutResult
+
+if TYPE_CHECKING:
+    from corral.rollout.reference.policies import Policy
 
 BUILTIN_POLICIES = ("builtin:replay", "builtin:tiny")
 STAGES = ("init", "run", "eval")
@@ -93,6 +96,7 @@ async def _run(args: argparse.Namespace, tasks: list, llms: list[str]) -> tuple[
 async def _builtin_server(name: str, tasks: list, checkpoint: str | None) -> AsyncIterator[str]:
     from corral.rollout.reference.server import ReferenceServer
 
+    policy: Policy
     if name == "builtin:replay":
         from corral.rollout.reference.replay import ReplayPolicy
 

@@ -75,6 +75,7 @@ def _as_user(uid: int | None, gid: int | None) -> Iterator[None]:
     if uid is None or os.geteuid() != 0:
         yield
         return
+    assert gid is not None, "a sandbox uid comes with its gid"
     groups = (ctypes.c_uint * 1)(gid)
     _syscall("setgroups", ctypes.c_size_t(1), groups)
     _syscall("setresgid", ctypes.c_uint(KEEP), ctypes.c_uint(gid), ctypes.c_uint(KEEP))

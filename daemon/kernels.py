@@ -21,12 +21,13 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.connect import KernelConnectionInfo
 
 from corral.sdk.errors import FailedPrecondition, NotFound, ResourceExhausted
 
@@ -96,11 +97,15 @@ class KernelFiles:
             )
         return files
 
-    def connection_info(self, prefix: str, key: str) -> dict:
+    def connection_info(self, prefix: str, key: str) -> KernelConnectionInfo:
         return {
             "transport": "ipc",
             "ip": prefix,
-            **PORTS,
+            "shell_port": PORTS["shell_port"],
+            "iopub_port": PORTS["iopub_port"],
+            "stdin_port": PORTS["stdin_port"],
+            "control_port": PORTS["control_port"],
+            "hb_port": PORTS["hb_port"],
             "key": key,
             "signature_scheme": "hmac-sha256",
             "kernel_name": "",
@@ -117,7 +122,7 @@ class KernelFiles:
     def sockets(self) -> list[str]:
         return [f"{self.host_prefix}-{port}" for port in PORTS.values()]
 
-    def write(self, key: str) -> dict:
+    def write(self, key: str) -> KernelConnectionInfo:
         """Writes the kernel's (sandbox-side) connection file; returns the host-side info. The file
         belongs to the sandbox user, who owns the run directory: the kernel reads and rewrites it."""
         self.remove()
@@ -413,6 +418,7 @@ class KernelManager:
 
     def _environment(self, sandbox: Sandbox, kernel: Kernel) -> dict[str, str]:
         runtime = sandbox.runtime
+        assert runtime is not None  # a running sandbox (SandboxManager.using)
         defaults = {
             # IPython's profile and history belong with the daemon's files, not in the workspace.
             "IPYTHONDIR": f"{runtime.run_dir_sandbox}/ipython",
@@ -445,6 +451,7 @@ class KernelManager:
 
     async def _launch(self, sandbox: Sandbox, kernel: Kernel) -> None:
         runtime = sandbox.runtime
+        assert runtime is not None  # a running sandbox (SandboxManager.using)
         kernel.process = await KernelProcess.start(
             runtime,
             [kernel.python, "-m", "ipykernel_launcher", "--HistoryManager.hist_file=:memory:"],
@@ -500,7 +507,9 @@ class KernelManager:
             raise FailedPrecondition(f"kernel {kernel_id} is dead; RestartKernel brings it back")
         kernel.process.interrupt()
 
-    async def execute(self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int) -> AsyncIterator[KernelEvent]:
+    async def execute(
+        self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int
+    ) -> AsyncGenerator[KernelEvent, None]:
         """Yields the cell's outputs as the kernel sends them, then exactly one CellDone. Closing the
         iterator early interrupts the cell. `timeout_ms` 0: the daemon's default."""
         timeout_s = rules.timeout_s(self.config.exec, timeout_ms)

@@ -61,6 +61,8 @@ def _decode_wait_status(status: int) -> tuple[int, int]:
 class HostProcess:
     """A started child process; `run` feeds its output to a callback until it exits."""
 
+    _status: int  # the wait status, once _reap has run
+
     def __init__(
         self,
         argv: Sequence[str],
@@ -95,8 +97,15 @@ class HostProcess:
         Cancellation kills the whole tree before re-raising.
         """
         loop = asyncio.get_running_loop()
-        exited = loop.create_future()
-        loop.add_reader(self._pidfd, lambda: exited.done() or exited.set_result(None))
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(self._pidfd, on_exit)
+        # Both are pipes (stdout=PIPE, stderr=PIPE in __init__).
+        assert self._popen.stdout is not None and self._popen.stderr is not None
         pipes = {self._popen.stdout.fileno(): STDOUT, self._popen.stderr.fileno(): STDERR}
         for fd, stream in pipes.items():
             os.set_blocking(fd, False)
@@ -165,9 +174,11 @@ class HostProcess:
     async def _feed_stdin(self) -> None:
         """Writes stdin (bytes, or an async stream of chunks) without blocking, then closes it."""
         pipe = self._popen.stdin
+        data = self._stdin_data
+        # Only started when there is stdin data, and then stdin is a pipe.
+        assert pipe is not None and data is not None
         fd = pipe.fileno()
         os.set_blocking(fd, False)
-        data = self._stdin_data
         try:
             if isinstance(data, (bytes, bytearray, memoryview)):
                 await write_all(fd, data)

@@ -16,6 +16,7 @@ import struct
 import subprocess
 import termios
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from .cgroups import CgroupGroup
@@ -155,7 +156,7 @@ class Terminal:
             return None
         return int(children[0]) if children else None
 
-    def signal_inner(self, sig: int, *, spare: set[int] = frozenset(), first: int | None = None) -> None:
+    def signal_inner(self, sig: int, *, spare: AbstractSet[int] = frozenset(), first: int | None = None) -> None:
         """Sends `sig` to the processes inside, `first` before the others (the shell must see
         SIGINT before its foreground child dies of it, or it would run on to the next command)."""
         targets = self.inner_pids() - set(spare)
@@ -183,10 +184,10 @@ class Terminal:
         for fd in self._readers:
             loop.remove_reader(fd)
         self._readers = []
-        for fd in (self.master, self.stderr_fd, self._pidfd):
-            if fd is not None:
+        for owned_fd in (self.master, self.stderr_fd, self._pidfd):
+            if owned_fd is not None:
                 try:
-                    os.close(fd)
+                    os.close(owned_fd)
                 except OSError:
                     pass
         if self.cgroup is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
+from typing import overload
 
 from corral.sdk.errors import InvalidArgument
 
@@ -78,6 +79,18 @@ def sandbox_limits(requested: Limits, defaults: LimitsConfig) -> Limits:
         pids=requested.pids or defaults.pids,
         cpu_millicores=requested.cpu_millicores or defaults.cpu_millicores,
     )
+
+
+@overload
+def terminal_size(size: tuple[int, int]) -> tuple[int, int]: ...
+
+
+@overload
+def terminal_size(size: None) -> None: ...
+
+
+@overload
+def terminal_size(size: tuple[int, int] | None) -> tuple[int, int] | None: ...
 
 
 def terminal_size(size: tuple[int, int] | None) -> tuple[int, int] | None:

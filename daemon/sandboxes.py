@@ -7,11 +7,12 @@ reaper, crash recovery and the order of teardown.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -256,6 +257,7 @@ class SandboxManager:
 
     def _start(self, sandbox: Sandbox, spec: rules.CommandSpec):
         runtime = sandbox.runtime
+        assert runtime is not None  # a running sandbox (SandboxManager.using)
         argv = spec.argv if spec.argv is not None else runtime.shell_argv(spec.shell or "")
         env = sandbox_environment(runtime.workdir, sandbox.env, spec.env)
         self.metrics.execs.labels(sandbox.backend).inc()
@@ -273,7 +275,7 @@ class SandboxManager:
 
     def exec_stream(
         self, sandbox_id: str, request: rules.CommandRequest, keepalive_s: float
-    ) -> AsyncIterator[Started | Output | Keepalive | Exited]:
+    ) -> AsyncGenerator[Started | Output | Keepalive | Exited, None]:
         """Streams a caller's command (the request rules apply); see stream_command."""
         return self.stream_command(sandbox_id, rules.command(self.config.exec, request), keepalive_s)
 
@@ -297,7 +299,7 @@ class SandboxManager:
 
     async def stream_command(
         self, sandbox_id: str, spec: rules.CommandSpec, keepalive_s: float
-    ) -> AsyncIterator[Started | Output | Keepalive | Exited]:
+    ) -> AsyncGenerator[Started | Output | Keepalive | Exited, None]:
         """Yields one Started, then Output/Keepalive events, then one Exited. Closing the iterator
         early (the client went away) kills the command's tree."""
         with self.using(sandbox_id) as sandbox:
@@ -362,7 +364,7 @@ class SandboxManager:
         """Writes a whole file; returns the bytes written."""
         return await self._files(sandbox_id, lambda files: files.write(path, data, mode, make_parents))
 
-    async def list_dir(self, sandbox_id: str, path: str) -> list[Entry]:
+    async def list_dir(self, sandbox_id: str, path: str) -> builtins.list[Entry]:
         return await self._files(sandbox_id, lambda files: files.list(path))
 
     async def path_kind(self, sandbox_id: str, path: str) -> tuple[str, str]:

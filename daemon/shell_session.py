@@ -173,7 +173,7 @@ class ShellSession:
     async def start(self) -> None:
         argv = [self.program, "--noprofile", "--norc"] if self._bash else [self.program]
         enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"), env=self.env)
-        self._terminal = Terminal(
+        terminal = Terminal(
             enter.argv,
             env=enter.env,
             cwd=enter.cwd,
@@ -183,18 +183,19 @@ class ShellSession:
             stderr_to_pipe=True,
             wrapped=enter.wrapped,
         )
-        self._terminal.attach(self._on_stdout, self._on_stderr)
+        self._terminal = terminal
+        terminal.attach(self._on_stdout, self._on_stderr)
         self._turn = _Turn(self._sentinel, self._sentinel_max, 1 << 16, b"")
-        await self._terminal.write(self._init_line())
+        await terminal.write(self._init_line())
         try:
-            await asyncio.wait_for(self._wait_turn_or_exit(self._turn), START_TIMEOUT_S)
+            await asyncio.wait_for(self._wait_turn_or_exit(self._turn, terminal), START_TIMEOUT_S)
         except TimeoutError:
-            await self._terminal.close()
+            await terminal.close()
             raise RuntimeError(f"the shell did not start within {START_TIMEOUT_S:g}s") from None
         finally:
             self._turn = None
-        if self._terminal.exited.done():
-            raise RuntimeError(f"the shell exited at once (exit {self._terminal.exited.result()})")
+        if terminal.exited.done():
+            raise RuntimeError(f"the shell exited at once (exit {terminal.exited.result()})")
         self._shell_cmdline = self._cmdline()
 
     def _write_command(self, data: bytes) -> None:
@@ -265,6 +266,9 @@ class ShellSession:
         if self._terminal is None or self._terminal.exited.done():
             await self._restart()
             restarted = True
+        terminal = self._terminal
+        if terminal is None:  # close() ran while the shell restarted
+            raise FailedPrecondition(f"shell {self.name!r} was closed")
         started = time.monotonic()
         text = command if command.endswith("\n") else command + "\n"
         self._write_command(text.encode("utf-8", "surrogateescape"))
@@ -272,7 +276,6 @@ class ShellSession:
         self._stray.clear()
         self._turn = turn
         self.turns += 1
-        terminal = self._terminal
         timed_out, reason = False, ""
         try:
             try:
@@ -280,11 +283,11 @@ class ShellSession:
             except TimeoutError:  # the shell has not read its input for seconds: beyond saving
                 outcome = "stuck"
             else:
-                outcome = await self._wait(turn, started + timeout_s, idle_timeout_s)
+                outcome = await self._wait(turn, terminal, started + timeout_s, idle_timeout_s)
             if outcome in ("timeout", "idle_timeout"):
                 timed_out, reason = True, outcome
-                outcome, eof_sent = await self._interrupt(turn)
-                if outcome == "done" and eof_sent and not await self._responsive():
+                outcome, eof_sent = await self._interrupt(turn, terminal)
+                if outcome == "done" and eof_sent and not await self._responsive(terminal):
                     outcome = "eof_reached_shell"
         finally:
             self._turn = None
@@ -312,13 +315,12 @@ class ShellSession:
             shell_restarted=restarted,
         )
 
-    async def _wait_turn_or_exit(self, turn: _Turn) -> str:
-        await asyncio.wait({turn.done, self._terminal.exited}, return_when=asyncio.FIRST_COMPLETED)
+    async def _wait_turn_or_exit(self, turn: _Turn, terminal: Terminal) -> str:
+        await asyncio.wait({turn.done, terminal.exited}, return_when=asyncio.FIRST_COMPLETED)
         return "done" if turn.done.done() else "exited"
 
-    async def _wait(self, turn: _Turn, deadline: float, idle_timeout_s: float) -> str:
+    async def _wait(self, turn: _Turn, terminal: Terminal, deadline: float, idle_timeout_s: float) -> str:
         """Waits for the sentinel; returns "done", "exited", "timeout" or "idle_timeout"."""
-        terminal = self._terminal
         while True:
             now = time.monotonic()
             wake = deadline
@@ -343,10 +345,9 @@ class ShellSession:
                 self._shell_cmdline = self._cmdline()
                 await terminal.write(self._init_line())
 
-    async def _interrupt(self, turn: _Turn) -> tuple[str, bool]:
+    async def _interrupt(self, turn: _Turn, terminal: Terminal) -> tuple[str, bool]:
         """SIGINT, then end-of-file, then SIGKILL for the foreground; "done" once the shell prints
         its marker again, else "exited"/"stuck"; and whether the end-of-file was sent."""
-        terminal = self._terminal
         shell = terminal.shell_pid()
 
         async def end_of_file() -> None:
@@ -364,13 +365,13 @@ class ShellSession:
         for number, step in enumerate(steps):
             await step()
             try:
-                await asyncio.wait_for(self._wait_turn_or_exit(turn), GRACE_S)
+                await asyncio.wait_for(self._wait_turn_or_exit(turn, terminal), GRACE_S)
             except TimeoutError:
                 continue
             return ("done" if turn.done.done() else "exited"), number >= 1
         return "stuck", True
 
-    async def _responsive(self) -> bool:
+    async def _responsive(self, terminal: Terminal) -> bool:
         """Whether the shell still reads commands after an interrupt that sent end-of-file: when
         the foreground program did not read it (it ignored SIGINT and died of SIGKILL), the EOF
         waits in the terminal for the shell, and a non-interactive shell exits on it. One round
@@ -379,8 +380,8 @@ class ShellSession:
         self._turn = probe
         try:
             with contextlib.suppress(TimeoutError):
-                await self._terminal.write(self._marker("0").encode(), timeout=GRACE_S)
-                await asyncio.wait_for(self._wait_turn_or_exit(probe), GRACE_S * 2)
+                await terminal.write(self._marker("0").encode(), timeout=GRACE_S)
+                await asyncio.wait_for(self._wait_turn_or_exit(probe, terminal), GRACE_S * 2)
         finally:
             self._turn = None
         probe.flush()

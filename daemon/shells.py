@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
+from typing import Literal
 
 from corral.sdk.errors import AlreadyExists, FailedPrecondition, NotFound
 
@@ -30,6 +31,10 @@ class AttachOutput:
 @dataclass(frozen=True)
 class AttachExited:
     exit_code: int
+
+
+# What the caller of an attach sends: keystrokes, a new (rows, cols), a signal number.
+AttachInput = tuple[Literal["input"], bytes] | tuple[Literal["resize"], tuple[int, int]] | tuple[Literal["signal"], int]
 
 
 class ShellManager:
@@ -142,8 +147,8 @@ class ShellManager:
         size: tuple[int, int] | None,
         term: str,
         program: str,
-        inputs: AsyncIterator[tuple[str, object]],
-    ) -> AsyncIterator[AttachOutput | AttachExited]:
+        inputs: AsyncIterator[AttachInput],
+    ) -> AsyncGenerator[AttachOutput | AttachExited, None]:
         """An interactive shell for as long as the caller iterates. `inputs` yields ("input",
         bytes), ("resize", (rows, cols)) and ("signal", number), as the caller sent them."""
         size = rules.terminal_size(size)
@@ -171,13 +176,13 @@ class ShellManager:
             terminal.attach(queue.put_nowait)
 
             async def pump_inputs() -> None:
-                async for kind, value in inputs:
-                    if kind == "input":
-                        await terminal.write(value, timeout=ATTACH_INPUT_TIMEOUT_S)
-                    elif kind == "resize":
-                        terminal.resize(*rules.terminal_size(value))
-                    elif kind == "signal":
-                        terminal.signal_inner(rules.signal_number(value), spare={terminal.shell_pid() or 0})
+                async for item in inputs:
+                    if item[0] == "input":
+                        await terminal.write(item[1], timeout=ATTACH_INPUT_TIMEOUT_S)
+                    elif item[0] == "resize":
+                        terminal.resize(*rules.terminal_size(item[1]))
+                    elif item[0] == "signal":
+                        terminal.signal_inner(rules.signal_number(item[1]), spare={terminal.shell_pid() or 0})
 
             # The client half-closing its side only means "no more input": the terminal lives
             # until the shell exits or the call is cancelled.
@@ -188,8 +193,8 @@ class ShellManager:
                     getter = asyncio.ensure_future(queue.get())
                     waiting = {getter, terminal.exited} | (set() if feeder.done() else {feeder})
                     await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                    if feeder.done() and feeder.exception():
-                        raise feeder.exception()
+                    if feeder.done() and (error := feeder.exception()) is not None:
+                        raise error
                     if getter.done():
                         yield AttachOutput(getter.result())
                         continue

@@ -114,12 +114,12 @@ def main() -> int:
                     sh = sb.shell("main")
                     sh.run("cd /tmp && export GREETING=hello")
                     t0 = time.perf_counter()
-                    r = sh.run("echo $GREETING from $(pwd)", timeout=10)
-                    show("state kept across turns", f"{r.output!r} in {(time.perf_counter() - t0) * 1000:.1f} ms")
-                    r = sh.run("sleep 100; echo never", timeout=1)
+                    turn = sh.run("echo $GREETING from $(pwd)", timeout=10)
+                    show("state kept across turns", f"{turn.output!r} in {(time.perf_counter() - t0) * 1000:.1f} ms")
+                    turn = sh.run("sleep 100; echo never", timeout=1)
                     show(
                         "a turn that times out",
-                        f"timed_out={r.timed_out} exit={r.exit_code}, shell still usable: "
+                        f"timed_out={turn.timed_out} exit={turn.exit_code}, shell still usable: "
                         f"{sh.run('echo yes', timeout=10).output!r}",
                     )
                     try:

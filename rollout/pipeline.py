@@ -101,7 +101,7 @@ class PipelineClosed(Unavailable):
 class RolloutFiltered(Exception):
     """A rollout ends as FILTERED with this reason."""
 
-    def __init__(self, reason: int, message: str) -> None:
+    def __init__(self, reason: pb.FilterReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -131,7 +131,7 @@ class Rollout:
     # The stage work in progress, cancelled by `cancel`.
     active: asyncio.Task | None = None
     # Why it is being stopped early: FILTER_REASON_SHUTDOWN for shutdown, None for a client cancel.
-    stop_reason: int | None = None
+    stop_reason: pb.FilterReason | None = None
     finished: bool = False
 
 
@@ -436,7 +436,7 @@ class RolloutPipeline:
 
     # -- ending --------------------------------------------------------------------------------
 
-    def _stop(self, rollout: Rollout, reason: int | None) -> None:
+    def _stop(self, rollout: Rollout, reason: pb.FilterReason | None) -> None:
         """Ends a rollout early: the stage working on it is cancelled (its worker then finishes
         it), or, if it is waiting in a queue, it is finished here."""
         rollout.stop_reason = reason
@@ -481,7 +481,12 @@ class RolloutPipeline:
             _log.warning("rollout %s: destroying sandbox %s failed: %s", rollout.rollout_id, sandbox.id, error)
 
     def _result(
-        self, rollout: Rollout, status: int, *, reason: int = pb.FILTER_REASON_UNSPECIFIED, error: str = ""
+        self,
+        rollout: Rollout,
+        status: pb.RolloutStatus,
+        *,
+        reason: pb.FilterReason = pb.FILTER_REASON_UNSPECIFIED,
+        error: str = "",
     ) -> pb.RolloutResult:
         result = pb.RolloutResult(
             rollout_id=rollout.rollout_id,
@@ -499,7 +504,7 @@ class RolloutPipeline:
             result.eval_output = rollout.evaluation.output
         return result
 
-    def _filtered(self, rollout: Rollout, reason: int, error: str) -> pb.RolloutResult:
+    def _filtered(self, rollout: Rollout, reason: pb.FilterReason, error: str) -> pb.RolloutResult:
         return self._result(rollout, pb.ROLLOUT_STATUS_FILTERED, reason=reason, error=error)
 
     def _completed(self, rollout: Rollout) -> pb.RolloutResult:

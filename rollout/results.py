@@ -25,7 +25,7 @@ def turn_to_proto(turn: TurnRecord, rollout_id: str = "") -> pb.Turn:
     )
 
 
-def finish_reason_to_proto(reason: FinishReason | None) -> int:
+def finish_reason_to_proto(reason: FinishReason | None) -> pb.FinishReason:
     if reason is None:
         return pb.FINISH_REASON_UNSPECIFIED
     return pb.FinishReason.Value(f"FINISH_REASON_{reason.value}")

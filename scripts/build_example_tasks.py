@@ -78,11 +78,13 @@ def _check_reference(task_id: str, calls: list[dict], repo_files: dict[str, byte
         path, old, new = arguments.get("path"), arguments.get("old_str"), arguments.get("new_str")
         if path not in contents:
             raise TaskSourceError(f"{task_id}: reference call {index} edits {path!r}, which is not in repo/")
-        occurrences = contents[path].count(old) if old else 0
-        if occurrences != 1:
+        occurrences = contents[path].count(old) if isinstance(old, str) and old else 0
+        if not isinstance(old, str) or occurrences != 1:
             raise TaskSourceError(
                 f"{task_id}: reference call {index}: old_str occurs {occurrences} times in {path}, not once"
             )
+        if not isinstance(new, str):
+            raise TaskSourceError(f"{task_id}: reference call {index}: new_str is missing or not a string")
         contents[path] = contents[path].replace(old, new)
 
 

@@ -8,8 +8,9 @@ once (client.py, rollouts.py) and the blocking ones generated (scripts/unasync.p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
-from typing import Any, Generic, TypeVar
+import enum
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
+from typing import Any, Final, Generic, Literal, TypeVar
 
 import grpc
 
@@ -126,7 +127,7 @@ class AsyncTransport:
         return await asyncio.to_thread(fn, *args)
 
     @staticmethod
-    def background(work: Callable[[], Awaitable[None]]) -> AsyncBackground:
+    def background(work: Callable[[], Coroutine[Any, Any, None]]) -> AsyncBackground:
         """Starts `work()` concurrently with the caller (a task)."""
         return AsyncBackground(asyncio.create_task(work()))
 
@@ -156,11 +157,21 @@ class AsyncTransport:
             )
 
 
+class _Finished(enum.Enum):
+    FINISHED = enum.auto()
+
+
+_FINISHED: Final = _Finished.FINISHED
+
+
+def _next_item(items: Iterator[ItemT]) -> ItemT | Literal[_Finished.FINISHED]:
+    return next(items, _FINISHED)
+
+
 async def _iterate_in_thread(items: Iterator[ItemT]) -> AsyncIterator[ItemT]:
     """Iterates a blocking iterator (e.g. one reading local files) off the event loop, one item
     per worker-thread hop."""
-    finished = object()
-    while (item := await asyncio.to_thread(next, items, finished)) is not finished:
+    while (item := await asyncio.to_thread(_next_item, items)) is not _FINISHED:
         yield item
 
 
@@ -202,7 +213,7 @@ class AsyncResponseStream(Generic[ResponseT]):
         return await asyncio.to_thread(fn, *args)
 
     @staticmethod
-    def background(work: Callable[[], Awaitable[None]]) -> AsyncBackground:
+    def background(work: Callable[[], Coroutine[Any, Any, None]]) -> AsyncBackground:
         """Starts `work()` concurrently with the caller (a task)."""
         return AsyncBackground(asyncio.create_task(work()))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from corral.sdk.enums import backend_name, backend_number, enum_name
 from corral.sdk.errors import InvalidArgument, ProtocolError
@@ -23,6 +23,8 @@ from corral.sdk.types import (
     ExecResult,
     ExecStarted,
     FileEntry,
+    FileType,
+    IsolationLevel,
     KernelDisplayEvent,
     KernelDoneEvent,
     KernelErrorEvent,
@@ -31,11 +33,15 @@ from corral.sdk.types import (
     KernelInfo,
     KernelResult,
     KernelResultEvent,
+    KernelState,
     KernelStreamEvent,
+    LimitKind,
     LimitStatus,
     NodeInfo,
+    OutputStreamName,
     ResourceLimits,
     SandboxInfo,
+    SandboxState,
     ShellInfo,
     ShellResult,
     ShellTimeoutReason,
@@ -395,14 +401,17 @@ def build_list_kernels_request(sandbox_id: str) -> kernel_pb.ListKernelsRequest:
 
 # ---- decoders --------------------------------------------------------------------------------
 
+# enum_name gives one of the contract's value names or "unknown"; the Literal types of
+# corral.sdk.types list exactly those (test_sdk_core checks it), hence the casts below.
+
 
 def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
     return SandboxInfo(
         id=sandbox.sandbox_id,
         backend=backend_name(sandbox.backend),
         image=sandbox.image,
-        state=enum_name(pb.SandboxState, "SANDBOX_STATE_", sandbox.state),
-        isolation=enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", sandbox.isolation),
+        state=cast(SandboxState, enum_name(pb.SandboxState, "SANDBOX_STATE_", sandbox.state)),
+        isolation=cast(IsolationLevel, enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", sandbox.isolation)),
         limits=ResourceLimits(
             memory_bytes=sandbox.limits.memory_bytes,
             pids=sandbox.limits.pids,
@@ -419,7 +428,7 @@ def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
 
 def limit_status_from_proto(status: pb.LimitStatus) -> LimitStatus:
     return LimitStatus(
-        kind=enum_name(pb.LimitKind, "LIMIT_KIND_", status.kind),
+        kind=cast(LimitKind, enum_name(pb.LimitKind, "LIMIT_KIND_", status.kind)),
         enforced=status.enforced,
         mechanism=status.mechanism,
         reason=status.reason,
@@ -469,7 +478,7 @@ def file_entry_from_proto(info: pb.FileInfo) -> FileEntry:
     return FileEntry(
         name=info.name,
         path=info.path,
-        type=enum_name(pb.FileType, "FILE_TYPE_", info.type),
+        type=cast(FileType, enum_name(pb.FileType, "FILE_TYPE_", info.type)),
         size_bytes=info.size_bytes,
         mode=info.mode,
         modified_at=_datetime_from_ms(info.modified_unix_ms),
@@ -487,7 +496,7 @@ def node_info_from_proto(response: pb.GetNodeInfoResponse) -> NodeInfo:
                 backend=backend_name(backend.backend),
                 available=backend.available,
                 detail=backend.detail,
-                isolation=enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", backend.isolation),
+                isolation=cast(IsolationLevel, enum_name(pb.IsolationLevel, "ISOLATION_LEVEL_", backend.isolation)),
                 limits=tuple(limit_status_from_proto(status) for status in backend.limits),
             )
             for backend in response.backends
@@ -581,7 +590,7 @@ def kernel_info_from_proto(kernel: kernel_pb.KernelInfo) -> KernelInfo:
     return KernelInfo(
         sandbox_id=kernel.sandbox_id,
         id=kernel.kernel_id,
-        state=enum_name(kernel_pb.KernelState, "KERNEL_STATE_", kernel.state),
+        state=cast(KernelState, enum_name(kernel_pb.KernelState, "KERNEL_STATE_", kernel.state)),
         execution_count=kernel.execution_count,
         python=kernel.python,
     )
@@ -662,7 +671,7 @@ class KernelEventDecoder:
 # ---- helpers ---------------------------------------------------------------------------------
 
 
-def _output_stream_name(number: int) -> str:
+def _output_stream_name(number: int) -> OutputStreamName:
     if number == pb.OUTPUT_STREAM_STDOUT:
         return "stdout"
     if number == pb.OUTPUT_STREAM_STDERR:
@@ -670,7 +679,7 @@ def _output_stream_name(number: int) -> str:
     raise ProtocolError(f"ExecStream sent output for unknown stream {number}")
 
 
-def _kernel_stream_name(number: int) -> str:
+def _kernel_stream_name(number: int) -> OutputStreamName:
     if number == kernel_pb.STREAM_NAME_STDOUT:
         return "stdout"
     if number == kernel_pb.STREAM_NAME_STDERR:

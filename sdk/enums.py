@@ -25,7 +25,7 @@ def enum_name(enum_type: EnumTypeWrapper, prefix: str, number: int) -> str:
 
 
 # "local" -> BACKEND_LOCAL, for every backend the contract names.
-BACKEND_NUMBERS: Mapping[str, int] = types.MappingProxyType(
+BACKEND_NUMBERS: Mapping[str, pb.Backend] = types.MappingProxyType(
     {
         name.removeprefix("BACKEND_").lower(): number
         for name, number in pb.Backend.items()
@@ -35,7 +35,7 @@ BACKEND_NUMBERS: Mapping[str, int] = types.MappingProxyType(
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKEND_NUMBERS)
 
 
-def backend_number(backend: str | None) -> int:
+def backend_number(backend: str | None) -> pb.Backend:
     """The contract's number of a backend name; None -> BACKEND_UNSPECIFIED (the daemon's default)."""
     if backend is None:
         return pb.BACKEND_UNSPECIFIED

@@ -214,18 +214,26 @@ _STDERR_TAIL_BYTES = 500
 def _describe_failure(result: ExecResult | ShellResult) -> str:
     # An ExecResult has stderr, signal and oom_killed; a ShellResult has one interleaved output
     # and says which of its limits expired.
+    from corral.sdk.types import ShellResult  # here: corral.sdk.types imports this module
+
+    if isinstance(result, ShellResult):
+        exec_result = None
+        label, tail_of = "output", result.output
+        idle_timeout = result.timeout_reason == "idle_timeout"
+    else:
+        exec_result = result
+        label, tail_of = "stderr", result.stderr
+        idle_timeout = False
     if result.timed_out:
-        if getattr(result, "timeout_reason", None) == "idle_timeout":
+        if idle_timeout:
             what = f"was interrupted by its idle timeout after {result.duration_ms} ms"
         else:
             what = f"timed out after {result.duration_ms} ms"
-    elif getattr(result, "oom_killed", False):
+    elif exec_result is not None and exec_result.oom_killed:
         what = f"was killed by the out-of-memory killer (exit code {result.exit_code})"
-    elif getattr(result, "signal", 0):
-        what = f"was killed by signal {result.signal}"
+    elif exec_result is not None and exec_result.signal:
+        what = f"was killed by signal {exec_result.signal}"
     else:
         what = f"exited with code {result.exit_code}"
-    stderr = getattr(result, "stderr", None)
-    label, tail_of = ("stderr", stderr) if stderr is not None else ("output", result.output)
     tail = tail_of[-_STDERR_TAIL_BYTES:].decode(errors="replace").strip()
     return f"command {what}" + (f"; {label}: {tail}" if tail else "")

@@ -4,15 +4,21 @@ that drive a `corral.rollout` pipeline in their own process use the same convers
 
 from __future__ import annotations
 
+from typing import Literal, cast
+
 import grpc
 
 from corral.sdk.enums import enum_name
 from corral.sdk.errors import CorralError, InvalidArgument, error_class_for
 from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import (
+    FilterReason,
+    FinishReason,
+    LLMProtocolName,
     LLMServerInfo,
     RolloutResult,
     RolloutStats,
+    RolloutStatus,
     RolloutTurn,
     StageStats,
     ToolCallRecord,
@@ -84,14 +90,20 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
         task_id=result.task_id,
         group_id=result.group_id,
         sample_index=result.sample_index,
-        status=enum_name(pb.RolloutStatus, "ROLLOUT_STATUS_", result.status),
+        # enum_name gives one of the contract's value names or "unknown"; the Literal types list
+        # exactly those (test_sdk_core checks it).
+        status=cast(RolloutStatus, enum_name(pb.RolloutStatus, "ROLLOUT_STATUS_", result.status)),
         filter_reason=(
-            enum_name(pb.FilterReason, "FILTER_REASON_", result.filter_reason) if result.filter_reason else None
+            cast(FilterReason, enum_name(pb.FilterReason, "FILTER_REASON_", result.filter_reason))
+            if result.filter_reason
+            else None
         ),
         error=result.error,
         reward=result.reward,
         finish_reason=(
-            enum_name(pb.FinishReason, "FINISH_REASON_", result.finish_reason) if result.finish_reason else None
+            cast(FinishReason, enum_name(pb.FinishReason, "FINISH_REASON_", result.finish_reason))
+            if result.finish_reason
+            else None
         ),
         prompt_ids=list(result.prompt_ids),
         response_ids=list(result.response_ids),
@@ -113,7 +125,7 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
 def llm_server_from_proto(server: pb.LLMServer) -> LLMServerInfo:
     return LLMServerInfo(
         address=server.address,
-        protocol=enum_name(pb.LLMProtocol, "LLM_PROTOCOL_", server.protocol),
+        protocol=llm_protocol_name(server.protocol),
         weight=server.weight,
         model=server.model,
         in_flight=server.in_flight,
@@ -121,6 +133,15 @@ def llm_server_from_proto(server: pb.LLMServer) -> LLMServerInfo:
         requests=server.requests,
         failures=server.failures,
     )
+
+
+def llm_protocol_name(number: int) -> LLMProtocolName | Literal["unknown"]:
+    """The contract's LLMProtocol number as a name: UNSPECIFIED means SGLang (rollout.proto)."""
+    if number in (pb.LLM_PROTOCOL_UNSPECIFIED, pb.LLM_PROTOCOL_SGLANG):
+        return "sglang"
+    if number == pb.LLM_PROTOCOL_VLLM:
+        return "vllm"
+    return "unknown"
 
 
 def stats_from_proto(response: pb.GetRolloutStatsResponse) -> RolloutStats:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from types import TracebackType
+from typing import Literal, overload
 
 from corral.sdk import rollout_messages as core
 from corral.sdk._async_transport import AsyncTransport
@@ -84,6 +85,16 @@ class AsyncRollouts:
         """A stream to submit tasks to and read results from as they finish (see
         AsyncRolloutStream). Use: `async with client.rollouts.open_stream() as s: ...`."""
         return AsyncRolloutStream(self._transport)
+
+    @overload
+    def stream(
+        self, tasks: TaskSource, *, n: int = ..., max_staleness: int | None = ..., turns: Literal[False] = ...
+    ) -> AsyncIterator[RolloutResult]: ...
+
+    @overload
+    def stream(
+        self, tasks: TaskSource, *, n: int = ..., max_staleness: int | None = ..., turns: bool
+    ) -> AsyncIterator[RolloutEvent]: ...
 
     async def stream(
         self, tasks: TaskSource, *, n: int = 1, max_staleness: int | None = None, turns: bool = False

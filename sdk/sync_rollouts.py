@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from types import TracebackType
+from typing import Literal, overload
 
 from corral.sdk import rollout_messages as core
 from corral.sdk._sync_transport import SyncTransport
@@ -72,6 +73,16 @@ class Rollouts:
         """A stream to submit tasks to and read results from as they finish (see
         RolloutStream). Use: `with client.rollouts.open_stream() as s: ...`."""
         return RolloutStream(self._transport)
+
+    @overload
+    def stream(
+        self, tasks: TaskSource, *, n: int = ..., max_staleness: int | None = ..., turns: Literal[False] = ...
+    ) -> Iterator[RolloutResult]: ...
+
+    @overload
+    def stream(
+        self, tasks: TaskSource, *, n: int = ..., max_staleness: int | None = ..., turns: bool
+    ) -> Iterator[RolloutEvent]: ...
 
     def stream(
         self, tasks: TaskSource, *, n: int = 1, max_staleness: int | None = None, turns: bool = False

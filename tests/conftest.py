@@ -15,12 +15,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from corral.daemon.cgroups import CgroupDriver
 from corral.daemon.config import load_config
 from corral.daemon.doctor import probe
 
@@ -81,6 +83,7 @@ class DaemonProcess:
         self.env = {**os.environ, **(env or {})}
         self.log = root / "daemon.log"
         self.proc: subprocess.Popen | None = None
+        self.backend = "local"  # the backend case a shared fixture started it for (the fixtures set it)
 
     def start(self, timeout: float = 20.0) -> DaemonProcess:
         cmd = [
@@ -164,7 +167,7 @@ def require_image(name: str) -> None:
 
 
 @pytest.fixture(scope="session", params=list(BACKEND_CASES))
-def daemon(request, tmp_path_factory) -> DaemonProcess:
+def daemon(request, tmp_path_factory) -> Iterator[DaemonProcess]:
     """One daemon per backend case for the whole session (tests that kill or restart daemons make
     their own). Sandboxes created without an image get the case's test image."""
     requirement, backend, config_text = BACKEND_CASES[request.param]
@@ -180,7 +183,7 @@ def daemon(request, tmp_path_factory) -> DaemonProcess:
 
 
 @pytest.fixture(scope="session")
-def local_daemon(tmp_path_factory) -> DaemonProcess:
+def local_daemon(tmp_path_factory) -> Iterator[DaemonProcess]:
     """One daemon on the local backend for tests that are about something other than backends
     (rollouts, adapters): they run once, not once per backend case."""
     require_backend("local")
@@ -209,3 +212,36 @@ def client(daemon):
 def sandbox(client):
     with client.create_sandbox() as sb:
         yield sb
+
+
+# What a test that crashes or stops daemons checks: only that daemon's own cgroups and processes.
+
+
+def cgroup_dirs(daemon_id: str) -> list[Path]:
+    """The sandbox cgroups left under that daemon's own base directories (only those: other
+    daemons on this machine come and go meanwhile). The daemons here are children of this process,
+    so their bases sit under this process's cgroups."""
+    bases = [h.base for h in CgroupDriver(daemon_id, create=False).hierarchies]
+    return [p for base in bases if base.is_dir() for p in base.iterdir() if p.is_dir()]
+
+
+def sandbox_pids(daemon_id: str) -> set[int]:
+    """The host pids of every process in that daemon's sandboxes (their cgroups, leaves included)."""
+    pids: set[int] = set()
+    for group in cgroup_dirs(daemon_id):
+        for procs in group.rglob("cgroup.procs"):
+            pids |= {int(pid) for pid in procs.read_text().split()}
+    return pids
+
+
+def alive_pids(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (a zombie counts as gone)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive

@@ -44,9 +44,10 @@ def repair_task(
 
 
 @contextlib.asynccontextmanager
-async def replay_server(tasks: Iterable[pb.Task], **options: float) -> AsyncIterator[ReferenceServer]:
-    """The built-in reference server with the replay policy for `tasks`, on a free port."""
-    server = ReferenceServer(ReplayPolicy(list(tasks)), **options)
+async def replay_server(tasks: Iterable[pb.Task], *, latency_s: float = 0.0) -> AsyncIterator[ReferenceServer]:
+    """The built-in reference server with the replay policy for `tasks`, on a free port; each
+    generation takes `latency_s` at least."""
+    server = ReferenceServer(ReplayPolicy(list(tasks)), latency_s=latency_s)
     await server.start()
     try:
         yield server

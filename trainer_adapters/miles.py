@@ -90,7 +90,7 @@ import contextlib
 import json
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,7 +132,7 @@ _TRUNCATING_FINISHES = frozenset({"max_turns", "context_full", "timeout"})
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The corral options, added to Miles' parser through `generate.add_arguments` (Miles calls it
     for the function that --custom-generate-function-path names)."""
-    options = {
+    options: dict[str, dict[str, Any]] = {
         "--corral-address": dict(
             type=str,
             default=None,
@@ -431,17 +431,21 @@ class MilesRollouts:
         max_staleness = getattr(args, "corral_max_staleness", None)
         if _aborted(state):  # Miles ended the step before this sample started
             return fill_sample(sample, None, None, aborted_reason="Miles aborted the rollout step")
-        engine = await (self._service_engine if service else self._tools_engine)(args, state, url, address)
+        observe: Callable[[RolloutResult], Awaitable[None]] | None = None
         if service:
-            run = engine.client.rollouts.run(task, max_staleness=max_staleness)
+            service_engine = await self._service_engine(args, state, url, address)
+            tokenizer, observe = service_engine.tokenizer, service_engine.observe
+            run = service_engine.client.rollouts.run(task, max_staleness=max_staleness)
         else:
-            run = engine.rollouts.run(task, max_staleness=max_staleness)
+            tools_engine = await self._tools_engine(args, state, url, address)
+            tokenizer = tools_engine.tokenizer
+            run = tools_engine.rollouts.run(task, max_staleness=max_staleness)
         result = await self._unless_aborted(run, state)
         if result is None:
-            return fill_sample(sample, None, engine.tokenizer, aborted_reason="Miles aborted the rollout step")
-        if service:
-            await engine.observe(result)
-        return fill_sample(sample, result, engine.tokenizer)
+            return fill_sample(sample, None, tokenizer, aborted_reason="Miles aborted the rollout step")
+        if observe is not None:
+            await observe(result)
+        return fill_sample(sample, result, tokenizer)
 
     async def _unless_aborted(self, run: Any, state: Any) -> RolloutResult | None:
         """The rollout's result, or None when Miles aborts the step first: the rollout is then
@@ -483,7 +487,9 @@ class MilesRollouts:
                     timeout_s=timeout,
                     retries=self.llm_retries,
                 )
-            return held.engines[key]
+            engine = held.engines[key]
+            assert isinstance(engine, _ToolsEngine)  # the key names the mode
+            return engine
 
     async def _service_engine(self, args: Any, state: Any, url: str, address: str | None) -> _ServiceEngine:
         held = self._loop_engines()
@@ -493,7 +499,9 @@ class MilesRollouts:
                 tokenizer = chat_tokenizer(_tokenizer_source(args, state))
                 client = await connect_service([url], protocol="sglang", address=address)
                 held.engines[key] = _ServiceEngine(client, tokenizer)
-            return held.engines[key]
+            engine = held.engines[key]
+            assert isinstance(engine, _ServiceEngine)  # the key names the mode
+            return engine
 
 
 def _aborted(state: Any) -> bool:

@@ -71,7 +71,7 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -117,7 +117,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 TrajectoryStatus = agent_types.TrajectoryStatus
-TrajectoryItem = agent_types.TrajectoryItem
+TrajectoryItem: TypeAlias = agent_types.TrajectoryItem
 
 # Stage timeouts when the task sets none: the daemon's pipeline defaults.
 DEFAULT_INIT_TIMEOUT_S = 300.0
@@ -525,7 +525,7 @@ def with_corral_engine(learner_cls: type) -> type:
     `CorralCollectEngine` (tunix 0.1.7's `AgenticRLLearner._build_orchestrator` hard-codes
     `TrajectoryCollectEngine`)."""
 
-    class CorralLearner(learner_cls):  # type: ignore[misc, valid-type]
+    class CorralLearner(learner_cls):
         def _build_orchestrator(self):
             orchestrator = super()._build_orchestrator()
             orchestrator.engine_cls = CorralCollectEngine

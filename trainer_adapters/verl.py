@@ -65,7 +65,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -444,7 +444,7 @@ def _server_url(address: str) -> str:
 
 async def _service_results(
     tasks: Iterable[TaskLike], servers: Iterable[str], *, protocol: str, address: str | None, n: int = 1
-) -> AsyncIterator[RolloutResult]:
+) -> AsyncGenerator[RolloutResult, None]:
     client = await connect_service([_server_url(s) for s in servers], protocol=protocol, address=address)
     try:
         async for event in client.rollouts.stream(tasks, n=n):

@@ -23,12 +23,17 @@ import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 from ..cgroups import CgroupGroup, LimitSupport
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, ManagedSandbox
 from .nsenter import nsenter_argv
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +95,7 @@ class DockerSandbox(ManagedSandbox):
 
     def __init__(self, backend: DockerBackend, spec, uid: int) -> None:
         super().__init__(backend, spec, uid)
-        self.container = None
+        self.container: Container | None = None
         self.container_name = f"corral-{self.context.daemon_id}-{spec.sandbox_id}"
 
     async def launch(self) -> None:
@@ -127,19 +132,20 @@ class DockerSandbox(ManagedSandbox):
             kwargs.update(pids_limit=lim.pids)
         if lim.cpu_millicores:
             kwargs.update(nano_cpus=lim.cpu_millicores * 1_000_000)
-        client = backend.client
+        client = backend.engine_client
         try:
-            self.container = await backend.engine(client.containers.run, self.spec.image, **kwargs)
+            container: Container = await backend.engine(client.containers.run, self.spec.image, **kwargs)
+            self.container = container
         except BaseException:
             # A container the engine created but could not start must not outlive the error.
             with contextlib.suppress(Exception):
                 leftover = await backend.engine(client.containers.get, self.container_name)
                 await backend.engine(leftover.remove, force=True)
             raise
-        await backend.engine(self.container.reload)
-        self.init_pid = int(self.container.attrs["State"]["Pid"])
+        await backend.engine(container.reload)
+        self.init_pid = int(container.attrs["State"]["Pid"])
         if not self.init_pid:
-            raise FailedPrecondition(f"container of {self.spec.image!r} is not running: {self.container.status}")
+            raise FailedPrecondition(f"container of {self.spec.image!r} is not running: {container.status}")
         self.cgroup = self.context.cgroups.group_of(self.init_pid)
 
     async def kill_processes(self) -> None:
@@ -187,9 +193,16 @@ class DockerBackend(Backend):
     def __init__(self, context) -> None:
         self.nsenter = shutil.which("nsenter")
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="docker-engine")
-        self.client = None
+        self.client: DockerClient | None = None
         self._unreachable = False
         super().__init__(context)
+
+    @property
+    def engine_client(self) -> DockerClient:
+        """The engine's client, made by the probe that found the backend available (create checks
+        that before anything else)."""
+        assert self.client is not None, "the docker backend is not available"
+        return self.client
 
     @property
     def address(self) -> str:
@@ -216,8 +229,9 @@ class DockerBackend(Backend):
         if not self.nsenter:
             problems.append("nsenter is not installed (apt-get install util-linux)")
         try:
-            self.client = docker.DockerClient(base_url=self.address, timeout=60)
-            version = _engine_name(self.client.version())
+            client = docker.DockerClient(base_url=self.address, timeout=60)
+            self.client = client
+            version = _engine_name(client.version())
         except docker.errors.DockerException as err:
             problems.append(f"cannot reach the Docker engine at {self.address}: {err}")
             self._unreachable = True
@@ -256,7 +270,7 @@ class DockerBackend(Backend):
         if not image or image == "host":
             raise InvalidArgument('the docker backend needs an image name (e.g. "debian:bookworm")')
         try:
-            await self.engine(self.client.images.get, image)
+            await self.engine(self.engine_client.images.get, image)
             return
         except NotFound:
             if not self.settings.pull:
@@ -265,7 +279,7 @@ class DockerBackend(Backend):
                     "(docker build / docker load), or set docker.pull = true to pull from a registry"
                 ) from None
         try:
-            await self.engine(self.client.images.pull, image)
+            await self.engine(self.engine_client.images.pull, image)
         except (NotFound, FailedPrecondition, docker.errors.DockerException) as err:
             raise NotFound(f"image {image!r} could not be pulled: {err}") from err
 

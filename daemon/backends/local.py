@@ -84,8 +84,10 @@ class LocalSandbox(ManagedSandbox):
             return
         layout = root_layout(self.rootfs, list(backend.hidden_paths))
         if backend.launcher == "bwrap":
+            assert backend.bwrap is not None  # the probe chose bwrap because it found it
             argv = bwrap_argv(backend.bwrap, layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network)
         else:
+            assert backend.unshare is not None  # the probe chose unshare because it found it
             argv = unshare_argv(
                 backend.unshare, layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, self.uid
             )

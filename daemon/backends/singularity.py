@@ -50,6 +50,7 @@ async def _run(argv: list[str], timeout: float, cgroup: CgroupGroup | None = Non
         proc.kill()
         await proc.wait()
         return 124, f"timed out after {timeout:g}s"
+    assert proc.returncode is not None  # communicate() returned: the process has exited
     return proc.returncode, out.decode(errors="replace").strip()
 
 

@@ -11,6 +11,7 @@ from corral.v1 import sandbox_pb2_grpc
 
 from ..backends.base import BackendStatus, Limits
 from ..node import NodeInfo
+from ..process import STDERR, STDOUT
 from ..rules import CommandRequest
 from ..sandboxes import ExecOutcome, Exited, Keepalive, Output, Sandbox, SandboxManager, Started
 from ..transfer import TarTransfer
@@ -33,6 +34,7 @@ LIMIT_KINDS = {
     "wall_clock": pb.LIMIT_KIND_WALL_CLOCK,
     "network": pb.LIMIT_KIND_NETWORK,
 }
+OUTPUT_STREAMS = {STDOUT: pb.OUTPUT_STREAM_STDOUT, STDERR: pb.OUTPUT_STREAM_STDERR}
 FILE_TYPES = {
     "file": pb.FILE_TYPE_FILE,
     "directory": pb.FILE_TYPE_DIRECTORY,
@@ -166,7 +168,9 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         try:
             async for event in events:
                 if isinstance(event, Output):
-                    yield pb.ExecStreamResponse(output=pb.ExecOutput(stream=event.stream, data=event.data))
+                    yield pb.ExecStreamResponse(
+                        output=pb.ExecOutput(stream=OUTPUT_STREAMS[event.stream], data=event.data)
+                    )
                 elif isinstance(event, Keepalive):
                     yield pb.ExecStreamResponse(keepalive=pb.ExecKeepalive())
                 elif isinstance(event, Started):

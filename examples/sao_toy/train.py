@@ -79,6 +79,7 @@ from corral.trainer_adapters.sao import (  # noqa: E402
     group_normalized_advantages,
     sequence_advantages_to_tokens,
 )
+from corral.trainer_adapters.sao.loss import Denominator  # noqa: E402
 
 GOAL_REWARD = 0.8
 
@@ -92,7 +93,7 @@ class Settings:
     baseline_momentum: float = 0.9  # SAO: the per-task running baseline
     # Loss aggregation, both modes (see trainer_adapters/sao/loss.py): "sequence" weighs every
     # rollout equally; "token" lets long failed rollouts outweigh short successes (see README).
-    denominator: str = "sequence"
+    denominator: Denominator = "sequence"
     batch: int = 8  # rollouts per update, both modes
     in_flight: int = 4  # SAO: rollouts kept running
     max_lag: int = 2  # SAO: updates generation may run ahead of training
@@ -173,10 +174,25 @@ class Session:
         self.policy = TinyPolicy(model=load_checkpoint(checkpoint), seed=settings.seed, weight_version=0)
         self.server = ReferenceServer(self.policy)
         self.url = ""
-        self.client: AsyncClient | None = None
-        self.http: aiohttp.ClientSession | None = None
+        self._client: AsyncClient | None = None
+        self._http: aiohttp.ClientSession | None = None
         self.pushes = 0
         self.push_seconds = 0.0
+
+    def connect(self, client: AsyncClient, http: aiohttp.ClientSession) -> None:
+        self._client, self._http = client, http
+
+    @property
+    def client(self) -> AsyncClient:
+        """The daemon's client, while `with_session` runs."""
+        assert self._client is not None, "the session is not connected"
+        return self._client
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The HTTP session to the reference server, while `with_session` runs."""
+        assert self._http is not None, "the session is not connected"
+        return self._http
 
     async def push(self, model: torch.nn.Module, version: int) -> None:
         """Save, load into the server under `version`, tell the daemon."""
@@ -557,7 +573,7 @@ async def with_session(name: str, settings: Settings, checkpoint: Path, workdir:
             AsyncClient(address) as client,
             aiohttp.ClientSession() as http,
         ):
-            session.client, session.http = client, http
+            session.connect(client, http)
             await client.rollouts.register_llm(session.url)
             return await body(session)
     finally:

@@ -90,7 +90,11 @@ class VLLMClient(HTTPClientBase):
         choice = choices[0]
         logprobs_obj = choice.get("logprobs")
         token_logprobs = logprobs_obj.get("token_logprobs") if isinstance(logprobs_obj, dict) else None
-        if not isinstance(token_logprobs, list) or not all(isinstance(lp, (int, float)) for lp in token_logprobs):
+        if (
+            not isinstance(logprobs_obj, dict)
+            or not isinstance(token_logprobs, list)
+            or not all(isinstance(lp, (int, float)) for lp in token_logprobs)
+        ):
             raise protocol_error(self.base_url, "the completion has no logprobs.token_logprobs (one per token)")
         logprobs = [float(lp) for lp in token_logprobs]
 

@@ -9,6 +9,7 @@ import pytest
 
 from corral.cli.run import is_token_exact
 from corral.rollout.llm.sglang import SGLangClient
+from corral.rollout.types import Generation, SamplingOptions
 from corral.sdk import AsyncClient
 from corral.trainer_adapters.common import DaemonNotRunning, ToolsModeRollouts, connect_service
 from tests.rollout_tasks import repair_task, replay_server
@@ -77,7 +78,11 @@ async def test_service_mode_registers_the_trainers_servers_and_streams(local_dae
 
 async def test_a_missing_daemon_is_a_clear_error_naming_the_socket(tmp_path) -> None:
     socket = tmp_path / "nobody.sock"
-    rollouts = ToolsModeRollouts(lambda *a: None, "byte", address=f"unix://{socket}")
+
+    async def never_called(prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
+        raise AssertionError("no daemon: nothing to generate for")
+
+    rollouts = ToolsModeRollouts(never_called, "byte", address=f"unix://{socket}")
     with pytest.raises(DaemonNotRunning, match=str(socket)):
         await rollouts.run(repair_task("x"))
     with pytest.raises(DaemonNotRunning, match="corral serve"):

@@ -21,6 +21,7 @@ import json
 import subprocess
 import sys
 import types
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,9 @@ class Sample:
     rollout_id: int | None = None
     prompt: str | list[dict[str, str]] = ""
     tokens: list[int] = field(default_factory=list)
-    multimodal_inputs: dict[str, Any] = None
-    multimodal_train_inputs: dict[str, Any] = None
+    # Miles annotates these two `dict[str, Any]` with a None default.
+    multimodal_inputs: dict[str, Any] | None = None
+    multimodal_train_inputs: dict[str, Any] | None = None
     response: str = ""
     response_length: int = 0
     label: str | None = None
@@ -271,6 +273,7 @@ class Router:
 
     async def _generate(self, request: web.Request) -> web.Response:
         self.routing_keys.append(request.headers.get(ROUTING_KEY_HEADER))
+        assert self._session is not None  # serving: __aenter__ made it
         async with self._session.post(
             self.upstream + "/generate", data=await request.read(), headers={"Content-Type": "application/json"}
         ) as answer:
@@ -293,6 +296,7 @@ class Router:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        assert self._runner is not None and self._session is not None  # __aenter__ made them
         await self._runner.cleanup()
         await self._session.close()
 
@@ -323,6 +327,7 @@ def corral_results(monkeypatch) -> dict[str, RolloutResult]:
 
 def assert_filled_like(sample: Sample, result: RolloutResult) -> None:
     sample.validate()
+    assert sample.loss_mask is not None and sample.rollout_log_probs is not None
     assert len(sample.loss_mask) == sample.response_length == len(sample.rollout_log_probs)
     assert sample.tokens == result.prompt_ids + result.response_ids
     assert sample.tokens[-sample.response_length :] == result.response_ids
@@ -353,7 +358,12 @@ def test_the_stand_in_mirrors_miles_sample() -> None:
         "FAILED": "failed",
     }
     Sample(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 0], rollout_log_probs=[0.0, 0.0]).validate()
-    for bad in (dict(loss_mask=[1]), dict(rollout_log_probs=[0.0, 0.0, 0.0]), dict(response_length=4)):
+    bad_fields: list[dict[str, Any]] = [
+        dict(loss_mask=[1]),
+        dict(rollout_log_probs=[0.0, 0.0, 0.0]),
+        dict(response_length=4),
+    ]
+    for bad in bad_fields:
         with pytest.raises(AssertionError):
             Sample(**{"tokens": [1, 2, 3], "response_length": 2, **bad}).validate()
 
@@ -372,8 +382,9 @@ def test_the_entry_points_are_what_miles_loads() -> None:
     for fn in (adapter.generate, adapter.generate_legacy, adapter.service_generate):
         assert inspect.iscoroutinefunction(fn)
         parser = argparse.ArgumentParser()
-        fn.add_arguments(parser)
-        fn.add_arguments(parser)  # twice is harmless
+        add_arguments = fn.add_arguments  # type: ignore[union-attr]  # set on the entry points by the adapter
+        add_arguments(parser)
+        add_arguments(parser)  # twice is harmless
         args = parser.parse_args(
             ["--corral-address", "unix:///x.sock", "--corral-tokenizer", "byte", "--corral-max-staleness", "2"]
         )
@@ -413,7 +424,7 @@ def test_the_task_comes_from_metadata_completed_from_the_sample_and_miles_sampli
 
 
 def _result(**changes: Any) -> RolloutResult:
-    values = dict(
+    values: dict[str, Any] = dict(
         rollout_id="t/0/ab",
         task_id="t",
         group_id="g",
@@ -512,6 +523,7 @@ async def test_tools_mode_fills_miles_samples_for_bundled_tasks(local_daemon, co
     for task, output, legacy_sample in zip(tasks, outputs, legacy):
         assert isinstance(output, GenerateFnOutput)
         sample = output.samples
+        assert isinstance(sample, Sample)
         result = corral_results[sample.metadata["corral_rollout_id"]]
         assert result.task_id == task.task_id and result.status == "completed" and is_token_exact(result)
         assert_filled_like(sample, result)
@@ -535,7 +547,7 @@ async def test_tools_mode_fills_miles_samples_for_bundled_tasks(local_daemon, co
         assert legacy_sample.tokens[: len(result.prompt_ids)] == result.prompt_ids
         assert {**legacy_sample.metadata, "corral_rollout_id": None} == {**sample.metadata, "corral_rollout_id": None}
     # Every /generate carried its rollout's id as the routing key: one per turn.
-    assert sorted(router.routing_keys) == sorted(
+    assert Counter(router.routing_keys) == Counter(
         result.rollout_id for result in corral_results.values() for _ in result.turns
     )
     for task in tasks:

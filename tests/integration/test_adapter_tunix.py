@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -158,7 +159,7 @@ async def test_episodes_through_the_orchestrator_a_grpo_learner_builds(local_dae
     ]
     model_call = ReplayModelCall(tasks)
 
-    learner = object.__new__(with_corral_engine(GRPOLearner))
+    learner: Any = object.__new__(with_corral_engine(GRPOLearner))
     learner.tokenizer, learner.chat_parser = TOKENIZER, PARSER
     learner.algo_config = SimpleNamespace(
         episode_timeout=120.0, max_response_length=None, overlong_filter=False, filter_statuses=None, max_concurrency=4
@@ -251,6 +252,7 @@ async def test_a_sandbox_gone_under_a_step_is_a_backend_crash(local_daemon) -> N
     task = repair_task("tunix-gone")
     env = CorralTaskEnv(task, address=local_daemon.address)
     await asyncio.to_thread(env.reset)
+    assert env.sandbox_id is not None
     async with AsyncClient(local_daemon.address) as client:
         await (await client.get_sandbox(env.sandbox_id)).destroy()
     reply = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'

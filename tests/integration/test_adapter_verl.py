@@ -174,10 +174,9 @@ class Recorded:
 
     def __init__(self, monkeypatch) -> None:
         self.results: dict[str, RolloutResult] = {}
-        original = adapter.ToolsModeRollouts
         recorded = self
 
-        class Recording(original):
+        class Recording(adapter.ToolsModeRollouts):
             async def run(self, task, **kwargs):
                 result = await super().run(task, **kwargs)
                 recorded.results[result.rollout_id] = result
@@ -193,6 +192,7 @@ async def task_sandboxes(address: str, *task_ids: str) -> list[str]:
 
 def load_example(name: str):
     spec = importlib.util.spec_from_file_location(f"verl_example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

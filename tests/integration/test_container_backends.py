@@ -16,8 +16,10 @@ from tests.conftest import (
     PODMAN_SOCKET,
     SIF_TEST_IMAGE,
     DaemonProcess,
+    alive_pids,
     require_backend,
     require_image,
+    sandbox_pids,
 )
 
 # The docker backend on Docker's engine and on Podman's Docker-compatible socket.
@@ -142,11 +144,12 @@ def test_singularity_crash_leftovers_are_stopped(tmp_path):
         sb.exec("sleep 1000 >/dev/null 2>&1 &", timeout=10)
     prefix = f"corral-{daemon_id}-"
     assert len(_instances(prefix)) == 1
+    pids = sandbox_pids(daemon_id)
+    assert pids  # the instance's processes and the sleep
     d.stop(signal.SIGKILL)
     d.start()
     try:
         assert _instances(prefix) == []
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True).stdout
-        assert b"sleep 1000" not in ps
+        assert not alive_pids(pids)
     finally:
         d.stop()

@@ -14,23 +14,14 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from corral.daemon.cgroups import CgroupDriver
 from corral.sdk import Client, errors
-from tests.conftest import DaemonProcess, require_backend
+from tests.conftest import DaemonProcess, alive_pids, cgroup_dirs, require_backend, sandbox_pids
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _cgroup_dirs(daemon_id: str) -> list[Path]:
-    """The sandbox cgroups left under that daemon's own base directories (only those: other
-    daemons on this machine come and go meanwhile). The daemons here are children of this process,
-    so their bases sit under this process's cgroups."""
-    bases = [h.base for h in CgroupDriver(daemon_id, create=False).hierarchies]
-    return [p for base in bases if base.is_dir() for p in base.iterdir() if p.is_dir()]
 
 
 def test_sandbox_lifecycle(client):
@@ -117,11 +108,13 @@ def test_sigterm_destroys_sandboxes_and_removes_socket(tmp_path):
         for sb in sbs:
             sb.exec("sleep 1000 >/dev/null 2>&1 &", timeout=10)
         daemon_id = c.node_info().daemon_id
+    pids = sandbox_pids(daemon_id)
+    assert len(pids) >= 3  # the sleeps at least
     assert d.stop(signal.SIGTERM) == 0
     assert not d.socket.exists()
     assert not list((d.state_dir / "sandboxes").glob("*"))
-    assert not _cgroup_dirs(daemon_id)
-    assert b"sleep 1000" not in subprocess.run(["ps", "-eo", "args"], capture_output=True).stdout
+    assert not cgroup_dirs(daemon_id)
+    assert not alive_pids(pids)
 
 
 def test_in_flight_call_finishes_within_grace(tmp_path):
@@ -150,6 +143,8 @@ def test_crash_recovery_after_kill_9(tmp_path):
             sb = c.create_sandbox(image="host")
             sb.exec("setsid sleep 1001 >/dev/null 2>&1 & sleep 1002 >/dev/null 2>&1 &", timeout=10)
             sb.write_file("leftover.txt", b"x")
+    pids = sandbox_pids(daemon_id)
+    assert len(pids) >= 6  # the two sleeps of each sandbox at least
     d.stop(signal.SIGKILL)
     assert list((d.state_dir / "sandboxes").iterdir())  # the crash left sandboxes behind
     d.start()  # same state dir: the new daemon reaps what the old one left
@@ -159,9 +154,8 @@ def test_crash_recovery_after_kill_9(tmp_path):
             assert c.node_info().daemon_id == daemon_id
         assert not list((d.state_dir / "sandboxes").iterdir())
         assert not list((d.state_dir / "records").iterdir())
-        assert not _cgroup_dirs(daemon_id)
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True).stdout
-        assert b"sleep 1001" not in ps and b"sleep 1002" not in ps
+        assert not cgroup_dirs(daemon_id)
+        assert not alive_pids(pids)
     finally:
         d.stop()
 

@@ -278,7 +278,7 @@ def test_destroying_the_sandbox_stops_its_kernels(daemon, stub, client):
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_kernel_talks_over_unix_sockets_in_the_run_dir(daemon, stub, sandbox, kernel):
+def test_kernel_talks_over_unix_sockets_in_the_run_dir(daemon, stub, sandbox, kernel) -> None:
     """The connection file asks for the ipc transport in the run directory, the five channel
     sockets are Unix sockets there, and the daemon holds no TCP socket to reach them.
 

@@ -10,7 +10,8 @@ import signal
 import pytest
 
 from corral.cli.run import is_token_exact
-from corral.sdk import AlreadyExists, AsyncClient, FailedPrecondition, InvalidArgument, NotFound
+from corral.sdk import AlreadyExists, AsyncClient, FailedPrecondition, InvalidArgument, NotFound, RolloutResult
+from corral.sdk.rollouts import RolloutEvent
 from corral.v1 import rollout_pb2 as pb
 from tests.conftest import DaemonProcess, require_backend
 from tests.rollout_tasks import call, repair_task, replay_server
@@ -182,6 +183,12 @@ async def test_cancelling_frees_the_sandbox_at_once(client) -> None:
     assert await rollout_sandboxes(client) == []
 
 
+def result_of(event: RolloutEvent) -> RolloutResult:
+    """The event of a stream whose submissions did not ask for turns: a result."""
+    assert isinstance(event, RolloutResult), event
+    return event
+
+
 async def _has_sandbox_for(client: AsyncClient, task_id: str) -> bool:
     return any(s.labels.get("io.corral.task") == task_id for s in await rollout_sandboxes(client))
 
@@ -269,6 +276,8 @@ async def test_64_rollouts_over_two_servers_one_dying_midway_are_all_accounted_f
 async def test_daemon_shutdown_mid_rollout_filters_as_shutdown(tmp_path) -> None:
     require_backend("local")
     daemon = DaemonProcess(tmp_path).start()
+    proc = daemon.proc
+    assert proc is not None  # started
     task = repair_task("shutdown")
     try:
         async with AsyncClient(daemon.address) as client, replay_server([task], latency_s=30.0) as server:
@@ -276,12 +285,12 @@ async def test_daemon_shutdown_mid_rollout_filters_as_shutdown(tmp_path) -> None
             async with client.rollouts.open_stream() as stream:
                 await stream.submit(task)
                 await wait_until(lambda: _has_sandbox_for(client, "shutdown"))
-                daemon.proc.send_signal(signal.SIGTERM)
-                result = await asyncio.wait_for(stream.__anext__(), 20)
+                proc.send_signal(signal.SIGTERM)
+                result = result_of(await asyncio.wait_for(stream.__anext__(), 20))
         assert (result.status, result.filter_reason) == ("filtered", "shutdown")
-        assert daemon.proc.wait(30) == 0
+        assert proc.wait(30) == 0
     finally:
-        if daemon.proc.poll() is None:
+        if proc.poll() is None:
             daemon.stop()
     # The daemon's state directory shows no sandbox left behind.
     assert not any((daemon.state_dir / "sandboxes").glob("*")) if (daemon.state_dir / "sandboxes").exists() else True
@@ -339,7 +348,7 @@ async def test_sandbox_starts_that_fail_for_the_node_are_retried_then_filtered(t
                     await wait_until(lambda: _has_sandbox_for(client, "holder"))
                     await stream.submit(waiter)
                     await stream.close_input()
-                    results = {r.task_id: r async for r in stream}
+                    results = {r.task_id: r for r in [result_of(e) async for e in stream]}
             assert results["waiter"].status == "completed" and results["waiter"].reward == 1.0
             assert results["waiter"].timings["init"] > 0.4  # it waited at least one backoff
             # A holder that never lets go: the waiter's retries run out.
@@ -350,7 +359,7 @@ async def test_sandbox_starts_that_fail_for_the_node_are_retried_then_filtered(t
                     await stream.submit(holder)
                     await wait_until(lambda: _has_sandbox_for(client, "holder"))
                     await stream.submit(waiter)
-                    result = await asyncio.wait_for(stream.__anext__(), 30)
+                    result = result_of(await asyncio.wait_for(stream.__anext__(), 30))
                     assert (result.task_id, result.status, result.filter_reason) == (
                         "waiter",
                         "filtered",

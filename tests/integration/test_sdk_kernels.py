@@ -127,7 +127,7 @@ def test_start_errors(sandbox, kernel):
     with pytest.raises(FailedPrecondition):
         sandbox.kernel(python="/no/such/python3")
     with pytest.raises(InvalidArgument):
-        kernel.execute(b"1")  # type: ignore[arg-type]
+        kernel.execute(b"1")  # bytes, not str
     with pytest.raises(InvalidArgument):
         kernel.execute("1", timeout=-1)
 

@@ -105,7 +105,7 @@ def test_named_sessions_list_and_close(sandbox):
 def test_arguments_are_checked_before_sending(sandbox):
     shell = sandbox.shell()
     with pytest.raises(InvalidArgument):
-        shell.run(b"echo bytes")  # type: ignore[arg-type]
+        shell.run(b"echo bytes")  # bytes, not str
     with pytest.raises(InvalidArgument):
         shell.run("true", timeout=0)
     with pytest.raises(InvalidArgument):

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ from tests.rollout_tasks import repair_task, replay_server
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def config_in(tmp_path: Path, **limits: object) -> Config:
+def config_in(tmp_path: Path, **limits: Any) -> Config:
     config = load_config(environ={})
     return dataclasses.replace(
         config,

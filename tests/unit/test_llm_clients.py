@@ -154,6 +154,7 @@ class VLLMStandIn:
         return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
     async def stop(self) -> None:
+        assert self.runner is not None  # start() made it
         await self.runner.cleanup()
 
     async def models(self, request: web.Request) -> web.Response:
@@ -500,7 +501,7 @@ async def test_pool_speaks_vllm_too(pool):
         await stand_in.stop()
 
 
-async def test_pool_sends_each_rollouts_id_as_the_routing_key(servers, pool):
+async def test_pool_sends_each_rollouts_id_as_the_routing_key(servers, pool) -> None:
     """A router in front of several engines (SGLang's gateway) keeps a rollout on one engine by
     this header; the reference server answers, a stand-in in front of it records the header."""
     reference = await servers.start()

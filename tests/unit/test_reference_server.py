@@ -36,7 +36,7 @@ def make_task(
     user: str,
     fields: dict[str, str],
     calls: list[tuple[str, dict]],
-    fmt: int = pb.TOOL_CALL_FORMAT_HERMES,
+    fmt: pb.ToolCallFormat = pb.TOOL_CALL_FORMAT_HERMES,
     system: str = "You are an agent.",
 ) -> pb.Task:
     task = pb.Task(task_id=task_id, tool_call_format=fmt)

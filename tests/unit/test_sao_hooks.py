@@ -4,6 +4,7 @@ Miles' custom loss function (Miles cannot be installed here: its two helpers are
 
 from __future__ import annotations
 
+import argparse
 import sys
 import types
 
@@ -45,6 +46,7 @@ def test_verl_registry_gets_sao_and_it_matches_the_reference_loss() -> None:
     assert loss.item() == pytest.approx(expected.item())
     assert metrics["actor/sao_masked_fraction"] == pytest.approx(2 / 6)
     loss.backward()
+    assert log_prob.grad is not None
     assert log_prob.grad[0, 0] == 0 and log_prob.grad[0, 3] == 0  # masked on both sides
 
 
@@ -117,7 +119,7 @@ def test_miles_custom_loss_uses_rollout_logprobs_and_sample_means(miles_stand_in
     logits = torch.randn(1, 5, 8, requires_grad=True)
     current = torch.log_softmax(logits[0, :-1], -1).gather(-1, tokens[1:, None]).squeeze(-1)[1:]
     rollout = current.detach() - torch.log(torch.tensor([1.0, 10.0, 1.0]))  # ratio 10 on the middle token
-    args = types.SimpleNamespace(qkv_format="thd")
+    args = argparse.Namespace(qkv_format="thd")
     batch = {
         "unconcat_tokens": [tokens],
         "total_lengths": [5],

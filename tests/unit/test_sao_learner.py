@@ -30,7 +30,7 @@ def result(
     task_id: str = "t",
     reward: float = 1.0,
     version: int = 0,
-    status: int = pb.ROLLOUT_STATUS_COMPLETED,
+    status: pb.RolloutStatus = pb.ROLLOUT_STATUS_COMPLETED,
 ):
     """A one-turn rollout (generated ids, then an observation) whose logprobs are the model's own,
     as if the model had sampled it at `version`."""

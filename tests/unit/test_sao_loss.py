@@ -41,6 +41,7 @@ def test_tokens_outside_the_band_contribute_nothing_on_either_side() -> None:
     # Kept: -0.5*(-1) + -2*(1) = 0.5 - 2 = -1.5, over 4 loss tokens.
     assert loss.item() == pytest.approx(-1.5 / 4)
     loss.backward()
+    assert current.grad is not None
     # d(-r*A)/dlogp = -r*A on kept tokens, divided by 4; zero on masked ones.
     assert current.grad[0].tolist() == pytest.approx([0.0, 0.5 / 4, -2.0 / 4, 0.0])
     assert metrics["masked_fraction"] == 0.5
@@ -72,6 +73,7 @@ def test_zero_advantage_tokens_give_zero_loss_and_gradient() -> None:
     current = logs(1.2, 0.9).requires_grad_()
     loss, _ = sao_policy_loss(current, torch.zeros_like(current), torch.zeros_like(current), torch.ones_like(current))
     loss.backward()
+    assert current.grad is not None
     assert loss.item() == 0.0 and current.grad.abs().sum().item() == 0.0
 
 
@@ -122,6 +124,7 @@ def test_stopping_the_ratio_gradient_keeps_the_gradient() -> None:
             SAOConfig(ratio_grad=mode),
         )
         loss.backward()
+        assert current.grad is not None
         grads.append(current.grad[0].tolist())
     assert grads[0] == pytest.approx(grads[1])
 

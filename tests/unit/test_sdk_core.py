@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Any, get_args
 
 import grpc
 import pytest
 
 from corral.sdk import _core
+from corral.sdk import types as sdk_types
 from corral.sdk._address import (
     DEFAULT_ADDRESS,
     DaemonAddress,
@@ -18,7 +20,7 @@ from corral.sdk._address import (
     resolve_address,
     resolve_token,
 )
-from corral.sdk.enums import backend_number
+from corral.sdk.enums import backend_number, enum_name
 from corral.sdk.errors import (
     AlreadyExists,
     Cancelled,
@@ -40,7 +42,10 @@ from corral.sdk.errors import (
     error_class_for,
     error_from_rpc,
 )
+from corral.sdk.rollout_messages import llm_protocol_name
 from corral.sdk.types import ExecExited, ExecKeepalive, ExecOutput, ExecResult, ExecStarted
+from corral.v1 import kernel_pb2 as kernel_pb
+from corral.v1 import rollout_pb2 as rollout_pb
 from corral.v1 import sandbox_pb2 as pb
 
 # ---- addresses -------------------------------------------------------------------------------
@@ -115,7 +120,7 @@ def test_channel_options_lift_message_caps() -> None:
 
 # ---- requests --------------------------------------------------------------------------------
 
-EXEC_DEFAULTS = dict(stdin=None, env=None, cwd=None, timeout=10, output_limit=None)
+EXEC_DEFAULTS: dict[str, Any] = dict(stdin=None, env=None, cwd=None, timeout=10, output_limit=None)
 
 
 def test_exec_request_argv() -> None:
@@ -169,7 +174,7 @@ def test_exec_request_tuple_argv() -> None:
         (["true"], {"env": {"A": 1}}),
     ],
 )
-def test_exec_request_rejects(cmd: object, overrides: dict) -> None:
+def test_exec_request_rejects(cmd: Any, overrides: dict) -> None:
     with pytest.raises(InvalidArgument):
         _core.build_exec_request("sb", cmd, **{**EXEC_DEFAULTS, **overrides})
 
@@ -374,11 +379,30 @@ def test_sandbox_info_from_proto() -> None:
 
 def test_unknown_enum_value_reads_as_unknown() -> None:
     message = sandbox_message()
-    message.state = 99  # a state added by a newer daemon
+    message.state = 99  # type: ignore[assignment]  # a state added by a newer daemon, outside the stub's enum
     message.idle_timeout_ms = 0
     info = _core.sandbox_info_from_proto(message)
     assert info.state == "unknown"
     assert info.idle_timeout is None
+
+
+@pytest.mark.parametrize(
+    ("literal", "enum_type", "prefix"),
+    [
+        (sdk_types.SandboxState, pb.SandboxState, "SANDBOX_STATE_"),
+        (sdk_types.IsolationLevel, pb.IsolationLevel, "ISOLATION_LEVEL_"),
+        (sdk_types.LimitKind, pb.LimitKind, "LIMIT_KIND_"),
+        (sdk_types.FileType, pb.FileType, "FILE_TYPE_"),
+        (sdk_types.KernelState, kernel_pb.KernelState, "KERNEL_STATE_"),
+        (sdk_types.RolloutStatus, rollout_pb.RolloutStatus, "ROLLOUT_STATUS_"),
+        (sdk_types.FilterReason, rollout_pb.FilterReason, "FILTER_REASON_"),
+        (sdk_types.FinishReason, rollout_pb.FinishReason, "FINISH_REASON_"),
+    ],
+)
+def test_enum_literals_name_every_contract_value(literal: Any, enum_type: Any, prefix: str) -> None:
+    """The decoders cast enum_name's answer to these Literal types: each lists every name it gives."""
+    names = {enum_name(enum_type, prefix, number) for number in enum_type.values()} | {"unknown"}
+    assert set(get_args(literal)) == names
 
 
 def test_exec_result_from_proto() -> None:
@@ -407,8 +431,8 @@ def test_exec_result_from_proto() -> None:
     assert not result.ok
 
 
-def make_result(**fields: object) -> ExecResult:
-    defaults = dict(
+def make_result(**fields: Any) -> ExecResult:
+    defaults: dict[str, Any] = dict(
         exit_code=0,
         signal=0,
         stdout=b"",
@@ -670,5 +694,13 @@ def test_translator_lets_other_exceptions_through(passing: BaseException) -> Non
 def test_errors_are_corral_errors() -> None:
     for _, error_class in ERROR_MAP:
         assert issubclass(error_class, CorralError)
-    for error_class in (CommandExitError, ProtocolError):
-        assert issubclass(error_class, CorralError)
+    for local_class in (CommandExitError, ProtocolError):
+        assert issubclass(local_class, CorralError)
+
+
+def test_llm_protocol_names() -> None:
+    """LLM_PROTOCOL_UNSPECIFIED means SGLang (rollout.proto), as the daemon reads it."""
+    assert llm_protocol_name(rollout_pb.LLM_PROTOCOL_UNSPECIFIED) == "sglang"
+    assert llm_protocol_name(rollout_pb.LLM_PROTOCOL_SGLANG) == "sglang"
+    assert llm_protocol_name(rollout_pb.LLM_PROTOCOL_VLLM) == "vllm"
+    assert llm_protocol_name(99) == "unknown"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -48,11 +50,11 @@ PROTOCOL_TWINS = {
 }
 
 
-def public_members(cls: type) -> dict[str, object]:
+def public_members(cls: type) -> dict[str, Any]:
     return {name: inspect.getattr_static(cls, name) for name in dir(cls) if not name.startswith("_")}
 
 
-def normalised_signature(function: object) -> str:
+def normalised_signature(function: Callable[..., Any]) -> str:
     """The signature with the twin-specific "Async" prefixes removed from annotations."""
     text = str(inspect.signature(function))
     return re.sub(r"\bAsync(?=[A-Z])", "", text)
@@ -77,7 +79,9 @@ def test_same_signatures(sync_class: type, async_class: type) -> None:
 
 @pytest.mark.parametrize(("sync_class", "async_class"), [(Client, AsyncClient)], ids=["Client"])
 def test_same_constructor(sync_class: type, async_class: type) -> None:
-    assert normalised_signature(sync_class.__init__) == normalised_signature(async_class.__init__)
+    assert normalised_signature(inspect.getattr_static(sync_class, "__init__")) == normalised_signature(
+        inspect.getattr_static(async_class, "__init__")
+    )
 
 
 @pytest.mark.parametrize(("sync_class", "async_class"), TWINS, ids=TWIN_IDS)
@@ -117,7 +121,7 @@ def test_keyword_only_options_of_exec() -> None:
     ],
     ids=["Shell.run", "Kernel.execute", "Kernel.execute_stream", "Sandbox.shell", "Sandbox.kernel"],
 )
-def test_keyword_only_options_of_shells_and_kernels(method: object, positional: list[str]) -> None:
+def test_keyword_only_options_of_shells_and_kernels(method: Callable[..., Any], positional: list[str]) -> None:
     parameters = inspect.signature(method).parameters
     assert [
         name for name, parameter in parameters.items() if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from corral.sdk.swebench import GOLD_PATCH_PATH, TEST_PATCH_PATH, convert, insta
 from corral.sdk.tasks import task_from, task_to_json
 from corral.v1 import sandbox_pb2
 
-INSTANCE = {
+INSTANCE: dict[str, Any] = {
     "instance_id": "acme__widgets-123",
     "repo": "acme/widgets",
     "base_commit": "0123abcd",

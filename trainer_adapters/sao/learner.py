@@ -28,13 +28,16 @@ import statistics
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
 from corral.sdk.types import RolloutResult
 from corral.trainer_adapters.sao.advantages import RunningBaseline
 from corral.trainer_adapters.sao.loss import CODING, SAOConfig, sao_policy_loss
+
+if TYPE_CHECKING:
+    from corral.rollout.reference.tiny_model import TinyByteLM
 
 # logprob_fn(model, prompt_ids, response_ids) -> logprobs of response_ids (1-D, with grad).
 LogprobFn = Callable[[torch.nn.Module, Sequence[int], Sequence[int]], torch.Tensor]
@@ -229,4 +232,5 @@ def tiny_byte_lm_logprobs(
     response token given everything before it, as the tiny policy reports it when sampling at
     `temperature`."""
     ids = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long)
-    return model.token_logprobs(ids, temperature)[0, len(prompt_ids) - 1 :]
+    # A LogprobFn takes any Module; this one is for TinyByteLM only (its docstring).
+    return cast("TinyByteLM", model).token_logprobs(ids, temperature)[0, len(prompt_ids) - 1 :]
