@@ -2,7 +2,7 @@
 
 Run from anywhere: `python scripts/build_example_tasks.py` writes the JSONL; with `--check` it
 writes nothing and exits 1 when the committed file differs from what it would write (CI and
-tests/test_example_tasks.py use that).
+tests/unit/test_example_tasks.py use that).
 
 Each task is a folder examples/tasks/src/<task_id>/ with
   repo/       the files the sandbox starts with (Task.setup.files, paths relative to repo/),

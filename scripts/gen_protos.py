@@ -1,7 +1,7 @@
 """Regenerates the committed Python modules from proto/corral/v1/*.proto.
 
 Run from anywhere: `python scripts/gen_protos.py`. The generated modules sit next to their .proto
-files (proto/corral/v1/), which pyproject maps to the import name `corral.v1`. tests/test_protos.py
+files (proto/corral/v1/), which pyproject maps to the import name `corral.v1`. tests/unit/test_protos.py
 fails when they drift from the .proto files.
 """
 

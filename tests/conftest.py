@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from corral.daemon.cgroups import CgroupDriver
+from corral.daemon.commands import DEFAULT_PATH
 from corral.daemon.config import load_config
 from corral.daemon.doctor import probe
 
@@ -69,6 +71,32 @@ def require_backend(name: str) -> None:
     if name in REQUIRED:
         pytest.fail(f"{reason} (CORRAL_REQUIRE_BACKENDS={os.environ['CORRAL_REQUIRE_BACKENDS']})")
     pytest.skip(reason)
+
+
+def require_kernel_python(backend: str) -> None:
+    """Skips (or, when CORRAL_REQUIRE_BACKENDS names local, fails) when local "host" sandboxes
+    cannot start kernels: they run the host's own python3 (the first on the sandbox's PATH), which
+    then needs ipykernel. Container images carry their own."""
+    if backend != "local":
+        return
+    python = shutil.which("python3", path=DEFAULT_PATH)
+    if python and subprocess.run([python, "-c", "import ipykernel"], capture_output=True).returncode == 0:
+        return
+    reason = (
+        f"{python or 'python3'} has no ipykernel, and local sandboxes run kernels with the host's python3: "
+        "apt-get install python3-ipykernel (make test installs it when run as root)"
+    )
+    if "local" in REQUIRED:
+        pytest.fail(f"{reason} (CORRAL_REQUIRE_BACKENDS={os.environ['CORRAL_REQUIRE_BACKENDS']})")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def kernel_python(request) -> None:
+    """For tests that start kernels: see require_kernel_python (the backend is the conformance
+    case's, else local)."""
+    backend = request.getfixturevalue("daemon").backend if "daemon" in request.fixturenames else "local"
+    require_kernel_python(backend)
 
 
 class DaemonProcess:

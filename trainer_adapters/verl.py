@@ -75,7 +75,7 @@ try:
         AgentLoopOutput,
         register,
     )
-except ImportError as _error:  # tests/test_adapter_verl.py hides verl to check this message
+except ImportError as _error:  # tests/integration/test_adapter_verl.py hides verl to check this message
     raise ImportError(
         f"corral.trainer_adapters.verl needs veRL (>= 0.9.1): pip install 'corral[verl]' ({_error})"
     ) from _error

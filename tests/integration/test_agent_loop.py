@@ -541,7 +541,7 @@ async def test_bash_keeps_state_shows_exit_codes_and_times_out(toolbox, sandbox)
     assert await sandbox.list_shells() == []
 
 
-async def test_python_runs_in_a_persistent_kernel(toolbox, sandbox):
+async def test_python_runs_in_a_persistent_kernel(toolbox, sandbox, kernel_python):
     assert await run(toolbox, "python", code="x = 21\nprint('set')") == "set"
     assert await run(toolbox, "python", code="x * 2") == "42"
     text = await run(toolbox, "python", code="print('before')\n1/0")

@@ -23,7 +23,8 @@ from corral.v1 import kernel_pb2 as kpb
 from corral.v1 import kernel_pb2_grpc
 from tests.conftest import DaemonProcess, require_backend
 
-pytestmark = pytest.mark.local
+# Every test here starts kernels (or checks what happens when it cannot): see kernel_python.
+pytestmark = [pytest.mark.local, pytest.mark.usefixtures("kernel_python")]
 
 
 @pytest.fixture

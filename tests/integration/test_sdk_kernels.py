@@ -26,7 +26,8 @@ from corral.sdk import (
     Unimplemented,
 )
 
-pytestmark = pytest.mark.local
+# Every test here starts kernels (or checks what happens when it cannot): see kernel_python.
+pytestmark = [pytest.mark.local, pytest.mark.usefixtures("kernel_python")]
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """ShellService against a real daemon: sentinel robustness, state, interrupts, output handling.
 
 These talk to the contract directly (generated stubs) so that every field of RunInShellResponse is
-checked; tests/test_sdk_shells.py covers the SDK on top.
+checked; tests/integration/test_sdk_shells.py covers the SDK on top.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The SWE-bench converter: instances become tasks that hide the test patch until evaluation and
 score the named tests from a JUnit report. (Running such a task needs the instance's image, which
 no registry here can provide; the path it takes, JUnit reward included, is covered by
-tests/test_rollouts.py.)"""
+tests/integration/test_rollouts.py.)"""
 
 from __future__ import annotations
 
