@@ -2,7 +2,7 @@
 
 The Hugging Face tokenizer is a real byte-level BPE model trained here, offline, on a small corpus,
 saved with a ChatML chat template the way Qwen writes it (tool results as <tool_response> blocks in
-a user turn). `make_hf_tokenizer_dir` is shared with tests/test_agent_loop.py.
+a user turn). `make_hf_tokenizer_dir` is shared with tests/integration/test_agent_loop.py.
 """
 
 from __future__ import annotations
