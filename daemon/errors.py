@@ -55,7 +55,12 @@ async def map_errors(method: str, context: grpc.aio.ServicerContext):
     except grpc.aio.AbortError:
         raise  # context.abort() already chose the status
     except CorralError as err:
-        await context.abort(err.code or grpc.StatusCode.INTERNAL, str(err))
+        code = err.code or grpc.StatusCode.INTERNAL
+        if code == grpc.StatusCode.INTERNAL:
+            # Not the caller's mistake: a bug, or an error without a status (a broken reply of
+            # this daemon's own client, a protocol error); the log gets the trace.
+            log.exception("internal error in %s", method)
+        await context.abort(code, str(err))
     except Exception as err:
         log.exception("unexpected error in %s", method)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}: {err}")

@@ -66,6 +66,7 @@ class FakeSandbox(ManagedSandbox):
 
     def __init__(self, backend: Backend, spec: SandboxSpec, uid: int) -> None:
         super().__init__(backend, spec, uid)
+        self.gid = os.getgid()  # the caller's own group: an unprivileged caller can chown to no other
         self._running = False
 
     async def launch(self) -> None:

@@ -46,12 +46,17 @@ have chroot || need coreutils "chroot"
 have tar || need tar "tar"
 have ps || need procps "ps"
 have git || need git "git"
-# Kernels in "host" sandboxes run Debian's own /usr/bin/python3, whichever python3 the PATH finds
-# first, so that one needs ipykernel.
-if [[ ! -x /usr/bin/python3 ]]; then
-  need python3-ipykernel "/usr/bin/python3"
-elif ! has_modules /usr/bin/python3 ipykernel; then
-  need python3-ipykernel "ipykernel for /usr/bin/python3"
+# Kernels in "host" sandboxes run the host's python3 as a sandbox finds it: the first on the PATH
+# the daemon gives commands (daemon/commands.py DEFAULT_PATH), normally Debian's /usr/bin/python3.
+sandbox_python=$(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin command -v python3 || true)
+if [[ -z "$sandbox_python" ]]; then
+  need python3-ipykernel "python3 for sandboxes"
+elif ! has_modules "$sandbox_python" ipykernel; then
+  if [[ "$sandbox_python" == /usr/bin/python3 ]]; then
+    need python3-ipykernel "ipykernel for /usr/bin/python3"
+  else
+    echo "warning: sandboxes on the local backend run $sandbox_python, which has no ipykernel: install it there ($sandbox_python -m pip install ipykernel), or kernel tests skip" >&2
+  fi
 fi
 # `$PYTHON -m venv .venv` (the Makefile) needs venv and ensurepip, which Debian packages apart.
 if ! have "$PYTHON"; then

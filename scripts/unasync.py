@@ -70,7 +70,7 @@ NAMES = {
 
 # Then, in order: regular expressions over the whole text.
 REWRITES = [
-    (r"\ban async context manager\b", "a context manager"),
+    (r"\ban\s+async\s+context\s+manager\b", "a context manager"),
     (r"\basync (def|with|for)\b", r"\1"),
     (r"\bawait ", ""),
     (r"Awaitable\[([^\]]*)\]", r"\1"),

@@ -207,16 +207,6 @@ class AsyncResponseStream(Generic[ResponseT]):
             raise StopAsyncIteration
         return response
 
-    @staticmethod
-    async def offload(fn: Callable[..., ResultT], *args: Any) -> ResultT:
-        """Runs blocking work (local files) off the event loop."""
-        return await asyncio.to_thread(fn, *args)
-
-    @staticmethod
-    def background(work: Callable[[], Coroutine[Any, Any, None]]) -> AsyncBackground:
-        """Starts `work()` concurrently with the caller (a task)."""
-        return AsyncBackground(asyncio.create_task(work()))
-
     async def close(self) -> None:
         if not self._closed:
             self._closed = True

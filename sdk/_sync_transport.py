@@ -13,7 +13,7 @@ import grpc
 
 from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
 from corral.sdk._core import call_deadline
-from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, RpcErrorTranslator
 from corral.v1 import kernel_pb2_grpc, rollout_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
 
 ResponseT = TypeVar("ResponseT")
@@ -197,7 +197,7 @@ class SyncBidiCall:
     def write(self, request: Any) -> None:
         with self._lock:
             if not self._writing:
-                raise FailedPrecondition("this call takes no more requests")
+                raise InvalidArgument("this call takes no more requests")
             self._requests.put(request)
 
     def done_writing(self) -> None:
@@ -217,8 +217,9 @@ class SyncBidiCall:
 
 
 class SyncBackground:
-    """Work running beside its starter, in a thread (see SyncTransport.background). It cannot be
-    interrupted: `cancel` only stops waiting for it."""
+    """Work running beside its starter, in a thread (see SyncTransport.background). A thread
+    cannot be interrupted, so `cancel` does nothing: the work must end by itself (a rollout
+    stream's submitter does once the stream is closed, as its next submission then fails)."""
 
     def __init__(self, work: Callable[[], None]) -> None:
         self._failure: BaseException | None = None

@@ -2,7 +2,8 @@
 case (BACKEND_LOCAL <-> "local", SANDBOX_STATE_RUNNING <-> "running").
 
 Backend names come from the proto enum itself, so a backend added to the contract is known to the
-SDK, the CLI and the daemon's servicer without another edit.
+SDK's requests, the CLI and the daemon's servicer without another edit (the `BackendName` Literal
+of `corral.sdk.types`, for type checkers, is the one other place; a unit test ties them).
 """
 
 from __future__ import annotations

@@ -393,8 +393,7 @@ class ExecStream(_EventStream[ExecEvent]):
 
 
 class Shell:
-    """A persistent shell session in a sandbox (see `Sandbox.shell`). As an async context
-    manager it closes the session on exit: `with sandbox.shell() as shell: ...`.
+    """A persistent shell session in a sandbox (see `Sandbox.shell`). As a context manager it closes the session on exit: `with sandbox.shell() as shell: ...`.
 
     Commands in one session run one at a time, in order; several sessions of a sandbox are
     independent.

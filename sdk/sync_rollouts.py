@@ -89,20 +89,15 @@ class Rollouts:
     ) -> Iterator[RolloutEvent]:
         """Submits every task (`n` samples each) and yields each RolloutResult as it finishes, in
         completion order (with `turns`, also each RolloutTurn as it completes). Submitting goes on
-        while results arrive; the daemon's queues pace it. Leaving the loop early cancels what is
-        unfinished."""
+        in the background while results arrive. Leaving the loop early cancels what is unfinished."""
         if isinstance(tasks, Iterable):
             tasks = [task_from(task) for task in tasks]  # a malformed task fails before anything runs
         with self.open_stream() as stream:
 
             def submit_all() -> None:
                 try:
-                    if isinstance(tasks, Iterable):
-                        for task in tasks:
-                            stream.submit(task, n=n, max_staleness=max_staleness, turns=turns)
-                    else:
-                        for task in tasks:
-                            stream.submit(task, n=n, max_staleness=max_staleness, turns=turns)
+                    for task in _each(tasks):
+                        stream.submit(task, n=n, max_staleness=max_staleness, turns=turns)
                 finally:
                     # Also after a failure: the stream then ends once what was accepted is done,
                     # and the failure is raised below.
@@ -115,6 +110,16 @@ class Rollouts:
                 submitter.wait()
             finally:
                 submitter.cancel()
+
+
+def _each(tasks: TaskSource) -> Iterator[TaskLike]:
+    """The tasks of an iterable or of an async iterable, one by one."""
+    if isinstance(tasks, Iterable):
+        for task in tasks:
+            yield task
+    else:
+        for task in tasks:
+            yield task
 
 
 class RolloutStream:
@@ -140,7 +145,8 @@ class RolloutStream:
         turns: bool = False,
         group_id: str | None = None,
     ) -> None:
-        """Queues `n` rollouts of a task. Waits while the daemon's queues are full."""
+        """Queues `n` rollouts of a task (in the asyncio client, waiting while the daemon's queues
+        are full)."""
         options = core.build_options(n=n, max_staleness=max_staleness, stream_turns=turns, group_id=group_id)
         self._check_input_open()
         self._call.write(core.build_submit(task, options, client_ref=str(next(self._client_refs))))

@@ -248,9 +248,15 @@ def sandbox(client):
 def cgroup_dirs(daemon_id: str) -> list[Path]:
     """The sandbox cgroups left under that daemon's own base directories (only those: other
     daemons on this machine come and go meanwhile). The daemons here are children of this process,
-    so their bases sit under this process's cgroups."""
-    bases = [h.base for h in CgroupDriver(daemon_id, create=False).hierarchies]
-    return [p for base in bases if base.is_dir() for p in base.iterdir() if p.is_dir()]
+    so their bases sit under this process's cgroups: beside them, or, on cgroup v2 where a daemon
+    moved its whole cgroup (this process included) into a `daemon` leaf, beside that leaf."""
+    found = []
+    for h in CgroupDriver(daemon_id, create=False).hierarchies:
+        for base in (h.base, h.base.parent.parent / h.base.name):
+            if base.is_dir():
+                found += [p for p in base.iterdir() if p.is_dir()]
+                break
+    return found
 
 
 def sandbox_pids(daemon_id: str) -> set[int]:

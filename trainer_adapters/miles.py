@@ -65,7 +65,7 @@ Decisions:
   requests): the rollout is cancelled within `abort_poll_s`, its sandbox destroyed, and the sample
   comes back ABORTED with no tokens (as Miles' own `reset_for_retry` leaves one).
 - Routing: every /generate request carries `X-SMG-Routing-Key: <corral rollout id>`
-  (daemon/rollout/llm/routing.py; in service mode the daemon's pool sends it), so the router's
+  (rollout/llm/routing.py; in service mode the daemon's pool sends it), so the router's
   consistent_hashing / manual policies keep a rollout on one engine (prefix cache).
 
 State: `MilesRollouts` holds, per event loop (Miles runs its rollouts in one background loop), one

@@ -166,6 +166,9 @@ class ManagedSandbox(SandboxRuntime):
     isolation = "container"
     # Directories made in the sandbox directory besides `workspace`, owned by the sandbox's uid.
     extra_dirs: ClassVar[tuple[str, ...]] = ()
+    # Their mode, and the sandbox directory's: nobody else may list or read them (bubblewrap and
+    # engines, root without capabilities, still pass through: hence x for others).
+    dir_mode: ClassVar[int] = 0o711
     # False where the sandbox lives in a cgroup someone else owns (a container engine's): the
     # daemon then only adds leaves under it and removes only those.
     owns_cgroup: ClassVar[bool] = True
@@ -175,6 +178,7 @@ class ManagedSandbox(SandboxRuntime):
         self.context = backend.context
         self.spec = spec
         self.uid = uid
+        self.gid = uid  # each sandbox user is its own group
         self.workdir = self.context.workdir
         self.limits = backend.status().limits
         self.sandbox_dir = self.context.sandboxes_dir / spec.sandbox_id
@@ -211,17 +215,16 @@ class ManagedSandbox(SandboxRuntime):
         self._pick_shell()
 
     def _make_dirs(self) -> None:
-        # Nobody else may list or read them (bubblewrap and engines, root without capabilities,
-        # still need to pass through: hence x for others). The run directory holds kernel sockets.
         for sub in ("workspace", *self.extra_dirs):
             path = self.sandbox_dir / sub
             path.mkdir(parents=True, exist_ok=True)
-            os.chown(path, self.uid, self.uid)
-            os.chmod(path, 0o711)
-        os.chmod(self.sandbox_dir, 0o711)
+            os.chown(path, self.uid, self.gid)
+            os.chmod(path, self.dir_mode)
+        os.chmod(self.sandbox_dir, self.dir_mode)
         self.sandbox_dir.parent.chmod(0o711)
+        # The run directory holds kernel sockets: the sandbox user's alone.
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        os.chown(self.run_dir, self.uid, self.uid)
+        os.chown(self.run_dir, self.uid, self.gid)
         os.chmod(self.run_dir, 0o700)
 
     async def destroy(self) -> None:
@@ -323,7 +326,12 @@ class Backend(abc.ABC):
         fails."""
         await self.ensure_available()
         await self.check_image(spec.image)
-        sandbox = self.sandbox_class(self, spec, self.context.uids.take())
+        uid = self.context.uids.take()
+        try:
+            sandbox = self.sandbox_class(self, spec, uid)
+        except BaseException:
+            self.context.uids.give_back(uid)
+            raise
         try:
             await sandbox.start()
         except BaseException:

@@ -90,6 +90,9 @@ def parse_ulimit(entry: str) -> tuple[str, int, int]:
 class DockerSandbox(ManagedSandbox):
     isolation = "container"
     owns_cgroup = False  # the engine's container cgroup: the daemon only adds leaves to it
+    # The workspace stays listable for the container's own root (`docker exec` as root has no
+    # capabilities here, so no DAC override), as it always was on this backend.
+    dir_mode = 0o755
 
     backend: DockerBackend
 

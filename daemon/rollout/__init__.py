@@ -41,23 +41,22 @@ def new_name(old: str) -> str:
 
 class _ForwardingFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers imports under the old package with a module that forwards every attribute to the
-    module at the new path, so that classes keep their identity (isinstance, except clauses)."""
+    module at the new path, so that classes keep their identity (isinstance, except clauses), and
+    `python -m` of an old module path with the new module's code. Names that have no new module
+    are not found, as before."""
 
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(_PREFIX):
             return None
-        return importlib.util.spec_from_loader(fullname, self, is_package=True)
+        moved = importlib.util.find_spec(new_name(fullname))
+        if moved is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=moved.submodule_search_locations is not None)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        target_name = new_name(spec.name)
-        warnings.warn(
-            f"{spec.name} moved to {target_name}; the old path goes away in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        target = importlib.import_module(target_name)
+        target = importlib.import_module(_warn_moved(spec.name))
         module = types.ModuleType(spec.name, target.__doc__)
         module.__getattr__ = lambda attribute: getattr(target, attribute)  # type: ignore[method-assign]
         module.__dir__ = lambda: dir(target)  # type: ignore[method-assign]
@@ -65,6 +64,21 @@ class _ForwardingFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         pass
+
+    def get_code(self, fullname: str) -> types.CodeType | None:
+        """The new module's code, for `python -m <old path>`."""
+        target = importlib.util.find_spec(_warn_moved(fullname))
+        loader = target.loader if target else None
+        return loader.get_code(target.name) if isinstance(loader, importlib.abc.InspectLoader) and target else None
+
+
+def _warn_moved(old: str) -> str:
+    """Warns that `old` moved; returns the new name."""
+    moved = new_name(old)
+    warnings.warn(
+        f"{old} moved to {moved}; the old path goes away in the next release", DeprecationWarning, stacklevel=3
+    )
+    return moved
 
 
 if not any(isinstance(finder, _ForwardingFinder) for finder in sys.meta_path):

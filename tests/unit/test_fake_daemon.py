@@ -182,6 +182,8 @@ async def test_a_failed_create_leaves_nothing_behind(tmp_path) -> None:
         assert len(daemon.manager) == 0
         assert not list(daemon.state.records_dir.glob("*.json"))
         assert not list((tmp_path / "state" / "sandboxes").iterdir())
+        run_base = daemon.backends["local"].context.run_base
+        assert not (run_base.is_dir() and list(run_base.iterdir()))
     finally:
         await daemon.stop()
 

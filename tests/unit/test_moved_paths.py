@@ -57,3 +57,31 @@ def test_backend_sections_are_checked_by_their_own_settings(tmp_path) -> None:
     toml.write_text('token = "from-the-file"\n')
     with pytest.raises(ConfigError, match="unknown configuration key token"):
         load_config(toml, environ={})
+
+
+def test_old_module_paths_still_run_with_python_dash_m() -> None:
+    import subprocess
+
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "default::DeprecationWarning",
+            "-m",
+            "corral.daemon.rollout.llm.reference_server",
+            "--help",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0 and "--policy" in run.stdout
+    assert "moved to corral.rollout.reference.server" in run.stderr
+
+
+def test_names_that_never_existed_are_not_found_and_do_not_warn() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("corral.daemon.rollout.no_such_module")

@@ -1,4 +1,6 @@
-"""The sync and async SDK classes are hand-written twins; these tests keep them from drifting."""
+"""The sync and async SDK classes are twins (the sync ones generated from the async ones by
+scripts/unasync.py): these tests check the public surface the generator and the transports must
+keep identical, and the exports of corral.sdk."""
 
 from __future__ import annotations
 
