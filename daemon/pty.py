@@ -28,7 +28,16 @@ def set_size(fd: int, rows: int, cols: int) -> None:
 
 
 class Terminal:
-    """One pty with a child process; output goes to `on_output`, extra pipes to `on_side`."""
+    """One pty with a child process; its output (stdout and stderr, in the order written) goes to
+    `on_output`.
+
+    A programmatic terminal (`interactive=False`) starts raw on output (no `\n` -> `\r\n`), without
+    echo and without flow control, keeps canonical input (so ^D is end-of-file for a program that
+    reads it), and keeps those modes: `reset()` puts them back and drops unread input, whatever a
+    command did to the terminal (`stty sane`, `reset`, a full-screen program killed mid-way).
+
+    `stderr`: a file descriptor the child gets as its stderr instead of the terminal (a shell
+    session hands its command pipe over this way, on a one-digit fd that any sh can redirect)."""
 
     def __init__(
         self,
@@ -39,9 +48,9 @@ class Terminal:
         rows: int,
         cols: int,
         cgroup: CgroupGroup | None,
-        stderr_to_pipe: bool,
         wrapped: bool = True,
         interactive: bool = False,
+        stderr: int | None = None,
     ) -> None:
         self.cgroup = cgroup
         self.wrapped = wrapped
@@ -56,42 +65,39 @@ class Terminal:
             attrs[3] &= ~(termios.ECHO | termios.ECHONL)
             attrs[0] &= ~termios.IXON
             termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        err_r = err_w = None
-        if stderr_to_pipe:
-            err_r, err_w = os.pipe()
+        self._modes = termios.tcgetattr(slave)
         try:
             self._popen = subprocess.Popen(
                 ["setsid", "--ctty", *in_cgroup(argv, cgroup)],
                 stdin=slave,
                 stdout=slave,
-                stderr=err_w if err_w is not None else slave,
+                stderr=stderr if stderr is not None else slave,
                 env=env,
                 cwd=cwd,
                 close_fds=True,
             )
-        finally:
+        except BaseException:
+            os.close(master)
             os.close(slave)
-            if err_w is not None:
-                os.close(err_w)
+            raise
+        # The daemon keeps the slave side open (close-on-exec) to put the modes back before each
+        # command; the child's exit is seen through its pidfd, not through the terminal hanging up.
+        self.slave: int | None = slave if not interactive else None
+        if interactive:
+            os.close(slave)
         self.pid = self._popen.pid
         self.master = master
-        self.stderr_fd = err_r
         os.set_blocking(master, False)
-        if err_r is not None:
-            os.set_blocking(err_r, False)
         self._pidfd = os.pidfd_open(self.pid)
         self.exited: asyncio.Future = asyncio.get_running_loop().create_future()
         self._readers: list[int] = []
 
-    def attach(self, on_output: Callable[[bytes], None], on_stderr: Callable[[bytes], None] | None = None) -> None:
+    def attach(self, on_output: Callable[[bytes], None]) -> None:
         """Starts delivering output. Called once."""
         loop = asyncio.get_running_loop()
         loop.add_reader(self._pidfd, self._on_exit)
         loop.add_reader(self.master, self._pump, self.master, on_output)
         self._readers = [self._pidfd, self.master]
-        if self.stderr_fd is not None:
-            loop.add_reader(self.stderr_fd, self._pump, self.stderr_fd, on_stderr or on_output)
-            self._readers.append(self.stderr_fd)
 
     def _pump(self, fd: int, sink: Callable[[bytes], None]) -> None:
         try:
@@ -130,6 +136,13 @@ class Terminal:
         """Writes input, waiting (without blocking the loop) while the terminal's input buffer is
         full; TimeoutError if the program has not read it after `timeout`."""
         await write_all(self.master, data, timeout)
+
+    def reset(self) -> None:
+        """Puts the terminal's modes back to what it started with and drops input nobody read
+        (a leftover ^D or keystrokes meant for a program that is gone)."""
+        if self.slave is not None:
+            termios.tcsetattr(self.slave, termios.TCSANOW, self._modes)
+            termios.tcflush(self.slave, termios.TCIFLUSH)
 
     def resize(self, rows: int, cols: int) -> None:
         set_size(self.master, rows, cols)  # the kernel sends SIGWINCH to the foreground group
@@ -184,7 +197,7 @@ class Terminal:
         for fd in self._readers:
             loop.remove_reader(fd)
         self._readers = []
-        for owned_fd in (self.master, self.stderr_fd, self._pidfd):
+        for owned_fd in (self.master, self.slave, self._pidfd):
             if owned_fd is not None:
                 try:
                     os.close(owned_fd)

@@ -8,6 +8,7 @@ configured defaults here too.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
@@ -111,10 +112,24 @@ def shell_name(name: str) -> str:
     return name
 
 
-def shell_program(program: str) -> str:
-    """The shell a session runs: "" (the sandbox's shell) or a program name or path."""
+# Shells a session can run: bash (the full protocol) and POSIX shells (docs/shells.md).
+SESSION_SHELLS = ("bash", "sh", "dash", "ash", "ksh", "mksh", "zsh")
+
+
+def terminal_program(program: str) -> str:
+    """The program an interactive terminal runs: "" (the sandbox's shell) or any program."""
     if program and ("\0" in program or not program.strip()):
         raise InvalidArgument("invalid shell program")
+    return program
+
+
+def shell_program(program: str) -> str:
+    """The shell a session runs: "" (the sandbox's shell) or one of SESSION_SHELLS, by name or path."""
+    terminal_program(program)
+    if program and os.path.basename(program) not in SESSION_SHELLS:
+        raise InvalidArgument(
+            f"a shell session runs one of {', '.join(SESSION_SHELLS)} (by name or path), not {program!r}"
+        )
     return program
 
 

@@ -1,20 +1,27 @@
-"""A persistent shell session: bash under a host-side pty, one command per turn, end of command
-found by a per-session random sentinel that carries the exit code.
+"""A persistent shell session: bash with its terminal on a host-side pty, its commands fed through a
+pipe, one command per turn, the end of each turn framed so that no command can break or forge it.
 
-How a turn works, and why:
-- The command text goes to a file in the sandbox's run directory, and the shell gets one short
-  line: `. FILE || rc=$?; printf SENTINEL`. Sourcing keeps state (cd, export, functions,
-  `source venv/bin/activate`) in the shell; the line stays far below the terminal's 4 KiB line
-  limit whatever the command's size; multi-line commands and heredocs need no quoting.
-- The shell is non-interactive (its stderr is a pipe, not the pty): no prompt, so PS1 and
-  PROMPT_COMMAND cannot disturb anything; no job-control chatter for `cmd &`; `set -e` inside a
-  sourced `... ||` list cannot kill it. stdin and stdout stay on the pty, so programs see a
-  terminal. `exec bash` starts another non-interactive bash on the same pty, which the session
-  notices (the shell's command line changes) and resynchronises with.
-- On timeout, the foreground gets SIGINT (the shell itself traps it and carries on to the
-  sentinel), then end-of-file on the terminal (for `read x`, `cat`, a REPL), then SIGKILL; if the
-  shell is beyond saving it is restarted and the result says so. Signals go to the processes of
-  the session's cgroup, never to the host-side nsenter that holds the pty.
+How a turn works, and why (docs/shells.md has the whole story):
+- The shell reads its commands from a pipe only the daemon writes. Its stdout and stderr are the
+  pty, so a command's output arrives as one stream in the order it was written, and programs see a
+  terminal (commands get the terminal as stdin too). Reading commands from a pipe keeps the shell
+  non-interactive whatever its output is (no prompt, no job-control chatter, no echo of commands),
+  and nothing a command writes to or reads from the terminal can reach the shell's input.
+- The command text goes to a file in the sandbox's run directory; the turn line sources it
+  (`. FILE </dev/tty`), so cd, export, functions and `source venv/bin/activate` persist, the line
+  stays short whatever the command's size, and bash reports errors with the command's own line
+  numbers. bash labels them with the file's path; the daemon writes `bash` there instead, as
+  `bash -c` would.
+- The end of a turn is a line printed in-band on the terminal (so it comes after every byte the
+  command wrote), carrying the exit code and a fresh random nonce per turn, so a marker a command
+  prints itself (or saw in an earlier turn) ends nothing. It is printed by `trap -p` with the
+  shell in POSIX mode, where special builtins outrank functions: no function or alias a command
+  defines (`builtin`, `printf`, `trap`) can take it over. It is removed from the output.
+- Before each turn the daemon puts the terminal's modes back and drops unread input, so `stty
+  sane`, `reset` or a full-screen program killed mid-way change nothing for the next turn.
+- On timeout: SIGINT to the shell (its INT trap then unwinds the sourced command) and to the
+  processes this turn started, end-of-file on the terminal, then SIGKILL to them; once the turn has
+  ended, what it started is killed except the background jobs it left at the shell's top level.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import logging
 import os
 import re
 import secrets
+import shlex
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +44,7 @@ from corral.sdk.errors import FailedPrecondition
 from .backends.base import SandboxRuntime
 from .fsaccess import create_private_file
 from .output import HeadTailBuffer, utf8_safe
+from .process import write_all
 from .pty import Terminal
 
 log = logging.getLogger(__name__)
@@ -43,18 +53,23 @@ START_TIMEOUT_S = 20.0
 GRACE_S = 1.0
 EXEC_POLL_S = 0.05
 STRAY_LIMIT = 64 << 10
-# What a timeout's SIGINT does: the shell's INT trap marks the turn aborted and installs a DEBUG
-# trap that, with extdebug, skips every further command and unwinds functions and the sourced
-# command file (returning 2 from a DEBUG trap simulates `return`); the turn line then removes it.
-# Only commands read from stdin (the turn line itself) have an empty BASH_SOURCE. The DEBUG trap
-# exists only after an interrupt, so normal commands pay nothing for it.
-_BASH_INIT = (
-    "set +m 2>/dev/null; \\builtin shopt -s extdebug 2>/dev/null; "
-    "__corral_stop() { return 2; }; "
-    "__corral_interrupted() { __corral_abort=1; "
-    "\\builtin trap '(( ${#BASH_SOURCE[@]} == 0 )) || __corral_stop' DEBUG; }; "
+# Two signals no program uses, which the session reserves: the marker's trap carries the end of
+# a turn for a moment (printed with `trap -p`, then removed); the abort signal's trap stops a
+# timed-out command (the user's own INT trap, if any, is left alone).
+MARKER_SIGNAL = "RTMAX-3"
+ABORT_SIGNAL = "RTMAX-4"
+ABORT_SIGNUM = signal.SIGRTMAX - 4
+
+# After an interrupt: with extdebug, a DEBUG trap that returns 2 simulates `return` in a function
+# or sourced file, so every further command of the sourced command (and of the functions it is in)
+# is skipped; at the turn line's level (BASH_SOURCE empty) the trap's non-zero status skips the
+# rest of the line, up to the epilogue, whose first command (`__corral_end...`) it lets through.
+# POSIX mode first: there `return` is a special builtin, which no function can shadow.
+_DEBUG_TRAP = (
+    "[[ -z $__corral_abort || $BASH_COMMAND == __corral_end* ]] || "
+    "{ POSIXLY_CORRECT=y; (( ${#BASH_SOURCE[@]} )) && \\return 2; }"
 )
-_POSIX_INIT = "set +m 2>/dev/null; trap : INT; "
+_ABORT_TRAP = "__corral_abort=1; POSIXLY_CORRECT=y; \\trap -- " + shlex.quote(_DEBUG_TRAP) + " DEBUG"
 
 
 @dataclass(frozen=True)
@@ -70,41 +85,50 @@ class TurnResult:
 
 
 class _Turn:
-    """Collects one command's output until the sentinel shows up in stdout."""
+    """Collects one command's output until its end marker shows up, writing the shell's own label
+    for the command file (`bash: line 1: ...`) where bash wrote the file's path."""
 
-    def __init__(self, sentinel: re.Pattern[bytes], max_len: int, limit: int, stray: bytes) -> None:
-        self.sentinel = sentinel
-        self.max_len = max_len
+    def __init__(
+        self, marker: re.Pattern[bytes], hold: int, label: bytes, name: bytes, limit: int, stray: bytes
+    ) -> None:
+        self.marker = marker
+        self.hold = hold  # bytes kept back while they could be the start of a marker or label
+        self.label = label
+        self.name = name
         self.buffer = HeadTailBuffer(limit)
-        self.buffer.write(stray)
-        self.pending = b""  # stdout tail held back while it could be the start of a sentinel
-        self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.pending = bytearray(stray)
+        self.done: asyncio.Future[tuple[int, bool]] = asyncio.get_running_loop().create_future()
         self.last_output = time.monotonic()
 
-    def on_stdout(self, data: bytes) -> None:
+    def on_output(self, data: bytes) -> None:
         self.last_output = time.monotonic()
         if self.done.done():
             return
         self.pending += data
-        match = self.sentinel.search(self.pending)
+        match = self.marker.search(self.pending)
         if match:
-            self.buffer.write(self.pending[: match.start()])
-            self.pending = b""
-            self.done.set_result(int(match.group(1)))
+            result = (int(match.group(1)), bool(match.group(2)))  # before the buffer changes under it
+            self._emit(bytes(self.pending[: match.start()]))
+            del self.pending[:]
+            self.done.set_result(result)
             return
-        cut = max(0, len(self.pending) - self.max_len)
-        if cut:
-            self.buffer.write(self.pending[:cut])
-            self.pending = self.pending[cut:]
+        cut = len(self.pending) - self.hold
+        if cut <= 0:
+            return
+        # A label that starts before the cut and ends after it is kept back whole.
+        label_at = self.pending.find(self.label, max(0, cut - len(self.label) + 1))
+        if 0 <= label_at < cut:
+            cut = label_at
+        self._emit(bytes(self.pending[:cut]))
+        del self.pending[:cut]
 
-    def on_stderr(self, data: bytes) -> None:
-        self.last_output = time.monotonic()
-        if not self.done.done():
-            self.buffer.write(data)
+    def _emit(self, data: bytes) -> None:
+        self.buffer.write(data.replace(self.label, self.name) if self.label in data else data)
 
     def flush(self) -> None:
-        self.buffer.write(self.pending)
-        self.pending = b""
+        """Keeps what is still held back (a turn that ended without its marker)."""
+        self._emit(bytes(self.pending))
+        del self.pending[:]
 
 
 class ShellSession:
@@ -129,16 +153,17 @@ class ShellSession:
         self._bash = os.path.basename(program) == "bash"
         self.turns = 0
         self.restarts = 0
-        self.token = secrets.token_hex(8)
-        prefix = f"__CORRAL_{self.token}_".encode()
-        self._sentinel = re.compile(b"\n" + re.escape(prefix) + rb"(-?\d+)__\n")
-        self._sentinel_max = len(prefix) + 16
         self._cmd_host = Path(runtime.run_dir_host) / f"sh{slot}.cmd"
         self._cmd_sandbox = f"{runtime.run_dir_sandbox}/sh{slot}.cmd"
+        # bash labels errors in the sourced file with its path; `bash -c` with the shell's name.
+        self._label = f"{self._cmd_sandbox}: ".encode()
+        self._shell_name = f"{os.path.basename(program)}: ".encode()
         self._terminal: Terminal | None = None
+        self._commands: int | None = None  # the write end of the shell's command pipe
         self._cmd_fd: int | None = None
         self._turn: _Turn | None = None
         self._stray = bytearray()
+        self._xtrace = False  # the shell ended its last turn with `set -x` on
         self._shell_cmdline = b""
         self._lock = asyncio.Lock()
         self.closed = False
@@ -147,56 +172,106 @@ class ShellSession:
     def pid(self) -> int:
         return self._terminal.pid if self._terminal else 0
 
-    def _marker(self, rc_expr: str) -> str:
-        # A fixed printf format, called past aliases and functions, so nothing the user redefines
-        # changes the marker.
-        printf = "\\builtin printf" if self._bash else "printf"
-        return f"{printf} '\\n__CORRAL_{self.token}_%d__\\n' \"{rc_expr}\"\n"
+    # -- the protocol ------------------------------------------------------------------------------
 
-    def _init_line(self) -> bytes:
-        """Sets up the shell; sent at start and again after the shell exec'd a new one."""
-        return ((_BASH_INIT if self._bash else _POSIX_INIT) + self._marker("0")).encode()
+    def _turn_line(self, nonce: str) -> bytes:
+        """The line the shell reads for one turn: source the command with the terminal as stdin,
+        then print the end marker. Everything of ours runs with stderr to /dev/null (an xtrace
+        the user turned on shows only the user's commands)."""
+        if not self._bash:
+            # Plain sh: the same marker, printed with printf (no `trap -p` in POSIX sh), and an
+            # interrupt stops the current command only (no DEBUG trap to unwind with).
+            return (
+                f"__corral_rc=0; trap : INT; . '{self._cmd_sandbox}' </dev/tty || __corral_rc=$?; "
+                f'printf "trap -- \'__CORRAL_%s_%s_\' {MARKER_SIGNAL}\\n" {nonce} "$__corral_rc" >/dev/tty\n'
+            ).encode()
+        marker = f'\\trap -- "__CORRAL_{nonce}_${{__corral_end:-$__corral_rc}}_${{-//[!x]/}}" {MARKER_SIGNAL}'
+        prologue = (
+            "{ [[ :$SHELLOPTS: == *:posix:* ]] && __corral_pm=1 || { __corral_pm=; POSIXLY_CORRECT=y; }; "
+            "\\set +x; __corral_rc=0; \\trap -- " + shlex.quote(_ABORT_TRAP) + f" {ABORT_SIGNAL}; "
+            "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null; "
+        )
+        source = f"\\. '{self._cmd_sandbox}' </dev/tty || {{ __corral_rc=$?; }} 2>/dev/null; "
+        epilogue = (
+            "{ __corral_end=${__corral_abort:+130} __corral_abort=; POSIXLY_CORRECT=y; \\trap - DEBUG; "
+            f"{marker}; \\trap -p {MARKER_SIGNAL} >/dev/tty; \\trap - {MARKER_SIGNAL}; "
+            "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null\n"
+        )
+        return (prologue + source + epilogue).encode()
 
-    def _turn_line(self) -> bytes:
-        source = f"__corral_rc=0; . '{self._cmd_sandbox}' || __corral_rc=$?; "
-        if not self._bash:  # plain sh: an interrupt stops the current command only
-            return (source + self._marker("$__corral_rc")).encode()
-        return (
-            "\\builtin trap __corral_interrupted INT; __corral_abort=; "
-            + source
-            + "\\builtin trap - DEBUG; "
-            + self._marker("$(( __corral_abort ? 130 : __corral_rc ))")
-        ).encode()
+    def _marker_pattern(self, nonce: str) -> re.Pattern[bytes]:
+        # What `trap -p` prints: trap -- '__CORRAL_<nonce>_<exit code>_<x if xtrace>' <signal>.
+        return re.compile(rb"trap -- '__CORRAL_" + nonce.encode() + rb"_(-?\d+)_(x?)' [^\r\n]*\r?\n")
+
+    def _command_text(self, command: str) -> bytes:
+        # The prologue turned xtrace off so that the turn line's own commands are not traced; a
+        # shell that had it on gets it back on the command's first line (no line number moves).
+        prefix = "\\set -x; " if self._xtrace and self._bash else ""
+        text = prefix + command
+        return (text if text.endswith("\n") else text + "\n").encode("utf-8", "surrogateescape")
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        argv = [self.program, "--noprofile", "--norc"] if self._bash else [self.program]
+        commands, feed = os.pipe()
+        os.set_blocking(feed, False)
+        flags = " --noprofile --norc" if self._bash else ""
+        # The command pipe comes in as stderr (the terminal must be stdin for `setsid --ctty`);
+        # inside the sandbox it becomes the shell's stdin, and stderr the terminal again, which
+        # stays the controlling terminal and stdout, and which commands get back as stdin.
+        launch = f"exec {shlex.quote(self.program)}{flags} 0<&2 2>&1"
+        argv = ["/bin/sh", "-c", launch]
         enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"), env=self.env)
-        terminal = Terminal(
-            enter.argv,
-            env=enter.env,
-            cwd=enter.cwd,
-            rows=self.size[0],
-            cols=self.size[1],
-            cgroup=enter.cgroup,
-            stderr_to_pipe=True,
-            wrapped=enter.wrapped,
-        )
-        self._terminal = terminal
-        terminal.attach(self._on_stdout, self._on_stderr)
-        self._turn = _Turn(self._sentinel, self._sentinel_max, 1 << 16, b"")
-        await terminal.write(self._init_line())
         try:
-            await asyncio.wait_for(self._wait_turn_or_exit(self._turn, terminal), START_TIMEOUT_S)
+            terminal = Terminal(
+                enter.argv,
+                env=enter.env,
+                cwd=enter.cwd,
+                rows=self.size[0],
+                cols=self.size[1],
+                cgroup=enter.cgroup,
+                wrapped=enter.wrapped,
+                stderr=commands,
+            )
+        except BaseException:
+            os.close(feed)
+            raise
+        finally:
+            os.close(commands)
+        self._terminal, self._commands = terminal, feed
+        terminal.attach(self._on_output)
+        setup = "set +m; shopt -s extdebug 2>/dev/null\n" if self._bash else "set +m\n"
+        self._xtrace = False
+        self._write_command(self._command_text(":"))
+        nonce = secrets.token_hex(8)
+        turn = self._new_turn(nonce, 1 << 16)
+        self._turn = turn
+        try:
+            await self._send(setup.encode() + self._turn_line(nonce))
+            await asyncio.wait_for(self._wait_turn_or_exit(turn, terminal), START_TIMEOUT_S)
         except TimeoutError:
-            await terminal.close()
+            await self._release()
             raise RuntimeError(f"the shell did not start within {START_TIMEOUT_S:g}s") from None
         finally:
             self._turn = None
         if terminal.exited.done():
-            raise RuntimeError(f"the shell exited at once (exit {terminal.exited.result()})")
+            turn.flush()
+            said = turn.buffer.getvalue().decode(errors="replace").strip()[-500:]
+            raise RuntimeError(
+                f"the shell exited at once (exit {terminal.exited.result()})" + (f": {said}" if said else "")
+            )
         self._shell_cmdline = self._cmdline()
+
+    def _new_turn(self, nonce: str, limit: int, stray: bytes = b"") -> _Turn:
+        # Held back: enough for a marker's start (`trap -- '__CORRAL_` + the nonce + an exit code)
+        # or a label, whichever is longer.
+        hold = max(len(self._label), 64)
+        return _Turn(self._marker_pattern(nonce), hold, self._label, self._shell_name, limit, stray)
+
+    async def _send(self, data: bytes) -> None:
+        """Writes to the shell's command pipe; TimeoutError when the shell has not read for a while."""
+        assert self._commands is not None
+        await write_all(self._commands, data, timeout=10.0)
 
     def _write_command(self, data: bytes) -> None:
         # Overwrite in place and truncate after: opening with O_TRUNC costs ~0.1-0.3 ms a turn on
@@ -218,6 +293,9 @@ class ShellSession:
         if self._terminal:
             await self._terminal.close()
             self._terminal = None
+        if self._commands is not None:
+            os.close(self._commands)
+            self._commands = None
         if self._cmd_fd is not None:
             os.close(self._cmd_fd)
             self._cmd_fd = None
@@ -231,16 +309,10 @@ class ShellSession:
 
     # -- output routing ------------------------------------------------------------------------------
 
-    def _on_stdout(self, data: bytes) -> None:
+    def _on_output(self, data: bytes) -> None:
         if self._turn:
-            self._turn.on_stdout(data)
+            self._turn.on_output(data)
         elif len(self._stray) < STRAY_LIMIT:  # background output between turns goes to the next one
-            self._stray += data[: STRAY_LIMIT - len(self._stray)]
-
-    def _on_stderr(self, data: bytes) -> None:
-        if self._turn:
-            self._turn.on_stderr(data)
-        elif len(self._stray) < STRAY_LIMIT:
             self._stray += data[: STRAY_LIMIT - len(self._stray)]
 
     def _cmdline(self) -> bytes:
@@ -270,36 +342,37 @@ class ShellSession:
         if terminal is None:  # close() ran while the shell restarted
             raise FailedPrecondition(f"shell {self.name!r} was closed")
         started = time.monotonic()
-        text = command if command.endswith("\n") else command + "\n"
-        self._write_command(text.encode("utf-8", "surrogateescape"))
-        turn = _Turn(self._sentinel, self._sentinel_max, limit, bytes(self._stray))
+        terminal.reset()
+        self._write_command(self._command_text(command))
+        nonce = secrets.token_hex(8)
+        turn = self._new_turn(nonce, limit, bytes(self._stray))
         self._stray.clear()
+        before = terminal.inner_pids() if terminal.cgroup is not None else None
         self._turn = turn
         self.turns += 1
         timed_out, reason = False, ""
         try:
             try:
-                await terminal.write(self._turn_line())
+                await self._send(self._turn_line(nonce))
             except TimeoutError:  # the shell has not read its input for seconds: beyond saving
                 outcome = "stuck"
             else:
                 outcome = await self._wait(turn, terminal, started + timeout_s, idle_timeout_s)
             if outcome in ("timeout", "idle_timeout"):
                 timed_out, reason = True, outcome
-                outcome, eof_sent = await self._interrupt(turn, terminal)
-                if outcome == "done" and eof_sent and not await self._responsive(terminal):
-                    outcome = "eof_reached_shell"
+                outcome = await self._interrupt(turn, terminal, before)
         finally:
             self._turn = None
         turn.flush()
         if self.closed:
             raise FailedPrecondition(f"shell {self.name!r} was closed while the command ran")
-        if outcome in ("done", "eof_reached_shell"):
-            exit_code = turn.done.result()
+        if outcome == "done":
+            exit_code, self._xtrace = turn.done.result()
+            if timed_out:
+                await asyncio.to_thread(_kill_leftovers, terminal, before)
         else:
             exit_code = terminal.exited.result() if terminal.exited.done() else 137
-        if outcome != "done":  # the shell died, or could not be brought back: start a fresh one
-            await self._restart()
+            await self._restart()  # the shell died, was replaced, or could not be brought back
             restarted = True
         output = turn.buffer.getvalue()
         if turn.buffer.truncated:
@@ -320,14 +393,14 @@ class ShellSession:
         return "done" if turn.done.done() else "exited"
 
     async def _wait(self, turn: _Turn, terminal: Terminal, deadline: float, idle_timeout_s: float) -> str:
-        """Waits for the sentinel; returns "done", "exited", "timeout" or "idle_timeout"."""
+        """Waits for the marker; returns "done", "exited", "replaced", "timeout" or "idle_timeout"."""
         while True:
             now = time.monotonic()
             wake = deadline
             if idle_timeout_s:
                 wake = min(wake, turn.last_output + idle_timeout_s)
             wake = min(wake, now + EXEC_POLL_S)  # also look for an exec'd shell now and then
-            done, _ = await asyncio.wait(
+            await asyncio.wait(
                 {turn.done, terminal.exited}, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED
             )
             if turn.done.done():
@@ -340,50 +413,78 @@ class ShellSession:
             if idle_timeout_s and now - turn.last_output >= idle_timeout_s:
                 return "idle_timeout"
             if self._cmdline() != self._shell_cmdline:
-                # The shell exec'd another program (`exec bash`): this turn's line died with the
-                # old process. Ask the new shell for the marker; a non-shell will time out.
-                self._shell_cmdline = self._cmdline()
-                await terminal.write(self._init_line())
+                # The command exec'd another program in the shell's place (`exec bash`, `exec
+                # python`): it reads the terminal, not the command pipe, so the session cannot go
+                # on with it. What it printed until now is the turn's output.
+                return "replaced"
 
-    async def _interrupt(self, turn: _Turn, terminal: Terminal) -> tuple[str, bool]:
-        """SIGINT, then end-of-file, then SIGKILL for the foreground; "done" once the shell prints
-        its marker again, else "exited"/"stuck"; and whether the end-of-file was sent."""
+    async def _interrupt(self, turn: _Turn, terminal: Terminal, before: set[int] | None) -> str:
+        """Arms the shell's abort (bash: the reserved signal, whose trap makes the rest of the
+        command unwind once its foreground is gone; sh: SIGINT, which its trap only survives) and
+        sends SIGINT to what the turn started, then end-of-file on the terminal, then SIGKILL to
+        what the turn started; "done" once the shell prints the marker, else "exited"/"stuck"."""
         shell = terminal.shell_pid()
+
+        def started_by_turn() -> set[int]:
+            pids = terminal.inner_pids() - {shell or 0}
+            return pids - before if before is not None else pids
+
+        async def interrupt() -> None:
+            if shell:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(shell, ABORT_SIGNUM if self._bash else signal.SIGINT)
+            _signal(started_by_turn(), signal.SIGINT)
 
         async def end_of_file() -> None:
             with contextlib.suppress(TimeoutError):
                 await terminal.write(b"\x04", timeout=GRACE_S)
 
-        async def signal(sig: int, **kw) -> None:
-            terminal.signal_inner(sig, **kw)
+        async def kill() -> None:
+            _signal(started_by_turn(), signal.SIGKILL)
 
-        steps = (
-            lambda: signal(2, first=shell),
-            end_of_file,
-            lambda: signal(9, spare={shell} if shell else set()),
-        )
-        for number, step in enumerate(steps):
+        for step in (interrupt, end_of_file, kill):
             await step()
             try:
-                await asyncio.wait_for(self._wait_turn_or_exit(turn, terminal), GRACE_S)
+                return await asyncio.wait_for(self._wait_turn_or_exit(turn, terminal), GRACE_S)
             except TimeoutError:
                 continue
-            return ("done" if turn.done.done() else "exited"), number >= 1
-        return "stuck", True
+        return "stuck"
 
-    async def _responsive(self, terminal: Terminal) -> bool:
-        """Whether the shell still reads commands after an interrupt that sent end-of-file: when
-        the foreground program did not read it (it ignored SIGINT and died of SIGKILL), the EOF
-        waits in the terminal for the shell, and a non-interactive shell exits on it. One round
-        trip tells, before the next command could be lost to a dying shell."""
-        probe = _Turn(self._sentinel, self._sentinel_max, STRAY_LIMIT, b"")
-        self._turn = probe
-        try:
-            with contextlib.suppress(TimeoutError):
-                await terminal.write(self._marker("0").encode(), timeout=GRACE_S)
-                await asyncio.wait_for(self._wait_turn_or_exit(probe, terminal), GRACE_S * 2)
-        finally:
-            self._turn = None
-        probe.flush()
-        self._stray += probe.buffer.getvalue()[:STRAY_LIMIT]  # output between turns goes to the next one
-        return probe.done.done()
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _kill_leftovers(terminal: Terminal, before: set[int] | None) -> None:
+    """After a timed-out turn has ended: kills every process it started, except the background
+    jobs it left at the shell's top level (the shell's own children now: its foreground is gone)
+    and what those started. Processes of earlier turns are not touched."""
+    shell = terminal.shell_pid()
+    if not shell or before is None:
+        return
+    started = terminal.inner_pids() - before - {shell}
+    parents = {pid: _parent(pid) for pid in started}
+    jobs = {pid for pid, parent in parents.items() if parent == shell}
+
+    def in_a_job(pid: int) -> bool:
+        seen = set()
+        while pid and pid not in seen:
+            if pid in jobs:
+                return True
+            seen.add(pid)
+            pid = parents.get(pid) or _parent(pid)
+            if pid == shell:
+                return False
+        return False
+
+    _signal({pid for pid in started if not in_a_job(pid)}, signal.SIGKILL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
@@ -47,7 +48,13 @@ class ShellManager:
 
     @staticmethod
     def _program(runtime, program: str) -> str:
-        return rules.shell_program(program) or runtime.shell_argv("")[0]
+        # By name by default, found on the sandbox's PATH, so that the shell calls itself `bash`
+        # in its messages, as `bash -c` does.
+        return rules.shell_program(program) or os.path.basename(runtime.shell_argv("")[0])
+
+    @staticmethod
+    def _terminal_program(runtime, program: str) -> str:
+        return rules.terminal_program(program) or runtime.shell_argv("")[0]
 
     async def open(
         self, sandbox_id: str, name: str, *, env: dict[str, str], cwd: str, size: tuple[int, int] | None, program: str
@@ -159,7 +166,7 @@ class ShellManager:
             env.pop("GIT_PAGER", None)
             rows, cols = size or ATTACH_SIZE
             enter = runtime.enter_command(
-                [self._program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"), env=env
+                [self._terminal_program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"), env=env
             )
             terminal = Terminal(
                 enter.argv,
@@ -168,7 +175,6 @@ class ShellManager:
                 rows=rows,
                 cols=cols,
                 cgroup=enter.cgroup,
-                stderr_to_pipe=False,
                 wrapped=enter.wrapped,
                 interactive=True,
             )

@@ -105,13 +105,13 @@ def test_timeout_kills_foreground_tree_and_keeps_shell(sh):
 
 
 def test_sigint_ignoring_command_is_killed(sh):
+    sh.run("cd /tmp; export KEPT=yes")
     r = sh.run("trap '' INT; sleep 300; echo never", timeout=1)
-    assert r.timed_out
-    # The end-of-file sent for the foreground program was never read by it; it reached the
-    # shell, which exits on it. The session notices before returning and starts a fresh shell,
-    # so the next command cannot be lost to a dying one, however loaded the machine.
-    assert r.shell_restarted
-    assert sh.run("echo usable").output == b"usable\n"
+    # SIGINT and end-of-file do nothing to it; SIGKILL ends it, and the rest of the command does
+    # not run. The end-of-file never reaches the shell (it reads commands from a pipe), so the
+    # session goes on, with its state.
+    assert r.timed_out and b"never" not in r.output and not r.shell_restarted
+    assert sh.run("echo usable; pwd; echo $KEPT").output == b"usable\n/tmp\nyes\n"
 
 
 def test_a_shell_that_is_slow_to_die_after_an_interrupt_does_not_eat_the_next_command(sh):
