@@ -12,8 +12,11 @@ def sandbox_environment(workdir: str, sandbox_env: dict[str, str], command_env: 
         "HOME": workdir,
         "LANG": "C.UTF-8",
         "TERM": "dumb",
+        # Nobody reads a programmatic terminal page by page: programs that page print instead.
         "PAGER": "cat",
         "GIT_PAGER": "cat",
+        "MANPAGER": "cat",
+        "SYSTEMD_PAGER": "cat",
     }
     env.update(sandbox_env)
     env.update(command_env)

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -60,6 +61,26 @@ SERVICE_NAMES = [
     kernel_pb2.DESCRIPTOR.services_by_name["KernelService"].full_name,
     rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name,
 ]
+
+
+def reset_inherited_signals() -> None:
+    """Signals the daemon's own launcher ignored (nohup: SIGHUP; some supervisors: SIGQUIT) would
+    stay ignored in every process of every sandbox, since exec keeps ignored dispositions. The
+    daemon goes on ignoring them, through a handler that does nothing, which exec resets to the
+    default; and it unblocks every signal, since children inherit the mask too."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # an embedded daemon in a worker thread cannot change dispositions
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE):  # (children get SIGPIPE back: Popen)
+            continue
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL if sig == signal.SIGCHLD else _ignore)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def _ignore(signum: int, frame: object) -> None:
+    pass
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -119,6 +140,7 @@ class Daemon:
         )
 
     async def start(self) -> None:
+        reset_inherited_signals()
         await self.manager.start()
         guards = [metrics_guard(self.metrics), map_errors]
         if self.config.daemon.tcp.listen:

@@ -69,6 +69,15 @@ _DEBUG_TRAP = (
     "[[ -z $__corral_abort || $BASH_COMMAND == __corral_end* ]] || "
     "{ POSIXLY_CORRECT=y; (( ${#BASH_SOURCE[@]} )) && \\return 2; }"
 )
+# `less` and `more` in a session: nobody pages through a programmatic terminal, so they print their
+# input as cat does (PAGER=cat and the like cover the programs that page on their own).
+_PAGER_SCRIPT = b"""#!/bin/sh
+# less and more in a corral shell session print their input, as cat does; their options are ignored.
+while [ $# -gt 0 ]; do
+  case $1 in --) shift; break ;; -*|+*) shift ;; *) break ;; esac
+done
+exec cat -- "$@"
+"""
 _ABORT_TRAP = "__corral_abort=1; POSIXLY_CORRECT=y; \\trap -- " + shlex.quote(_DEBUG_TRAP) + " DEBUG"
 
 
@@ -155,6 +164,8 @@ class ShellSession:
         self.restarts = 0
         self._cmd_host = Path(runtime.run_dir_host) / f"sh{slot}.cmd"
         self._cmd_sandbox = f"{runtime.run_dir_sandbox}/sh{slot}.cmd"
+        self._pager_host = Path(runtime.run_dir_host) / "pager"
+        self._pager_sandbox = f"{runtime.run_dir_sandbox}/pager"
         # bash labels errors in the sourced file with its path; `bash -c` with the shell's name.
         self._label = f"{self._cmd_sandbox}: ".encode()
         self._shell_name = f"{os.path.basename(program)}: ".encode()
@@ -164,6 +175,7 @@ class ShellSession:
         self._turn: _Turn | None = None
         self._stray = bytearray()
         self._xtrace = False  # the shell ended its last turn with `set -x` on
+        self._pagers: tuple[str, ...] = ()  # the pagers the image has: run as the pager script
         self._shell_cmdline = b""
         self._lock = asyncio.Lock()
         self.closed = False
@@ -188,8 +200,14 @@ class ShellSession:
         marker = f'\\trap -- "__CORRAL_{nonce}_${{__corral_end:-$__corral_rc}}_${{-//[!x]/}}" {MARKER_SIGNAL}'
         prologue = (
             "{ [[ :$SHELLOPTS: == *:posix:* ]] && __corral_pm=1 || { __corral_pm=; POSIXLY_CORRECT=y; }; "
-            "\\set +x; __corral_rc=0; \\trap -- " + shlex.quote(_ABORT_TRAP) + f" {ABORT_SIGNAL}; "
-            "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null; "
+            "\\set +x; __corral_rc=0; \\trap -- "
+            + shlex.quote(_ABORT_TRAP)
+            + f" {ABORT_SIGNAL}; "
+            # `less` and `more`, where the image has them, are the pager script: entries of bash's
+            # command table, put back each turn (assigning PATH empties it) by plain assignments,
+            # for no builtin that a function could shadow may run here.
+            + "".join(f"BASH_CMDS[{pager}]={self._pager_sandbox}; " for pager in self._pagers)
+            + "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null; "
         )
         source = f"\\. '{self._cmd_sandbox}' </dev/tty || {{ __corral_rc=$?; }} 2>/dev/null; "
         epilogue = (
@@ -213,6 +231,8 @@ class ShellSession:
     # -- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self._bash and not self._pager_host.exists():
+            _write_private(self._pager_host, _PAGER_SCRIPT, 0o755)
         commands, feed = os.pipe()
         os.set_blocking(feed, False)
         flags = " --noprofile --norc" if self._bash else ""
@@ -242,7 +262,10 @@ class ShellSession:
         terminal.attach(self._on_output)
         setup = "set +m; shopt -s extdebug 2>/dev/null\n" if self._bash else "set +m\n"
         self._xtrace = False
-        self._write_command(self._command_text(":"))
+        self._pagers = ()
+        # The setup turn says which pagers the image has (before any command of the user's could
+        # have defined a function named `command`).
+        self._write_command(self._command_text("command -v less more" if self._bash else ":"))
         nonce = secrets.token_hex(8)
         turn = self._new_turn(nonce, 1 << 16)
         self._turn = turn
@@ -260,6 +283,8 @@ class ShellSession:
             raise RuntimeError(
                 f"the shell exited at once (exit {terminal.exited.result()})" + (f": {said}" if said else "")
             )
+        found = turn.buffer.getvalue().split()
+        self._pagers = tuple(name for name in ("less", "more") if any(p.endswith(b"/" + name.encode()) for p in found))
         self._shell_cmdline = self._cmdline()
 
     def _new_turn(self, nonce: str, limit: int, stray: bytes = b"") -> _Turn:
@@ -449,6 +474,15 @@ class ShellSession:
             except TimeoutError:
                 continue
         return "stuck"
+
+
+def _write_private(path: Path, data: bytes, mode: int) -> None:
+    fd = create_private_file(path, mode)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _signal(pids: set[int], sig: int) -> None:

@@ -27,6 +27,7 @@ from corral.daemon.cgroups import CgroupDriver
 from corral.daemon.commands import DEFAULT_PATH
 from corral.daemon.config import load_config
 from corral.daemon.doctor import probe
+from corral.v1 import shell_pb2, shell_pb2_grpc
 
 REQUIRED = {b.strip() for b in os.environ.get("CORRAL_REQUIRE_BACKENDS", "").split(",") if b.strip()}
 REQUIRED_TRAINERS = {t.strip() for t in os.environ.get("CORRAL_REQUIRE_TRAINERS", "").split(",") if t.strip()}
@@ -279,3 +280,27 @@ def alive_pids(pids: set[int]) -> set[int]:
         if state != "Z":
             alive.add(pid)
     return alive
+
+
+# ShellService through the generated stubs (tests/integration/test_shells.py and the fidelity tests).
+
+
+@pytest.fixture
+def shells(daemon):
+    """A ShellService stub on the conformance case's daemon."""
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
+        yield shell_pb2_grpc.ShellServiceStub(channel)
+
+
+class Session:
+    def __init__(self, stub, sandbox_id: str, name: str = "main") -> None:
+        self.stub, self.sandbox_id, self.name = stub, sandbox_id, name
+        stub.OpenShell(shell_pb2.OpenShellRequest(sandbox_id=sandbox_id, name=name), timeout=30)
+
+    def run(self, command: str, timeout: float = 20, **kw) -> shell_pb2.RunInShellResponse:
+        return self.stub.RunInShell(
+            shell_pb2.RunInShellRequest(
+                sandbox_id=self.sandbox_id, name=self.name, command=command, timeout_ms=int(timeout * 1000), **kw
+            ),
+            timeout=timeout + 20,
+        )

@@ -29,7 +29,7 @@ from ..cgroups import LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import in_cgroup
 from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
-from .local_launch import INIT_READY, bwrap_argv, init_pid, root_layout, unshare_argv
+from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
 from .nsenter import inside_env, nsenter_argv
 
 log = logging.getLogger(__name__)
@@ -92,16 +92,30 @@ class LocalSandbox(ManagedSandbox):
                 backend.unshare, layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, self.uid
             )
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
-        # Spawned from the event loop thread on purpose: nothing here may die with a worker.
-        self._launcher = subprocess.Popen(
-            in_cgroup(argv, init_cgroup),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")},
-            cwd="/",
-            start_new_session=True,
-        )
+        options_fd = None
+        if backend.launcher == "bwrap":
+            # bwrap stays the sandbox's pid 1, whose command line the sandbox can read: its options
+            # (host paths) come through a file descriptor instead (`--args`).
+            options, argv = bwrap_options(argv)
+            options_fd = os.memfd_create("corral-bwrap-args", os.MFD_CLOEXEC)
+            os.write(options_fd, b"\0".join(o.encode() for o in options) + b"\0")
+            os.lseek(options_fd, 0, os.SEEK_SET)
+            argv = [argv[0], "--args", str(options_fd), *argv[1:]]
+        try:
+            # Spawned from the event loop thread on purpose: nothing here may die with a worker.
+            self._launcher = subprocess.Popen(
+                in_cgroup(argv, init_cgroup),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")},
+                cwd="/",
+                start_new_session=True,
+                pass_fds=(options_fd,) if options_fd is not None else (),
+            )
+        finally:
+            if options_fd is not None:
+                os.close(options_fd)
         assert self._launcher.stdout is not None and self._launcher.stderr is not None
         ready = await asyncio.wait_for(asyncio.to_thread(self._launcher.stdout.readline), START_TIMEOUT_S)
         if ready != INIT_READY:

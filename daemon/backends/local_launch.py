@@ -90,6 +90,12 @@ def bwrap_argv(
     ]
 
 
+def bwrap_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Splits a bwrap command line into its options and the rest ([bwrap, "--", program...])."""
+    end = argv.index("--")
+    return argv[1:end], [argv[0], *argv[end:]]
+
+
 # Runs as root, pid 1 of fresh mount/pid/ipc/uts(/net) namespaces: builds the root under $R with
 # the same layout as bubblewrap, then chroots into it as the sandbox user to become init.
 _UNSHARE_SETUP = r"""
@@ -109,7 +115,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$R/proc" "$R/dev" "$R/tmp" "$R/run" "$R$WORKDIR"
-mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
+# hidepid: the sandbox user sees its own processes only, not the root-owned pid 1, whose command
+# line names host paths.
+mount -t proc -o nosuid,nodev,noexec,hidepid=invisible proc "$R/proc" 2>/dev/null ||
+  mount -t proc -o nosuid,nodev,noexec,hidepid=2 proc "$R/proc"
 mount -t tmpfs -o mode=0755,nosuid dev "$R/dev"
 for d in null zero full random urandom tty; do touch "$R/dev/$d"; mount --bind "/dev/$d" "$R/dev/$d"; done
 mkdir "$R/dev/shm" "$R/dev/pts"

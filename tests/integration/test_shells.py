@@ -13,27 +13,7 @@ import grpc
 import pytest
 
 from corral.v1 import shell_pb2 as pb
-from corral.v1 import shell_pb2_grpc
-
-
-@pytest.fixture
-def shells(daemon):
-    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
-        yield shell_pb2_grpc.ShellServiceStub(channel)
-
-
-class Session:
-    def __init__(self, stub, sandbox_id: str, name: str = "main") -> None:
-        self.stub, self.sandbox_id, self.name = stub, sandbox_id, name
-        stub.OpenShell(pb.OpenShellRequest(sandbox_id=sandbox_id, name=name), timeout=30)
-
-    def run(self, command: str, timeout: float = 20, **kw) -> pb.RunInShellResponse:
-        return self.stub.RunInShell(
-            pb.RunInShellRequest(
-                sandbox_id=self.sandbox_id, name=self.name, command=command, timeout_ms=int(timeout * 1000), **kw
-            ),
-            timeout=timeout + 20,
-        )
+from tests.conftest import Session
 
 
 @pytest.fixture

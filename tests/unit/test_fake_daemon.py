@@ -250,3 +250,39 @@ async def test_the_node_says_its_backend_is_a_stand_in(client) -> None:
     (local,) = (await client.node_info()).backends
     assert local.available and "FAKE BACKEND" in local.detail and local.isolation == "none"
     assert {limit.kind for limit in local.limits if not limit.enforced} == {"memory", "pids", "cpu", "network"}
+
+
+def test_sandbox_processes_do_not_inherit_signals_the_daemon_ignored(tmp_path) -> None:
+    """A daemon started under nohup (SIGHUP ignored) or a supervisor that ignores SIGQUIT: the
+    commands, shells and kernels it starts in sandboxes get the default dispositions back."""
+    import signal
+    import subprocess
+    import sys
+
+    script = """
+import asyncio, signal, sys
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+from corral.daemon.embedded import embedded_daemon
+from corral.daemon.testing import fake_backends
+from corral.sdk import AsyncClient
+
+async def main():
+    async with embedded_daemon(backend_classes=fake_backends()) as address:
+        async with AsyncClient(address) as client:
+            sandbox = await client.create_sandbox()
+            result = await sandbox.exec(["cat", "/proc/self/status"], timeout=10)
+            shell = await sandbox.shell()
+            in_shell = await shell.run("grep -E '^Sig(Ign|Blk)' /proc/self/status", timeout=10)
+            sys.stdout.write(result.stdout.decode() + in_shell.output.decode())
+
+asyncio.run(main())
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    masks = [int(line.split()[1], 16) for line in run.stdout.splitlines() if line.startswith(("SigIgn", "SigBlk"))]
+    assert len(masks) == 4
+    for mask in masks:
+        for sig in (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+            assert not mask & (1 << (sig - 1)), f"{sig.name} is ignored or blocked: {run.stdout}"

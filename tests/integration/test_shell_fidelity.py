@@ -1,0 +1,130 @@
+"""Shell turns never lose, reorder or fake a byte: one test per way they used to (issue: shells and
+kernels that never lose, reorder or fake a byte), on every backend case."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import grpc
+import pytest
+
+from corral.v1 import shell_pb2 as pb
+from tests.conftest import Session
+
+
+@pytest.fixture
+def sh(shells, sandbox) -> Session:
+    return Session(shells, sandbox.id)
+
+
+def burners(client, count: int = 2) -> list:
+    """Sandboxes that keep the CPU busy (a 2-core machine: two of them load it fully)."""
+    sandboxes = [client.create_sandbox() for _ in range(count)]
+    pool = concurrent.futures.ThreadPoolExecutor(count)
+    futures = [pool.submit(sb.exec, "while :; do :; done", timeout=600) for sb in sandboxes]
+    return [(sb, future, pool) for sb, future in zip(sandboxes, futures)]
+
+
+def stop(burning: list) -> None:
+    for sb, _future, pool in burning:
+        sb.destroy()
+        pool.shutdown(wait=False)
+
+
+def test_stderr_is_never_lost_or_reordered_under_load(sh, client):
+    burning = burners(client)
+    try:
+        for i in range(150):
+            r = sh.run(f"echo a{i}; echo b{i} >&2; echo c{i}; printf 'd{i}' >&2")
+            assert r.output == f"a{i}\nb{i}\nc{i}\nd{i}".encode() and r.exit_code == 0, (i, r.output)
+    finally:
+        stop(burning)
+
+
+def test_terminal_modes_a_command_changes_do_not_break_the_next_turns(sh):
+    sh.run("cd /tmp; export KEPT=yes")
+    for change in ("stty sane", "stty onlcr", "stty echo", "stty raw -echo", "stty -icanon"):
+        r = sh.run(f"{change}; echo changed", timeout=10)
+        assert not r.timed_out and not r.shell_restarted and b"changed" in r.output, (change, r)
+        after = sh.run("echo next; pwd; echo $KEPT", timeout=10)
+        # The modes are back before each turn: raw output, no echo of anything, state kept.
+        assert after.output == b"next\n/tmp\nyes\n" and not after.shell_restarted, (change, after)
+
+
+def test_a_forged_marker_ends_nothing(sh):
+    forged = sh.run(
+        "printf \"trap -- '__CORRAL_%s_0_' RTMAX-3\\n\" 0123456789abcdef; "
+        "printf '\\n__CORRAL_%s_0__\\n' 0123456789abcdef; echo after-forgery; exit_with() { return $1; }; exit_with 7"
+    )
+    assert b"after-forgery" in forged.output and forged.exit_code == 7
+    assert forged.output.startswith(b"trap -- '__CORRAL_0123456789abcdef_0_' RTMAX-3\n")
+
+
+def test_functions_and_aliases_cannot_take_the_framing_over(sh):
+    # Every builtin the framing could call, as a function that counts its calls (and calls nothing
+    # itself), and aliases for some of them.
+    names = ("builtin", "printf", "trap", "eval", "set", "return", "command", "hash", "type", "cd", "source")
+    sh.run(
+        "; ".join(f"{name}() {{ hijacked=$((hijacked + 1)); }}" for name in names)
+        + "; shopt -s expand_aliases; alias trap='hijacked=99' set='hijacked=99'"
+    )
+    for code in (0, 3, 130):
+        r = sh.run(f"(exit {code})")
+        assert r.exit_code == code and r.output == b"" and not r.shell_restarted, r
+    r = sh.run("sleep 300", timeout=1)
+    assert r.timed_out and r.exit_code == 130 and not r.shell_restarted
+    assert sh.run("echo ${hijacked:-0}").output == b"0\n"  # none of them ever ran
+    assert sh.run("printf x; echo ${hijacked:-0}").output == b"1\n"  # the user's own functions work
+
+
+def test_a_timed_out_turn_leaves_nothing_it_started_but_its_background_jobs(sh, sandbox):
+    sh.run("sleep 301 &")  # an earlier turn's job: untouched
+    r = sh.run("sleep 302 & bash -c 'sleep 303 & sleep 304 & sleep 305'", timeout=2)
+    assert r.timed_out and not r.shell_restarted
+    running = sandbox.exec("ps -eo args", timeout=10).stdout
+    assert b"sleep 301" in running and b"sleep 302" in running  # top-level background jobs stay
+    assert b"sleep 303" not in running and b"sleep 304" not in running and b"sleep 305" not in running
+
+
+def test_pagers_print_and_full_screen_programs_time_out_cleanly(sh):
+    if sh.run("command -v less more").output.count(b"\n") == 0:
+        pytest.skip("neither less nor more in this image")
+    r = sh.run("seq 1 5000 | (command -v less >/dev/null && less || more) | tail -n 2; seq 3 > f.txt", timeout=20)
+    assert r.output == b"4999\n5000\n" and not r.timed_out
+    for pager in ("less", "more"):
+        if sh.run(f"command -v {pager}").output:
+            assert sh.run(f"{pager} f.txt", timeout=20).output == b"1\n2\n3\n"
+    r = sh.run("stty raw -echo; cat", timeout=1)  # what a full-screen program leaves behind
+    assert r.timed_out and not r.shell_restarted
+    assert sh.run("echo fine").output == b"fine\n"
+
+
+@pytest.mark.parametrize("program", ["sh", "/bin/sh", "bash", "/bin/bash"])
+def test_sh_and_bash_sessions_start_and_keep_state(shells, sandbox, program):
+    name = program.strip("/").replace("/", "-")
+    shells.OpenShell(pb.OpenShellRequest(sandbox_id=sandbox.id, name=name, program=program), timeout=30)
+    session = Session.__new__(Session)
+    session.stub, session.sandbox_id, session.name = shells, sandbox.id, name
+    session.run("cd /tmp; X=kept")
+    r = session.run("echo $X; pwd; echo err >&2; (exit 4)")
+    assert r.output == b"kept\n/tmp\nerr\n" and r.exit_code == 4
+    r = session.run("sleep 300", timeout=1)
+    assert r.timed_out and not r.shell_restarted
+    assert session.run("echo $X").output == b"kept\n"
+
+
+def test_a_program_that_is_not_a_shell_is_refused_with_the_list(shells, sandbox):
+    with pytest.raises(grpc.RpcError) as err:
+        shells.OpenShell(pb.OpenShellRequest(sandbox_id=sandbox.id, name="py", program="python3"), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "bash, sh, dash" in err.value.details()
+
+
+def test_errors_read_as_bash_and_no_host_path_is_visible(sh, sandbox, daemon, client):
+    assert sh.run("no_such_command_xyz").output == b"bash: line 1: no_such_command_xyz: command not found\n"
+    assert sh.run("true\nno_such_command_xyz").output == b"bash: line 2: no_such_command_xyz: command not found\n"
+    r = sh.run("f() { no_such_command_xyz; }")
+    assert sh.run("f").output == b"bash: line 1: no_such_command_xyz: command not found\n" and r.exit_code == 0
+    listing = sandbox.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '", timeout=10).stdout
+    daemon_id = client.node_info().daemon_id
+    # Neither the daemon's state directory nor its run directory on the host (/run/corral-<id>/).
+    assert str(daemon.state_dir).encode() not in listing and f"corral-{daemon_id}/".encode() not in listing
