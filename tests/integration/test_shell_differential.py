@@ -176,7 +176,7 @@ def test_shell_turns_match_bash_dash_c_byte_for_byte_under_load(local_daemon):
         try:
             shell = sandbox.shell("differential")
             mismatches = []
-            for number, ((prelude, command), (want, want_code)) in enumerate(zip(turns, expected)):
+            for number, ((_prelude, command), (want, want_code)) in enumerate(zip(turns, expected)):
                 got = shell.run(command, timeout=60)
                 if (got.output, got.exit_code) != (want, want_code) or got.timed_out or got.shell_restarted:
                     mismatches.append((number, command, got.output, got.exit_code, want, want_code))
