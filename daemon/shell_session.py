@@ -69,6 +69,11 @@ _DEBUG_TRAP = (
     "[[ -z $__corral_abort || $BASH_COMMAND == __corral_end* ]] || "
     "{ POSIXLY_CORRECT=y; (( ${#BASH_SOURCE[@]} )) && \\return 2; }"
 )
+# What the marker's `trap -p` prints: trap -- '__CORRAL_<nonce>_<exit code>_<x if xtrace on>' <signal>.
+# One pattern for every turn (compiling one per nonce would cost more than the rest of a turn); the
+# nonce is compared after.
+_MARKER = re.compile(rb"trap -- '__CORRAL_([0-9a-f]{16})_(-?\d+)_(x?)' [^\r\n]*\r?\n")
+
 # `less` and `more` in a session: nobody pages through a programmatic terminal, so they print their
 # input as cat does (PAGER=cat and the like cover the programs that page on their own).
 _PAGER_SCRIPT = b"""#!/bin/sh
@@ -97,10 +102,8 @@ class _Turn:
     """Collects one command's output until its end marker shows up, writing the shell's own label
     for the command file (`bash: line 1: ...`) where bash wrote the file's path."""
 
-    def __init__(
-        self, marker: re.Pattern[bytes], hold: int, label: bytes, name: bytes, limit: int, stray: bytes
-    ) -> None:
-        self.marker = marker
+    def __init__(self, nonce: bytes, hold: int, label: bytes, name: bytes, limit: int, stray: bytes) -> None:
+        self.nonce = nonce
         self.hold = hold  # bytes kept back while they could be the start of a marker or label
         self.label = label
         self.name = name
@@ -114,9 +117,11 @@ class _Turn:
         if self.done.done():
             return
         self.pending += data
-        match = self.marker.search(self.pending)
+        match = _MARKER.search(self.pending)
+        while match and match.group(1) != self.nonce:  # one the command printed itself: output
+            match = _MARKER.search(self.pending, match.end())
         if match:
-            result = (int(match.group(1)), bool(match.group(2)))  # before the buffer changes under it
+            result = (int(match.group(2)), bool(match.group(3)))  # before the buffer changes under it
             self._emit(bytes(self.pending[: match.start()]))
             del self.pending[:]
             self.done.set_result(result)
@@ -198,28 +203,45 @@ class ShellSession:
                 f'printf "trap -- \'__CORRAL_%s_%s_\' {MARKER_SIGNAL}\\n" {nonce} "$__corral_rc" >/dev/tty\n'
             ).encode()
         marker = f'\\trap -- "__CORRAL_{nonce}_${{__corral_end:-$__corral_rc}}_${{-//[!x]/}}" {MARKER_SIGNAL}'
-        prologue = (
-            "{ [[ :$SHELLOPTS: == *:posix:* ]] && __corral_pm=1 || { __corral_pm=; POSIXLY_CORRECT=y; }; "
-            "\\set +x; __corral_rc=0; \\trap -- "
-            + shlex.quote(_ABORT_TRAP)
-            + f" {ABORT_SIGNAL}; "
-            # `less` and `more`, where the image has them, are the pager script: entries of bash's
-            # command table, put back each turn (assigning PATH empties it) by plain assignments,
-            # for no builtin that a function could shadow may run here.
-            + "".join(f"BASH_CMDS[{pager}]={self._pager_sandbox}; " for pager in self._pagers)
-            + "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null; "
-        )
+        prologue = "__corral_rc=0; [[ -o posix ]] && __corral_pm=1 || __corral_pm=; "
+        if self._xtrace:
+            # The last turn left `set -x` on: off for the turn line's own commands (in POSIX mode:
+            # no function named `set` stands in); the command file turns it back on.
+            prologue = (
+                "{ [[ -o posix ]] && __corral_pm=1 || { __corral_pm=; POSIXLY_CORRECT=y; }; \\set +x; "
+                "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null; __corral_rc=0; "
+            )
+        # `less` and `more`, where the image has them, are the pager script: entries of bash's
+        # command table, put back whenever PATH changed (which empties it), by plain assignments:
+        # no builtin that a function could shadow may run in the turn line.
+        if self._pagers:
+            prologue += (
+                '[[ $PATH == "$__corral_path" ]] || { '
+                + "".join(f"BASH_CMDS[{pager}]={self._pager_sandbox}; " for pager in self._pagers)
+                + "__corral_path=$PATH; }; "
+            )
         source = f"\\. '{self._cmd_sandbox}' </dev/tty || {{ __corral_rc=$?; }} 2>/dev/null; "
+        # POSIX mode for the end (special builtins outrank functions there), then back to the
+        # user's: the DEBUG trap of an interrupt switched it on, a command may have itself.
         epilogue = (
-            "{ __corral_end=${__corral_abort:+130} __corral_abort=; POSIXLY_CORRECT=y; \\trap - DEBUG; "
+            "{ __corral_end=${__corral_abort:+130} __corral_abort=; "
+            "[[ -o posix && ( -z $__corral_end || $__corral_pm ) ]] && __corral_pm=1 || { __corral_pm=; POSIXLY_CORRECT=y; }; "
+            "[[ $__corral_end ]] && \\trap - DEBUG; "
             f"{marker}; \\trap -p {MARKER_SIGNAL} >/dev/tty; \\trap - {MARKER_SIGNAL}; "
             "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null\n"
         )
         return (prologue + source + epilogue).encode()
 
-    def _marker_pattern(self, nonce: str) -> re.Pattern[bytes]:
-        # What `trap -p` prints: trap -- '__CORRAL_<nonce>_<exit code>_<x if xtrace>' <signal>.
-        return re.compile(rb"trap -- '__CORRAL_" + nonce.encode() + rb"_(-?\d+)_(x?)' [^\r\n]*\r?\n")
+    def _setup_line(self) -> bytes:
+        """Sent once when the shell starts: no job control; for bash, extdebug (for the DEBUG trap
+        that unwinds an interrupted command) and the abort signal's trap, set in POSIX mode."""
+        if not self._bash:
+            return b"set +m\n"
+        return (
+            "set +m; shopt -s extdebug 2>/dev/null; POSIXLY_CORRECT=y; \\trap -- "
+            + shlex.quote(_ABORT_TRAP)
+            + f" {ABORT_SIGNAL}; \\unset POSIXLY_CORRECT\n"
+        ).encode()
 
     def _command_text(self, command: str) -> bytes:
         # The prologue turned xtrace off so that the turn line's own commands are not traced; a
@@ -260,7 +282,6 @@ class ShellSession:
             os.close(commands)
         self._terminal, self._commands = terminal, feed
         terminal.attach(self._on_output)
-        setup = "set +m; shopt -s extdebug 2>/dev/null\n" if self._bash else "set +m\n"
         self._xtrace = False
         self._pagers = ()
         # The setup turn says which pagers the image has (before any command of the user's could
@@ -270,7 +291,7 @@ class ShellSession:
         turn = self._new_turn(nonce, 1 << 16)
         self._turn = turn
         try:
-            await self._send(setup.encode() + self._turn_line(nonce))
+            await self._send(self._setup_line() + self._turn_line(nonce))
             await asyncio.wait_for(self._wait_turn_or_exit(turn, terminal), START_TIMEOUT_S)
         except TimeoutError:
             await self._release()
@@ -291,7 +312,7 @@ class ShellSession:
         # Held back: enough for a marker's start (`trap -- '__CORRAL_` + the nonce + an exit code)
         # or a label, whichever is longer.
         hold = max(len(self._label), 64)
-        return _Turn(self._marker_pattern(nonce), hold, self._label, self._shell_name, limit, stray)
+        return _Turn(nonce.encode(), hold, self._label, self._shell_name, limit, stray)
 
     async def _send(self, data: bytes) -> None:
         """Writes to the shell's command pipe; TimeoutError when the shell has not read for a while."""
@@ -372,7 +393,10 @@ class ShellSession:
         nonce = secrets.token_hex(8)
         turn = self._new_turn(nonce, limit, bytes(self._stray))
         self._stray.clear()
-        before = terminal.inner_pids() if terminal.cgroup is not None else None
+        # What this turn starts has a larger pid than any process before it (pids are handed out in
+        # increasing order; after a wrap-around, the turn's processes are taken for older ones,
+        # which spares them): one small read instead of listing the session's processes.
+        before = _last_pid()
         self._turn = turn
         self.turns += 1
         timed_out, reason = False, ""
@@ -414,7 +438,7 @@ class ShellSession:
         )
 
     async def _wait_turn_or_exit(self, turn: _Turn, terminal: Terminal) -> str:
-        await asyncio.wait({turn.done, terminal.exited}, return_when=asyncio.FIRST_COMPLETED)
+        await _first_of(turn.done, terminal.exited)
         return "done" if turn.done.done() else "exited"
 
     async def _wait(self, turn: _Turn, terminal: Terminal, deadline: float, idle_timeout_s: float) -> str:
@@ -425,9 +449,7 @@ class ShellSession:
             if idle_timeout_s:
                 wake = min(wake, turn.last_output + idle_timeout_s)
             wake = min(wake, now + EXEC_POLL_S)  # also look for an exec'd shell now and then
-            await asyncio.wait(
-                {turn.done, terminal.exited}, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED
-            )
+            await _first_of(turn.done, terminal.exited, timeout=max(0.0, wake - now))
             if turn.done.done():
                 return "done"
             if terminal.exited.done():
@@ -443,7 +465,7 @@ class ShellSession:
                 # on with it. What it printed until now is the turn's output.
                 return "replaced"
 
-    async def _interrupt(self, turn: _Turn, terminal: Terminal, before: set[int] | None) -> str:
+    async def _interrupt(self, turn: _Turn, terminal: Terminal, before: int) -> str:
         """Arms the shell's abort (bash: the reserved signal, whose trap makes the rest of the
         command unwind once its foreground is gone; sh: SIGINT, which its trap only survives) and
         sends SIGINT to what the turn started, then end-of-file on the terminal, then SIGKILL to
@@ -452,7 +474,7 @@ class ShellSession:
 
         def started_by_turn() -> set[int]:
             pids = terminal.inner_pids() - {shell or 0}
-            return pids - before if before is not None else pids
+            return {pid for pid in pids if pid > before}
 
         async def interrupt() -> None:
             if shell:
@@ -474,6 +496,30 @@ class ShellSession:
             except TimeoutError:
                 continue
         return "stuck"
+
+
+async def _first_of(*futures: asyncio.Future, timeout: float | None = None) -> None:
+    """Returns once one of `futures` is done or after `timeout`. asyncio.wait does the same at
+    several times the cost, which a turn pays at least once."""
+    if any(future.done() for future in futures):
+        return
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout, wake) if timeout is not None else None
+    for future in futures:
+        future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for future in futures:
+            future.remove_done_callback(wake)
 
 
 def _write_private(path: Path, data: bytes, mode: int) -> None:
@@ -499,14 +545,36 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def _kill_leftovers(terminal: Terminal, before: set[int] | None) -> None:
+class _LastPid:
+    """The pid last handed out in this pid namespace, read through one fd kept open (a read costs
+    a microsecond or two; opening the file each turn would cost ten)."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/sys/kernel/ns_last_pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = None
+
+    def __call__(self) -> int:
+        if self._fd is None:
+            return 0
+        try:
+            return int(os.pread(self._fd, 32, 0))
+        except (OSError, ValueError):
+            return 0
+
+
+_last_pid = _LastPid()
+
+
+def _kill_leftovers(terminal: Terminal, before: int) -> None:
     """After a timed-out turn has ended: kills every process it started, except the background
     jobs it left at the shell's top level (the shell's own children now: its foreground is gone)
     and what those started. Processes of earlier turns are not touched."""
     shell = terminal.shell_pid()
-    if not shell or before is None:
+    if not shell:
         return
-    started = terminal.inner_pids() - before - {shell}
+    started = {pid for pid in terminal.inner_pids() if pid > before} - {shell}
     parents = {pid: _parent(pid) for pid in started}
     jobs = {pid for pid, parent in parents.items() if parent == shell}
 
