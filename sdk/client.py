@@ -1,5 +1,6 @@
 """The asyncio client: `AsyncClient`, `AsyncSandbox`, `AsyncExecStream`, `AsyncShell`, `AsyncKernel`
-and `AsyncKernelExecuteStream`. One AsyncClient serves one event loop.
+and `AsyncKernelExecuteStream`. One AsyncClient serves any number of event loops, one after another
+(asyncio.run() per operation) or at once (a loop per thread): each loop gets its own channel.
 
 The blocking client (`sync_client.py`) is generated from this file by scripts/unasync.py: edit this
 one, then run `make sync-client` (CI fails when the two drift). Requests, deadlines and decoding

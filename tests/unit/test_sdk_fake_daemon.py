@@ -403,3 +403,45 @@ async def test_async_token_over_tcp(fake_tcp_with_token) -> None:
             await client.node_info()
     async with AsyncClient(address, token="s3cret") as client:
         assert (await client.node_info()).daemon_id == "fake"
+
+
+def test_async_client_serves_one_event_loop_after_another(fake) -> None:
+    """Harnesses that call asyncio.run() per operation (SWE-agent does) use one client across
+    loops: each loop gets its own channel, and the sandbox can still be destroyed at the end."""
+    service, address = fake
+    client = AsyncClient(address)
+    sandbox = asyncio.run(client.create_sandbox())
+    assert asyncio.run(sandbox.exec(["echo", "hi"], timeout=10)).stdout == b"hi\n"
+    asyncio.run(sandbox.destroy())
+    assert service.sandboxes == {}
+    asyncio.run(client.close())
+    with pytest.raises(FailedPrecondition, match="closed"):
+        asyncio.run(client.node_info())
+
+
+def test_async_client_serves_loops_of_several_threads_at_once(fake) -> None:
+    """One client used from a loop in another thread while this thread's loop uses it too; closing
+    it from here also closes the other loop's channel there."""
+    service, address = fake
+    client = AsyncClient(address)
+    other_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=other_loop.run_forever, daemon=True)
+    thread.start()
+    try:
+
+        async def main() -> None:
+            sandbox = await client.create_sandbox()
+            there = asyncio.run_coroutine_threadsafe(sandbox.exec(["echo", "there"], timeout=10), other_loop)
+            here = await sandbox.exec(["echo", "here"], timeout=10)
+            assert (here.stdout, (await asyncio.wrap_future(there)).stdout) == (b"here\n", b"there\n")
+            await sandbox.destroy()
+            await client.close()
+
+        asyncio.run(main())
+        assert service.sandboxes == {}
+        with pytest.raises(FailedPrecondition, match="closed"):
+            asyncio.run_coroutine_threadsafe(client.node_info(), other_loop).result(5)
+    finally:
+        other_loop.call_soon_threadsafe(other_loop.stop)
+        thread.join(5)
+        other_loop.close()
