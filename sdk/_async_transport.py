@@ -12,7 +12,8 @@ import contextlib
 import enum
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
-from typing import Any, Final, Generic, Literal, TypeVar
+from types import TracebackType
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 import grpc
 
@@ -24,6 +25,17 @@ from corral.v1 import kernel_pb2_grpc, rollout_pb2_grpc, sandbox_pb2_grpc, shell
 ResponseT = TypeVar("ResponseT")
 ResultT = TypeVar("ResultT")
 ItemT = TypeVar("ItemT")
+
+
+class _AsyncContextManager(Protocol):
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> Any: ...
+
+
+ContextT = TypeVar("ContextT", bound=_AsyncContextManager)
 
 
 class AsyncTransport:
@@ -248,6 +260,42 @@ class AsyncBidiCall:
 
     def cancel(self) -> None:
         self._call.cancel()  # no effect on a call that already ended
+
+
+class AwaitableContext(Coroutine[Any, Any, ContextT]):
+    """What a call that makes something to clean up returns (`AsyncClient.create_sandbox`), as
+    aiohttp's `session.get()` does: `await` it for the thing, or use it directly in `async with`,
+    which awaits it, then enters the thing and leaves it (destroying a sandbox) at the end.
+
+    It is a coroutine too, so `asyncio.create_task` and `asyncio.gather` take it. The blocking
+    client has no counterpart: its call returns the thing itself (scripts/unasync.py unwraps it).
+    """
+
+    def __init__(self, coroutine: Coroutine[Any, Any, ContextT]) -> None:
+        self._coroutine = coroutine
+        self._value: ContextT | None = None
+
+    def __await__(self) -> Generator[Any, None, ContextT]:
+        return self._coroutine.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coroutine.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coroutine.throw(*args)
+
+    def close(self) -> None:
+        self._coroutine.close()
+
+    async def __aenter__(self) -> ContextT:
+        self._value = await self._coroutine
+        return await self._value.__aenter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> Any:
+        assert self._value is not None  # __aenter__ returned
+        return await self._value.__aexit__(exc_type, exc, traceback)
 
 
 class AsyncBackground:

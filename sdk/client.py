@@ -21,7 +21,7 @@ from typing import Generic, Self
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
-from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport
+from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, AwaitableContext
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command, EventT
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
 from corral.sdk.rollouts import AsyncRollouts
@@ -67,7 +67,7 @@ class AsyncClient:
         """The daemon's RolloutService: LLM servers, and rollouts of tasks."""
         return AsyncRollouts(self._transport)
 
-    async def create_sandbox(
+    def create_sandbox(
         self,
         image: str | None = None,
         backend: str | None = None,
@@ -80,8 +80,9 @@ class AsyncClient:
         labels: Mapping[str, str] | None = None,
         idle_timeout: float | None = None,
         timeout: float | None = None,
-    ) -> AsyncSandbox:
-        """Creates a sandbox and waits until it can run commands.
+    ) -> AwaitableContext[AsyncSandbox]:
+        """Creates a sandbox and waits until it can run commands, and returns its handle. Used as
+        `async with client.create_sandbox(...) as sandbox:`, it also destroys it after the block.
 
         `image`: "host" or a root filesystem directory (local), an image name (docker), or None
         for the daemon's default image of the backend. `backend`: "local", "docker",
@@ -101,6 +102,9 @@ class AsyncClient:
             labels=labels,
             idle_timeout=idle_timeout,
         )
+        return AwaitableContext(self._create_sandbox(request, timeout))
+
+    async def _create_sandbox(self, request: pb.CreateSandboxRequest, timeout: float | None) -> AsyncSandbox:
         response = await self._transport.unary(self._transport.sandbox_service.CreateSandbox, request, timeout=timeout)
         return AsyncSandbox(self._transport, _core.sandbox_info_from_proto(response.sandbox))
 
@@ -144,7 +148,7 @@ class AsyncClient:
 
 class AsyncSandbox:
     """A handle on one sandbox. As an async context manager it destroys the sandbox on exit:
-    `async with await client.create_sandbox() as sandbox: ...`.
+    `async with client.create_sandbox() as sandbox: ...`.
 
     Obtained from `AsyncClient.create_sandbox` or `get_sandbox`; it uses its client's connection,
     so it stops working once the client is closed.

@@ -78,7 +78,8 @@ class Client:
         idle_timeout: float | None = None,
         timeout: float | None = None,
     ) -> Sandbox:
-        """Creates a sandbox and waits until it can run commands.
+        """Creates a sandbox and waits until it can run commands, and returns its handle. Used as
+        `with client.create_sandbox(...) as sandbox:`, it also destroys it after the block.
 
         `image`: "host" or a root filesystem directory (local), an image name (docker), or None
         for the daemon's default image of the backend. `backend`: "local", "docker",
@@ -98,6 +99,9 @@ class Client:
             labels=labels,
             idle_timeout=idle_timeout,
         )
+        return self._create_sandbox(request, timeout)
+
+    def _create_sandbox(self, request: pb.CreateSandboxRequest, timeout: float | None) -> Sandbox:
         response = self._transport.unary(self._transport.sandbox_service.CreateSandbox, request, timeout=timeout)
         return Sandbox(self._transport, _core.sandbox_info_from_proto(response.sandbox))
 

@@ -20,6 +20,7 @@ import pytest
 
 from corral.sdk import (
     AsyncClient,
+    AsyncSandbox,
     Client,
     CommandExitError,
     ExecExited,
@@ -445,3 +446,23 @@ def test_async_client_serves_loops_of_several_threads_at_once(fake) -> None:
         other_loop.call_soon_threadsafe(other_loop.stop)
         thread.join(5)
         other_loop.close()
+
+
+async def test_async_with_create_sandbox_needs_no_await(fake) -> None:
+    """`async with client.create_sandbox()` enters the sandbox and destroys it at the end, as
+    `async with await client.create_sandbox()` does; awaiting it (also as a task) gives the handle."""
+    service, address = fake
+    async with AsyncClient(address) as client:
+        async with client.create_sandbox(labels={"job": "1"}) as sandbox:
+            assert isinstance(sandbox, AsyncSandbox)
+            assert (await sandbox.exec(["echo", "hi"], timeout=10)).stdout == b"hi\n"
+            assert list(service.sandboxes) == [sandbox.id]
+        assert service.sandboxes == {}
+        with pytest.raises(InvalidArgument):
+            async with client.create_sandbox(memory_bytes=-1):
+                pass
+        awaited = await client.create_sandbox()
+        tasked = await asyncio.create_task(client.create_sandbox())
+        assert sorted(service.sandboxes) == sorted([awaited.id, tasked.id])
+        for sandbox in (awaited, tasked):
+            await sandbox.destroy()
