@@ -34,7 +34,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     exec_ = sub.add_parser("exec", help="run a command in a sandbox: corral exec ID -- CMD ...")
     exec_.add_argument("id")
-    exec_.add_argument("--timeout", type=float, default=600)
+    exec_.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds before the command's process tree is killed (default: the daemon's exec.default_timeout_s, "
+        "600 unless configured)",
+    )
     exec_.add_argument("--cwd", default=None)
     exec_.add_argument("--shell", action="store_true", help="run a single argument with the sandbox's shell")
     exec_.add_argument("command", nargs=argparse.REMAINDER)
@@ -110,7 +116,7 @@ def exec_command(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(result.stdout)
         sys.stderr.buffer.write(result.stderr)
         if result.timed_out:
-            print(f"corral exec: timed out after {args.timeout}s", file=sys.stderr)
+            print(f"corral exec: timed out after {result.duration_ms / 1000:g}s", file=sys.stderr)
         if result.truncated:
             print("corral exec: output was truncated", file=sys.stderr)
     return result.exit_code

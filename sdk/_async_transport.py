@@ -18,7 +18,7 @@ from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 import grpc
 
 from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
-from corral.sdk._core import call_deadline
+from corral.sdk._core import call_deadline, grpc_timeout
 from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
 from corral.v1 import kernel_pb2_grpc, rollout_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
 
@@ -150,8 +150,8 @@ class AsyncTransport:
                 with contextlib.suppress(RuntimeError):  # it closed meanwhile
                     asyncio.run_coroutine_threadsafe(channel.channel.close(), loop)
 
-    def _deadline(self, timeout: float | None) -> float:
-        return call_deadline(timeout, self.default_timeout)
+    def _deadline(self, timeout: float | None) -> float | None:
+        return grpc_timeout(timeout, self.default_timeout)
 
     def _current(self) -> _LoopChannel:
         """The running loop's channel, opened on first use. Channels of loops that have been

@@ -24,6 +24,7 @@ from corral.daemon.server import Daemon
 from corral.daemon.testing import FakeBackend, FakeSandbox, fake_backends, marked_pids
 from corral.sdk import (
     AsyncClient,
+    ExecExited,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -101,6 +102,22 @@ async def test_request_rules_refuse_the_callers_mistakes(client) -> None:
         await sandbox.shell("a/b")
     with pytest.raises(NotFound):
         await client.get_sandbox("sb-nosuchsandbox")
+
+
+async def test_exec_without_a_timeout_takes_the_daemons_default(tmp_path) -> None:
+    """The SDK leaves an unset command timeout to the daemon's exec.default_timeout_s."""
+    config = config_in(tmp_path)
+    config = dataclasses.replace(config, exec=dataclasses.replace(config.exec, default_timeout_s=0.5))
+    daemon = Daemon(config, backend_classes=fake_backends())
+    await daemon.start()
+    try:
+        async with AsyncClient(f"unix://{config.daemon.socket}") as client, client.create_sandbox() as sandbox:
+            result = await sandbox.exec("sleep 30")
+            assert result.timed_out and result.duration_ms < 10_000
+            events = [event async for event in sandbox.exec_stream("sleep 30")]
+            assert isinstance(events[-1], ExecExited) and events[-1].timed_out
+    finally:
+        await daemon.stop()
 
 
 async def test_the_sandbox_limit_is_resource_exhausted(client) -> None:

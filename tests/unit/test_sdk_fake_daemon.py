@@ -47,6 +47,7 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self.files: dict[str, bytes] = {}
         self.archives: dict[str, bytes] = {}
         self.deadlines: list[float] = []
+        self.commands: list[pb.Command] = []
         self.stream_cancelled = threading.Event()
         self.upload_started = threading.Event()
         self.upload_ended = threading.Event()
@@ -100,6 +101,7 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self._check(context)
         self._sandbox(request.sandbox_id, context)
         command = request.command
+        self.commands.append(command)
         if command.WhichOneof("program") == "shell":
             return pb.ExecResponse(status=pb.ExitStatus(), stdout=command.shell.encode())
         args = list(command.argv.args)
@@ -241,6 +243,19 @@ def test_sync_exec_variants(fake) -> None:
         assert caught.value.result.exit_code == 1
         sandbox.refresh()
         assert service.deadlines[-1] == pytest.approx(7, abs=1)
+
+
+def test_exec_without_a_timeout_leaves_it_to_the_daemon(fake) -> None:
+    """One default: a command without `timeout` gets the daemon's exec.default_timeout_s (the
+    request says 0), and the call waits for the daemon's answer instead of a client guess."""
+    service, address = fake
+    with Client(address, timeout=7) as client, client.create_sandbox() as sandbox:
+        sandbox.exec(["echo", "hi"])
+        assert service.commands[-1].timeout_ms == 0
+        assert service.deadlines[-1] > 10**9  # no deadline
+        sandbox.exec(["echo", "hi"], timeout=5)
+        assert service.commands[-1].timeout_ms == 5000
+        assert service.deadlines[-1] == pytest.approx(5 + EXEC_DEADLINE_MARGIN_S, abs=1)
 
 
 def test_sync_exec_stream(fake) -> None:
