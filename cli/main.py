@@ -15,19 +15,33 @@ UNAVAILABLE_HINT = (
 )
 
 
+ADDRESS_HELP = (
+    "daemon address: unix:///path, /path or host:port "
+    "(default: $CORRAL_ADDRESS, else $CORRAL_SOCKET, else /run/corral/corral.sock)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="corral", description=__doc__)
-    parser.add_argument(
-        "--address",
-        default=None,
-        help="daemon address: unix:///path, /path or host:port "
-        "(default: $CORRAL_ADDRESS, else $CORRAL_SOCKET, else /run/corral/corral.sock)",
-    )
+    parser.add_argument("--address", default=None, help=ADDRESS_HELP)
     sub = parser.add_subparsers(dest="cmd", required=True)
     daemon_commands.add_parsers(sub)
     sandbox_commands.add_parsers(sub)
     run.add_parsers(sub)
+    # --address also after the subcommand (`corral run TASKS --address ...`); SUPPRESS keeps the
+    # value given before it when it is not repeated there.
+    for name, subparser in sub.choices.items():
+        if name != "serve":
+            _add_address(subparser)
     return parser
+
+
+def _add_address(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", default=argparse.SUPPRESS, help=ADDRESS_HELP)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _add_address(subparser)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from corral.daemon.config import load_config
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.testing import fake_backends
 from corral.sdk import AsyncClient, AsyncSandbox
+from corral.sdk.tasks import task_to_json
+from tests.rollout_tasks import call, repair_task
 
 # The daemon's own default command timeout in these tests: what `corral exec` without --timeout gets.
 DAEMON_DEFAULT_TIMEOUT_S = 3.0
@@ -138,3 +141,66 @@ async def test_an_unavailable_daemon_comes_with_a_hint(tmp_path: Path) -> None:
     code, _, err = await corral("sandbox", "ls", address=f"unix://{tmp_path}/absent.sock")
     assert code == 1 and b"absent.sock is unavailable" in err
     assert b"corral serve" in err and b"$CORRAL_ADDRESS" in err and b"Traceback" not in err
+
+
+async def test_address_may_follow_the_subcommand(address, tmp_path: Path) -> None:
+    """As the README writes `corral run TASKS --address ...`; one given there wins."""
+    code, out, err = await corral("sandbox", "ls", "--address", address)
+    assert (code, out.split()) == (0, [b"ID", b"BACKEND", b"STATE", b"IMAGE"]), err
+    code, _, err = await corral("sandbox", "ls", "--address", address, address=f"unix://{tmp_path}/absent.sock")
+    assert code == 0, err
+
+
+# ---- corral run against a daemon that outlives it --------------------------------------------
+
+
+async def corral_run_until(address: str, tasks: Path, stop: signal.Signals | None) -> tuple[int, bytes]:
+    """`corral run TASKS --llm builtin:replay --address ADDRESS`; with `stop`, that signal is sent
+    once its built-in server is registered. Returns (exit status, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "corral.cli",
+        "run",
+        str(tasks),
+        "--llm",
+        "builtin:replay",
+        "--address",
+        address,
+        "--no-progress",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    if stop is not None:
+        async with AsyncClient(address) as client:
+            for _ in range(600):
+                if await client.rollouts.list_llms():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("corral run never registered its server")
+        await asyncio.sleep(0.5)  # the rollout is under way
+        proc.send_signal(stop)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("stop", [None, signal.SIGINT, signal.SIGTERM], ids=["finished", "ctrl-c", "sigterm"])
+async def test_corral_run_removes_its_builtin_server_from_the_daemon(address, tmp_path: Path, stop) -> None:
+    """The built-in reference server stops with `corral run`; a daemon that outlives the command
+    must not keep it registered (its next rollout would go to a dead server)."""
+    # The slow task runs its RUN stage for a minute, so that the signal finds the rollout running.
+    task = (
+        repair_task("slow", solution=[call("bash", command="sleep 60"), call("submit")])
+        if stop
+        else repair_task("quick")
+    )
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(task_to_json(task) + "\n")
+    code, err = await corral_run_until(address, tasks, stop)
+    assert code == {None: 0, signal.SIGINT: 130, signal.SIGTERM: 143}[stop], err.decode()
+    assert b"Traceback" not in err
+    async with AsyncClient(address) as client:
+        assert await client.rollouts.list_llms() == []
