@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+# How long doctor waits for a daemon's GetNodeInfo.
+DOCTOR_CALL_TIMEOUT_S = 10.0
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -16,8 +20,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--metrics", help="serve Prometheus metrics on HOST:PORT")
     serve.set_defaults(func=serve_command)
 
-    doctor = sub.add_parser("doctor", help="explain which backends, isolation and limits work here")
-    doctor.add_argument("--config")
+    doctor = sub.add_parser(
+        "doctor",
+        help="explain which backends, isolation and limits work here, and how to fix what is missing",
+        description="Reports the running daemon's view (GetNodeInfo at --address, when one answers) and this "
+        "host probed with this command's settings (--config), naming the fix for each missing part.",
+    )
+    doctor.add_argument("--config", help="TOML configuration for the host probe (default: $CORRAL_CONFIG)")
     doctor.set_defaults(func=doctor_command)
 
 
@@ -44,11 +53,31 @@ def serve_command(args: argparse.Namespace) -> int:
 def doctor_command(args: argparse.Namespace) -> int:
     from corral.daemon.config import ConfigError, load_config
     from corral.daemon.doctor import report
+    from corral.sdk import Client
+    from corral.sdk.errors import CorralError
+    from corral.sdk.types import NodeInfo
 
     try:
         config = load_config(args.config)
     except ConfigError as err:
         print(f"corral doctor: {err}", file=sys.stderr)
         return 2
-    print(report(config))
+    address, error = args.address or "the default address", None
+    node: NodeInfo | None = None
+    try:
+        with Client(args.address, timeout=DOCTOR_CALL_TIMEOUT_S) as client:
+            address = client.address
+            node = client.node_info()
+    except CorralError as err:
+        error = err.details
+    source = args.config or os.environ.get("CORRAL_CONFIG")
+    print(
+        report(
+            config,
+            address=address,
+            node=node,
+            error=error,
+            config_source=f"settings from {source}" if source else "default settings",
+        )
+    )
     return 0

@@ -6,8 +6,12 @@ Without --address (and without $CORRAL_ADDRESS / $CORRAL_SOCKET) the daemon is e
 this process on a private socket, with local sandboxes. `builtin:*` LLMs are the built-in
 reference server, started in this process too.
 
+The built-in server's registration on the daemon is removed again when the command ends, however
+it ends (Ctrl-C and SIGTERM included), so that a daemon that outlives it never sends requests to a
+server that is gone.
+
 Exit status: 0 when every rollout completed (whatever its reward), 1 when any was filtered or
-cancelled, 2 for unusable input.
+cancelled, 2 for unusable input, 130 after Ctrl-C, 143 after SIGTERM.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -26,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from corral.sdk import AsyncClient
+from corral.sdk.errors import CorralError, NotFound
 from corral.sdk.tasks import load_tasks
 from corral.sdk.types import RolloutResult
 
@@ -34,6 +40,8 @@ if TYPE_CHECKING:
 
 BUILTIN_POLICIES = ("builtin:replay", "builtin:tiny")
 STAGES = ("init", "run", "eval")
+# How long removing the built-in server's registration may take when the command ends.
+UNREGISTER_TIMEOUT_S = 10.0
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -66,13 +74,25 @@ def run_command(args: argparse.Namespace) -> int:
         print("corral run: no tasks in " + ", ".join(args.tasks), file=sys.stderr)
         return 2
     llms = args.llm or ["builtin:replay"]
-    results, wall_s = asyncio.run(_run(args, tasks, llms))
+    try:
+        results, wall_s = asyncio.run(_run(args, tasks, llms))
+    except KeyboardInterrupt:
+        print("corral run: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except asyncio.CancelledError:  # SIGTERM (see _run)
+        print("corral run: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     summary = summarize(results, wall_s=wall_s)
     print_summary(summary)
     return 0 if summary.completed == summary.total else 1
 
 
 async def _run(args: argparse.Namespace, tasks: list, llms: list[str]) -> tuple[list[RolloutResult], float]:
+    # SIGTERM cancels this task as Ctrl-C does (asyncio.run), so that the cleanup below runs.
+    main = asyncio.current_task()
+    assert main is not None
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     address = args.address or os.environ.get("CORRAL_ADDRESS") or os.environ.get("CORRAL_SOCKET")
     async with contextlib.AsyncExitStack() as stack:
         if address is None:
@@ -84,12 +104,25 @@ async def _run(args: argparse.Namespace, tasks: list, llms: list[str]) -> tuple[
         for llm in llms:
             if llm in BUILTIN_POLICIES:
                 url = await stack.enter_async_context(_builtin_server(llm, tasks, args.checkpoint))
+                # Removed before the server stops, whatever ends the command (pushed first: a
+                # registration the daemon made while the call was being cancelled goes too).
+                stack.push_async_callback(_remove_llm, client, url)
                 await client.rollouts.register_llm(url, protocol="sglang")
             else:
                 await client.rollouts.register_llm(llm, protocol=args.protocol)
         out = stack.enter_context(open(args.out, "w", encoding="utf-8")) if args.out else None
         show_progress = not args.no_progress and sys.stderr.isatty()
         return await _collect(client, tasks, args, out, show_progress)
+
+
+async def _remove_llm(client: AsyncClient, url: str) -> None:
+    """Takes the built-in server out of the daemon's pool (it stops with this command)."""
+    try:
+        await asyncio.wait_for(client.rollouts.remove_llm(url), UNREGISTER_TIMEOUT_S)
+    except NotFound:
+        pass  # never registered (registering failed or was cancelled)
+    except (CorralError, TimeoutError) as err:
+        print(f"corral run: could not remove {url} from the daemon's LLM servers: {err!r}", file=sys.stderr)
 
 
 @contextlib.asynccontextmanager

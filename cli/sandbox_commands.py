@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from corral.sdk import Client
@@ -20,7 +21,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     create.add_argument("--image", default=None, help="default: the backend's default image on the node")
     create.add_argument("--backend", default=None, choices=BACKEND_NAMES)
     create.add_argument("--network", action="store_true", help="allow network access")
-    create.add_argument("--memory", type=int, default=None, help="memory limit in bytes")
+    create.add_argument(
+        "--memory",
+        type=memory_size,
+        default=None,
+        metavar="SIZE",
+        help="memory limit: bytes, or with a binary unit: 512M, 1G, 1.5GiB (K, M, G, T; "
+        "KB, MB, ... are read as KiB, MiB, ..., as docker does)",
+    )
     create.add_argument("--pids", type=int, default=None)
     create.add_argument("--cpu", type=int, default=None, help="CPU limit in millicores")
     create.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
@@ -32,12 +40,35 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     rm.add_argument("ids", nargs="+")
     rm.set_defaults(func=sandbox_rm)
 
-    exec_ = sub.add_parser("exec", help="run a command in a sandbox: corral exec ID -- CMD ...")
+    exec_ = sub.add_parser(
+        "exec",
+        help="run a command in a sandbox: corral exec [OPTIONS] ID -- CMD ...",
+        usage="corral exec [-h] [-i] [--timeout SECONDS] [--cwd DIR] [--shell] ID -- COMMAND [ARG ...]",
+        description="Runs a command in a sandbox and exits with its exit status. Options go before the --, "
+        "before or after ID; everything after the -- is the command. Its stdin is at EOF unless -i is given.",
+    )
     exec_.add_argument("id")
-    exec_.add_argument("--timeout", type=float, default=600)
-    exec_.add_argument("--cwd", default=None)
+    exec_.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds before the command's process tree is killed (default: the daemon's exec.default_timeout_s, "
+        "600 unless configured)",
+    )
+    exec_.add_argument(
+        "--cwd", default=None, metavar="DIR", help="working directory: absolute, or relative to the workdir"
+    )
     exec_.add_argument("--shell", action="store_true", help="run a single argument with the sandbox's shell")
-    exec_.add_argument("command", nargs=argparse.REMAINDER)
+    exec_.add_argument(
+        "-i",
+        "--stdin",
+        action="store_true",
+        help="forward this process's stdin to the command (read to its end before the command starts)",
+    )
+    # Filled by main() with what follows the first `--` (see split_exec_command); words before the
+    # `--` that are not options start the command too (`corral exec ID pwd`).
+    exec_.add_argument("command", nargs="*", help=argparse.SUPPRESS)
     exec_.set_defaults(func=exec_command)
 
     shell = sub.add_parser("shell", help="an interactive terminal in a sandbox: corral shell ID")
@@ -53,6 +84,39 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def _client(args: argparse.Namespace) -> Client:
     return Client(args.address, token=os.environ.get("CORRAL_TOKEN"))
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE)
+_UNIT_SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
+
+
+def memory_size(text: str) -> int:
+    """Bytes from "1073741824", "512M", "1G", "1.5GiB", "2gb" (every unit binary, as docker reads them)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give bytes, or a number with K, M, G or T (1G, 512M)")
+    number, unit = match.groups()
+    size = int(float(number) * (1 << _UNIT_SHIFT[unit.lower()])) if unit else int(float(number))
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: must be positive")
+    return size
+
+
+def split_exec_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """For `corral [...] exec [...] -- COMMAND ...`: (the arguments before the first `--`, the
+    command after it), so that argparse never sees the command's own options; (argv, None) for
+    other subcommands or without `--`."""
+    if "--" not in argv:
+        return argv, None
+    split = argv.index("--")
+    head = argv[:split]
+    words = iter(head)
+    for word in words:
+        if word == "--address":
+            next(words, None)
+        elif not word.startswith("-"):
+            return (head, argv[split + 1 :]) if word == "exec" else (argv, None)
+    return argv, None
 
 
 def sandbox_create(args: argparse.Namespace) -> int:
@@ -98,19 +162,23 @@ def sandbox_rm(args: argparse.Namespace) -> int:
 
 
 def exec_command(args: argparse.Namespace) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.command
     if not command:
         print("corral exec: give a command after --", file=sys.stderr)
         return 2
+    stdin = sys.stdin.buffer.read() if args.stdin else None
     with _client(args) as client:
         sandbox = client.get_sandbox(args.id)
         result = sandbox.exec(
-            command if len(command) > 1 or not args.shell else command[0], timeout=args.timeout, cwd=args.cwd
+            command if len(command) > 1 or not args.shell else command[0],
+            stdin=stdin,
+            timeout=args.timeout,
+            cwd=args.cwd,
         )
         sys.stdout.buffer.write(result.stdout)
         sys.stderr.buffer.write(result.stderr)
         if result.timed_out:
-            print(f"corral exec: timed out after {args.timeout}s", file=sys.stderr)
+            print(f"corral exec: timed out after {result.duration_ms / 1000:g}s", file=sys.stderr)
         if result.truncated:
             print("corral exec: output was truncated", file=sys.stderr)
     return result.exit_code
@@ -119,16 +187,20 @@ def exec_command(args: argparse.Namespace) -> int:
 def cp_command(args: argparse.Namespace) -> int:
     """`cp ID:REMOTE LOCAL_DIR` downloads; `cp LOCAL ID:REMOTE_DIR` uploads."""
     src, dst = args.src, args.dst
+    download = ":" in src and not os.path.exists(src)
+    if not download and ":" not in dst:
+        print("corral cp: one side must be ID:PATH", file=sys.stderr)
+        return 2
+    if not download and not os.path.lexists(src):
+        print(f"corral cp: {src}: no such file or directory", file=sys.stderr)
+        return 1
     with _client(args) as client:
-        if ":" in src and not os.path.exists(src):
+        if download:
             sandbox_id, remote = src.split(":", 1)
             client.get_sandbox(sandbox_id).download(remote, dst)
-        elif ":" in dst:
+        else:
             sandbox_id, remote = dst.split(":", 1)
             client.get_sandbox(sandbox_id).upload(src, remote)
-        else:
-            print("corral cp: one side must be ID:PATH", file=sys.stderr)
-            return 2
     return 0
 
 

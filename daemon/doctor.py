@@ -1,13 +1,65 @@
-"""`corral doctor`: what this machine can do, found the same way the daemon finds it at start."""
+"""`corral doctor`: what this machine can do, and how to fix what is missing.
+
+Two views: the running daemon's (GetNodeInfo, what it found at start with its own settings), when
+one answers, and this host probed here the way a daemon probes it at start, with this command's
+settings (which may differ from a running daemon's). Every missing part comes with its fix.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from corral.sdk.types import NodeInfo
 
 from .backends.base import BackendStatus
 from .cgroups import CgroupDriver
+from .commands import DEFAULT_PATH
 from .config import Config
 from .node import make_backends
+
+# What doctor says to do about each kind of missing part. The backends' details say what is
+# missing; these say what to run.
+FIX_ROOT = "run the daemon as root (it gives each sandbox its own uid and cgroup); see deploy/corral.service"
+FIX_NSENTER = "apt-get install util-linux (for nsenter)"
+FIX_BWRAP = "apt-get install bubblewrap"
+FIX_BWRAP_OVER_UNSHARE = (
+    "apt-get install bubblewrap, then restart the daemon: without it local sandboxes fall back to "
+    "util-linux unshare + chroot (bubblewrap is the preferred launcher)"
+)
+FIX_DOCKER_PACKAGE = "pip install 'corral[docker]'"
+FIX_DOCKER_ENGINE = (
+    "start the Docker engine (systemctl start docker; apt-get install docker.io where there is none), "
+    "or point docker.socket / $DOCKER_HOST at a running one"
+)
+FIX_APPTAINER = "install Apptainer: https://apptainer.org/docs/admin/main/installation.html"
+FIX_CGROUPS = (
+    "give the daemon writable cgroups: run it as root, under systemd with Delegate=yes (deploy/corral.service)"
+)
+FIX_IPYKERNEL = "apt-get install python3-ipykernel"
+FIX_NO_DAEMON = "start one: `corral serve` (or systemctl start corral), or point --address / $CORRAL_ADDRESS at it"
+
+
+@dataclass(frozen=True)
+class Limit:
+    kind: str
+    enforced: bool
+    mechanism: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend's status as either view reports it."""
+
+    name: str
+    available: bool
+    detail: str
+    isolation: str
+    limits: tuple[Limit, ...]
 
 
 def probe(config: Config) -> tuple[str, dict[str, BackendStatus]]:
@@ -17,16 +69,123 @@ def probe(config: Config) -> tuple[str, dict[str, BackendStatus]]:
     return cgroups.mode, {name: backend.status() for name, backend in backends.items()}
 
 
-def report(config: Config) -> str:
-    mode, backends = probe(config)
-    lines = [
-        f"cgroups: {mode}" + ("" if os.geteuid() == 0 else " (not root: cgroups and per-sandbox uids unavailable)")
+def host_backends(statuses: dict[str, BackendStatus]) -> list[Backend]:
+    return [
+        Backend(
+            name,
+            status.available,
+            status.detail,
+            status.isolation,
+            tuple(Limit(kind, limit.enforced, limit.mechanism, limit.reason) for kind, limit in status.limits.items()),
+        )
+        for name, status in statuses.items()
     ]
-    for name, status in backends.items():
-        lines.append(f"{name}: {'available' if status.available else 'unavailable'} - {status.detail}")
-        if status.available:
-            lines.append(f"  isolation: {status.isolation}")
-        for kind, limit in status.limits.items():
+
+
+def daemon_backends(node: NodeInfo) -> list[Backend]:
+    return [
+        Backend(
+            status.backend,
+            status.available,
+            status.detail,
+            status.isolation,
+            tuple(Limit(limit.kind, limit.enforced, limit.mechanism, limit.reason) for limit in status.limits),
+        )
+        for status in node.backends
+    ]
+
+
+def fixes(backend: Backend) -> list[str]:
+    """What to do about the parts of a backend that are missing or second best."""
+    detail = backend.detail
+    found: list[str] = []
+    if "not root" in detail:
+        found.append(FIX_ROOT)
+    if "nsenter is not installed" in detail:
+        found.append(FIX_NSENTER)
+    if "bubblewrap is not installed" in detail or "neither bubblewrap" in detail:
+        found.append(FIX_BWRAP)
+    if backend.name == "local" and backend.available and "unshare" in detail and shutil.which("bwrap") is None:
+        found.append(FIX_BWRAP_OVER_UNSHARE)
+    if "docker Python package" in detail:
+        found.append(FIX_DOCKER_PACKAGE)
+    if "cannot reach the Docker engine" in detail:
+        found.append(FIX_DOCKER_ENGINE)
+    if "neither apptainer nor singularity" in detail:
+        found.append(FIX_APPTAINER)
+    if any(not limit.enforced and "cgroup" in limit.reason for limit in backend.limits) and FIX_ROOT not in found:
+        found.append(FIX_CGROUPS)
+    return found
+
+
+def backend_lines(backends: Iterable[Backend], indent: str = "") -> list[str]:
+    lines = []
+    for backend in backends:
+        lines.append(
+            f"{indent}{backend.name}: {'available' if backend.available else 'unavailable'} - {backend.detail}"
+        )
+        if backend.available:
+            lines.append(f"{indent}  isolation: {backend.isolation}")
+        for limit in backend.limits:
             state = f"enforced ({limit.mechanism})" if limit.enforced else f"not enforced: {limit.reason}"
-            lines.append(f"  {kind}: {state}")
-    return "\n".join(lines)
+            lines.append(f"{indent}  {limit.kind}: {state}")
+        lines += [f"{indent}  fix: {fix}" for fix in fixes(backend)]
+    return lines
+
+
+def kernel_python(path: str = DEFAULT_PATH) -> tuple[bool, str]:
+    """Whether local "host" sandboxes can start IPython kernels: they run the host's python3 (the
+    first on the sandboxes' PATH), which needs ipykernel. (ok, what was found)."""
+    python = shutil.which("python3", path=path)
+    if python is None:
+        return False, f"no python3 on the sandboxes' PATH ({path})"
+    try:
+        found = subprocess.run(
+            [python, "-c", "import ipykernel; print(ipykernel.__version__)"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        return False, f"{python} does not run: {err}"
+    if found.returncode != 0:
+        return False, f"{python} has no ipykernel"
+    return True, f"{python} has ipykernel {found.stdout.strip()}"
+
+
+def daemon_section(address: str, node: NodeInfo | None, error: str | None) -> list[str]:
+    if node is None:
+        return [f"daemon at {address}: none answers ({error})", f"  fix: {FIX_NO_DAEMON}"]
+    return [
+        f"daemon at {address}: corral {node.version}, id {node.daemon_id}, {node.sandbox_count} sandboxes, "
+        f"default backend {node.default_backend}, cgroups {node.cgroup_mode}",
+        *backend_lines(daemon_backends(node), indent="  "),
+    ]
+
+
+def host_section(config: Config, config_source: str) -> list[str]:
+    mode, statuses = probe(config)
+    root = os.geteuid() == 0
+    lines = [
+        f"this host, probed by corral doctor ({config_source}; a daemon started with other settings may differ):",
+        f"  cgroups: {mode}" + ("" if root else " (not root: cgroups and per-sandbox uids unavailable)"),
+    ]
+    if not root:
+        lines.append(f"  fix: {FIX_ROOT}")
+    lines += backend_lines(host_backends(statuses), indent="  ")
+    ok, found = kernel_python()
+    lines.append(f"  kernels in local host-image sandboxes: {'ok' if ok else 'unavailable'} - {found}")
+    if not ok:
+        lines.append(f"    fix: {FIX_IPYKERNEL}")
+    return lines
+
+
+def report(
+    config: Config,
+    *,
+    address: str,
+    node: NodeInfo | None,
+    error: str | None = None,
+    config_source: str = "default settings",
+) -> str:
+    """The daemon's view (`node`, from GetNodeInfo at `address`; None when none answered, with
+    `error`), then this host's."""
+    sections: Sequence[list[str]] = (daemon_section(address, node, error), host_section(config, config_source))
+    return "\n".join(line for section in sections for line in section)

@@ -49,6 +49,13 @@ def working_directory(cwd: str) -> str:
     return cwd
 
 
+def command_directory(cwd: str) -> str:
+    """An Exec or ExecStream command's working directory as sent: "" (the sandbox's workdir), an
+    absolute path, or a path relative to the workdir, as in the file calls. The manager resolves it
+    in the sandbox and refuses one that is not a directory there (SandboxManager.run_command)."""
+    return no_nul("cwd", cwd)
+
+
 def timeout_s(config: ExecConfig, timeout_ms: int) -> float:
     """A wall-clock limit in seconds: 0 takes the default; more than the maximum is refused."""
     seconds = timeout_ms / 1000 if timeout_ms else config.default_timeout_s
@@ -181,7 +188,7 @@ def command(config: ExecConfig, request: CommandRequest) -> CommandSpec:
         shell,
         request.stdin,
         environment(request.env),
-        working_directory(request.cwd),
+        command_directory(request.cwd),
         timeout_s(config, request.timeout_ms),
         output_limit(config, request.output_limit_bytes),
     )

@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
@@ -279,9 +279,29 @@ class SandboxManager:
         """Streams a caller's command (the request rules apply); see stream_command."""
         return self.stream_command(sandbox_id, rules.command(self.config.exec, request), keepalive_s)
 
+    async def _in_directory(self, sandbox: Sandbox, spec: rules.CommandSpec) -> rules.CommandSpec:
+        """`spec` with its cwd resolved inside the sandbox (relative to the workdir, as the file
+        calls do): FAILED_PRECONDITION naming the path when it is missing or not a directory,
+        instead of a command that fails to start."""
+        runtime = sandbox.runtime
+        assert runtime is not None  # a running sandbox (SandboxManager.using)
+        if not spec.cwd or spec.cwd == runtime.workdir:
+            return spec
+        files = runtime.file_access()
+        try:
+            path, kind = await asyncio.get_running_loop().run_in_executor(self._files_pool, files.kind, spec.cwd)
+        except NotFound as err:
+            raise FailedPrecondition(
+                f"cwd {files.absolute(spec.cwd)} does not exist in sandbox {sandbox.sandbox_id}"
+            ) from err
+        if kind != "directory":
+            raise FailedPrecondition(f"cwd {path} is not a directory in sandbox {sandbox.sandbox_id} (it is a {kind})")
+        return replace(spec, cwd=path)
+
     async def run_command(self, sandbox_id: str, spec: rules.CommandSpec) -> ExecOutcome:
         """Runs a checked command to completion (the daemon's own commands come here directly)."""
         with self.using(sandbox_id) as sandbox:
+            spec = await self._in_directory(sandbox, spec)
             buffers = {1: HeadTailBuffer(spec.output_limit), 2: HeadTailBuffer(spec.output_limit)}
             oom_before = _sandbox_ooms(sandbox)
             proc = self._start(sandbox, spec)
@@ -303,6 +323,7 @@ class SandboxManager:
         """Yields one Started, then Output/Keepalive events, then one Exited. Closing the iterator
         early (the client went away) kills the command's tree."""
         with self.using(sandbox_id) as sandbox:
+            spec = await self._in_directory(sandbox, spec)
             queue: asyncio.Queue = asyncio.Queue()
             totals = {1: 0, 2: 0}
 

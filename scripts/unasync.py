@@ -74,6 +74,9 @@ REWRITES = [
     (r"\basync (def|with|for)\b", r"\1"),
     (r"\bawait ", ""),
     (r"Awaitable\[([^\]]*)\]", r"\1"),
+    # AwaitableContext(coroutine) -> its result, the thing itself (one level of nested parentheses)
+    (r"\bAwaitableContext\[([^\]]*)\]", r"\1"),
+    (r"\bAwaitableContext\(((?:[^()]|\([^()]*\))*)\)", r"\1"),
     (r"(\w+\[\w+\]) \| \1(?!\w)", r"\1"),  # Iterable[T] | AsyncIterable[T] -> Iterable[T]
 ]
 

@@ -8,20 +8,34 @@ once (client.py, rollouts.py) and the blocking ones generated (scripts/unasync.p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
-from typing import Any, Final, Generic, Literal, TypeVar
+from types import TracebackType
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 import grpc
 
 from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
-from corral.sdk._core import call_deadline
+from corral.sdk._core import call_deadline, grpc_timeout
 from corral.sdk.errors import FailedPrecondition, RpcErrorTranslator
 from corral.v1 import kernel_pb2_grpc, rollout_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
 
 ResponseT = TypeVar("ResponseT")
 ResultT = TypeVar("ResultT")
 ItemT = TypeVar("ItemT")
+
+
+class _AsyncContextManager(Protocol):
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> Any: ...
+
+
+ContextT = TypeVar("ContextT", bound=_AsyncContextManager)
 
 
 class AsyncTransport:
@@ -31,39 +45,29 @@ class AsyncTransport:
         self._metadata = auth_metadata(token)
         self._translate = RpcErrorTranslator(str(address))
         # A grpc.aio channel belongs to the event loop it is created in, and a client is often
-        # constructed before any loop runs, so the channel is opened by the first call.
-        self._channel: grpc.aio.Channel | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._sandbox_service: sandbox_pb2_grpc.SandboxServiceStub | None = None
-        self._shell_service: shell_pb2_grpc.ShellServiceStub | None = None
-        self._kernel_service: kernel_pb2_grpc.KernelServiceStub | None = None
-        self._rollout_service: rollout_pb2_grpc.RolloutServiceStub | None = None
+        # constructed before any loop runs, or used from several (asyncio.run() per operation, a
+        # loop per thread), so each loop gets its own channel, opened by its first call there.
+        self._channels: dict[asyncio.AbstractEventLoop, _LoopChannel] = {}
+        self._lock = threading.Lock()  # loops in other threads open channels too
         self._closed = False
 
     @property
     def sandbox_service(self) -> sandbox_pb2_grpc.SandboxServiceStub:
-        """The SandboxService stub; every service's stub shares the one channel."""
-        self._open_channel()
-        assert self._sandbox_service is not None
-        return self._sandbox_service
+        """The SandboxService stub of the running loop's channel (every service's stub of a loop
+        shares its channel)."""
+        return self._current().sandbox_service
 
     @property
     def shell_service(self) -> shell_pb2_grpc.ShellServiceStub:
-        self._open_channel()
-        assert self._shell_service is not None
-        return self._shell_service
+        return self._current().shell_service
 
     @property
     def kernel_service(self) -> kernel_pb2_grpc.KernelServiceStub:
-        self._open_channel()
-        assert self._kernel_service is not None
-        return self._kernel_service
+        return self._current().kernel_service
 
     @property
     def rollout_service(self) -> rollout_pb2_grpc.RolloutServiceStub:
-        self._open_channel()
-        assert self._rollout_service is not None
-        return self._rollout_service
+        return self._current().rollout_service
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -132,29 +136,47 @@ class AsyncTransport:
         return AsyncBackground(asyncio.create_task(work()))
 
     async def close(self) -> None:
-        if not self._closed:
+        """Closes every channel: the running loop's is closed here (its calls are cancelled); one
+        of a loop running in another thread is closed there; one of a loop that is closed, or
+        not running, is dropped (grpc closes it when it is collected)."""
+        with self._lock:
             self._closed = True
-            if self._channel is not None:
-                await self._channel.close()
+            channels, self._channels = self._channels, {}
+        current = asyncio.get_running_loop()
+        for loop, channel in channels.items():
+            if loop is current:
+                await channel.channel.close()
+            elif loop.is_running() and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # it closed meanwhile
+                    asyncio.run_coroutine_threadsafe(channel.channel.close(), loop)
 
-    def _deadline(self, timeout: float | None) -> float:
-        return call_deadline(timeout, self.default_timeout)
+    def _deadline(self, timeout: float | None) -> float | None:
+        return grpc_timeout(timeout, self.default_timeout)
 
-    def _open_channel(self) -> None:
-        if self._closed:
-            raise FailedPrecondition("this corral client is closed")
+    def _current(self) -> _LoopChannel:
+        """The running loop's channel, opened on first use. Channels of loops that have been
+        closed since (e.g. by asyncio.run) are dropped then: nothing can use them any more."""
         loop = asyncio.get_running_loop()
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.address.grpc_target, options=channel_options())
-            self._loop = loop
-            self._sandbox_service = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
-            self._shell_service = shell_pb2_grpc.ShellServiceStub(self._channel)
-            self._kernel_service = kernel_pb2_grpc.KernelServiceStub(self._channel)
-            self._rollout_service = rollout_pb2_grpc.RolloutServiceStub(self._channel)
-        elif loop is not self._loop:
-            raise FailedPrecondition(
-                "this AsyncClient is bound to the event loop of its first call; create one client per event loop"
-            )
+        with self._lock:
+            if self._closed:
+                raise FailedPrecondition("this corral client is closed")
+            channel = self._channels.get(loop)
+            if channel is None:
+                for old in [old for old in self._channels if old.is_closed()]:
+                    del self._channels[old]
+                channel = self._channels[loop] = _LoopChannel(self.address)
+            return channel
+
+
+class _LoopChannel:
+    """One event loop's grpc.aio channel and the stubs of every service on it."""
+
+    def __init__(self, address: DaemonAddress) -> None:
+        self.channel = grpc.aio.insecure_channel(address.grpc_target, options=channel_options())
+        self.sandbox_service = sandbox_pb2_grpc.SandboxServiceStub(self.channel)
+        self.shell_service = shell_pb2_grpc.ShellServiceStub(self.channel)
+        self.kernel_service = kernel_pb2_grpc.KernelServiceStub(self.channel)
+        self.rollout_service = rollout_pb2_grpc.RolloutServiceStub(self.channel)
 
 
 class _Finished(enum.Enum):
@@ -238,6 +260,42 @@ class AsyncBidiCall:
 
     def cancel(self) -> None:
         self._call.cancel()  # no effect on a call that already ended
+
+
+class AwaitableContext(Coroutine[Any, Any, ContextT]):
+    """What a call that makes something to clean up returns (`AsyncClient.create_sandbox`), as
+    aiohttp's `session.get()` does: `await` it for the thing, or use it directly in `async with`,
+    which awaits it, then enters the thing and leaves it (destroying a sandbox) at the end.
+
+    It is a coroutine too, so `asyncio.create_task` and `asyncio.gather` take it. The blocking
+    client has no counterpart: its call returns the thing itself (scripts/unasync.py unwraps it).
+    """
+
+    def __init__(self, coroutine: Coroutine[Any, Any, ContextT]) -> None:
+        self._coroutine = coroutine
+        self._value: ContextT | None = None
+
+    def __await__(self) -> Generator[Any, None, ContextT]:
+        return self._coroutine.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coroutine.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coroutine.throw(*args)
+
+    def close(self) -> None:
+        self._coroutine.close()
+
+    async def __aenter__(self) -> ContextT:
+        self._value = await self._coroutine
+        return await self._value.__aenter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> Any:
+        assert self._value is not None  # __aenter__ returned
+        return await self._value.__aexit__(exc_type, exc, traceback)
 
 
 class AsyncBackground:

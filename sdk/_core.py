@@ -8,6 +8,7 @@ The sync and async clients only choose which channel to send these requests on.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar, cast
@@ -56,6 +57,10 @@ DEFAULT_CALL_TIMEOUT_S = 30.0
 # still has to kill the process tree and send the partial output back, and that reply should win
 # over a client-side DEADLINE_EXCEEDED, which would lose the output.
 EXEC_DEADLINE_MARGIN_S = 10.0
+# A call deadline that means none: an exec whose command timeout is left to the daemon (its
+# exec.default_timeout_s, which the client does not know) waits for the daemon's answer, which
+# comes once the daemon has killed the command at the latest.
+NO_DEADLINE = math.inf
 DEFAULT_EXEC_TIMEOUT_S = 60.0
 # A shell command's deadline is its timeout plus this: on expiry the daemon sends SIGINT, then
 # stdin EOF, then SIGKILL, with a grace period between each (a few seconds in all), and only then
@@ -83,9 +88,16 @@ def call_deadline(timeout: float | None, default: float) -> float:
     return seconds
 
 
-def exec_deadline(timeout: float) -> float:
-    """Seconds an Exec or ExecStream call may take in all, for a command timeout in seconds."""
-    return timeout + EXEC_DEADLINE_MARGIN_S
+def grpc_timeout(timeout: float | None, default: float) -> float | None:
+    """The `timeout` argument of a gRPC call: call_deadline's seconds, or None for NO_DEADLINE."""
+    seconds = call_deadline(timeout, default)
+    return None if seconds == NO_DEADLINE else seconds
+
+
+def exec_deadline(timeout: float | None) -> float:
+    """Seconds an Exec or ExecStream call may take in all, for a command timeout in seconds (None:
+    the daemon's default, so NO_DEADLINE)."""
+    return NO_DEADLINE if timeout is None else timeout + EXEC_DEADLINE_MARGIN_S
 
 
 def shell_deadline(timeout: float) -> float:
@@ -150,14 +162,15 @@ def build_command(
     stdin: bytes | str | None,
     env: Mapping[str, str] | None,
     cwd: str | None,
-    timeout: float,
+    timeout: float | None,
     output_limit: int | None,
 ) -> pb.Command:
-    """A Command message: a str runs under the sandbox's shell, a list of str runs as argv."""
+    """A Command message: a str runs under the sandbox's shell, a list of str runs as argv. A
+    `timeout` of None sends 0: the daemon's default."""
     command = pb.Command(
         env=_string_map("env", env),
         cwd=cwd or "",
-        timeout_ms=_positive_ms("timeout", timeout),
+        timeout_ms=0 if timeout is None else _positive_ms("timeout", timeout),
         output_limit_bytes=_non_negative("output_limit", output_limit),
     )
     if isinstance(cmd, str):
@@ -186,7 +199,7 @@ def build_exec_request(
     stdin: bytes | str | None,
     env: Mapping[str, str] | None,
     cwd: str | None,
-    timeout: float,
+    timeout: float | None,
     output_limit: int | None,
 ) -> pb.ExecRequest:
     return pb.ExecRequest(
@@ -202,7 +215,7 @@ def build_exec_stream_request(
     stdin: bytes | str | None,
     env: Mapping[str, str] | None,
     cwd: str | None,
-    timeout: float,
+    timeout: float | None,
     output_limit: int | None,
     keepalive: float | None,
 ) -> pb.ExecStreamRequest:

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from corral.sdk._address import DaemonAddress, auth_metadata, channel_options
-from corral.sdk._core import call_deadline
+from corral.sdk._core import call_deadline, grpc_timeout
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, RpcErrorTranslator
 from corral.v1 import kernel_pb2_grpc, rollout_pb2_grpc, sandbox_pb2_grpc, shell_pb2_grpc
 
@@ -111,8 +111,8 @@ class SyncTransport:
             self._closed = True
             self._channel.close()
 
-    def _deadline(self, timeout: float | None) -> float:
-        return call_deadline(timeout, self.default_timeout)
+    def _deadline(self, timeout: float | None) -> float | None:
+        return grpc_timeout(timeout, self.default_timeout)
 
     def _ensure_open(self) -> None:
         if self._closed:

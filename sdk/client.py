@@ -1,5 +1,6 @@
 """The asyncio client: `AsyncClient`, `AsyncSandbox`, `AsyncExecStream`, `AsyncShell`, `AsyncKernel`
-and `AsyncKernelExecuteStream`. One AsyncClient serves one event loop.
+and `AsyncKernelExecuteStream`. One AsyncClient serves any number of event loops, one after another
+(asyncio.run() per operation) or at once (a loop per thread): each loop gets its own channel.
 
 The blocking client (`sync_client.py`) is generated from this file by scripts/unasync.py: edit this
 one, then run `make sync-client` (CI fails when the two drift). Requests, deadlines and decoding
@@ -20,7 +21,7 @@ from typing import Generic, Self
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
-from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport
+from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, AwaitableContext
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command, EventT
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
 from corral.sdk.rollouts import AsyncRollouts
@@ -66,7 +67,7 @@ class AsyncClient:
         """The daemon's RolloutService: LLM servers, and rollouts of tasks."""
         return AsyncRollouts(self._transport)
 
-    async def create_sandbox(
+    def create_sandbox(
         self,
         image: str | None = None,
         backend: str | None = None,
@@ -79,8 +80,9 @@ class AsyncClient:
         labels: Mapping[str, str] | None = None,
         idle_timeout: float | None = None,
         timeout: float | None = None,
-    ) -> AsyncSandbox:
-        """Creates a sandbox and waits until it can run commands.
+    ) -> AwaitableContext[AsyncSandbox]:
+        """Creates a sandbox and waits until it can run commands, and returns its handle. Used as
+        `async with client.create_sandbox(...) as sandbox:`, it also destroys it after the block.
 
         `image`: "host" or a root filesystem directory (local), an image name (docker), or None
         for the daemon's default image of the backend. `backend`: "local", "docker",
@@ -100,6 +102,9 @@ class AsyncClient:
             labels=labels,
             idle_timeout=idle_timeout,
         )
+        return AwaitableContext(self._create_sandbox(request, timeout))
+
+    async def _create_sandbox(self, request: pb.CreateSandboxRequest, timeout: float | None) -> AsyncSandbox:
         response = await self._transport.unary(self._transport.sandbox_service.CreateSandbox, request, timeout=timeout)
         return AsyncSandbox(self._transport, _core.sandbox_info_from_proto(response.sandbox))
 
@@ -143,7 +148,7 @@ class AsyncClient:
 
 class AsyncSandbox:
     """A handle on one sandbox. As an async context manager it destroys the sandbox on exit:
-    `async with await client.create_sandbox() as sandbox: ...`.
+    `async with client.create_sandbox() as sandbox: ...`.
 
     Obtained from `AsyncClient.create_sandbox` or `get_sandbox`; it uses its client's connection,
     so it stops working once the client is closed.
@@ -170,16 +175,19 @@ class AsyncSandbox:
         stdin: bytes | str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+        timeout: float | None = None,
         output_limit: int | None = None,
         check: bool = False,
     ) -> ExecResult:
         """Runs a command to completion and returns its exit status and output.
 
         `cmd`: a list of str runs as argv; a str runs under the sandbox's shell. `stdin`: bytes
-        fed to the command (None: stdin at EOF). `timeout`: seconds, after which the whole process
-        tree is killed and `timed_out` is set. `output_limit`: bytes kept per stream (None: the
-        daemon's default, 1 MiB). `check`: raise CommandExitError unless the result is `ok`.
+        fed to the command (None: stdin at EOF). `cwd`: where it starts, relative to the workdir
+        unless absolute (None: the workdir). `timeout`: seconds, after which the whole process
+        tree is killed and `timed_out` is set (None: the daemon's default, exec.default_timeout_s,
+        600 s unless configured; the call then waits for the daemon's answer). `output_limit`:
+        bytes kept per stream (None: the daemon's default, 1 MiB). `check`: raise
+        CommandExitError unless the result is `ok`.
         """
         request = _core.build_exec_request(
             self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit
@@ -197,12 +205,13 @@ class AsyncSandbox:
         stdin: bytes | str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+        timeout: float | None = None,
         output_limit: int | None = None,
         keepalive: float | None = None,
     ) -> AsyncExecStream:
         """Runs a command and streams its events as they happen: ExecStarted, then ExecOutput and
-        ExecKeepalive (every `keepalive` seconds without output), then ExecExited.
+        ExecKeepalive (every `keepalive` seconds without output), then ExecExited. `cwd`,
+        `timeout` and `output_limit` as for `exec`.
 
         Closing the stream before ExecExited (or leaving its `async with` block) kills the command.
         Use: `async with sandbox.exec_stream([...]) as events: async for e in events: ...`.

@@ -78,7 +78,8 @@ class Client:
         idle_timeout: float | None = None,
         timeout: float | None = None,
     ) -> Sandbox:
-        """Creates a sandbox and waits until it can run commands.
+        """Creates a sandbox and waits until it can run commands, and returns its handle. Used as
+        `with client.create_sandbox(...) as sandbox:`, it also destroys it after the block.
 
         `image`: "host" or a root filesystem directory (local), an image name (docker), or None
         for the daemon's default image of the backend. `backend`: "local", "docker",
@@ -98,6 +99,9 @@ class Client:
             labels=labels,
             idle_timeout=idle_timeout,
         )
+        return self._create_sandbox(request, timeout)
+
+    def _create_sandbox(self, request: pb.CreateSandboxRequest, timeout: float | None) -> Sandbox:
         response = self._transport.unary(self._transport.sandbox_service.CreateSandbox, request, timeout=timeout)
         return Sandbox(self._transport, _core.sandbox_info_from_proto(response.sandbox))
 
@@ -166,16 +170,19 @@ class Sandbox:
         stdin: bytes | str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+        timeout: float | None = None,
         output_limit: int | None = None,
         check: bool = False,
     ) -> ExecResult:
         """Runs a command to completion and returns its exit status and output.
 
         `cmd`: a list of str runs as argv; a str runs under the sandbox's shell. `stdin`: bytes
-        fed to the command (None: stdin at EOF). `timeout`: seconds, after which the whole process
-        tree is killed and `timed_out` is set. `output_limit`: bytes kept per stream (None: the
-        daemon's default, 1 MiB). `check`: raise CommandExitError unless the result is `ok`.
+        fed to the command (None: stdin at EOF). `cwd`: where it starts, relative to the workdir
+        unless absolute (None: the workdir). `timeout`: seconds, after which the whole process
+        tree is killed and `timed_out` is set (None: the daemon's default, exec.default_timeout_s,
+        600 s unless configured; the call then waits for the daemon's answer). `output_limit`:
+        bytes kept per stream (None: the daemon's default, 1 MiB). `check`: raise
+        CommandExitError unless the result is `ok`.
         """
         request = _core.build_exec_request(
             self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit
@@ -193,12 +200,13 @@ class Sandbox:
         stdin: bytes | str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+        timeout: float | None = None,
         output_limit: int | None = None,
         keepalive: float | None = None,
     ) -> ExecStream:
         """Runs a command and streams its events as they happen: ExecStarted, then ExecOutput and
-        ExecKeepalive (every `keepalive` seconds without output), then ExecExited.
+        ExecKeepalive (every `keepalive` seconds without output), then ExecExited. `cwd`,
+        `timeout` and `output_limit` as for `exec`.
 
         Closing the stream before ExecExited (or leaving its `with` block) kills the command.
         Use: `with sandbox.exec_stream([...]) as events: for e in events: ...`.

@@ -102,8 +102,17 @@ def test_bad_input(client, sandbox):
         sandbox.exec([], timeout=10)
     with pytest.raises(errors.InvalidArgument):
         sandbox.exec(["true"], timeout=10**9)
-    with pytest.raises(errors.InvalidArgument):
-        sandbox.exec(["true"], cwd="relative", timeout=10)
+
+
+def test_cwd_relative_to_the_workdir_and_missing_cwd_is_a_clear_error(sandbox):
+    """A relative cwd resolves against the workdir, as file paths do; a missing one is
+    FAILED_PRECONDITION naming the path (it used to be exit 126 from the `cd` wrapper)."""
+    sandbox.exec("mkdir -p /workspace/rel/dir", timeout=10, check=True)
+    assert sandbox.exec(["pwd"], cwd="rel/dir", timeout=10).stdout == b"/workspace/rel/dir\n"
+    with pytest.raises(errors.FailedPrecondition, match="cwd /workspace/missing does not exist"):
+        sandbox.exec(["pwd"], cwd="missing", timeout=10)
+    with pytest.raises(errors.FailedPrecondition, match="cwd /no/such/dir does not exist"):
+        list(sandbox.exec_stream(["pwd"], cwd="/no/such/dir", timeout=10))
 
 
 def test_missing_program_gives_a_nonzero_exit(sandbox):

@@ -24,6 +24,8 @@ from corral.daemon.server import Daemon
 from corral.daemon.testing import FakeBackend, FakeSandbox, fake_backends, marked_pids
 from corral.sdk import (
     AsyncClient,
+    ExecExited,
+    ExecOutput,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -84,8 +86,6 @@ async def test_request_rules_refuse_the_callers_mistakes(client) -> None:
     sandbox = await client.create_sandbox()
     with pytest.raises(InvalidArgument, match="maximum"):
         await sandbox.exec(["true"], timeout=10**7)
-    with pytest.raises(InvalidArgument, match="absolute"):
-        await sandbox.exec(["true"], cwd="relative/dir")
     with pytest.raises(InvalidArgument, match="environment"):
         await sandbox.exec(["true"], env={"A=B": "x"})
     with pytest.raises(InvalidArgument, match="NUL"):
@@ -101,6 +101,40 @@ async def test_request_rules_refuse_the_callers_mistakes(client) -> None:
         await sandbox.shell("a/b")
     with pytest.raises(NotFound):
         await client.get_sandbox("sb-nosuchsandbox")
+
+
+async def test_exec_cwd_is_relative_to_the_workdir_and_must_be_a_directory(client) -> None:
+    """A relative cwd resolves against the workdir, as file paths do; a missing one (or a file) is
+    FAILED_PRECONDITION naming the path, not a command that fails to start."""
+    async with client.create_sandbox() as sandbox:
+        workdir = sandbox.info.workdir
+        await sandbox.write_file("sub/file.txt", "x")
+        assert (await sandbox.exec(["pwd"], cwd="sub", timeout=10)).stdout == f"{workdir}/sub\n".encode()
+        events = [event async for event in sandbox.exec_stream(["pwd"], cwd="sub/", timeout=10)]
+        assert ExecOutput("stdout", f"{workdir}/sub\n".encode()) in events
+        with pytest.raises(FailedPrecondition, match=f"cwd {workdir}/missing does not exist"):
+            await sandbox.exec(["pwd"], cwd="missing", timeout=10)
+        with pytest.raises(FailedPrecondition, match=f"cwd {workdir}/sub/file.txt is not a directory"):
+            await sandbox.exec(["pwd"], cwd=f"{workdir}/sub/file.txt", timeout=10)
+        with pytest.raises(FailedPrecondition, match="cwd /no/such/dir does not exist"):
+            async with sandbox.exec_stream(["pwd"], cwd="/no/such/dir", timeout=10) as stream:
+                [event async for event in stream]
+
+
+async def test_exec_without_a_timeout_takes_the_daemons_default(tmp_path) -> None:
+    """The SDK leaves an unset command timeout to the daemon's exec.default_timeout_s."""
+    config = config_in(tmp_path)
+    config = dataclasses.replace(config, exec=dataclasses.replace(config.exec, default_timeout_s=0.5))
+    daemon = Daemon(config, backend_classes=fake_backends())
+    await daemon.start()
+    try:
+        async with AsyncClient(f"unix://{config.daemon.socket}") as client, client.create_sandbox() as sandbox:
+            result = await sandbox.exec("sleep 30")
+            assert result.timed_out and result.duration_ms < 10_000
+            events = [event async for event in sandbox.exec_stream("sleep 30")]
+            assert isinstance(events[-1], ExecExited) and events[-1].timed_out
+    finally:
+        await daemon.stop()
 
 
 async def test_the_sandbox_limit_is_resource_exhausted(client) -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from corral.sdk import (
     AsyncClient,
+    AsyncSandbox,
     Client,
     CommandExitError,
     ExecExited,
@@ -46,6 +47,7 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self.files: dict[str, bytes] = {}
         self.archives: dict[str, bytes] = {}
         self.deadlines: list[float] = []
+        self.commands: list[pb.Command] = []
         self.stream_cancelled = threading.Event()
         self.upload_started = threading.Event()
         self.upload_ended = threading.Event()
@@ -99,6 +101,7 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self._check(context)
         self._sandbox(request.sandbox_id, context)
         command = request.command
+        self.commands.append(command)
         if command.WhichOneof("program") == "shell":
             return pb.ExecResponse(status=pb.ExitStatus(), stdout=command.shell.encode())
         args = list(command.argv.args)
@@ -240,6 +243,19 @@ def test_sync_exec_variants(fake) -> None:
         assert caught.value.result.exit_code == 1
         sandbox.refresh()
         assert service.deadlines[-1] == pytest.approx(7, abs=1)
+
+
+def test_exec_without_a_timeout_leaves_it_to_the_daemon(fake) -> None:
+    """One default: a command without `timeout` gets the daemon's exec.default_timeout_s (the
+    request says 0), and the call waits for the daemon's answer instead of a client guess."""
+    service, address = fake
+    with Client(address, timeout=7) as client, client.create_sandbox() as sandbox:
+        sandbox.exec(["echo", "hi"])
+        assert service.commands[-1].timeout_ms == 0
+        assert service.deadlines[-1] > 10**9  # no deadline
+        sandbox.exec(["echo", "hi"], timeout=5)
+        assert service.commands[-1].timeout_ms == 5000
+        assert service.deadlines[-1] == pytest.approx(5 + EXEC_DEADLINE_MARGIN_S, abs=1)
 
 
 def test_sync_exec_stream(fake) -> None:
@@ -403,3 +419,65 @@ async def test_async_token_over_tcp(fake_tcp_with_token) -> None:
             await client.node_info()
     async with AsyncClient(address, token="s3cret") as client:
         assert (await client.node_info()).daemon_id == "fake"
+
+
+def test_async_client_serves_one_event_loop_after_another(fake) -> None:
+    """Harnesses that call asyncio.run() per operation (SWE-agent does) use one client across
+    loops: each loop gets its own channel, and the sandbox can still be destroyed at the end."""
+    service, address = fake
+    client = AsyncClient(address)
+    sandbox = asyncio.run(client.create_sandbox())
+    assert asyncio.run(sandbox.exec(["echo", "hi"], timeout=10)).stdout == b"hi\n"
+    asyncio.run(sandbox.destroy())
+    assert service.sandboxes == {}
+    asyncio.run(client.close())
+    with pytest.raises(FailedPrecondition, match="closed"):
+        asyncio.run(client.node_info())
+
+
+def test_async_client_serves_loops_of_several_threads_at_once(fake) -> None:
+    """One client used from a loop in another thread while this thread's loop uses it too; closing
+    it from here also closes the other loop's channel there."""
+    service, address = fake
+    client = AsyncClient(address)
+    other_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=other_loop.run_forever, daemon=True)
+    thread.start()
+    try:
+
+        async def main() -> None:
+            sandbox = await client.create_sandbox()
+            there = asyncio.run_coroutine_threadsafe(sandbox.exec(["echo", "there"], timeout=10), other_loop)
+            here = await sandbox.exec(["echo", "here"], timeout=10)
+            assert (here.stdout, (await asyncio.wrap_future(there)).stdout) == (b"here\n", b"there\n")
+            await sandbox.destroy()
+            await client.close()
+
+        asyncio.run(main())
+        assert service.sandboxes == {}
+        with pytest.raises(FailedPrecondition, match="closed"):
+            asyncio.run_coroutine_threadsafe(client.node_info(), other_loop).result(5)
+    finally:
+        other_loop.call_soon_threadsafe(other_loop.stop)
+        thread.join(5)
+        other_loop.close()
+
+
+async def test_async_with_create_sandbox_needs_no_await(fake) -> None:
+    """`async with client.create_sandbox()` enters the sandbox and destroys it at the end, as
+    `async with await client.create_sandbox()` does; awaiting it (also as a task) gives the handle."""
+    service, address = fake
+    async with AsyncClient(address) as client:
+        async with client.create_sandbox(labels={"job": "1"}) as sandbox:
+            assert isinstance(sandbox, AsyncSandbox)
+            assert (await sandbox.exec(["echo", "hi"], timeout=10)).stdout == b"hi\n"
+            assert list(service.sandboxes) == [sandbox.id]
+        assert service.sandboxes == {}
+        with pytest.raises(InvalidArgument):
+            async with client.create_sandbox(memory_bytes=-1):
+                pass
+        awaited = await client.create_sandbox()
+        tasked = await asyncio.create_task(client.create_sandbox())
+        assert sorted(service.sandboxes) == sorted([awaited.id, tasked.id])
+        for sandbox in (awaited, tasked):
+            await sandbox.destroy()

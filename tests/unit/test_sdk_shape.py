@@ -40,8 +40,9 @@ TWINS = [
 ]
 TWIN_IDS = [sync.__name__ for sync, _ in TWINS]
 
-# Async methods that return a stream object instead of being awaited.
-NOT_COROUTINES = {"exec_stream", "execute_stream", "open_stream", "stream"}
+# Async methods that return a stream object instead of being awaited, and create_sandbox, which
+# returns an AwaitableContext (awaitable, and usable in `async with` directly).
+NOT_COROUTINES = {"create_sandbox", "exec_stream", "execute_stream", "open_stream", "stream"}
 
 # Protocol methods each side must have, sync name -> async name.
 PROTOCOL_TWINS = {
@@ -57,8 +58,10 @@ def public_members(cls: type) -> dict[str, Any]:
 
 
 def normalised_signature(function: Callable[..., Any]) -> str:
-    """The signature with the twin-specific "Async" prefixes removed from annotations."""
+    """The signature with the twin-specific "Async" prefixes and AwaitableContext wrappers (the
+    blocking twin returns the thing itself) removed from annotations."""
     text = str(inspect.signature(function))
+    text = re.sub(r"\bAwaitableContext\[([^\]]*)\]", r"\1", text)
     return re.sub(r"\bAsync(?=[A-Z])", "", text)
 
 

@@ -74,10 +74,11 @@ def _spec(**kw):
 
 def test_command_validation():
     assert _spec().timeout_s == ExecConfig().default_timeout_s
+    assert _spec(cwd="rel/dir").cwd == "rel/dir"  # resolved against the workdir by the manager
     for bad in (
         dict(argv=[]),
         dict(argv=None),
-        dict(cwd="rel"),
+        dict(cwd="a\0b"),
         dict(env={"A=B": "x"}),
         dict(timeout_ms=10**12),
         dict(output_limit_bytes=1 << 40),

@@ -1,0 +1,98 @@
+"""`corral doctor`: the running daemon's view when one answers, this host's probe, and a fix named
+for every missing part."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral.daemon import doctor
+from corral.daemon.config import load_config
+from corral.daemon.embedded import embedded_daemon
+from corral.daemon.testing import fake_backends
+
+
+async def corral_doctor(*args: str) -> str:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("CORRAL_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "corral.cli", *args, "doctor", stdout=asyncio.subprocess.PIPE, env=env
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0
+    return out.decode()
+
+
+async def test_doctor_reports_the_running_daemons_view_and_the_host(tmp_path: Path) -> None:
+    """The daemon's GetNodeInfo (here a daemon on the fake backend, which says so in its detail),
+    then this host probed with doctor's own settings, each labelled."""
+    async with embedded_daemon(backend_classes=fake_backends()) as address:
+        out = await corral_doctor("--address", address)
+    daemon_view, host_view = out.split("this host, probed by corral doctor", 1)
+    assert daemon_view.startswith(f"daemon at {address}: corral ")
+    assert "  local: available - FAKE BACKEND" in daemon_view and "default backend local" in daemon_view
+    assert "FAKE BACKEND" not in host_view and "kernels in local host-image sandboxes" in host_view
+
+
+async def test_doctor_without_a_daemon_says_how_to_start_one(tmp_path: Path) -> None:
+    out = await corral_doctor("--address", f"unix://{tmp_path}/absent.sock")
+    assert out.startswith(f"daemon at unix://{tmp_path}/absent.sock: none answers")
+    assert f"fix: {doctor.FIX_NO_DAEMON}" in out and "this host, probed by corral doctor" in out
+
+
+def backend(name: str, detail: str, available: bool = False, **unenforced: str) -> doctor.Backend:
+    limits = tuple(doctor.Limit(kind, False, "", reason) for kind, reason in unenforced.items())
+    return doctor.Backend(name, available, detail, "namespaces" if available else "none", limits)
+
+
+def test_every_missing_part_names_its_fix(monkeypatch) -> None:
+    monkeypatch.setattr(doctor.shutil, "which", lambda *args, **kwargs: None)
+    unshare = backend("local", "util-linux unshare 2.38.1 + chroot", available=True)
+    assert doctor.fixes(unshare) == [doctor.FIX_BWRAP_OVER_UNSHARE]
+    missing = backend("local", "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get ...)")
+    assert doctor.fixes(missing) == [doctor.FIX_BWRAP]
+    not_root = backend("local", "nsenter is not installed (apt-get install util-linux); the daemon is not root: ...")
+    assert doctor.fixes(not_root) == [doctor.FIX_ROOT, doctor.FIX_NSENTER]
+    engine = backend("docker", "cannot reach the Docker engine at unix:///var/run/docker.sock: ...")
+    assert doctor.fixes(engine) == [doctor.FIX_DOCKER_ENGINE]
+    package = backend("docker", "the docker Python package is not installed (pip install 'corral[docker]')")
+    assert doctor.fixes(package) == [doctor.FIX_DOCKER_PACKAGE]
+    assert doctor.fixes(backend("singularity", "neither apptainer nor singularity is installed")) == [
+        doctor.FIX_APPTAINER
+    ]
+    cgroup = backend(
+        "local", "bubblewrap 0.8.0", available=True, memory="cgroup v1 memory hierarchy at /x is not writable"
+    )
+    assert doctor.fixes(cgroup) == [doctor.FIX_CGROUPS]
+    lines = doctor.backend_lines([unshare])
+    assert lines[-1] == f"  fix: {doctor.FIX_BWRAP_OVER_UNSHARE}"
+
+
+def test_bubblewrap_is_not_suggested_where_it_is_installed(monkeypatch) -> None:
+    monkeypatch.setattr(doctor.shutil, "which", lambda *args, **kwargs: "/usr/bin/bwrap")
+    assert doctor.fixes(backend("local", "util-linux unshare 2.38.1 + chroot", available=True)) == []
+
+
+def test_kernels_need_ipykernel_in_the_hosts_python3(tmp_path: Path, monkeypatch) -> None:
+    python3 = tmp_path / "python3"
+    python3.write_text("#!/bin/sh\nexit 1\n")
+    python3.chmod(0o755)
+    assert doctor.kernel_python(str(tmp_path)) == (False, f"{python3} has no ipykernel")
+    assert doctor.kernel_python(str(tmp_path / "empty"))[0] is False
+    python3.write_text("#!/bin/sh\necho 6.0.0\n")
+    assert doctor.kernel_python(str(tmp_path)) == (True, f"{python3} has ipykernel 6.0.0")
+    monkeypatch.setattr(doctor, "kernel_python", lambda: (False, "/usr/bin/python3 has no ipykernel"))
+    host = doctor.host_section(load_config(environ={}), "default settings")
+    assert host[-2:] == [
+        "  kernels in local host-image sandboxes: unavailable - /usr/bin/python3 has no ipykernel",
+        f"    fix: {doctor.FIX_IPYKERNEL}",
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="checks the advice given to a user who is not root")
+def test_not_root_is_told_to_run_as_root() -> None:
+    host = doctor.host_section(load_config(environ={}), "default settings")
+    assert f"  fix: {doctor.FIX_ROOT}" in host
