@@ -1,14 +1,20 @@
-"""The events of one kernel cell, decoded from Jupyter messages, and a cell gathered whole."""
+"""The events of one kernel cell, decoded from Jupyter messages, the caps on what a cell (or the
+output that arrives between cells) may make the daemon hold, and a cell gathered whole."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from .output import HeadTailBuffer
+from .output import HeadTailBuffer, utf8_safe
+
+# Display data (display_data outputs) one cell may make the daemon hold, forward or gather; past
+# it, displays are dropped whole and counted. Stream text has the daemon's output cap instead.
+DISPLAY_LIMIT_BYTES = 16 << 20
 
 # -- events of one cell ------------------------------------------------------------------------------
 
@@ -38,14 +44,39 @@ class ErrorOutput:
 
 @dataclass(frozen=True)
 class CellDone:
-    execution_count: int
+    execution_count: int  # 0: the cell did not run (the kernel had died before it)
     failed: bool
     timed_out: bool
     kernel_died: bool
     duration_ms: int
+    # Why the kernel died (kernel_died): its exit code (128 + signal) and signal.
+    exit_code: int = 0
+    signal: int = 0
+    # The sandbox's OOM kill count rose during the cell (or since the previous one, if it did not run).
+    oom_killed: bool = False
+    # Output past the caps was dropped: streamed, past the cap; gathered, the middle (see gather).
+    truncated: bool = False
+    stdout_total_bytes: int = 0
+    stderr_total_bytes: int = 0
+    displays_dropped: int = 0
 
 
-KernelEvent = StreamOutput | DisplayOutput | ResultOutput | ErrorOutput | CellDone
+@dataclass(frozen=True)
+class LateOutput:
+    """Output of earlier cells that arrived after their results: delivered before the next cell's
+    own events (see LateBuffer)."""
+
+    stdout: str = ""
+    stderr: str = ""
+    displays: list[DisplayOutput] = field(default_factory=list)  # display_data and execute_result
+    errors: list[ErrorOutput] = field(default_factory=list)
+    truncated: bool = False
+    stdout_total_bytes: int = 0
+    stderr_total_bytes: int = 0
+    dropped: int = 0  # displays and errors dropped whole
+
+
+KernelEvent = StreamOutput | DisplayOutput | ResultOutput | ErrorOutput | CellDone | LateOutput
 
 
 # -- jupyter message content -> events ---------------------------------------------------------------
@@ -94,6 +125,116 @@ def error_event(content: dict) -> ErrorOutput:
     return ErrorOutput(content.get("ename", ""), content.get("evalue", ""), list(content.get("traceback", [])))
 
 
+# -- caps ----------------------------------------------------------------------------------------------
+
+
+def text_bytes(text: str) -> bytes:
+    """Stream text as the UTF-8 bytes the caps and totals count (a lone surrogate counts as '?')."""
+    return text.encode(errors="replace")
+
+
+def rich_size(event: DisplayOutput | ResultOutput | ErrorOutput) -> int:
+    """The bytes a rich output holds, as caps count them."""
+    if isinstance(event, ErrorOutput):
+        return len(text_bytes(event.ename + event.evalue + "".join(event.traceback)))
+    return sum(len(value) for value in event.data.values())
+
+
+def _text(buffer: HeadTailBuffer) -> str:
+    return utf8_safe(buffer).decode(errors="replace")
+
+
+class StreamCap:
+    """What a cell may send: each stream's text up to `limit` UTF-8 bytes (cut at a character
+    boundary; None: no cap, for a gathered cell, which keeps head and tail instead), display data up
+    to DISPLAY_LIMIT_BYTES (past it displays are dropped whole). Applied as the messages arrive,
+    so a slow reader of a streamed cell never makes the daemon hold more than that; counts
+    everything, kept or not."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.totals = {"stdout": 0, "stderr": 0}
+        self.display_bytes = 0
+        self.displays_dropped = 0
+        self.text_dropped = False
+
+    def admit(self, event: KernelEvent) -> KernelEvent | None:
+        """The event as forwarded (text perhaps cut), or None when dropped."""
+        if isinstance(event, StreamOutput):
+            name = "stderr" if event.name == "stderr" else "stdout"
+            data = text_bytes(event.text)
+            room = None if self.limit is None else self.limit - self.totals[name]
+            self.totals[name] += len(data)
+            if room is None or len(data) <= room:
+                return event
+            self.text_dropped = True
+            kept = data[: max(room, 0)].decode(errors="ignore")  # a cut character goes whole
+            return StreamOutput(event.name, kept) if kept else None
+        if isinstance(event, DisplayOutput):
+            size = rich_size(event)
+            if self.display_bytes + size > DISPLAY_LIMIT_BYTES:
+                self.displays_dropped += 1
+                return None
+            self.display_bytes += size
+        return event
+
+    @property
+    def truncated(self) -> bool:
+        return self.text_dropped or self.displays_dropped > 0
+
+
+class LateBuffer:
+    """Output that arrives while no request waits for it (output of earlier cells), kept until
+    the next cell: each stream's first and last halves of `limit` bytes, displays and errors up to
+    `limit` bytes together (past it they are dropped whole), everything counted."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._reset()
+
+    def _reset(self) -> None:
+        self._streams = {"stdout": HeadTailBuffer(self.limit), "stderr": HeadTailBuffer(self.limit)}
+        self._displays: list[DisplayOutput] = []
+        self._errors: list[ErrorOutput] = []
+        self._rich_bytes = 0
+        self._dropped = 0
+
+    def add(self, event: KernelEvent) -> None:
+        if isinstance(event, StreamOutput):
+            self._streams["stderr" if event.name == "stderr" else "stdout"].write(text_bytes(event.text))
+        elif isinstance(event, DisplayOutput | ResultOutput | ErrorOutput):
+            size = rich_size(event)
+            if self._rich_bytes + size > self.limit:
+                self._dropped += 1
+                return
+            self._rich_bytes += size
+            if isinstance(event, ErrorOutput):
+                self._errors.append(event)
+            else:
+                self._displays.append(DisplayOutput(event.data))
+
+    def __bool__(self) -> bool:
+        return bool(self._displays or self._errors or self._dropped or any(b.total for b in self._streams.values()))
+
+    def take(self) -> LateOutput | None:
+        """What arrived since the last take (None if nothing), and empties the buffer."""
+        if not self:
+            return None
+        out, err = self._streams["stdout"], self._streams["stderr"]
+        late = LateOutput(
+            _text(out),
+            _text(err),
+            self._displays,
+            self._errors,
+            out.truncated or err.truncated or self._dropped > 0,
+            out.total,
+            err.total,
+            self._dropped,
+        )
+        self._reset()
+        return late
+
+
 # -- a whole cell ---------------------------------------------------------------------------------------
 
 
@@ -106,25 +247,32 @@ class GatheredCell:
     error: ErrorOutput | None = None
     done: CellDone | None = None
     truncated: bool = False
+    late: LateOutput | None = None
 
 
 async def gather(events: AsyncIterator[KernelEvent], limit: int) -> GatheredCell:
     """Collects a cell's events; stdout and stderr keep their first and last `limit // 2` bytes
-    each, so a cell that prints gigabytes cannot exhaust the daemon."""
+    each (cut at character boundaries), so a cell that prints gigabytes cannot exhaust the daemon.
+    The events come uncut (StreamCap without a limit): the done's totals count everything, and
+    its `truncated` becomes the gathered cell's."""
     cell = GatheredCell()
     streams = {"stdout": HeadTailBuffer(limit), "stderr": HeadTailBuffer(limit)}
     async for event in events:
         if isinstance(event, StreamOutput):
-            streams["stderr" if event.name == "stderr" else "stdout"].write(event.text.encode())
+            streams["stderr" if event.name == "stderr" else "stdout"].write(text_bytes(event.text))
         elif isinstance(event, DisplayOutput):
             cell.displays.append(event)
         elif isinstance(event, ResultOutput):
             cell.result = event
         elif isinstance(event, ErrorOutput):
             cell.error = event
+        elif isinstance(event, LateOutput):
+            cell.late = event
         elif isinstance(event, CellDone):
             cell.done = event
-    cell.stdout = streams["stdout"].getvalue().decode(errors="replace")
-    cell.stderr = streams["stderr"].getvalue().decode(errors="replace")
-    cell.truncated = any(b.truncated for b in streams.values())
+    cell.stdout = _text(streams["stdout"])
+    cell.stderr = _text(streams["stderr"])
+    cell.truncated = any(b.truncated for b in streams.values()) or bool(cell.done and cell.done.displays_dropped)
+    if cell.done is not None:
+        cell.done = dataclasses.replace(cell.done, truncated=cell.truncated)
     return cell

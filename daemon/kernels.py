@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -33,11 +34,22 @@ from corral.sdk.errors import FailedPrecondition, NotFound, ResourceExhausted
 
 from . import rules
 from .backends.base import SandboxRuntime
+from .cgroups import CgroupGroup
 from .commands import sandbox_environment
 from .config import Config
 from .fsaccess import create_private_file
-from .kernel_events import CellDone, ErrorOutput, GatheredCell, KernelEvent, error_event, gather, output_event
-from .process import KILL_WAIT_S, HostProcess
+from .kernel_events import (
+    CellDone,
+    ErrorOutput,
+    GatheredCell,
+    KernelEvent,
+    LateBuffer,
+    StreamCap,
+    error_event,
+    gather,
+    output_event,
+)
+from .process import KILL_WAIT_S, HostProcess, ProcessExit
 from .sandboxes import Sandbox, SandboxManager
 
 log = logging.getLogger(__name__)
@@ -49,6 +61,12 @@ PROBE_TIMEOUT_S = 30.0
 # After a timeout's SIGINT, how long the cell gets to stop before the kernel is killed (code stuck
 # in C without checking for signals never sees the interrupt).
 INTERRUPT_GRACE_S = 5.0
+# A cell that called exit() or quit(): ipykernel stops its loop 0.1 s after the reply and exits;
+# if it has not within this, it is killed (it asked to go).
+EXIT_GRACE_S = 5.0
+# Once the kernel process has exited, how long a cell waits for messages the kernel sent just
+# before dying that are still on their way through the channel pumps.
+DEATH_DRAIN_S = 0.05
 # kernel_info is resent this often until its reply and its iopub status both arrive: a SUB socket
 # that connected late misses messages, and the first cell's output must not be lost.
 HANDSHAKE_RETRY_S = 0.25
@@ -66,6 +84,25 @@ PROBE_CODE = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spe
 # parent and would otherwise die of it: such a launcher starts with SIGINT ignored, which ipykernel
 # overrides for the duration of each cell (its pre_handler_hook installs Python's default handler).
 IGNORE_SIGINT = ["/bin/sh", "-c", "trap '' INT; exec \"$@\"", "corral-kernel"]
+
+
+def describe_death(done: CellDone) -> str:
+    """Why a kernel died, in words, from the cell that saw it."""
+    if done.signal:
+        cause = f"killed by signal {done.signal}"
+    else:
+        cause = f"exit code {done.exit_code}"
+    if done.oom_killed:
+        cause += ", out of memory"
+    if done.timed_out:
+        cause += ", after ignoring the timeout's interrupt"
+    return cause
+
+
+def _asks_exit(reply: dict) -> bool:
+    """The cell called exit() or quit(): ipykernel replies, then stops (exit(True) keeps it)."""
+    payload = reply.get("payload") or []
+    return any(isinstance(p, dict) and p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload)
 
 
 @dataclass(frozen=True)
@@ -141,17 +178,48 @@ class KernelFiles:
                 os.unlink(path)
 
 
+class Inbox:
+    """The messages for one request, put there by the channel pumps: those the request acts on
+    (replies, status, execute_input) as Jupyter dicts, outputs as events through the cell's cap."""
+
+    def __init__(self, cap: StreamCap | None = None) -> None:
+        self.queue: asyncio.Queue[dict | KernelEvent] = asyncio.Queue()
+        self.cap = cap or StreamCap(None)
+
+    def put(self, msg: dict) -> None:
+        event = output_event(msg)
+        if event is None:
+            self.queue.put_nowait(msg)
+        elif (admitted := self.cap.admit(event)) is not None:
+            self.queue.put_nowait(admitted)
+
+
 class KernelProcess:
     """One running ipykernel and the daemon's client for it. Messages from the shell and iopub
-    channels are routed by their parent's msg_id to whichever request is waiting for them."""
+    channels are routed by their parent's msg_id to whichever request is waiting for them; outputs
+    nobody waits for (of cells that have finished) go to the late buffer, for the next cell."""
 
-    def __init__(self, proc: HostProcess, client: AsyncKernelClient, files: KernelFiles) -> None:
+    def __init__(
+        self,
+        proc: HostProcess,
+        client: AsyncKernelClient,
+        files: KernelFiles,
+        *,
+        late: LateBuffer,
+        sandbox_cgroup: CgroupGroup | None = None,
+    ) -> None:
         self.proc = proc
         self.client = client
         self.files = files
+        self.late = late
+        self._sandbox_cgroup = sandbox_cgroup
         self._output_tail = bytearray()
-        self._listeners: dict[str, asyncio.Queue] = {}
+        self._listeners: dict[str, Inbox] = {}
+        # A cell has reported this incarnation's death (kernel_died), with this cause; later cells
+        # are refused, saying it.
+        self.death_reported: str | None = None
         self.exited: asyncio.Task = asyncio.ensure_future(proc.run(self._keep_tail, None))
+        self._ooms_seen = self.oom_kills()
         self._pumps = [
             asyncio.ensure_future(self._pump(channel)) for channel in (client.shell_channel, client.iopub_channel)
         ]
@@ -167,6 +235,7 @@ class KernelProcess:
         leaf: str,
         files: KernelFiles,
         context: zmq.asyncio.Context,
+        late: LateBuffer,
     ) -> KernelProcess:
         host_info = files.write(secrets.token_hex(16))
         try:
@@ -179,7 +248,7 @@ class KernelProcess:
         client = AsyncKernelClient(context=context)
         client.load_connection_info(host_info)
         client.start_channels(hb=False, stdin=False)  # death is seen through the process, not heartbeats
-        kernel = cls(proc, client, files)
+        kernel = cls(proc, client, files, late=late, sandbox_cgroup=getattr(runtime, "cgroup", None))
         try:
             await kernel._handshake()
         except BaseException:
@@ -195,6 +264,27 @@ class KernelProcess:
     def output_tail(self) -> str:
         return self._output_tail.decode(errors="replace").strip()
 
+    def exit_status(self) -> ProcessExit | None:
+        """How the process ended, once it has (None while alive, or if that is unknown)."""
+        if not self.exited.done() or self.exited.cancelled() or self.exited.exception() is not None:
+            return None
+        return self.exited.result()
+
+    def oom_kills(self) -> int:
+        """OOM kills in the kernel's leaf cgroup and its sandbox's cgroup (as Exec counts them)."""
+        leaf = self.proc.cgroup
+        return (leaf.oom_kills() if leaf else 0) + (self._sandbox_cgroup.oom_kills() if self._sandbox_cgroup else 0)
+
+    def death(self) -> str:
+        """Why the process is gone, in words (as the cell that saw it die said)."""
+        if self.death_reported is not None:
+            return self.death_reported
+        exit = self.exit_status()
+        if exit is None:
+            return "killed"
+        cause = f"killed by signal {exit.signal}" if exit.signal else f"exit code {exit.exit_code}"
+        return f"{cause}, out of memory" if self.oom_kills() > self._ooms_seen else cause
+
     def _keep_tail(self, _stream: int, data: bytes) -> None:
         self._output_tail += data
         del self._output_tail[:-OUTPUT_TAIL_BYTES]
@@ -208,17 +298,33 @@ class KernelProcess:
             except Exception:
                 log.exception("dropping an unreadable message from a kernel")
                 continue
-            queue = self._listeners.get(msg["parent_header"].get("msg_id", ""))
-            if queue is not None:
-                queue.put_nowait(msg)
+            try:
+                self._route(msg)
+            except Exception:
+                log.exception("dropping a malformed %s message from a kernel", msg.get("msg_type"))
 
-    async def _next(self, queue: asyncio.Queue, timeout: float | None) -> dict | None:
+    def _route(self, msg: dict[str, Any]) -> None:
+        inbox = self._listeners.get((msg.get("parent_header") or {}).get("msg_id", ""))
+        if inbox is not None:
+            inbox.put(msg)
+            return
+        # Nobody waits for it: output of a cell that has finished (a thread or child process it
+        # left running, or a cell whose caller went away). The next cell delivers it.
+        event = output_event(msg)
+        if event is not None:
+            self.late.add(event)
+
+    async def _next(self, queue: asyncio.Queue, timeout: float | None) -> Any:
         """The next message for a request; None on timeout or once the kernel has exited (after
         what it sent before dying)."""
         if not queue.empty():
             return queue.get_nowait()
         if self.exited.done():
-            return None
+            # What the kernel sent just before dying may still be on its way through the pumps.
+            try:
+                return await asyncio.wait_for(queue.get(), DEATH_DRAIN_S)
+            except TimeoutError:
+                return None
         getter = asyncio.ensure_future(queue.get())
         try:
             await asyncio.wait({getter, self.exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -235,7 +341,8 @@ class KernelProcess:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             msg_id = self.client.kernel_info()
-            queue = self._listeners[msg_id] = asyncio.Queue()
+            queue = (inbox := Inbox()).queue
+            self._listeners[msg_id] = inbox
             try:
                 replied = published = False
                 retry_at = time.monotonic() + HANDSHAKE_RETRY_S
@@ -246,11 +353,14 @@ class KernelProcess:
                     msg = await self._next(queue, max(0.0, wait_until - time.monotonic()))
                     if msg is None:
                         break
+                    if not isinstance(msg, dict):
+                        continue  # no output is due
                     if msg["msg_type"] == "kernel_info_reply":
                         replied, retry_at = True, time.monotonic() + HANDSHAKE_RETRY_S
                     elif msg["msg_type"] == "status":
                         published = True
                 else:
+                    self._ooms_seen = self.oom_kills()
                     return
             finally:
                 self._listeners.pop(msg_id, None)
@@ -269,20 +379,25 @@ class KernelProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGINT)
 
-    async def run_cell(self, code: str, timeout_s: float) -> AsyncIterator[KernelEvent]:
-        """Yields the cell's outputs, then one CellDone. On timeout the kernel is interrupted; if the
-        cell ignores that too, the kernel is killed (reported as died)."""
+    async def run_cell(self, code: str, timeout_s: float, limit: int | None) -> AsyncIterator[KernelEvent]:
+        """Yields the late output that arrived before the cell (if any), the cell's outputs, then
+        one CellDone. On timeout the kernel is interrupted; if the cell ignores that too, the
+        kernel is killed (reported as died). `limit`: the per-stream cap on the text forwarded
+        (None: everything, for gathering). On a kernel that has already died the cell does not run:
+        its CellDone says why the kernel died."""
         started = time.monotonic()
+        ooms_before = self.oom_kills() if self.alive else self._ooms_seen
+        cap = StreamCap(limit)
         msg_id = self.client.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
-        queue = self._listeners[msg_id] = asyncio.Queue()
-        count, failed, timed_out, died = 0, False, False, False
+        inbox = self._listeners[msg_id] = Inbox(cap)
+        count, failed, timed_out, died, exiting = 0, False, False, False, False
         reply: dict | None = None
         idle = False
         deadline = started + timeout_s
-        finished = False
+        finished = late_delivered = False
         try:
             while reply is None or not idle:
-                msg = await self._next(queue, max(0.0, deadline - time.monotonic()))
+                msg = await self._next(inbox.queue, max(0.0, deadline - time.monotonic()))
                 if msg is None:
                     if not self.alive:
                         died = True
@@ -295,6 +410,16 @@ class KernelProcess:
                     self.interrupt()
                     deadline = time.monotonic() + INTERRUPT_GRACE_S
                     continue
+                if not late_delivered:
+                    # The cell's first message: all that was published before it started (iopub
+                    # keeps order) has reached the late buffer, and it comes first.
+                    late_delivered = True
+                    if (late := self.late.take()) is not None:
+                        yield late
+                if not isinstance(msg, dict):  # an output event, through the cell's cap
+                    failed = failed or isinstance(msg, ErrorOutput)
+                    yield msg
+                    continue
                 kind, content = msg["msg_type"], msg["content"]
                 if kind == "execute_reply":
                     reply = content
@@ -303,21 +428,45 @@ class KernelProcess:
                         # The error normally comes on iopub first; if it went missing, the reply has it.
                         failed = True
                         yield error_event(content)
+                    exiting = _asks_exit(content)
                 elif kind == "status":
                     idle = content.get("execution_state") == "idle"
                 elif kind == "execute_input":
                     count = content.get("execution_count") or count
-                else:
-                    event = output_event(msg)
-                    if event is not None:
-                        failed = failed or isinstance(event, ErrorOutput)
-                        yield event
+            if exiting and not died:
+                # exit() / quit(): the kernel goes away right after its reply; the cell reports
+                # that, with the exit code, rather than an "ok" from a kernel that is gone.
+                gone, _ = await asyncio.wait({self.exited}, timeout=EXIT_GRACE_S)
+                if not gone:
+                    await self.stop()
+                died = True
             finished = True
         finally:
             self._listeners.pop(msg_id, None)
             if not finished and self.alive:
                 self.interrupt()  # the caller went away mid-cell: free the kernel for the next one
-        yield CellDone(count, failed, timed_out, died, int((time.monotonic() - started) * 1000))
+        if not late_delivered and (late := self.late.take()) is not None:
+            yield late
+        exit = self.exit_status() if died else None
+        ooms = self.oom_kills()
+        oom_killed, self._ooms_seen = ooms > ooms_before, ooms
+        done = CellDone(
+            count,
+            failed,
+            timed_out,
+            died,
+            int((time.monotonic() - started) * 1000),
+            exit_code=exit.exit_code if exit else 0,
+            signal=exit.signal if exit else 0,
+            oom_killed=oom_killed,
+            truncated=cap.truncated,
+            stdout_total_bytes=cap.totals["stdout"],
+            stderr_total_bytes=cap.totals["stderr"],
+            displays_dropped=cap.displays_dropped,
+        )
+        if died and self.death_reported is None:
+            self.death_reported = describe_death(done)
+        yield done
 
     async def stop(self) -> None:
         """Kills the kernel's tree and closes the client. No shutdown_request: nothing of the
@@ -396,7 +545,7 @@ class KernelManager:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self, sandbox_id: str, python: str, cwd: str, env: dict[str, str]) -> KernelInfo:
-        python = rules.no_nul("python", python) or DEFAULT_PYTHON
+        python = rules.kernel_python(python) or DEFAULT_PYTHON
         cwd = rules.working_directory(cwd)
         env = rules.environment(env)
         with self.sandboxes.using(sandbox_id) as sandbox:
@@ -449,7 +598,8 @@ class KernelManager:
                 f"{kernel.python} failed to start (exit code {exit.exit_code}): {detail or 'no output'}"
             )
 
-    async def _launch(self, sandbox: Sandbox, kernel: Kernel) -> None:
+    async def _launch(self, sandbox: Sandbox, kernel: Kernel, late: LateBuffer | None = None) -> None:
+        """Starts the kernel's process; `late`: output of the previous incarnation not yet delivered."""
         runtime = sandbox.runtime
         assert runtime is not None  # a running sandbox (SandboxManager.using)
         kernel.process = await KernelProcess.start(
@@ -460,18 +610,21 @@ class KernelManager:
             leaf=kernel.name,
             files=KernelFiles.of(runtime, kernel.name),
             context=self._context(),
+            late=late or LateBuffer(self.config.exec.default_output_limit_bytes),
         )
         kernel.execution_count = 0
 
     async def restart(self, sandbox_id: str, kernel_id: str) -> KernelInfo:
-        """A fresh process under the same id; a cell running in the old one ends as kernel_died."""
+        """A fresh process under the same id; a cell running in the old one ends as kernel_died.
+        Late output of the old one not yet delivered goes to the new one's first cell."""
         with self.sandboxes.using(sandbox_id) as sandbox:
             kernel = self._get(sandbox_id, kernel_id)
             async with kernel.lifecycle_lock:
+                late = None
                 if kernel.process is not None:
                     await kernel.process.stop()
-                    kernel.process = None
-                await self._launch(sandbox, kernel)
+                    late, kernel.process = kernel.process.late, None
+                await self._launch(sandbox, kernel, late)
             return kernel.info()
 
     async def shutdown(self, sandbox_id: str, kernel_id: str) -> None:
@@ -504,37 +657,48 @@ class KernelManager:
     def interrupt(self, sandbox_id: str, kernel_id: str) -> None:
         kernel = self._get(sandbox_id, kernel_id)
         if kernel.process is None or not kernel.process.alive:
-            raise FailedPrecondition(f"kernel {kernel_id} is dead; RestartKernel brings it back")
+            raise FailedPrecondition(self._dead(kernel))
         kernel.process.interrupt()
 
-    async def execute(
-        self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int
+    @staticmethod
+    def _dead(kernel: Kernel) -> str:
+        cause = f" ({kernel.process.death()})" if kernel.process is not None else ""
+        return f"kernel {kernel.kernel_id} is dead{cause}; RestartKernel brings it back"
+
+    def execute(self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int) -> AsyncGenerator[KernelEvent, None]:
+        """Yields the late output of earlier cells (if any), the cell's outputs as the kernel sends
+        them, then exactly one CellDone; each stream's text is forwarded up to the output cap.
+        Closing the iterator early interrupts the cell. `timeout_ms` 0: the daemon's default."""
+        return self._execute(sandbox_id, kernel_id, code, timeout_ms, self.config.exec.default_output_limit_bytes)
+
+    async def _execute(
+        self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int, limit: int | None
     ) -> AsyncGenerator[KernelEvent, None]:
-        """Yields the cell's outputs as the kernel sends them, then exactly one CellDone. Closing the
-        iterator early interrupts the cell. `timeout_ms` 0: the daemon's default."""
+        code = rules.cell_code(code)
         timeout_s = rules.timeout_s(self.config.exec, timeout_ms)
         with self.sandboxes.using(sandbox_id):
             kernel = self._get(sandbox_id, kernel_id)
             async with kernel.cell_lock:
                 process = kernel.process
-                if process is None or not process.alive:
-                    raise FailedPrecondition(f"kernel {kernel_id} is dead; RestartKernel brings it back")
+                if process is None or process.death_reported is not None:
+                    raise FailedPrecondition(self._dead(kernel))
+                # A kernel that died since the previous cell still gets this one: it does not
+                # run, and its CellDone says why the kernel died (with what it printed before).
                 kernel.busy = True
                 try:
-                    async for event in process.run_cell(code, timeout_s):
+                    async for event in process.run_cell(code, timeout_s, limit):
                         if isinstance(event, CellDone):
                             if kernel.process is process:
                                 kernel.execution_count = max(kernel.execution_count, event.execution_count)
-                            if event.kernel_died and process.output_tail:
-                                log.warning(
-                                    "kernel %s in %s died: %s", kernel_id, sandbox_id, process.output_tail[-2000:]
-                                )
+                            if event.kernel_died:
+                                log.warning("kernel %s in %s died: %s", kernel_id, sandbox_id, describe_death(event))
                         yield event
                 finally:
                     kernel.busy = False
 
     async def execute_gathered(self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int) -> GatheredCell:
-        events = self.execute(sandbox_id, kernel_id, code, timeout_ms)
+        """The cell's events gathered (see gather): stdout and stderr keep head and tail."""
+        events = self._execute(sandbox_id, kernel_id, code, timeout_ms, None)
         try:
             return await gather(events, self.config.exec.default_output_limit_bytes)
         finally:

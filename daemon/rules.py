@@ -140,6 +140,20 @@ def shell_program(program: str) -> str:
     return program
 
 
+def kernel_python(python: str) -> str:
+    """A kernel's interpreter: "" (the default) or a program name or path. It is started through
+    `env`, which would take a name with '=' for a variable and one with a leading '-' for an option."""
+    no_nul("python", python)
+    if python and (not python.strip() or "=" in python or python.startswith("-")):
+        raise InvalidArgument(f"python must be a program name or path (no '=', no leading '-'), got {python!r}")
+    return python
+
+
+def cell_code(code: str) -> str:
+    """A kernel cell's source: Python source cannot contain a NUL byte."""
+    return no_nul("code", code)
+
+
 def signal_number(number: int) -> int:
     """A signal to send into a terminal: 1..SIGRTMAX."""
     if not 1 <= number <= signal.SIGRTMAX:

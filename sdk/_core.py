@@ -32,6 +32,7 @@ from corral.sdk.types import (
     KernelErrorInfo,
     KernelEvent,
     KernelInfo,
+    KernelLateOutput,
     KernelResult,
     KernelResultEvent,
     KernelState,
@@ -617,22 +618,46 @@ def find_kernel(response: kernel_pb.ListKernelsResponse, kernel_id: str) -> Kern
     return None
 
 
+def _kernel_error_info(error: kernel_pb.KernelError) -> KernelErrorInfo:
+    return KernelErrorInfo(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback))
+
+
+def kernel_late_output_from_proto(late: kernel_pb.KernelLateOutput) -> KernelLateOutput:
+    return KernelLateOutput(
+        stdout=late.stdout,
+        stderr=late.stderr,
+        displays=[dict(display.data) for display in late.displays],
+        errors=[_kernel_error_info(error) for error in late.errors],
+        truncated=late.truncated,
+        stdout_total_bytes=late.stdout_total_bytes,
+        stderr_total_bytes=late.stderr_total_bytes,
+        dropped=late.dropped,
+    )
+
+
 def kernel_result_from_proto(response: kernel_pb.ExecuteGatheredResponse) -> KernelResult:
     if not response.HasField("done"):
         raise ProtocolError("ExecuteGathered answered without the cell's done event")
     error = response.error if response.HasField("error") else None
+    done = response.done
     return KernelResult(
         stdout=response.stdout,
         stderr=response.stderr,
         result=dict(response.result.data) if response.HasField("result") else None,
         displays=[dict(display.data) for display in response.displays],
-        error=None
-        if error is None
-        else KernelErrorInfo(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback)),
-        execution_count=response.done.execution_count,
-        timed_out=response.done.timed_out,
-        kernel_died=response.done.kernel_died,
-        duration_ms=response.done.duration_ms,
+        error=None if error is None else _kernel_error_info(error),
+        execution_count=done.execution_count,
+        timed_out=done.timed_out,
+        kernel_died=done.kernel_died,
+        duration_ms=done.duration_ms,
+        truncated=response.truncated or done.truncated,
+        stdout_total_bytes=done.stdout_total_bytes,
+        stderr_total_bytes=done.stderr_total_bytes,
+        displays_dropped=done.displays_dropped,
+        exit_code=done.exit_code,
+        signal=done.signal,
+        oom_killed=done.oom_killed,
+        late_output=kernel_late_output_from_proto(response.late_output) if response.HasField("late_output") else None,
     )
 
 
@@ -655,24 +680,38 @@ def kernel_event_from_proto(response: kernel_pb.ExecuteResponse) -> KernelEvent:
             timed_out=done.timed_out,
             kernel_died=done.kernel_died,
             duration_ms=done.duration_ms,
+            truncated=done.truncated,
+            stdout_total_bytes=done.stdout_total_bytes,
+            stderr_total_bytes=done.stderr_total_bytes,
+            displays_dropped=done.displays_dropped,
+            exit_code=done.exit_code,
+            signal=done.signal,
+            oom_killed=done.oom_killed,
         )
-    raise ProtocolError("Execute sent an event with none of stream/display/result/error/done set")
+    if kind == "late_output":
+        return kernel_late_output_from_proto(response.late_output)
+    raise ProtocolError("Execute sent an event with none of stream/display/result/error/done/late_output set")
 
 
 class KernelEventDecoder:
-    """Decodes one Execute stream's responses and enforces the order the contract fixes: any
-    number of stream/display/result/error events, then exactly one `done`, then nothing.
+    """Decodes one Execute stream's responses and enforces the order the contract fixes: at most
+    one `late_output`, first; any number of stream/display/result/error events, then exactly one
+    `done`, then nothing.
 
     One instance per stream; `finish()` is called when the stream ends by itself.
     """
 
     def __init__(self) -> None:
         self._done = False
+        self._first = True
 
     def decode(self, response: kernel_pb.ExecuteResponse) -> KernelEvent:
         event = kernel_event_from_proto(response)
         if self._done:
             raise ProtocolError(f"Execute sent {type(event).__name__} after the done event")
+        if isinstance(event, KernelLateOutput) and not self._first:
+            raise ProtocolError("Execute sent late output after the cell's first event")
+        self._first = False
         self._done = isinstance(event, KernelDoneEvent)
         return event
 

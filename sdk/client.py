@@ -551,7 +551,10 @@ class AsyncKernel:
     async def execute(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> KernelResult:
         """Runs one cell and returns everything it produced. `timeout`: seconds, after which the
         kernel is interrupted and `timed_out` is set (a cell that ignores the interrupt gets the
-        kernel killed: `kernel_died`). A cell that raises is not an SDK error: see `.error`."""
+        kernel killed: `kernel_died`). A cell that raises is not an SDK error: see `.error`; nor
+        is one whose kernel dies: see `.kernel_died` and why (`.exit_code`, `.signal`,
+        `.oom_killed`). Output of earlier cells that arrived after their results comes apart, in
+        `.late_output`."""
         request = _core.build_execute_gathered_request(self.sandbox_id, self.id, code, timeout=timeout)
         response = await self._transport.unary(
             self._transport.kernel_service.ExecuteGathered, request, timeout=_core.kernel_deadline(timeout)
@@ -560,7 +563,9 @@ class AsyncKernel:
 
     def execute_stream(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> AsyncKernelExecuteStream:
         """Runs one cell and streams its events as the kernel sends them: KernelStreamEvent,
-        KernelDisplayEvent, KernelResultEvent and KernelErrorEvent, then one KernelDoneEvent.
+        KernelDisplayEvent, KernelResultEvent and KernelErrorEvent, then one KernelDoneEvent;
+        first, when earlier cells printed after their results, one KernelLateOutput. Each of
+        stdout and stderr is streamed up to the daemon's output cap (KernelDoneEvent.truncated).
 
         Closing the stream before KernelDoneEvent (or leaving its `async with` block) interrupts
         the cell. Use: `async with kernel.execute_stream(code) as events: async for e in events:

@@ -541,7 +541,10 @@ class Kernel:
     def execute(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> KernelResult:
         """Runs one cell and returns everything it produced. `timeout`: seconds, after which the
         kernel is interrupted and `timed_out` is set (a cell that ignores the interrupt gets the
-        kernel killed: `kernel_died`). A cell that raises is not an SDK error: see `.error`."""
+        kernel killed: `kernel_died`). A cell that raises is not an SDK error: see `.error`; nor
+        is one whose kernel dies: see `.kernel_died` and why (`.exit_code`, `.signal`,
+        `.oom_killed`). Output of earlier cells that arrived after their results comes apart, in
+        `.late_output`."""
         request = _core.build_execute_gathered_request(self.sandbox_id, self.id, code, timeout=timeout)
         response = self._transport.unary(
             self._transport.kernel_service.ExecuteGathered, request, timeout=_core.kernel_deadline(timeout)
@@ -550,7 +553,9 @@ class Kernel:
 
     def execute_stream(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> KernelExecuteStream:
         """Runs one cell and streams its events as the kernel sends them: KernelStreamEvent,
-        KernelDisplayEvent, KernelResultEvent and KernelErrorEvent, then one KernelDoneEvent.
+        KernelDisplayEvent, KernelResultEvent and KernelErrorEvent, then one KernelDoneEvent;
+        first, when earlier cells printed after their results, one KernelLateOutput. Each of
+        stdout and stderr is streamed up to the daemon's output cap (KernelDoneEvent.truncated).
 
         Closing the stream before KernelDoneEvent (or leaving its `with` block) interrupts
         the cell. Use: `with kernel.execute_stream(code) as events: for e in events:

@@ -263,6 +263,28 @@ class KernelErrorInfo:
 
 
 @dataclass(frozen=True)
+class KernelLateOutput:
+    """Output of earlier cells that arrived after their results (printed or displayed by threads
+    or child processes they left running, or the rest of a cell whose caller went away), delivered
+    with the next cell: as `KernelResult.late_output`, or as the first event of `execute_stream`.
+    It is not part of that cell's own output."""
+
+    # Text printed to stdout / stderr; beyond the output cap (1 MiB by default) its first and last halves.
+    stdout: str
+    stderr: str
+    # display_data and execute_result outputs (MIME bundles as in KernelResult), in order.
+    displays: list[dict[str, bytes]]
+    errors: list[KernelErrorInfo]
+    # Text past the cap was cut out of the middle, or displays and errors were dropped (`dropped`).
+    truncated: bool
+    # UTF-8 bytes printed, including those cut out.
+    stdout_total_bytes: int
+    stderr_total_bytes: int
+    # Displays and errors dropped whole.
+    dropped: int
+
+
+@dataclass(frozen=True)
 class KernelResult:
     """Everything one cell produced, gathered.
 
@@ -270,21 +292,38 @@ class KernelResult:
     application/json, ...) are UTF-8 bytes, binary types (image/png, ...) the decoded bytes.
     """
 
-    # Everything printed to stdout / stderr, concatenated.
+    # Everything printed to stdout / stderr, concatenated. Beyond the output cap (1 MiB by
+    # default): its first and last halves (`truncated`).
     stdout: str
     stderr: str
     # The value of the cell's last expression, when there was one.
     result: dict[str, bytes] | None
-    # display_data outputs, in order.
+    # display_data outputs, in order (up to 16 MiB of data: `displays_dropped` counts the rest).
     displays: list[dict[str, bytes]]
-    # Set when the cell raised.
+    # Set when the cell raised (sys.exit() too: IPython catches SystemExit, the kernel goes on).
     error: KernelErrorInfo | None
+    # 0 when the cell did not run (the kernel had died before it).
     execution_count: int
     # The timeout expired and the kernel was interrupted; the kernel stays usable.
     timed_out: bool
-    # The kernel process died while running the cell; `Kernel.restart()` brings it back.
+    # The kernel process is gone: it died while running the cell, the cell called exit(), or it
+    # had died since the previous cell (then this cell did not run). `exit_code`, `signal` and
+    # `oom_killed` say why; `Kernel.restart()` brings it back.
     kernel_died: bool
     duration_ms: int
+    # stdout or stderr was longer than the output cap, or displays were dropped.
+    truncated: bool = False
+    # UTF-8 bytes printed to stdout / stderr, including those cut out.
+    stdout_total_bytes: int = 0
+    stderr_total_bytes: int = 0
+    displays_dropped: int = 0
+    # When kernel_died: the kernel's exit code (128 + signal when killed by one) and the signal.
+    exit_code: int = 0
+    signal: int = 0
+    # The out-of-memory killer killed a process of the sandbox during the cell (memory limit).
+    oom_killed: bool = False
+    # Output of earlier cells that arrived after their results, or None.
+    late_output: KernelLateOutput | None = None
 
     @property
     def ok(self) -> bool:
@@ -340,9 +379,20 @@ class KernelDoneEvent:
     timed_out: bool
     kernel_died: bool
     duration_ms: int
+    # Output past the cap was not sent: each of stdout and stderr is streamed up to the output cap
+    # (1 MiB by default), displays up to 16 MiB; the totals count everything.
+    truncated: bool = False
+    stdout_total_bytes: int = 0
+    stderr_total_bytes: int = 0
+    displays_dropped: int = 0
+    exit_code: int = 0
+    signal: int = 0
+    oom_killed: bool = False
 
 
-KernelEvent = KernelStreamEvent | KernelDisplayEvent | KernelResultEvent | KernelErrorEvent | KernelDoneEvent
+KernelEvent = (
+    KernelLateOutput | KernelStreamEvent | KernelDisplayEvent | KernelResultEvent | KernelErrorEvent | KernelDoneEvent
+)
 
 
 # -- rollouts ----------------------------------------------------------------------------------

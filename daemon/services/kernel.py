@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from corral.v1 import kernel_pb2 as pb
 from corral.v1 import kernel_pb2_grpc
 
-from ..kernel_events import CellDone, DisplayOutput, ErrorOutput, KernelEvent, ResultOutput, StreamOutput
+from ..kernel_events import CellDone, DisplayOutput, ErrorOutput, KernelEvent, LateOutput, ResultOutput, StreamOutput
 from ..kernels import KernelInfo, KernelManager
 
 STATES = {"idle": pb.KERNEL_STATE_IDLE, "busy": pb.KERNEL_STATE_BUSY, "dead": pb.KERNEL_STATE_DEAD}
@@ -35,6 +35,26 @@ def kernel_done(event: CellDone) -> pb.KernelDone:
         timed_out=event.timed_out,
         kernel_died=event.kernel_died,
         duration_ms=event.duration_ms,
+        exit_code=event.exit_code,
+        signal=event.signal,
+        oom_killed=event.oom_killed,
+        truncated=event.truncated,
+        stdout_total_bytes=event.stdout_total_bytes,
+        stderr_total_bytes=event.stderr_total_bytes,
+        displays_dropped=event.displays_dropped,
+    )
+
+
+def late_output(event: LateOutput) -> pb.KernelLateOutput:
+    return pb.KernelLateOutput(
+        stdout=event.stdout,
+        stderr=event.stderr,
+        displays=[pb.KernelDisplay(data=d.data) for d in event.displays],
+        errors=[kernel_error(e) for e in event.errors],
+        truncated=event.truncated,
+        stdout_total_bytes=event.stdout_total_bytes,
+        stderr_total_bytes=event.stderr_total_bytes,
+        dropped=event.dropped,
     )
 
 
@@ -49,6 +69,8 @@ def execute_response(event: KernelEvent) -> pb.ExecuteResponse:
         return pb.ExecuteResponse(result=pb.KernelDisplay(data=event.data))
     if isinstance(event, ErrorOutput):
         return pb.ExecuteResponse(error=kernel_error(event))
+    if isinstance(event, LateOutput):
+        return pb.ExecuteResponse(late_output=late_output(event))
     return pb.ExecuteResponse(done=kernel_done(event))
 
 
@@ -84,6 +106,8 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
             reply.error.CopyFrom(kernel_error(cell.error))
         if cell.done is not None:
             reply.done.CopyFrom(kernel_done(cell.done))
+        if cell.late is not None:
+            reply.late_output.CopyFrom(late_output(cell.late))
         return reply
 
     async def InterruptKernel(self, request: pb.InterruptKernelRequest, context) -> pb.InterruptKernelResponse:

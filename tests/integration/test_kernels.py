@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -382,3 +383,268 @@ def test_gathered_output_is_capped_keeping_head_and_tail():
     assert cell.truncated and len(cell.stdout) == 4096
     assert cell.stdout.startswith("START\n") and cell.stdout.endswith("\nEND\n")
     assert cell.stderr == "warn\n" and cell.done.execution_count == 1
+
+
+# -- output caps ----------------------------------------------------------------------------------
+
+CAP = 1 << 20  # the daemon's default output limit: these daemons run with the default
+# 3000 lines of 1000 bytes, then a marker: three times the cap.
+BIG_STDOUT = (
+    "import sys\nprint('START')\nfor i in range(3000): sys.stdout.write(str(i).rjust(999) + '\\n')\nprint('END')"
+)
+BIG_STDOUT_BYTES = 6 + 3000 * 1000 + 4
+
+
+def test_gathered_output_over_the_cap_is_cut_in_the_middle_and_counted(stub, kernel):
+    """Head and tail are kept, and the result says how much there was; a cut never leaves half a
+    character (stderr here is two-byte characters cut at an odd place)."""
+    reply = run(stub, kernel, BIG_STDOUT + "\nsys.stderr.write('é' * 700_001)")
+    assert reply.truncated and reply.done.truncated
+    assert reply.done.stdout_total_bytes == BIG_STDOUT_BYTES
+    assert reply.done.stderr_total_bytes == 1_400_002
+    assert len(reply.stdout.encode()) == CAP
+    assert reply.stdout.startswith("START\n") and reply.stdout.endswith(" 2999\nEND\n")
+    assert set(reply.stderr) == {"é"} and CAP - 2 <= len(reply.stderr.encode()) <= CAP
+    small = run(stub, kernel, "print('small')")
+    assert not small.truncated and not small.done.truncated
+    assert (small.done.stdout_total_bytes, small.done.stderr_total_bytes) == (6, 0)
+
+
+def test_streamed_output_stops_at_the_cap_and_done_counts_the_rest(stub, kernel):
+    """Execute forwards each stream up to the cap, so a slow reader cannot make the daemon hold
+    more; the done event says it was truncated and how much was printed."""
+    events = list(stream(stub, kernel, BIG_STDOUT + "\nprint('err', file=sys.stderr)"))
+    texts = {kpb.STREAM_NAME_STDOUT: "", kpb.STREAM_NAME_STDERR: ""}
+    for event in events:
+        if event.HasField("stream"):
+            texts[event.stream.name] += event.stream.text
+    done = events[-1].done
+    assert len(texts[kpb.STREAM_NAME_STDOUT].encode()) == CAP and texts[kpb.STREAM_NAME_STDOUT].startswith("START\n")
+    assert texts[kpb.STREAM_NAME_STDERR] == "err\n"  # each stream has its own cap
+    assert done.truncated and done.stdout_total_bytes == BIG_STDOUT_BYTES and done.stderr_total_bytes == 4
+    assert run(stub, kernel, "'after'").result.data["text/plain"] == b"'after'"
+
+
+# -- death ----------------------------------------------------------------------------------------
+
+
+def test_a_cell_that_calls_exit_reports_the_kernel_died_with_its_exit_code(daemon, stub, kernel):
+    """exit() makes ipykernel reply (status ok) and then stop: the cell says the kernel died, not
+    ok; later cells are refused, saying why. The daemon's log states the status, not ipykernel's
+    banner."""
+    reply = run(stub, kernel, "print('bye')\nexit()")
+    assert reply.stdout == "bye\n" and not reply.HasField("error")
+    assert reply.done.kernel_died and (reply.done.exit_code, reply.done.signal) == (0, 0)
+    assert state_of(stub, kernel) == kpb.KERNEL_STATE_DEAD
+    with pytest.raises(grpc.RpcError) as err:
+        run(stub, kernel, "1")
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"kernel {kernel.kernel_id} is dead (exit code 0)" in err.value.details()
+    log = daemon.log.read_text()
+    assert f"kernel {kernel.kernel_id} in {kernel.sandbox_id} died: exit code 0" in log
+    assert "Ctrl-C will not work" not in log  # ipykernel's banner
+    restarted = stub.RestartKernel(
+        kpb.RestartKernelRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id), timeout=60
+    ).kernel
+    assert restarted.state == kpb.KERNEL_STATE_IDLE
+    quit_reply = run(stub, kernel, "quit()")
+    assert quit_reply.done.kernel_died and quit_reply.done.exit_code == 0
+
+
+def test_exit_keeping_the_kernel_and_sys_exit_are_not_deaths(stub, kernel):
+    """What stays true: exit(True) asks IPython to keep the kernel, and sys.exit() raises
+    SystemExit, which IPython catches (the cell fails, the kernel goes on). Neither is reported as
+    a death that did not happen."""
+    kept = run(stub, kernel, "exit(True)")
+    assert not kept.done.kernel_died and state_of(stub, kernel) == kpb.KERNEL_STATE_IDLE
+    raised = run(stub, kernel, "import sys\nsys.exit(3)")
+    assert raised.done.failed and not raised.done.kernel_died
+    assert (raised.error.ename, raised.error.evalue) == ("SystemExit", "3")
+    assert run(stub, kernel, "'alive'").result.data["text/plain"] == b"'alive'"
+
+
+def test_a_dead_kernel_says_its_exit_code_or_signal(stub, sandbox):
+    for code, exit_code, sig in [
+        ("import os\nos._exit(3)", 3, 0),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", 137, 9),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", 143, 15),
+    ]:
+        kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id), timeout=60).kernel
+        done = run(stub, kernel, code).done
+        assert done.kernel_died and (done.exit_code, done.signal, done.oom_killed) == (exit_code, sig, False), code
+        with pytest.raises(grpc.RpcError) as err:
+            run(stub, kernel, "1")
+        cause = f"killed by signal {sig}" if sig else f"exit code {exit_code}"
+        assert f"is dead ({cause})" in err.value.details()
+        stub.ShutdownKernel(kpb.ShutdownKernelRequest(sandbox_id=sandbox.id, kernel_id=kernel.kernel_id))
+
+
+def test_a_kernel_killed_for_memory_says_oom_killed(daemon, stub, client):
+    with client.create_sandbox(memory_bytes=256 << 20) as sb:
+        memory = next(s for s in sb.info.limit_status if s.kind == "memory")
+        if not memory.enforced:
+            pytest.skip(f"memory limit not enforced here: {memory.reason}")
+        kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sb.id), timeout=60).kernel
+        run(stub, kernel, "small = bytearray(1 << 20)")
+        done = run(stub, kernel, "hog = b'x' * (1 << 30)").done
+        assert done.kernel_died and done.oom_killed and (done.signal, done.exit_code) == (9, 137)
+        with pytest.raises(grpc.RpcError) as err:
+            run(stub, kernel, "1")
+        assert "is dead (killed by signal 9, out of memory)" in err.value.details()
+        assert f"kernel {kernel.kernel_id} in {sb.id} died: killed by signal 9, out of memory" in daemon.log.read_text()
+
+
+def test_a_kernel_that_dies_between_cells_is_reported_by_the_next_cell(stub, kernel, client):
+    """A thread the cell left behind kills the kernel after the cell's result: the next cell does
+    not run; its result says the kernel died and why, with what the thread printed first."""
+    with cpu_load(client):
+        # (The pause: a message flushed right before os._exit can die in the kernel's own zmq thread.)
+        code = (
+            "import os, threading, time\n"
+            "threading.Timer(0.3, lambda: (print('dying', flush=True), time.sleep(0.5), os._exit(7))).start()"
+        )
+        assert not run(stub, kernel, code).done.kernel_died
+        wait_for_state(stub, kernel, kpb.KERNEL_STATE_DEAD)
+        reply = run(stub, kernel, "print('never runs')")
+    assert reply.done.kernel_died and (reply.done.exit_code, reply.done.signal) == (7, 0)
+    assert reply.done.execution_count == 0 and reply.stdout == ""
+    assert reply.late_output.stdout == "dying\n"
+    with pytest.raises(grpc.RpcError) as err:
+        run(stub, kernel, "1")
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "is dead (exit code 7)" in err.value.details()
+
+
+# -- late output ------------------------------------------------------------------------------------
+
+LATE_THREAD = (
+    "import threading, time\n"
+    "def later():\n"
+    "    time.sleep(0.3)\n"
+    "    print('from a thread', flush=True)\n"
+    "threading.Thread(target=later).start()\n"
+)
+LATE_CHILD = "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 0.3; echo from a child; echo child err >&2'])\n"
+
+
+def test_output_after_a_cell_finished_reaches_the_next_cell(stub, kernel, client):
+    """A thread and a child process print after their cell's result: the next cell's result has
+    that apart from its own output (gathered: late_output; streamed: a first late_output event)."""
+    with cpu_load(client):
+        first = run(stub, kernel, LATE_THREAD + LATE_CHILD + "print('own')")
+        assert first.stdout == "own\n" and not first.HasField("late_output")
+        time.sleep(2)
+        second = run(stub, kernel, "print('second')")
+        assert second.stdout == "second\n"
+        assert sorted(second.late_output.stdout.splitlines()) == ["from a child", "from a thread"]
+        assert second.late_output.stderr == "child err\n" and not second.late_output.truncated
+        assert second.late_output.stdout_total_bytes == len("from a thread\nfrom a child\n")
+        assert not run(stub, kernel, "1").HasField("late_output")  # delivered once
+
+        run(stub, kernel, LATE_THREAD)
+        time.sleep(2)
+        events = list(stream(stub, kernel, "print('third')"))
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds == ["late_output", "stream", "done"]
+    assert events[0].late_output.stdout == "from a thread\n" and events[1].stream.text == "third\n"
+
+
+def test_late_output_is_capped_keeping_head_and_tail(stub, kernel):
+    code = (
+        "import threading, time, sys\n"
+        "def later():\n"
+        "    time.sleep(0.3)\n"
+        "    sys.stdout.write('HEAD\\n' + 'x' * 3_000_000 + '\\nTAIL\\n')\n"
+        "    sys.stdout.flush()\n"
+        "threading.Thread(target=later).start()\n"
+    )
+    run(stub, kernel, code)
+    time.sleep(3)
+    late = run(stub, kernel, "1").late_output
+    assert late.truncated and late.stdout_total_bytes == 3_000_011
+    assert len(late.stdout.encode()) == CAP and late.stdout.startswith("HEAD\n") and late.stdout.endswith("\nTAIL\n")
+
+
+def test_the_rest_of_an_abandoned_cell_reaches_the_next_cell(stub, kernel):
+    """A streamed cell whose caller went away is interrupted; what it prints then and its
+    KeyboardInterrupt come with the next cell instead of vanishing."""
+    code = (
+        "import time\nprint('started', flush=True)\n"
+        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted')\n    raise"
+    )
+    events = stream(stub, kernel, code)
+    assert next(events).stream.text == "started\n"
+    events.cancel()
+    reply = run(stub, kernel, "'next'", timeout_ms=10_000)
+    assert reply.result.data["text/plain"] == b"'next'" and reply.stdout == ""
+    assert reply.late_output.stdout == "interrupted\n"
+    assert [e.ename for e in reply.late_output.errors] == ["KeyboardInterrupt"]
+
+
+# -- invalid requests -----------------------------------------------------------------------------
+
+
+def test_invalid_kernel_requests_are_invalid_argument_and_leave_nothing(stub, sandbox):
+    marker = f"CORRAL_TEST_{uuid.uuid4().hex}"
+    invalid = [
+        {"python": "python3\0"},
+        {"python": "A=B"},  # `env` would take it for a variable
+        {"python": "-c"},  # ... and this for an option
+        {"python": "  "},
+        {"cwd": "relative/dir"},
+        {"cwd": "/tmp\0"},
+        {"env": {"A=B": "1"}},
+        {"env": {"": "1"}},
+        {"env": {"A\0": "1"}},
+        {"env": {"A": "1\0"}},
+    ]
+    for fields in invalid:
+        env = {marker: "1", **fields.pop("env", {})}
+        with pytest.raises(grpc.RpcError) as err:
+            stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id, env=env, **fields), timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (fields, env)
+    assert stub.ListKernels(kpb.ListKernelsRequest(sandbox_id=sandbox.id)).kernels == []
+    assert host_processes_with(marker) == []
+    left = sandbox.exec(["ls", "-A", "/run/corral"], check=True).stdout.decode().split()
+    assert [name for name in left if name.startswith("k")] == []
+
+    kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id), timeout=60).kernel
+    for call in (lambda req: run(stub, kernel, **req), lambda req: list(stream(stub, kernel, **req))):
+        for request in ({"code": "a\0b"}, {"code": "1", "timeout_ms": 10**12}):
+            with pytest.raises(grpc.RpcError) as err:
+                call(request)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, request
+    assert run(stub, kernel, "1").done.execution_count == 1  # nothing of those reached the kernel
+
+
+# -- helpers for the tests above ------------------------------------------------------------------
+
+
+def wait_for_state(stub, kernel: kpb.KernelInfo, state: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while state_of(stub, kernel) != state:
+        assert time.monotonic() < deadline, f"kernel never reached state {state}"
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def cpu_load(client, sandboxes: int = 2):
+    """Busy loops in other sandboxes of the same daemon while the block runs."""
+    loaders = [client.create_sandbox() for _ in range(sandboxes)]
+    threads = [
+        threading.Thread(target=_swallow, args=(sb.exec, "while :; do :; done"), kwargs={"timeout": 120}, daemon=True)
+        for sb in loaders
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        for sb in loaders:
+            sb.destroy()
+        for thread in threads:
+            thread.join(30)
+
+
+def _swallow(call, *args, **kwargs) -> None:
+    with contextlib.suppress(Exception):
+        call(*args, **kwargs)

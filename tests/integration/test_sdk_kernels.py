@@ -19,6 +19,7 @@ from corral.sdk import (
     KernelDoneEvent,
     KernelErrorEvent,
     KernelInfo,
+    KernelLateOutput,
     KernelResult,
     KernelResultEvent,
     KernelStreamEvent,
@@ -122,6 +123,23 @@ def test_timeout_interrupt_restart_shutdown(sandbox, kernel):
         kernel.execute("1")
     with pytest.raises(NotFound):
         sandbox.get_kernel(kernel.id)
+
+
+def test_results_say_truncation_death_and_late_output(kernel):
+    big = kernel.execute("print('x' * 3_000_000)", timeout=60)
+    assert big.truncated and big.stdout_total_bytes == 3_000_001 and len(big.stdout) == 1 << 20
+    assert big.ok  # a long output is not a failure
+    kernel.execute("import threading\nthreading.Timer(0.3, lambda: print('later', flush=True)).start()")
+    time.sleep(2)
+    after = kernel.execute("1")
+    assert isinstance(after.late_output, KernelLateOutput) and after.late_output.stdout == "later\n"
+    assert after.result_text == "1" and after.stdout == ""
+    with kernel.execute_stream("exit()") as events:
+        done = list(events)[-1]
+    assert isinstance(done, KernelDoneEvent) and done.kernel_died and (done.exit_code, done.signal) == (0, 0)
+    assert kernel.refresh().state == "dead"
+    with pytest.raises(FailedPrecondition, match=r"dead \(exit code 0\)"):
+        kernel.execute("1")
 
 
 def test_start_errors(sandbox, kernel):

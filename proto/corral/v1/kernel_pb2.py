@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63orral/v1/kernel.proto\x12\tcorral.v1\"\x83\x01\n\nKernelInfo\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.corral.v1.KernelState\x12\x17\n\x0f\x65xecution_count\x18\x04 \x01(\x04\x12\x0e\n\x06python\x18\x05 \x01(\t\"\xa6\x01\n\x12StartKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0e\n\x06python\x18\x02 \x01(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12\x33\n\x03\x65nv\x18\x04 \x03(\x0b\x32&.corral.v1.StartKernelRequest.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x13StartKernelResponse\x12%\n\x06kernel\x18\x01 \x01(\x0b\x32\x15.corral.v1.KernelInfo\"Y\n\x0e\x45xecuteRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"A\n\x0cKernelStream\x12#\n\x04name\x18\x01 \x01(\x0e\x32\x15.corral.v1.StreamName\x12\x0c\n\x04text\x18\x02 \x01(\t\"n\n\rKernelDisplay\x12\x30\n\x04\x64\x61ta\x18\x01 \x03(\x0b\x32\".corral.v1.KernelDisplay.DataEntry\x1a+\n\tDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"?\n\x0bKernelError\x12\r\n\x05\x65name\x18\x01 \x01(\t\x12\x0e\n\x06\x65value\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x03(\t\"r\n\nKernelDone\x12\x17\n\x0f\x65xecution_count\x18\x01 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x13\n\x0bkernel_died\x18\x04 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x04\"\xee\x01\n\x0f\x45xecuteResponse\x12)\n\x06stream\x18\x01 \x01(\x0b\x32\x17.corral.v1.KernelStreamH\x00\x12+\n\x07\x64isplay\x18\x02 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x12*\n\x06result\x18\x03 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.corral.v1.KernelErrorH\x00\x12%\n\x04\x64one\x18\x05 \x01(\x0b\x32\x15.corral.v1.KernelDoneH\x00\x42\x07\n\x05\x65vent\"a\n\x16\x45xecuteGatheredRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"\x8d\x02\n\x17\x45xecuteGatheredResponse\x12\x0e\n\x06stdout\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\t\x12-\n\x06result\x18\x03 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x88\x01\x01\x12*\n\x08\x64isplays\x18\x04 \x03(\x0b\x32\x18.corral.v1.KernelDisplay\x12*\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.corral.v1.KernelErrorH\x01\x88\x01\x01\x12#\n\x04\x64one\x18\x06 \x01(\x0b\x32\x15.corral.v1.KernelDone\x12\x11\n\ttruncated\x18\x07 \x01(\x08\x42\t\n\x07_resultB\x08\n\x06_error\"?\n\x16InterruptKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\"\x19\n\x17InterruptKernelResponse\"=\n\x14RestartKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\">\n\x15RestartKernelResponse\x12%\n\x06kernel\x18\x01 \x01(\x0b\x32\x15.corral.v1.KernelInfo\">\n\x15ShutdownKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\"\x18\n\x16ShutdownKernelResponse\"(\n\x12ListKernelsRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"=\n\x13ListKernelsResponse\x12&\n\x07kernels\x18\x01 \x03(\x0b\x32\x15.corral.v1.KernelInfo*p\n\x0bKernelState\x12\x1c\n\x18KERNEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11KERNEL_STATE_IDLE\x10\x01\x12\x15\n\x11KERNEL_STATE_BUSY\x10\x02\x12\x15\n\x11KERNEL_STATE_DEAD\x10\x03*Y\n\nStreamName\x12\x1b\n\x17STREAM_NAME_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_NAME_STDOUT\x10\x01\x12\x16\n\x12STREAM_NAME_STDERR\x10\x02\x32\xce\x04\n\rKernelService\x12L\n\x0bStartKernel\x12\x1d.corral.v1.StartKernelRequest\x1a\x1e.corral.v1.StartKernelResponse\x12\x42\n\x07\x45xecute\x12\x19.corral.v1.ExecuteRequest\x1a\x1a.corral.v1.ExecuteResponse0\x01\x12X\n\x0f\x45xecuteGathered\x12!.corral.v1.ExecuteGatheredRequest\x1a\".corral.v1.ExecuteGatheredResponse\x12X\n\x0fInterruptKernel\x12!.corral.v1.InterruptKernelRequest\x1a\".corral.v1.InterruptKernelResponse\x12R\n\rRestartKernel\x12\x1f.corral.v1.RestartKernelRequest\x1a .corral.v1.RestartKernelResponse\x12U\n\x0eShutdownKernel\x12 .corral.v1.ShutdownKernelRequest\x1a!.corral.v1.ShutdownKernelResponse\x12L\n\x0bListKernels\x12\x1d.corral.v1.ListKernelsRequest\x1a\x1e.corral.v1.ListKernelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63orral/v1/kernel.proto\x12\tcorral.v1\"\x83\x01\n\nKernelInfo\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.corral.v1.KernelState\x12\x17\n\x0f\x65xecution_count\x18\x04 \x01(\x04\x12\x0e\n\x06python\x18\x05 \x01(\t\"\xa6\x01\n\x12StartKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0e\n\x06python\x18\x02 \x01(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12\x33\n\x03\x65nv\x18\x04 \x03(\x0b\x32&.corral.v1.StartKernelRequest.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x13StartKernelResponse\x12%\n\x06kernel\x18\x01 \x01(\x0b\x32\x15.corral.v1.KernelInfo\"Y\n\x0e\x45xecuteRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"A\n\x0cKernelStream\x12#\n\x04name\x18\x01 \x01(\x0e\x32\x15.corral.v1.StreamName\x12\x0c\n\x04text\x18\x02 \x01(\t\"n\n\rKernelDisplay\x12\x30\n\x04\x64\x61ta\x18\x01 \x03(\x0b\x32\".corral.v1.KernelDisplay.DataEntry\x1a+\n\tDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"?\n\x0bKernelError\x12\r\n\x05\x65name\x18\x01 \x01(\t\x12\x0e\n\x06\x65value\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x03(\t\"\x8e\x02\n\nKernelDone\x12\x17\n\x0f\x65xecution_count\x18\x01 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x13\n\x0bkernel_died\x18\x04 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x04\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0e\n\x06signal\x18\x07 \x01(\x05\x12\x12\n\noom_killed\x18\x08 \x01(\x08\x12\x11\n\ttruncated\x18\t \x01(\x08\x12\x1a\n\x12stdout_total_bytes\x18\n \x01(\x04\x12\x1a\n\x12stderr_total_bytes\x18\x0b \x01(\x04\x12\x18\n\x10\x64isplays_dropped\x18\x0c \x01(\x04\"\xe2\x01\n\x10KernelLateOutput\x12\x0e\n\x06stdout\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\t\x12*\n\x08\x64isplays\x18\x03 \x03(\x0b\x32\x18.corral.v1.KernelDisplay\x12&\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x16.corral.v1.KernelError\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x1a\n\x12stdout_total_bytes\x18\x06 \x01(\x04\x12\x1a\n\x12stderr_total_bytes\x18\x07 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x08 \x01(\x04\"\xa2\x02\n\x0f\x45xecuteResponse\x12)\n\x06stream\x18\x01 \x01(\x0b\x32\x17.corral.v1.KernelStreamH\x00\x12+\n\x07\x64isplay\x18\x02 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x12*\n\x06result\x18\x03 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.corral.v1.KernelErrorH\x00\x12%\n\x04\x64one\x18\x05 \x01(\x0b\x32\x15.corral.v1.KernelDoneH\x00\x12\x32\n\x0blate_output\x18\x06 \x01(\x0b\x32\x1b.corral.v1.KernelLateOutputH\x00\x42\x07\n\x05\x65vent\"a\n\x16\x45xecuteGatheredRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"\xbf\x02\n\x17\x45xecuteGatheredResponse\x12\x0e\n\x06stdout\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\t\x12-\n\x06result\x18\x03 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x88\x01\x01\x12*\n\x08\x64isplays\x18\x04 \x03(\x0b\x32\x18.corral.v1.KernelDisplay\x12*\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.corral.v1.KernelErrorH\x01\x88\x01\x01\x12#\n\x04\x64one\x18\x06 \x01(\x0b\x32\x15.corral.v1.KernelDone\x12\x11\n\ttruncated\x18\x07 \x01(\x08\x12\x30\n\x0blate_output\x18\x08 \x01(\x0b\x32\x1b.corral.v1.KernelLateOutputB\t\n\x07_resultB\x08\n\x06_error\"?\n\x16InterruptKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\"\x19\n\x17InterruptKernelResponse\"=\n\x14RestartKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\">\n\x15RestartKernelResponse\x12%\n\x06kernel\x18\x01 \x01(\x0b\x32\x15.corral.v1.KernelInfo\">\n\x15ShutdownKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\"\x18\n\x16ShutdownKernelResponse\"(\n\x12ListKernelsRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"=\n\x13ListKernelsResponse\x12&\n\x07kernels\x18\x01 \x03(\x0b\x32\x15.corral.v1.KernelInfo*p\n\x0bKernelState\x12\x1c\n\x18KERNEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11KERNEL_STATE_IDLE\x10\x01\x12\x15\n\x11KERNEL_STATE_BUSY\x10\x02\x12\x15\n\x11KERNEL_STATE_DEAD\x10\x03*Y\n\nStreamName\x12\x1b\n\x17STREAM_NAME_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_NAME_STDOUT\x10\x01\x12\x16\n\x12STREAM_NAME_STDERR\x10\x02\x32\xce\x04\n\rKernelService\x12L\n\x0bStartKernel\x12\x1d.corral.v1.StartKernelRequest\x1a\x1e.corral.v1.StartKernelResponse\x12\x42\n\x07\x45xecute\x12\x19.corral.v1.ExecuteRequest\x1a\x1a.corral.v1.ExecuteResponse0\x01\x12X\n\x0f\x45xecuteGathered\x12!.corral.v1.ExecuteGatheredRequest\x1a\".corral.v1.ExecuteGatheredResponse\x12X\n\x0fInterruptKernel\x12!.corral.v1.InterruptKernelRequest\x1a\".corral.v1.InterruptKernelResponse\x12R\n\rRestartKernel\x12\x1f.corral.v1.RestartKernelRequest\x1a .corral.v1.RestartKernelResponse\x12U\n\x0eShutdownKernel\x12 .corral.v1.ShutdownKernelRequest\x1a!.corral.v1.ShutdownKernelResponse\x12L\n\x0bListKernels\x12\x1d.corral.v1.ListKernelsRequest\x1a\x1e.corral.v1.ListKernelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STARTKERNELREQUEST_ENVENTRY']._serialized_options = b'8\001'
   _globals['_KERNELDISPLAY_DATAENTRY']._loaded_options = None
   _globals['_KERNELDISPLAY_DATAENTRY']._serialized_options = b'8\001'
-  _globals['_KERNELSTATE']._serialized_start=1879
-  _globals['_KERNELSTATE']._serialized_end=1991
-  _globals['_STREAMNAME']._serialized_start=1993
-  _globals['_STREAMNAME']._serialized_end=2082
+  _globals['_KERNELSTATE']._serialized_start=2367
+  _globals['_KERNELSTATE']._serialized_end=2479
+  _globals['_STREAMNAME']._serialized_start=2481
+  _globals['_STREAMNAME']._serialized_end=2570
   _globals['_KERNELINFO']._serialized_start=38
   _globals['_KERNELINFO']._serialized_end=169
   _globals['_STARTKERNELREQUEST']._serialized_start=172
@@ -57,30 +57,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KERNELDISPLAY_DATAENTRY']._serialized_end=670
   _globals['_KERNELERROR']._serialized_start=672
   _globals['_KERNELERROR']._serialized_end=735
-  _globals['_KERNELDONE']._serialized_start=737
-  _globals['_KERNELDONE']._serialized_end=851
-  _globals['_EXECUTERESPONSE']._serialized_start=854
-  _globals['_EXECUTERESPONSE']._serialized_end=1092
-  _globals['_EXECUTEGATHEREDREQUEST']._serialized_start=1094
-  _globals['_EXECUTEGATHEREDREQUEST']._serialized_end=1191
-  _globals['_EXECUTEGATHEREDRESPONSE']._serialized_start=1194
-  _globals['_EXECUTEGATHEREDRESPONSE']._serialized_end=1463
-  _globals['_INTERRUPTKERNELREQUEST']._serialized_start=1465
-  _globals['_INTERRUPTKERNELREQUEST']._serialized_end=1528
-  _globals['_INTERRUPTKERNELRESPONSE']._serialized_start=1530
-  _globals['_INTERRUPTKERNELRESPONSE']._serialized_end=1555
-  _globals['_RESTARTKERNELREQUEST']._serialized_start=1557
-  _globals['_RESTARTKERNELREQUEST']._serialized_end=1618
-  _globals['_RESTARTKERNELRESPONSE']._serialized_start=1620
-  _globals['_RESTARTKERNELRESPONSE']._serialized_end=1682
-  _globals['_SHUTDOWNKERNELREQUEST']._serialized_start=1684
-  _globals['_SHUTDOWNKERNELREQUEST']._serialized_end=1746
-  _globals['_SHUTDOWNKERNELRESPONSE']._serialized_start=1748
-  _globals['_SHUTDOWNKERNELRESPONSE']._serialized_end=1772
-  _globals['_LISTKERNELSREQUEST']._serialized_start=1774
-  _globals['_LISTKERNELSREQUEST']._serialized_end=1814
-  _globals['_LISTKERNELSRESPONSE']._serialized_start=1816
-  _globals['_LISTKERNELSRESPONSE']._serialized_end=1877
-  _globals['_KERNELSERVICE']._serialized_start=2085
-  _globals['_KERNELSERVICE']._serialized_end=2675
+  _globals['_KERNELDONE']._serialized_start=738
+  _globals['_KERNELDONE']._serialized_end=1008
+  _globals['_KERNELLATEOUTPUT']._serialized_start=1011
+  _globals['_KERNELLATEOUTPUT']._serialized_end=1237
+  _globals['_EXECUTERESPONSE']._serialized_start=1240
+  _globals['_EXECUTERESPONSE']._serialized_end=1530
+  _globals['_EXECUTEGATHEREDREQUEST']._serialized_start=1532
+  _globals['_EXECUTEGATHEREDREQUEST']._serialized_end=1629
+  _globals['_EXECUTEGATHEREDRESPONSE']._serialized_start=1632
+  _globals['_EXECUTEGATHEREDRESPONSE']._serialized_end=1951
+  _globals['_INTERRUPTKERNELREQUEST']._serialized_start=1953
+  _globals['_INTERRUPTKERNELREQUEST']._serialized_end=2016
+  _globals['_INTERRUPTKERNELRESPONSE']._serialized_start=2018
+  _globals['_INTERRUPTKERNELRESPONSE']._serialized_end=2043
+  _globals['_RESTARTKERNELREQUEST']._serialized_start=2045
+  _globals['_RESTARTKERNELREQUEST']._serialized_end=2106
+  _globals['_RESTARTKERNELRESPONSE']._serialized_start=2108
+  _globals['_RESTARTKERNELRESPONSE']._serialized_end=2170
+  _globals['_SHUTDOWNKERNELREQUEST']._serialized_start=2172
+  _globals['_SHUTDOWNKERNELREQUEST']._serialized_end=2234
+  _globals['_SHUTDOWNKERNELRESPONSE']._serialized_start=2236
+  _globals['_SHUTDOWNKERNELRESPONSE']._serialized_end=2260
+  _globals['_LISTKERNELSREQUEST']._serialized_start=2262
+  _globals['_LISTKERNELSREQUEST']._serialized_end=2302
+  _globals['_LISTKERNELSRESPONSE']._serialized_start=2304
+  _globals['_LISTKERNELSRESPONSE']._serialized_end=2365
+  _globals['_KERNELSERVICE']._serialized_start=2573
+  _globals['_KERNELSERVICE']._serialized_end=3163
 # @@protoc_insertion_point(module_scope)

@@ -110,32 +110,68 @@ class KernelError(_message.Message):
     def __init__(self, ename: _Optional[str] = ..., evalue: _Optional[str] = ..., traceback: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class KernelDone(_message.Message):
-    __slots__ = ("execution_count", "failed", "timed_out", "kernel_died", "duration_ms")
+    __slots__ = ("execution_count", "failed", "timed_out", "kernel_died", "duration_ms", "exit_code", "signal", "oom_killed", "truncated", "stdout_total_bytes", "stderr_total_bytes", "displays_dropped")
     EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     KERNEL_DIED_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    OOM_KILLED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISPLAYS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     execution_count: int
     failed: bool
     timed_out: bool
     kernel_died: bool
     duration_ms: int
-    def __init__(self, execution_count: _Optional[int] = ..., failed: _Optional[bool] = ..., timed_out: _Optional[bool] = ..., kernel_died: _Optional[bool] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+    exit_code: int
+    signal: int
+    oom_killed: bool
+    truncated: bool
+    stdout_total_bytes: int
+    stderr_total_bytes: int
+    displays_dropped: int
+    def __init__(self, execution_count: _Optional[int] = ..., failed: _Optional[bool] = ..., timed_out: _Optional[bool] = ..., kernel_died: _Optional[bool] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., oom_killed: _Optional[bool] = ..., truncated: _Optional[bool] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., displays_dropped: _Optional[int] = ...) -> None: ...
+
+class KernelLateOutput(_message.Message):
+    __slots__ = ("stdout", "stderr", "displays", "errors", "truncated", "stdout_total_bytes", "stderr_total_bytes", "dropped")
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    DISPLAYS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    stdout: str
+    stderr: str
+    displays: _containers.RepeatedCompositeFieldContainer[KernelDisplay]
+    errors: _containers.RepeatedCompositeFieldContainer[KernelError]
+    truncated: bool
+    stdout_total_bytes: int
+    stderr_total_bytes: int
+    dropped: int
+    def __init__(self, stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., displays: _Optional[_Iterable[_Union[KernelDisplay, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[KernelError, _Mapping]]] = ..., truncated: _Optional[bool] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("stream", "display", "result", "error", "done")
+    __slots__ = ("stream", "display", "result", "error", "done", "late_output")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    LATE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     stream: KernelStream
     display: KernelDisplay
     result: KernelDisplay
     error: KernelError
     done: KernelDone
-    def __init__(self, stream: _Optional[_Union[KernelStream, _Mapping]] = ..., display: _Optional[_Union[KernelDisplay, _Mapping]] = ..., result: _Optional[_Union[KernelDisplay, _Mapping]] = ..., error: _Optional[_Union[KernelError, _Mapping]] = ..., done: _Optional[_Union[KernelDone, _Mapping]] = ...) -> None: ...
+    late_output: KernelLateOutput
+    def __init__(self, stream: _Optional[_Union[KernelStream, _Mapping]] = ..., display: _Optional[_Union[KernelDisplay, _Mapping]] = ..., result: _Optional[_Union[KernelDisplay, _Mapping]] = ..., error: _Optional[_Union[KernelError, _Mapping]] = ..., done: _Optional[_Union[KernelDone, _Mapping]] = ..., late_output: _Optional[_Union[KernelLateOutput, _Mapping]] = ...) -> None: ...
 
 class ExecuteGatheredRequest(_message.Message):
     __slots__ = ("sandbox_id", "kernel_id", "code", "timeout_ms")
@@ -150,7 +186,7 @@ class ExecuteGatheredRequest(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., kernel_id: _Optional[str] = ..., code: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ExecuteGatheredResponse(_message.Message):
-    __slots__ = ("stdout", "stderr", "result", "displays", "error", "done", "truncated")
+    __slots__ = ("stdout", "stderr", "result", "displays", "error", "done", "truncated", "late_output")
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +194,7 @@ class ExecuteGatheredResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    LATE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     stdout: str
     stderr: str
     result: KernelDisplay
@@ -165,7 +202,8 @@ class ExecuteGatheredResponse(_message.Message):
     error: KernelError
     done: KernelDone
     truncated: bool
-    def __init__(self, stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., result: _Optional[_Union[KernelDisplay, _Mapping]] = ..., displays: _Optional[_Iterable[_Union[KernelDisplay, _Mapping]]] = ..., error: _Optional[_Union[KernelError, _Mapping]] = ..., done: _Optional[_Union[KernelDone, _Mapping]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    late_output: KernelLateOutput
+    def __init__(self, stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., result: _Optional[_Union[KernelDisplay, _Mapping]] = ..., displays: _Optional[_Iterable[_Union[KernelDisplay, _Mapping]]] = ..., error: _Optional[_Union[KernelError, _Mapping]] = ..., done: _Optional[_Union[KernelDone, _Mapping]] = ..., truncated: _Optional[bool] = ..., late_output: _Optional[_Union[KernelLateOutput, _Mapping]] = ...) -> None: ...
 
 class InterruptKernelRequest(_message.Message):
     __slots__ = ("sandbox_id", "kernel_id")

@@ -86,22 +86,31 @@ class KernelServiceServicer:
 
     def StartKernel(self, request, context):
         """Starts a kernel. FAILED_PRECONDITION (saying what is missing) if the sandbox's python has no
-        ipykernel.
+        ipykernel. INVALID_ARGUMENT (before anything starts or is written) for a python that is blank
+        or has a NUL byte, '=' or a leading '-', a relative cwd, an environment variable name that is
+        empty or has '=' or NUL, a value with NUL.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Execute(self, request, context):
-        """Runs one cell and streams its events. Order: any number of `stream`, `display`, `result` and
-        `error` events as the kernel sends them, then exactly one `done`.
+        """Runs one cell and streams its events. Order: at most one `late_output` (output of earlier
+        cells, see KernelLateOutput), then any number of `stream`, `display`, `result` and `error`
+        events as the kernel sends them, then exactly one `done`. Each of stdout and stderr is
+        forwarded up to the daemon's output cap (1 MiB by default) and display outputs up to 16 MiB;
+        the rest is counted, not sent (`done.truncated`, the totals), so a slow reader never makes the
+        daemon hold more than that. INVALID_ARGUMENT: code with a NUL byte, timeout over the maximum.
+        NOT_FOUND: unknown sandbox or kernel. FAILED_PRECONDITION: the kernel is dead and a cell's
+        `done` has already said so (see KernelDone.kernel_died); the message says why it died.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ExecuteGathered(self, request, context):
-        """Runs one cell and returns all its events gathered.
+        """Runs one cell and returns all its events gathered; stdout and stderr keep their first and last
+        half of the output cap. Errors as for Execute.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
