@@ -69,6 +69,34 @@ def create_private_file(path: str | os.PathLike[str], mode: int) -> int:
         os.close(dir_fd)
 
 
+def create_private_fifo(path: str | os.PathLike[str], mode: int) -> tuple[int, int]:
+    """Like create_private_file, for a fifo the sandbox writes and the daemon reads: returns its
+    read end and a write end the daemon keeps open (so that the read end never sees end-of-file
+    when the sandbox's writers come and go), both non-blocking. The ends are opened once, checked
+    to be the daemon's own new fifo, and the mode set through the fd: a name the sandbox swaps
+    meanwhile makes this fail, never reach elsewhere."""
+    directory, name = os.path.split(os.fspath(path))
+    dir_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(name, dir_fd=dir_fd)
+        os.mkfifo(name, 0o600, dir_fd=dir_fd)
+        read_end = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    try:
+        info = os.fstat(read_end)
+        if not stat.S_ISFIFO(info.st_mode) or info.st_uid != os.geteuid():
+            raise PermissionError(errno.EPERM, "the fifo was replaced while it was created", os.fspath(path))
+        os.fchmod(read_end, mode)
+        # The same pipe again, through the fd rather than the name.
+        write_end = os.open(f"/proc/self/fd/{read_end}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except BaseException:
+        os.close(read_end)
+        raise
+    return read_end, write_end
+
+
 @contextlib.contextmanager
 def _as_user(uid: int | None, gid: int | None) -> Iterator[None]:
     """Takes the sandbox user's identity in this thread only (euid/egid; saved ids stay root)."""

@@ -42,7 +42,7 @@ from corral.sdk.ansi import strip_ansi
 from corral.sdk.errors import FailedPrecondition
 
 from .backends.base import SandboxRuntime
-from .fsaccess import create_private_file
+from .fsaccess import create_private_fifo, create_private_file
 from .output import HeadTailBuffer, utf8_safe
 from .process import write_all
 from .pty import Terminal
@@ -96,19 +96,51 @@ class TurnResult:
     output_total: int
     duration_ms: int
     shell_restarted: bool
+    stderr: bytes | None = None  # only when asked for apart
+    stderr_total: int = 0
 
 
-class _Turn:
-    """Collects one command's output until its end marker shows up, writing the shell's own label
-    for the command file (`bash: line 1: ...`) where bash wrote the file's path."""
+class _Relabeled:
+    """A capped stream in which bash's label for the command file (`<file>: line 1: ...`) is
+    written as the shell's name (`bash: line 1: ...`), as `bash -c` would. The last `hold` bytes
+    wait for the next chunk while they could be the start of a label."""
 
-    def __init__(self, nonce: bytes, hold: int, label: bytes, name: bytes, limit: int, stray: bytes) -> None:
-        self.nonce = nonce
-        self.hold = hold  # bytes kept back while they could be the start of a marker or label
+    def __init__(self, hold: int, label: bytes, name: bytes, limit: int, pending: bytes = b"") -> None:
+        self.hold = hold
         self.label = label
         self.name = name
         self.buffer = HeadTailBuffer(limit)
-        self.pending = bytearray(stray)
+        self.pending = bytearray(pending)
+
+    def write(self, data: bytes) -> None:
+        self.pending += data
+        self._release(len(self.pending) - self.hold)
+
+    def _release(self, cut: int) -> None:
+        """Passes on what comes before `cut`, less a label that starts before it and ends after."""
+        if cut <= 0:
+            return
+        label_at = self.pending.find(self.label, max(0, cut - len(self.label) + 1))
+        if 0 <= label_at < cut:
+            cut = label_at
+        self._emit(bytes(self.pending[:cut]))
+        del self.pending[:cut]
+
+    def _emit(self, data: bytes) -> None:
+        self.buffer.write(data.replace(self.label, self.name) if self.label in data else data)
+
+    def flush(self) -> None:
+        """Passes on what is still held back (the end of the stream)."""
+        self._emit(bytes(self.pending))
+        del self.pending[:]
+
+
+class _Turn(_Relabeled):
+    """Collects one command's terminal output until its end marker shows up."""
+
+    def __init__(self, nonce: bytes, hold: int, label: bytes, name: bytes, limit: int, stray: bytes) -> None:
+        super().__init__(hold, label, name, limit, stray)  # hold: also a marker's start
+        self.nonce = nonce
         self.done: asyncio.Future[tuple[int, bool]] = asyncio.get_running_loop().create_future()
         self.last_output = time.monotonic()
 
@@ -126,23 +158,7 @@ class _Turn:
             del self.pending[:]
             self.done.set_result(result)
             return
-        cut = len(self.pending) - self.hold
-        if cut <= 0:
-            return
-        # A label that starts before the cut and ends after it is kept back whole.
-        label_at = self.pending.find(self.label, max(0, cut - len(self.label) + 1))
-        if 0 <= label_at < cut:
-            cut = label_at
-        self._emit(bytes(self.pending[:cut]))
-        del self.pending[:cut]
-
-    def _emit(self, data: bytes) -> None:
-        self.buffer.write(data.replace(self.label, self.name) if self.label in data else data)
-
-    def flush(self) -> None:
-        """Keeps what is still held back (a turn that ended without its marker)."""
-        self._emit(bytes(self.pending))
-        del self.pending[:]
+        self._release(len(self.pending) - self.hold)
 
 
 class ShellSession:
@@ -169,6 +185,11 @@ class ShellSession:
         self.restarts = 0
         self._cmd_host = Path(runtime.run_dir_host) / f"sh{slot}.cmd"
         self._cmd_sandbox = f"{runtime.run_dir_sandbox}/sh{slot}.cmd"
+        self._err_host = Path(runtime.run_dir_host) / f"sh{slot}.err"
+        self._err_sandbox = f"{runtime.run_dir_sandbox}/sh{slot}.err"
+        self._err_ends: tuple[int, int] | None = None  # the stderr fifo's read end and spare write end
+        self._err_turn: _Relabeled | None = None  # where stderr goes while a turn wants it apart
+        self._err_stray = bytearray()
         self._pager_host = Path(runtime.run_dir_host) / "pager"
         self._pager_sandbox = f"{runtime.run_dir_sandbox}/pager"
         # bash labels errors in the sourced file with its path; `bash -c` with the shell's name.
@@ -191,7 +212,7 @@ class ShellSession:
 
     # -- the protocol ------------------------------------------------------------------------------
 
-    def _turn_line(self, nonce: str) -> bytes:
+    def _turn_line(self, nonce: str, separate_stderr: bool = False) -> bytes:
         """The line the shell reads for one turn: source the command with the terminal as stdin,
         then print the end marker. Everything of ours runs with stderr to /dev/null (an xtrace
         the user turned on shows only the user's commands)."""
@@ -199,7 +220,8 @@ class ShellSession:
             # Plain sh: the same marker, printed with printf (no `trap -p` in POSIX sh), and an
             # interrupt stops the current command only (no DEBUG trap to unwind with).
             return (
-                f"__corral_rc=0; trap : INT; . '{self._cmd_sandbox}' </dev/tty || __corral_rc=$?; "
+                f"__corral_rc=0; trap : INT; . '{self._cmd_sandbox}' </dev/tty{self._stderr_to(separate_stderr)} "
+                "|| __corral_rc=$?; "
                 f'printf "trap -- \'__CORRAL_%s_%s_\' {MARKER_SIGNAL}\\n" {nonce} "$__corral_rc" >/dev/tty\n'
             ).encode()
         marker = f'\\trap -- "__CORRAL_{nonce}_${{__corral_end:-$__corral_rc}}_${{-//[!x]/}}" {MARKER_SIGNAL}'
@@ -220,7 +242,10 @@ class ShellSession:
                 + "".join(f"BASH_CMDS[{pager}]={self._pager_sandbox}; " for pager in self._pagers)
                 + "__corral_path=$PATH; }; "
             )
-        source = f"\\. '{self._cmd_sandbox}' </dev/tty || {{ __corral_rc=$?; }} 2>/dev/null; "
+        source = (
+            f"\\. '{self._cmd_sandbox}' </dev/tty{self._stderr_to(separate_stderr)} "
+            "|| { __corral_rc=$?; } 2>/dev/null; "
+        )
         # POSIX mode for the end (special builtins outrank functions there), then back to the
         # user's: the DEBUG trap of an interrupt switched it on, a command may have itself.
         epilogue = (
@@ -231,6 +256,11 @@ class ShellSession:
             "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null\n"
         )
         return (prologue + source + epilogue).encode()
+
+    def _stderr_to(self, separate: bool) -> str:
+        # A fifo the daemon reads as it fills, like the terminal: a flood costs no disk, and
+        # blocks the writer once the daemon stops keeping up, as a terminal would.
+        return f" 2>'{self._err_sandbox}'" if separate else ""
 
     def _setup_line(self) -> bytes:
         """Sent once when the shell starts: no job control; for bash, extdebug (for the DEBUG trap
@@ -345,12 +375,19 @@ class ShellSession:
         if self._cmd_fd is not None:
             os.close(self._cmd_fd)
             self._cmd_fd = None
+        if self._err_ends is not None:
+            asyncio.get_running_loop().remove_reader(self._err_ends[0])
+            for fd in self._err_ends:
+                os.close(fd)
+            self._err_ends = None
+            self._err_host.unlink(missing_ok=True)
         self._cmd_host.unlink(missing_ok=True)
 
     async def _restart(self) -> None:
         await self._release()
         self.restarts += 1
         self._stray.clear()
+        self._err_stray.clear()
         await self.start()
 
     # -- output routing ------------------------------------------------------------------------------
@@ -360,6 +397,28 @@ class ShellSession:
             self._turn.on_output(data)
         elif len(self._stray) < STRAY_LIMIT:  # background output between turns goes to the next one
             self._stray += data[: STRAY_LIMIT - len(self._stray)]
+
+    def _open_stderr(self) -> None:
+        if self._err_ends is None:
+            self._err_ends = create_private_fifo(self._err_host, 0o666)  # the sandbox's user writes it
+            asyncio.get_running_loop().add_reader(self._err_ends[0], self._on_stderr)
+
+    def _on_stderr(self) -> None:
+        """Reads the stderr fifo. Its writers live on after their turn (background jobs): what
+        they write while no turn takes stderr apart goes to the next turn (apart, or before its
+        terminal output)."""
+        assert self._err_ends is not None
+        for _ in range(32):  # enough for the largest pipe a writer can ask for (1 MiB); then yield
+            try:
+                data = os.read(self._err_ends[0], 1 << 16)
+            except BlockingIOError:
+                return
+            if self._err_turn is not None:
+                self._err_turn.write(data)
+            elif len(self._err_stray) < STRAY_LIMIT:
+                self._err_stray += data[: STRAY_LIMIT - len(self._err_stray)]
+            if len(data) < 1 << 16:
+                return
 
     def _cmdline(self) -> bytes:
         pid = self._terminal.shell_pid() if self._terminal else None
@@ -371,13 +430,22 @@ class ShellSession:
     # -- a turn --------------------------------------------------------------------------------------
 
     async def run(
-        self, command: str, *, timeout_s: float, idle_timeout_s: float, output_limit: int, strip: bool
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        idle_timeout_s: float,
+        output_limit: int,
+        strip: bool,
+        separate_stderr: bool = False,
     ) -> tuple[TurnResult, bytes | None]:
         async with self._lock:
-            result = await self._run_locked(command, timeout_s, idle_timeout_s, output_limit)
+            result = await self._run_locked(command, timeout_s, idle_timeout_s, output_limit, separate_stderr)
         return result, (strip_ansi(result.output) if strip else None)
 
-    async def _run_locked(self, command: str, timeout_s: float, idle_timeout_s: float, limit: int) -> TurnResult:
+    async def _run_locked(
+        self, command: str, timeout_s: float, idle_timeout_s: float, limit: int, separate_stderr: bool
+    ) -> TurnResult:
         if self.closed:
             raise FailedPrecondition(f"shell {self.name!r} was closed")
         restarted = False
@@ -390,6 +458,13 @@ class ShellSession:
         started = time.monotonic()
         terminal.reset()
         self._write_command(self._command_text(command))
+        stderr = None
+        if separate_stderr:
+            self._open_stderr()
+            stderr = _Relabeled(len(self._label) - 1, self._label, self._shell_name, limit, bytes(self._err_stray))
+        else:
+            self._stray += self._err_stray
+        self._err_stray.clear()
         nonce = secrets.token_hex(8)
         turn = self._new_turn(nonce, limit, bytes(self._stray))
         self._stray.clear()
@@ -397,12 +472,12 @@ class ShellSession:
         # increasing order; after a wrap-around, the turn's processes are taken for older ones,
         # which spares them): one small read instead of listing the session's processes.
         before = _last_pid()
-        self._turn = turn
+        self._turn, self._err_turn = turn, stderr
         self.turns += 1
         timed_out, reason = False, ""
         try:
             try:
-                await self._send(self._turn_line(nonce))
+                await self._send(self._turn_line(nonce, separate_stderr))
             except TimeoutError:  # the shell has not read its input for seconds: beyond saving
                 outcome = "stuck"
             else:
@@ -411,8 +486,12 @@ class ShellSession:
                 timed_out, reason = True, outcome
                 outcome = await self._interrupt(turn, terminal, before)
         finally:
-            self._turn = None
+            if self._err_ends is not None:
+                self._on_stderr()  # what the command wrote before its end is in the fifo by now
+            self._turn = self._err_turn = None
         turn.flush()
+        if stderr is not None:
+            stderr.flush()
         if self.closed:
             raise FailedPrecondition(f"shell {self.name!r} was closed while the command ran")
         if outcome == "done":
@@ -423,18 +502,18 @@ class ShellSession:
             exit_code = terminal.exited.result() if terminal.exited.done() else 137
             await self._restart()  # the shell died, was replaced, or could not be brought back
             restarted = True
-        output = turn.buffer.getvalue()
-        if turn.buffer.truncated:
-            output = utf8_safe(turn.buffer)
+        output = _captured(turn.buffer)
         return TurnResult(
             output=output,
             exit_code=exit_code,
             timed_out=timed_out,
             timeout_reason=reason,
-            truncated=turn.buffer.truncated,
+            truncated=turn.buffer.truncated or bool(stderr and stderr.buffer.truncated),
             output_total=turn.buffer.total,
             duration_ms=int((time.monotonic() - started) * 1000),
             shell_restarted=restarted,
+            stderr=None if stderr is None else _captured(stderr.buffer),
+            stderr_total=0 if stderr is None else stderr.buffer.total,
         )
 
     async def _wait_turn_or_exit(self, turn: _Turn, terminal: Terminal) -> str:
@@ -520,6 +599,10 @@ async def _first_of(*futures: asyncio.Future, timeout: float | None = None) -> N
             timer.cancel()
         for future in futures:
             future.remove_done_callback(wake)
+
+
+def _captured(buffer: HeadTailBuffer) -> bytes:
+    return utf8_safe(buffer) if buffer.truncated else buffer.getvalue()
 
 
 def _write_private(path: Path, data: bytes, mode: int) -> None:

@@ -111,6 +111,7 @@ class ShellManager:
         idle_timeout_ms: int,
         output_limit_bytes: int,
         strip_ansi: bool,
+        separate_stderr: bool = False,
     ) -> tuple[TurnResult, bytes | None]:
         """Runs one command in a session. Timeouts and the output limit as the caller sent them
         (0: the daemon's defaults; idle timeout 0: none)."""
@@ -126,6 +127,7 @@ class ShellManager:
                 idle_timeout_s=idle_timeout_ms / 1000,
                 output_limit=limit,
                 strip=strip_ansi,
+                separate_stderr=separate_stderr,
             )
 
     def list(self, sandbox_id: str) -> list[ShellSession]:

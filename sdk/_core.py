@@ -62,7 +62,6 @@ EXEC_DEADLINE_MARGIN_S = 10.0
 # exec.default_timeout_s, which the client does not know) waits for the daemon's answer, which
 # comes once the daemon has killed the command at the latest.
 NO_DEADLINE = math.inf
-DEFAULT_EXEC_TIMEOUT_S = 60.0
 # A shell command's deadline is its timeout plus this: on expiry the daemon sends SIGINT, then
 # stdin EOF, then SIGKILL, with a grace period between each (a few seconds in all), and only then
 # answers with the partial output.
@@ -101,14 +100,16 @@ def exec_deadline(timeout: float | None) -> float:
     return NO_DEADLINE if timeout is None else timeout + EXEC_DEADLINE_MARGIN_S
 
 
-def shell_deadline(timeout: float) -> float:
-    """Seconds a RunInShell call may take in all, for a command timeout in seconds."""
-    return timeout + SHELL_DEADLINE_MARGIN_S
+def shell_deadline(timeout: float | None) -> float:
+    """Seconds a RunInShell call may take in all, for a command timeout in seconds (None: the
+    daemon's default, so NO_DEADLINE)."""
+    return NO_DEADLINE if timeout is None else timeout + SHELL_DEADLINE_MARGIN_S
 
 
-def kernel_deadline(timeout: float) -> float:
-    """Seconds an Execute or ExecuteGathered call may take in all, for a cell timeout in seconds."""
-    return timeout + KERNEL_DEADLINE_MARGIN_S
+def kernel_deadline(timeout: float | None) -> float:
+    """Seconds an Execute or ExecuteGathered call may take in all, for a cell timeout in seconds
+    (None: the daemon's default, so NO_DEADLINE)."""
+    return NO_DEADLINE if timeout is None else timeout + KERNEL_DEADLINE_MARGIN_S
 
 
 # ---- requests --------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def build_command(
     command = pb.Command(
         env=_string_map("env", env),
         cwd=cwd or "",
-        timeout_ms=0 if timeout is None else _positive_ms("timeout", timeout),
+        timeout_ms=_timeout_ms(timeout),
         output_limit_bytes=_non_negative("output_limit", output_limit),
     )
     if isinstance(cmd, str):
@@ -314,10 +315,11 @@ def build_run_in_shell_request(
     name: str,
     cmd: str,
     *,
-    timeout: float,
+    timeout: float | None,
     idle_timeout: float | None,
     output_limit: int | None,
     strip_ansi: bool,
+    separate_stderr: bool = False,
 ) -> shell_pb.RunInShellRequest:
     if not isinstance(cmd, str):
         raise InvalidArgument(f"a shell command is str (any bash text), got {type(cmd).__name__}")
@@ -325,10 +327,11 @@ def build_run_in_shell_request(
         sandbox_id=sandbox_id,
         name=_shell_name(name),
         command=cmd,
-        timeout_ms=_positive_ms("timeout", timeout),
+        timeout_ms=_timeout_ms(timeout),
         idle_timeout_ms=0 if idle_timeout is None else _positive_ms("idle_timeout", idle_timeout),
         output_limit_bytes=_non_negative("output_limit", output_limit),
         strip_ansi=strip_ansi,
+        separate_stderr=separate_stderr,
     )
 
 
@@ -383,17 +386,19 @@ def build_start_kernel_request(
     )
 
 
-def build_execute_request(sandbox_id: str, kernel_id: str, code: str, *, timeout: float) -> kernel_pb.ExecuteRequest:
+def build_execute_request(
+    sandbox_id: str, kernel_id: str, code: str, *, timeout: float | None
+) -> kernel_pb.ExecuteRequest:
     return kernel_pb.ExecuteRequest(
-        sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code), timeout_ms=_positive_ms("timeout", timeout)
+        sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code), timeout_ms=_timeout_ms(timeout)
     )
 
 
 def build_execute_gathered_request(
-    sandbox_id: str, kernel_id: str, code: str, *, timeout: float
+    sandbox_id: str, kernel_id: str, code: str, *, timeout: float | None
 ) -> kernel_pb.ExecuteGatheredRequest:
     return kernel_pb.ExecuteGatheredRequest(
-        sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code), timeout_ms=_positive_ms("timeout", timeout)
+        sandbox_id=sandbox_id, kernel_id=kernel_id, code=_cell_code(code), timeout_ms=_timeout_ms(timeout)
     )
 
 
@@ -597,6 +602,8 @@ def shell_result_from_proto(response: shell_pb.RunInShellResponse) -> ShellResul
         duration_ms=response.duration_ms,
         shell_restarted=response.shell_restarted,
         output_plain=response.output_plain if response.HasField("output_plain") else None,
+        stderr=response.stderr if response.HasField("stderr") else None,
+        stderr_total_bytes=response.stderr_total_bytes,
     )
 
 
@@ -766,6 +773,11 @@ def _cell_code(code: str) -> str:
 
 def _datetime_from_ms(unix_ms: int) -> datetime:
     return datetime.fromtimestamp(unix_ms / 1000, tz=UTC)
+
+
+def _timeout_ms(seconds: float | None) -> int:
+    """A command, turn or cell timeout on the wire: None sends 0, the daemon's default."""
+    return 0 if seconds is None else _positive_ms("timeout", seconds)
 
 
 def _positive_ms(name: str, seconds: float) -> int:

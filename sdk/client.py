@@ -22,7 +22,7 @@ from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
 from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, AwaitableContext
-from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, DEFAULT_EXEC_TIMEOUT_S, Command, EventT
+from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, Command, EventT
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
 from corral.sdk.rollouts import AsyncRollouts
 from corral.sdk.types import (
@@ -442,20 +442,24 @@ class AsyncShell:
         self,
         cmd: str,
         *,
-        timeout: float = DEFAULT_EXEC_TIMEOUT_S,
+        timeout: float | None = None,
         idle_timeout: float | None = None,
         output_limit: int | None = None,
         strip_ansi: bool = False,
+        separate_stderr: bool = False,
         check: bool = False,
     ) -> ShellResult:
         """Runs one command (any bash text: several lines, heredocs, ...) in the session and
         returns its exit code and output.
 
         `timeout`: seconds, after which the command is interrupted (SIGINT, stdin EOF, then
-        SIGKILL) and `timed_out` is set; the session stays usable. `idle_timeout`: the same after
-        this many seconds without output (None: no such limit). `output_limit`: bytes kept (None:
-        the daemon's default, 1 MiB). `strip_ansi`: also return the output without ANSI escapes
-        in `output_plain`. `check`: raise CommandExitError unless the result is `ok`.
+        SIGKILL) and `timed_out` is set; the session stays usable (None: the daemon's
+        exec.default_timeout_s, 600 s unless configured). `idle_timeout`: the same after this many
+        seconds without output (None: no such limit). `output_limit`: bytes kept (None: the
+        daemon's default, 1 MiB). `strip_ansi`: also return the output without ANSI escapes in
+        `output_plain`. `separate_stderr`: stderr apart, in `stderr` (`output` is then stdout
+        alone); by default both are the terminal, in the order written. `check`: raise
+        CommandExitError unless the result is `ok`.
         """
         request = _core.build_run_in_shell_request(
             self._sandbox_id,
@@ -465,6 +469,7 @@ class AsyncShell:
             idle_timeout=idle_timeout,
             output_limit=output_limit,
             strip_ansi=strip_ansi,
+            separate_stderr=separate_stderr,
         )
         response = await self._transport.unary(
             self._transport.shell_service.RunInShell, request, timeout=_core.shell_deadline(timeout)
@@ -548,10 +553,10 @@ class AsyncKernel:
         """What the daemon last said about this kernel; `refresh()` asks again."""
         return self._info
 
-    async def execute(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> KernelResult:
+    async def execute(self, code: str, *, timeout: float | None = None) -> KernelResult:
         """Runs one cell and returns everything it produced. `timeout`: seconds, after which the
         kernel is interrupted and `timed_out` is set (a cell that ignores the interrupt gets the
-        kernel killed: `kernel_died`). A cell that raises is not an SDK error: see `.error`; nor
+        kernel killed: `kernel_died`); None: the daemon's exec.default_timeout_s. A cell that raises is not an SDK error: see `.error`; nor
         is one whose kernel dies: see `.kernel_died` and why (`.exit_code`, `.signal`,
         `.oom_killed`). Output of earlier cells that arrived after their results comes apart, in
         `.late_output`."""
@@ -561,7 +566,7 @@ class AsyncKernel:
         )
         return _core.kernel_result_from_proto(response)
 
-    def execute_stream(self, code: str, *, timeout: float = DEFAULT_EXEC_TIMEOUT_S) -> AsyncKernelExecuteStream:
+    def execute_stream(self, code: str, *, timeout: float | None = None) -> AsyncKernelExecuteStream:
         """Runs one cell and streams its events as the kernel sends them: KernelStreamEvent,
         KernelDisplayEvent, KernelResultEvent and KernelErrorEvent, then one KernelDoneEvent;
         first, when earlier cells printed after their results, one KernelLateOutput. Each of

@@ -199,8 +199,9 @@ class ShellInfo:
 class ShellResult:
     """How one command in a shell session ended, with its output.
 
-    `output` is stdout and stderr interleaved as the terminal showed them, raw bytes (no CRLF
-    translation).
+    `output` is stdout and stderr in the order the command wrote them, as the terminal showed
+    them, raw bytes (no CRLF translation); with `separate_stderr`, stdout alone, and stderr is in
+    `stderr`.
     """
 
     output: bytes
@@ -220,6 +221,10 @@ class ShellResult:
     shell_restarted: bool
     # `output` without ANSI escape sequences, when the run asked for `strip_ansi`; else None.
     output_plain: bytes | None
+    # What the command wrote to stderr, when the run asked for `separate_stderr`; else None.
+    # Capped like `output` (`truncated` covers both).
+    stderr: bytes | None = None
+    stderr_total_bytes: int = 0
 
     @property
     def ok(self) -> bool:

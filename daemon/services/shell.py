@@ -46,6 +46,7 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
             idle_timeout_ms=request.idle_timeout_ms,
             output_limit_bytes=request.output_limit_bytes,
             strip_ansi=request.strip_ansi,
+            separate_stderr=request.separate_stderr,
         )
         response = pb.RunInShellResponse(
             output=result.output,
@@ -59,6 +60,9 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
         )
         if plain is not None:
             response.output_plain = plain
+        if result.stderr is not None:
+            response.stderr = result.stderr
+            response.stderr_total_bytes = result.stderr_total
         return response
 
     async def CloseShell(self, request, context) -> pb.CloseShellResponse:

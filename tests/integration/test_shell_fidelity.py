@@ -4,6 +4,8 @@ kernels that never lose, reorder or fake a byte), on every backend case."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
+from pathlib import Path
 
 import grpc
 import pytest
@@ -128,3 +130,77 @@ def test_errors_read_as_bash_and_no_host_path_is_visible(sh, sandbox, daemon, cl
     daemon_id = client.node_info().daemon_id
     # Neither the daemon's state directory nor its run directory on the host (/run/corral-<id>/).
     assert str(daemon.state_dir).encode() not in listing and f"corral-{daemon_id}/".encode() not in listing
+
+
+def test_stderr_apart_is_complete_in_order_and_relabelled_under_load(sh, client):
+    burning = burners(client)
+    try:
+        for i in range(60):
+            r = sh.run(
+                f"echo a{i}; echo b{i} >&2; echo c{i}; printf 'd{i}' >&2; no_such_command_{i}",
+                separate_stderr=True,
+            )
+            assert r.output == f"a{i}\nc{i}\n".encode(), (i, r)
+            expected = f"b{i}\nd{i}bash: line 1: no_such_command_{i}: command not found\n".encode()
+            assert r.HasField("stderr") and r.stderr == expected and r.stderr_total_bytes == len(expected), (i, r)
+            assert r.exit_code == 127
+    finally:
+        stop(burning)
+    # Without the option, stderr is the terminal again.
+    r = sh.run("echo out; echo err >&2")
+    assert r.output == b"out\nerr\n" and not r.HasField("stderr")
+
+
+def test_stderr_apart_floods_are_capped_and_timeouts_keep_it(sh):
+    flood = sh.run(
+        "head -c 3000000 /dev/zero | tr '\\0' e >&2; echo done", separate_stderr=True, output_limit_bytes=1 << 20
+    )
+    assert flood.output == b"done\n" and flood.stderr_total_bytes == 3_000_000 and flood.truncated
+    assert len(flood.stderr) <= 1 << 20 and set(flood.stderr) == {ord("e")} and not flood.shell_restarted
+    stopped = sh.run("echo started >&2; sleep 300", timeout=1, separate_stderr=True)
+    assert stopped.timed_out and stopped.stderr == b"started\n" and not stopped.shell_restarted
+
+
+def test_stderr_of_a_background_job_after_its_turn_reaches_the_next_turn(sh):
+    sh.run("(sleep 0.5; echo late >&2) &", separate_stderr=True)
+    assert sh.run("sleep 2").output == b""  # the job writes meanwhile, to the fifo: kept for later
+    assert sh.run("echo now").output == b"late\nnow\n"
+    sh.run("(sleep 0.5; echo later >&2) &", separate_stderr=True)
+    sh.run("sleep 2")
+    assert sh.run("echo now", separate_stderr=True).stderr == b"later\n"
+
+
+def test_invalid_open_shell_requests_are_invalid_argument_and_leak_nothing(shells, sandbox, daemon):
+    def daemon_ptys() -> int:
+        fds = Path(f"/proc/{daemon.proc.pid}/fd")
+        return sum(1 for fd in fds.iterdir() if _link(fd) in ("/dev/ptmx", "/dev/pts/ptmx"))
+
+    before = daemon_ptys()
+    invalid = [
+        {"env": {"A": "1\0"}},
+        {"env": {"A\0": "1"}},
+        {"env": {"A=B": "1"}},
+        {"cwd": "/tmp\0"},
+        {"cwd": "relative/dir"},
+        {"program": "bash\0"},
+        {"program": "python3"},
+        {"name": "a/b"},
+        {"name": "a\0"},
+        {"size": pb.TerminalSize(rows=0, cols=80)},
+        {"size": pb.TerminalSize(rows=24, cols=100_000)},
+    ]
+    for _ in range(5):
+        for fields in invalid:
+            request = pb.OpenShellRequest(sandbox_id=sandbox.id, **{"name": "bad", **fields})
+            with pytest.raises(grpc.RpcError) as err:
+                shells.OpenShell(request, timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, fields
+    assert daemon_ptys() == before
+    assert [s.name for s in shells.ListShells(pb.ListShellsRequest(sandbox_id=sandbox.id)).shells] == []
+
+
+def _link(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""

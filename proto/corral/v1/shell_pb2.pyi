@@ -58,7 +58,7 @@ class OpenShellResponse(_message.Message):
     def __init__(self, shell: _Optional[_Union[ShellInfo, _Mapping]] = ...) -> None: ...
 
 class RunInShellRequest(_message.Message):
-    __slots__ = ("sandbox_id", "name", "command", "timeout_ms", "idle_timeout_ms", "output_limit_bytes", "strip_ansi")
+    __slots__ = ("sandbox_id", "name", "command", "timeout_ms", "idle_timeout_ms", "output_limit_bytes", "strip_ansi", "separate_stderr")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class RunInShellRequest(_message.Message):
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     STRIP_ANSI_FIELD_NUMBER: _ClassVar[int]
+    SEPARATE_STDERR_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     name: str
     command: str
@@ -73,10 +74,11 @@ class RunInShellRequest(_message.Message):
     idle_timeout_ms: int
     output_limit_bytes: int
     strip_ansi: bool
-    def __init__(self, sandbox_id: _Optional[str] = ..., name: _Optional[str] = ..., command: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., output_limit_bytes: _Optional[int] = ..., strip_ansi: _Optional[bool] = ...) -> None: ...
+    separate_stderr: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., name: _Optional[str] = ..., command: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., output_limit_bytes: _Optional[int] = ..., strip_ansi: _Optional[bool] = ..., separate_stderr: _Optional[bool] = ...) -> None: ...
 
 class RunInShellResponse(_message.Message):
-    __slots__ = ("output", "exit_code", "timed_out", "timeout_reason", "truncated", "output_total_bytes", "duration_ms", "shell_restarted", "output_plain")
+    __slots__ = ("output", "exit_code", "timed_out", "timeout_reason", "truncated", "output_total_bytes", "duration_ms", "shell_restarted", "output_plain", "stderr", "stderr_total_bytes")
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +88,8 @@ class RunInShellResponse(_message.Message):
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     SHELL_RESTARTED_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_PLAIN_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     output: bytes
     exit_code: int
     timed_out: bool
@@ -95,7 +99,9 @@ class RunInShellResponse(_message.Message):
     duration_ms: int
     shell_restarted: bool
     output_plain: bytes
-    def __init__(self, output: _Optional[bytes] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., timeout_reason: _Optional[str] = ..., truncated: _Optional[bool] = ..., output_total_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ..., shell_restarted: _Optional[bool] = ..., output_plain: _Optional[bytes] = ...) -> None: ...
+    stderr: bytes
+    stderr_total_bytes: int
+    def __init__(self, output: _Optional[bytes] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., timeout_reason: _Optional[str] = ..., truncated: _Optional[bool] = ..., output_total_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ..., shell_restarted: _Optional[bool] = ..., output_plain: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., stderr_total_bytes: _Optional[int] = ...) -> None: ...
 
 class CloseShellRequest(_message.Message):
     __slots__ = ("sandbox_id", "name")
