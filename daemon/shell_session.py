@@ -198,6 +198,7 @@ class ShellSession:
         self._terminal: Terminal | None = None
         self._commands: int | None = None  # the write end of the shell's command pipe
         self._cmd_fd: int | None = None
+        self._cmd_size = 0  # the command file's size: it is truncated only when a command is shorter
         self._turn: _Turn | None = None
         self._stray = bytearray()
         self._xtrace = False  # the shell ended its last turn with `set -x` on
@@ -354,11 +355,14 @@ class ShellSession:
         # ext4, most of the daemon's own time in a turn; this costs a few microseconds.
         if self._cmd_fd is None:
             self._cmd_fd = create_private_file(self._cmd_host, 0o644)
+            self._cmd_size = 0
         view = memoryview(data)
         offset = 0
         while offset < len(data):
             offset += os.pwrite(self._cmd_fd, view[offset:], offset)
-        os.ftruncate(self._cmd_fd, len(data))
+        if len(data) < self._cmd_size:
+            os.ftruncate(self._cmd_fd, len(data))
+        self._cmd_size = len(data)
 
     async def close(self) -> None:
         """Ends the session for good (a running turn fails with FAILED_PRECONDITION)."""

@@ -653,19 +653,26 @@ def kernel_result_from_proto(response: kernel_pb.ExecuteGatheredResponse) -> Ker
         result=dict(response.result.data) if response.HasField("result") else None,
         displays=[dict(display.data) for display in response.displays],
         error=None if error is None else _kernel_error_info(error),
-        execution_count=done.execution_count,
-        timed_out=done.timed_out,
-        kernel_died=done.kernel_died,
-        duration_ms=done.duration_ms,
-        truncated=response.truncated or done.truncated,
-        stdout_total_bytes=done.stdout_total_bytes,
-        stderr_total_bytes=done.stderr_total_bytes,
-        displays_dropped=done.displays_dropped,
-        exit_code=done.exit_code,
-        signal=done.signal,
-        oom_killed=done.oom_killed,
+        **_cell_end_fields(done, truncated=response.truncated),
         late_output=kernel_late_output_from_proto(response.late_output) if response.HasField("late_output") else None,
     )
+
+
+def _cell_end_fields(done: kernel_pb.KernelDone, truncated: bool = False) -> dict[str, Any]:
+    """How a cell ended, as the keyword arguments KernelResult and KernelDoneEvent share."""
+    return {
+        "execution_count": done.execution_count,
+        "timed_out": done.timed_out,
+        "kernel_died": done.kernel_died,
+        "duration_ms": done.duration_ms,
+        "truncated": truncated or done.truncated,
+        "stdout_total_bytes": done.stdout_total_bytes,
+        "stderr_total_bytes": done.stderr_total_bytes,
+        "displays_dropped": done.displays_dropped,
+        "exit_code": done.exit_code,
+        "signal": done.signal,
+        "oom_killed": done.oom_killed,
+    }
 
 
 def kernel_event_from_proto(response: kernel_pb.ExecuteResponse) -> KernelEvent:
@@ -681,20 +688,7 @@ def kernel_event_from_proto(response: kernel_pb.ExecuteResponse) -> KernelEvent:
         return KernelErrorEvent(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback))
     if kind == "done":
         done = response.done
-        return KernelDoneEvent(
-            execution_count=done.execution_count,
-            failed=done.failed,
-            timed_out=done.timed_out,
-            kernel_died=done.kernel_died,
-            duration_ms=done.duration_ms,
-            truncated=done.truncated,
-            stdout_total_bytes=done.stdout_total_bytes,
-            stderr_total_bytes=done.stderr_total_bytes,
-            displays_dropped=done.displays_dropped,
-            exit_code=done.exit_code,
-            signal=done.signal,
-            oom_killed=done.oom_killed,
-        )
+        return KernelDoneEvent(failed=done.failed, **_cell_end_fields(done))
     if kind == "late_output":
         return kernel_late_output_from_proto(response.late_output)
     raise ProtocolError("Execute sent an event with none of stream/display/result/error/done/late_output set")
