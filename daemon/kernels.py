@@ -99,6 +99,10 @@ def describe_death(done: CellDone) -> str:
     return cause
 
 
+def _is_reply(msg: Any) -> bool:
+    return isinstance(msg, dict) and msg.get("msg_type") == "execute_reply"
+
+
 def _asks_exit(reply: dict) -> bool:
     """The cell called exit() or quit(): ipykernel replies, then stops (exit(True) keeps it)."""
     payload = reply.get("payload") or []
@@ -410,9 +414,10 @@ class KernelProcess:
                     self.interrupt()
                     deadline = time.monotonic() + INTERRUPT_GRACE_S
                     continue
-                if not late_delivered:
-                    # The cell's first message: all that was published before it started (iopub
-                    # keeps order) has reached the late buffer, and it comes first.
+                if not late_delivered and not _is_reply(msg):
+                    # The cell's first iopub message: all that was published before it started
+                    # (iopub keeps order) has reached the late buffer, and it comes first. Not its
+                    # reply, which comes on the shell channel and can overtake the late output.
                     late_delivered = True
                     if (late := self.late.take()) is not None:
                         yield late
@@ -685,8 +690,9 @@ class KernelManager:
                 # A kernel that died since the previous cell still gets this one: it does not
                 # run, and its CellDone says why the kernel died (with what it printed before).
                 kernel.busy = True
+                cell = process.run_cell(code, timeout_s, limit)
                 try:
-                    async for event in process.run_cell(code, timeout_s, limit):
+                    async for event in cell:
                         if isinstance(event, CellDone):
                             if kernel.process is process:
                                 kernel.execution_count = max(kernel.execution_count, event.execution_count)
@@ -694,6 +700,10 @@ class KernelManager:
                                 log.warning("kernel %s in %s died: %s", kernel_id, sandbox_id, describe_death(event))
                         yield event
                 finally:
+                    # Closed here, under the lock: a cell abandoned midway is interrupted before the
+                    # next cell is sent (left to the garbage collector, its interrupt could come
+                    # later and hit the next cell, and its output go to a listener nobody reads).
+                    await cell.aclose()
                     kernel.busy = False
 
     async def execute_gathered(self, sandbox_id: str, kernel_id: str, code: str, timeout_ms: int) -> GatheredCell:
