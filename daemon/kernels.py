@@ -21,7 +21,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -383,7 +383,7 @@ class KernelProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGINT)
 
-    async def run_cell(self, code: str, timeout_s: float, limit: int | None) -> AsyncIterator[KernelEvent]:
+    async def run_cell(self, code: str, timeout_s: float, limit: int | None) -> AsyncGenerator[KernelEvent, None]:
         """Yields the late output that arrived before the cell (if any), the cell's outputs, then
         one CellDone. On timeout the kernel is interrupted; if the cell ignores that too, the
         kernel is killed (reported as died). `limit`: the per-stream cap on the text forwarded
