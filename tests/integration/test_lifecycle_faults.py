@@ -25,14 +25,18 @@ from tests.conftest import DaemonProcess, require_backend
 EXECS = 200
 
 
+class MetricsDaemon(DaemonProcess):
+    metrics_url = ""
+
+
 @pytest.fixture
 def local(tmp_path):
     require_backend("local")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    d = DaemonProcess(tmp_path, "--metrics", f"127.0.0.1:{port}").start()
-    d.metrics_url = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
+    d = MetricsDaemon(tmp_path, "--metrics", f"127.0.0.1:{port}").start()
+    d.metrics_url = f"http://127.0.0.1:{port}/metrics"
     try:
         yield d
     finally:
