@@ -26,6 +26,13 @@ def _driver(tmp_path: Path) -> CgroupDriver:
     return driver
 
 
+def _sandbox_and_pool(tmp_path: Path) -> tuple[CgroupDriver, CgroupGroup, LeafPool]:
+    """A driver, a sandbox group in it and the pool of its command leaves (named p1, p2, ...)."""
+    driver = _driver(tmp_path)
+    names = iter(f"p{n}" for n in range(1, 1000))
+    return driver, driver.create("sb-1"), LeafPool(lambda: next(names))
+
+
 def _dirs(driver: CgroupDriver) -> list[Path]:
     return sorted(p for h in driver.hierarchies for p in h.base.rglob("*") if p.is_dir())
 
@@ -47,10 +54,7 @@ def test_a_limit_the_kernel_refuses_leaves_no_group(tmp_path, monkeypatch) -> No
 
 
 def test_commands_reuse_their_leaves(tmp_path) -> None:
-    driver = _driver(tmp_path)
-    sandbox = driver.create("sb-1")
-    names = iter(f"p{n}" for n in range(1, 1000))
-    pool = LeafPool(lambda: next(names))
+    driver, sandbox, pool = _sandbox_and_pool(tmp_path)
     for _ in range(200):  # one command after another: one leaf
         name = pool.take()
         pool.give_back(name, sandbox.leaf(name))
@@ -59,10 +63,7 @@ def test_commands_reuse_their_leaves(tmp_path) -> None:
 
 
 def test_a_leaf_with_processes_left_is_set_aside_until_they_are_gone(tmp_path) -> None:
-    driver = _driver(tmp_path)
-    sandbox = driver.create("sb-1")
-    names = iter(f"p{n}" for n in range(1, 1000))
-    pool = LeafPool(lambda: next(names))
+    driver, sandbox, pool = _sandbox_and_pool(tmp_path)
     first = pool.take()
     leaf = sandbox.leaf(first)
     (leaf.paths[0] / "cgroup.procs").write_text("4242\n")  # a background child still in it
@@ -75,10 +76,7 @@ def test_a_leaf_with_processes_left_is_set_aside_until_they_are_gone(tmp_path) -
 
 
 def test_idle_leaves_beyond_the_pool_are_removed(tmp_path) -> None:
-    driver = _driver(tmp_path)
-    sandbox = driver.create("sb-1")
-    names = iter(f"p{n}" for n in range(1, 1000))
-    pool = LeafPool(lambda: next(names))
+    driver, sandbox, pool = _sandbox_and_pool(tmp_path)
     taken = [pool.take() for _ in range(LeafPool.POOL_SIZE + 5)]  # that many at once
     leaves = [sandbox.leaf(name) for name in taken]
     for name, leaf in zip(taken, leaves):

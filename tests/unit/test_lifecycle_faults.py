@@ -11,7 +11,6 @@ import asyncio
 import errno
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -23,25 +22,15 @@ from corral.daemon.testing import fake_backends, marked_pids
 from corral.sdk import AsyncClient, NotFound, ResourceExhausted
 from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
+from tests.unit import test_fake_daemon
 from tests.unit.test_fake_daemon import config_in
 
 MAX_SANDBOXES = 3  # config_in's daemon.max_sandboxes
 
 
-@pytest.fixture
-async def daemon(tmp_path) -> AsyncIterator[Daemon]:
-    daemon = Daemon(config_in(tmp_path), backend_classes=fake_backends())
-    await daemon.start()
-    try:
-        yield daemon
-    finally:
-        await asyncio.wait_for(daemon.stop(), 20)
-
-
-@pytest.fixture
-async def client(daemon) -> AsyncIterator[AsyncClient]:
-    async with AsyncClient(f"unix://{daemon.socket_path}") as client:
-        yield client
+# The daemon (on its own socket, max_sandboxes 3) and a client of it, as the fake-daemon tests have them.
+daemon = test_fake_daemon.daemon
+client = test_fake_daemon.client
 
 
 def _fail_save(daemon: Daemon, which: int, error: int) -> None:
