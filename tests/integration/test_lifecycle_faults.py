@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
 import subprocess
 import time
@@ -184,3 +185,44 @@ def test_a_create_on_a_full_state_disk_leaves_nothing(tmp_path) -> None:
             d.proc.kill()
             d.proc.wait()
         subprocess.run(["umount", "-l", str(state)])
+
+
+def test_a_create_out_of_file_descriptors_leaves_nothing(tmp_path) -> None:
+    """The daemon's own fd limit lowered to what it has open, plus a few: creates fail at
+    different steps (the record, a pipe to the launcher), each with a definite code and nothing
+    left behind."""
+    require_backend("local")
+    d = DaemonProcess(tmp_path).start()
+    assert d.proc is not None
+    pid = d.proc.pid
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    try:
+        with grpc.insecure_channel(f"unix:{d.socket}") as channel:
+            stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+            stub.ListSandboxes(pb.ListSandboxesRequest(), timeout=10)  # the connection is up
+            failures = 0
+            for margin in (0, 3, 6):
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{pid}/fd")) + margin, hard))
+                try:
+                    created = stub.CreateSandbox(pb.CreateSandboxRequest(image="host"), timeout=30)
+                except grpc.RpcError as err:
+                    failures += 1
+                    assert err.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE), err
+                    sandbox_id = err.details().split()[1]
+                    with pytest.raises(grpc.RpcError) as gone:
+                        stub.DestroySandbox(pb.DestroySandboxRequest(sandbox_id=sandbox_id), timeout=5)
+                    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+                else:
+                    stub.DestroySandbox(pb.DestroySandboxRequest(sandbox_id=created.sandbox.sandbox_id), timeout=30)
+                finally:
+                    resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+                assert list(stub.ListSandboxes(pb.ListSandboxesRequest(), timeout=10).sandboxes) == []
+            assert failures
+            assert not list((d.state_dir / "records").iterdir())
+        started = time.monotonic()
+        assert d.stop(timeout=20) == 0
+        assert time.monotonic() - started < 15
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
