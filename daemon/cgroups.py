@@ -392,8 +392,11 @@ class CgroupGroup:
         for h, path in zip(self.hierarchies, self.paths):
             if not path.is_dir():
                 continue
-            for dirpath, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
-                while not _rmdir_counted(Path(dirpath), h, quiet=time.monotonic() < deadline):
+            # os.walk needs a descriptor per directory and says nothing when there is none left
+            # (EMFILE): the group itself is still removed then, which rmdir does without one.
+            dirs = [Path(dirpath) for dirpath, _, _ in os.walk(path)] or [path]
+            for dirpath in sorted(dirs, key=lambda d: -len(d.parts)):
+                while not _rmdir_counted(dirpath, h, quiet=time.monotonic() < deadline):
                     time.sleep(0.01)
 
 

@@ -219,6 +219,9 @@ def test_a_create_out_of_file_descriptors_leaves_nothing(tmp_path) -> None:
                 assert list(stub.ListSandboxes(pb.ListSandboxesRequest(), timeout=10).sandboxes) == []
             assert failures
             assert not list((d.state_dir / "records").iterdir())
+            daemon_id = (d.state_dir / "daemon_id").read_text().strip()
+            assert not [p for base in _bases(daemon_id) for p in base.iterdir() if p.is_dir()]
+            assert not list((d.state_dir / "sandboxes").iterdir())
         started = time.monotonic()
         assert d.stop(timeout=20) == 0
         assert time.monotonic() - started < 15

@@ -95,3 +95,15 @@ def test_a_leaf_that_cannot_be_made_everywhere_is_not_left_half_made(tmp_path) -
     assert not (sandbox.paths[0] / "p1").exists()
     assert driver.held() == {"v2": 1, "v1:pids": 1}
     assert CgroupGroup([p / "p2" for p in sandbox.paths], driver.hierarchies).is_empty()
+
+
+def test_a_group_is_removed_even_without_a_file_descriptor_left(tmp_path, monkeypatch) -> None:
+    driver = _driver(tmp_path)
+    sandbox = driver.create("sb-1")
+
+    def no_descriptors(top, *args, **kwargs):
+        return iter(())  # what os.walk yields when it cannot open `top` (EMFILE)
+
+    monkeypatch.setattr(cgroups.os, "walk", no_descriptors)
+    sandbox.remove()
+    assert _dirs(driver) == [] and driver.held() == {"v2": 0, "v1:pids": 0}
