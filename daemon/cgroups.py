@@ -7,8 +7,12 @@ whole tree) uses the v2 hierarchy where it is writable, else the first v1 hierar
 
 Layout under the daemon's own cgroup in each hierarchy:
     corral-<daemon_id>/<sandbox_id>/            limits live here
-    corral-<daemon_id>/<sandbox_id>/<leaf>/     processes live here (init, one leaf per command)
+    corral-<daemon_id>/<sandbox_id>/<leaf>/     processes live here (init, a leaf per command)
 Processes only ever sit in leaves, which keeps v2's "no internal processes" rule.
+
+Every directory is a cgroup the kernel counts node-wide (at most 65,535 memory cgroups), so the
+driver tallies what it holds (`held`, the corral_cgroups_held metric) and short commands reuse
+their sandbox's leaves (`LeafPool`) instead of leaving one behind per command.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import errno
 import logging
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +32,19 @@ log = logging.getLogger(__name__)
 
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
+
+
+class DirTally:
+    """How many cgroup directories the daemon made in one hierarchy and has not removed yet.
+    Counted as they are made and removed (from the event loop and from worker threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.count += n
 
 
 @dataclass(frozen=True)
@@ -38,6 +57,14 @@ class Hierarchy:
     mount_root: str = "/"  # the cgroup path the mount shows at its mount point
     mount_point: str = ""
     key: str = ""  # how /proc/PID/cgroup names this hierarchy: a v1 controller, "" for v2
+    # Shared by every group in this hierarchy, so that whichever code makes or removes a
+    # directory keeps the count true.
+    held: DirTally = field(default_factory=DirTally, compare=False, repr=False)
+
+    @property
+    def label(self) -> str:
+        """How metrics name the hierarchy: "v2", or "v1:" and its controllers."""
+        return "v2" if self.version == 2 else "v1:" + ",".join(sorted(self.controllers))
 
 
 @dataclass(frozen=True)
@@ -151,6 +178,8 @@ class CgroupDriver:
                 self.reasons.setdefault(c, f"no writable cgroup hierarchy offers the {c} controller")
         for h in self.hierarchies if self._create else ():
             h.base.mkdir(exist_ok=True)
+            # Directories an earlier run left (reaped at start) count until they are removed.
+            h.held.add(sum(len(dirs) for _, dirs, _ in os.walk(h.base)))
             if h.version == 2 and h.controllers:
                 _write(h.base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(h.controllers)))
 
@@ -185,9 +214,22 @@ class CgroupDriver:
     def can_track(self) -> bool:
         return bool(self.hierarchies)
 
+    def held(self) -> dict[str, int]:
+        """Cgroup directories this daemon holds now, per hierarchy (see Hierarchy.label)."""
+        return {h.label: h.held.count for h in self.hierarchies}
+
     def create(self, name: str, memory_bytes: int = 0, pids: int = 0, cpu_millicores: int = 0) -> CgroupGroup:
+        """A sandbox group with its limits; an OSError (a limit the kernel refuses) leaves nothing."""
         group = CgroupGroup([h.base / name for h in self.hierarchies], self.hierarchies)
         group.make()
+        try:
+            self._apply_limits(group, memory_bytes, pids, cpu_millicores)
+        except BaseException:
+            group.remove()
+            raise
+        return group
+
+    def _apply_limits(self, group: CgroupGroup, memory_bytes: int, pids: int, cpu_millicores: int) -> None:
         for h, path in zip(self.hierarchies, group.paths):
             if "memory" in h.controllers and memory_bytes:
                 if h.version == 1:
@@ -209,7 +251,6 @@ class CgroupDriver:
                     _write(path / "cpu.max", f"{quota} {CPU_PERIOD_US}")
             if h.version == 2 and h.controllers:
                 _write(path / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(h.controllers)))
-        return group
 
     def remove_base(self) -> None:
         """Removes our (empty) base directories at shutdown."""
@@ -261,13 +302,35 @@ class CgroupGroup:
     hierarchies: list[Hierarchy] = field(repr=False)
 
     def make(self) -> None:
-        for path in self.paths:
-            path.mkdir(exist_ok=True)
+        """Creates the group's directories that do not exist yet; when one cannot be made, removes
+        those it made and raises."""
+        made = []
+        try:
+            for h, path in zip(self.hierarchies, self.paths):
+                try:
+                    path.mkdir()
+                except FileExistsError:
+                    if path.is_dir():
+                        continue  # a leaf reused, or a group an earlier run left
+                    raise
+                h.held.add(1)
+                made.append(path)
+        except BaseException:
+            for path in reversed(made):
+                _rmdir_counted(path, self._hierarchy_of(path))
+            raise
+
+    def _hierarchy_of(self, path: Path) -> Hierarchy:
+        return self.hierarchies[self.paths.index(path)]
 
     def leaf(self, name: str) -> CgroupGroup:
         child = CgroupGroup([p / name for p in self.paths], self.hierarchies)
         child.make()
         return child
+
+    def is_empty(self) -> bool:
+        """No process left in the group (in any hierarchy), so it can be reused or removed."""
+        return not any(_read(p / "cgroup.procs").split() for p in self.paths if p.is_dir())
 
     @property
     def procs_files(self) -> list[str]:
@@ -326,18 +389,70 @@ class CgroupGroup:
         """Removes the group and its leaves, deepest first. Killed processes take a moment to
         leave their cgroup, so EBUSY is retried until `timeout`."""
         deadline = time.monotonic() + timeout
-        for path in self.paths:
+        for h, path in zip(self.hierarchies, self.paths):
             if not path.is_dir():
                 continue
-            for dirpath, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
-                while True:
-                    try:
-                        os.rmdir(dirpath)
-                        break
-                    except OSError as err:
-                        if err.errno == errno.EBUSY and time.monotonic() < deadline:
-                            time.sleep(0.01)
-                            continue
-                        if err.errno != errno.ENOENT:
-                            log.warning("cannot remove cgroup %s: %s", dirpath, err)
-                        break
+            # os.walk needs a descriptor per directory and says nothing when there is none left
+            # (EMFILE): the group itself is still removed then, which rmdir does without one.
+            dirs = [Path(dirpath) for dirpath, _, _ in os.walk(path)] or [path]
+            for dirpath in sorted(dirs, key=lambda d: -len(d.parts)):
+                while not _rmdir_counted(dirpath, h, quiet=time.monotonic() < deadline):
+                    time.sleep(0.01)
+
+
+def _rmdir_counted(path: Path, hierarchy: Hierarchy, quiet: bool = False) -> bool:
+    """Removes one cgroup directory, counting it off. False only for EBUSY when `quiet` (the
+    caller retries); any other failure is logged and given up."""
+    try:
+        os.rmdir(path)
+    except OSError as err:
+        if err.errno == errno.EBUSY and quiet:
+            return False
+        if err.errno != errno.ENOENT:
+            log.warning("cannot remove cgroup %s: %s", path, err)
+        return True
+    hierarchy.held.add(-1)
+    return True
+
+
+class LeafPool:
+    """The leaves a sandbox's short commands run in, reused from one command to the next.
+
+    A command takes an idle leaf (or a new name) and gives it back when it has ended: an empty
+    leaf goes back to the pool, so a sandbox holds as many command leaves as it ran commands at
+    once, not one per command ever run. A leaf that still holds processes (a command's background
+    children) is set aside and reused or removed once they are gone (checked whenever a command
+    starts or ends here); at most POOL_SIZE idle leaves are kept, the rest are removed.
+    Destroying the sandbox removes them all with its group.
+    """
+
+    POOL_SIZE = 8
+
+    def __init__(self, new_name: Callable[[], str]) -> None:
+        self._new_name = new_name
+        self._idle: list[str] = []
+        self._busy: dict[str, CgroupGroup] = {}  # set aside: background processes still in them
+
+    def take(self) -> str:
+        self._sweep()
+        return self._idle.pop() if self._idle else self._new_name()
+
+    def give_back(self, name: str, group: CgroupGroup | None) -> None:
+        """`group` is the leaf's cgroup (None where the sandbox has none, or it was never made)."""
+        if group is None or group.is_empty():
+            self._settle(name, group)
+        else:
+            self._busy[name] = group
+        self._sweep()
+
+    def _settle(self, name: str, group: CgroupGroup | None) -> None:
+        if len(self._idle) < self.POOL_SIZE:
+            self._idle.append(name)
+        elif group is not None:
+            group.remove(timeout=0)
+
+    def _sweep(self) -> None:
+        for name, group in list(self._busy.items()):
+            if group.is_empty():
+                del self._busy[name]
+                self._settle(name, group)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 
 class Metrics:
@@ -26,6 +30,28 @@ class Metrics:
             registry=self.registry,
         )
 
+    def watch_cgroups(self, held: Callable[[], Mapping[str, int]]) -> None:
+        """Exports `held()` (cgroup directories the daemon holds, per hierarchy) at every scrape."""
+        self.registry.register(_CgroupsHeld(held))
+
     def serve_http(self, listen: str) -> None:
         host, _, port = listen.rpartition(":")
         start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+
+
+class _CgroupsHeld(Collector):
+    """corral_cgroups_held{hierarchy}: the kernel caps cgroups node-wide (65,535 memory cgroups),
+    so what this daemon holds is worth watching."""
+
+    def __init__(self, held: Callable[[], Mapping[str, int]]) -> None:
+        self._held = held
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "corral_cgroups_held",
+            "Cgroup directories this daemon holds now (sandboxes and their leaves), per hierarchy",
+            labels=["hierarchy"],
+        )
+        for hierarchy, count in self._held().items():
+            family.add_metric([hierarchy], count)
+        yield family

@@ -71,8 +71,14 @@ class HostProcess:
         stdin: bytes | AsyncIterable[bytes] | None,
         cgroup: CgroupGroup | None = None,
         cwd: str = "/",
+        on_done: Callable[[], None] | None = None,
     ) -> None:
+        """`on_done` runs once `run` has returned or raised, the main process reaped (its leaf
+        cgroup handed back to its sandbox there)."""
         self.cgroup = cgroup
+        self._on_done = on_done
+        # A leaf may be reused from an earlier command: its OOM kills before now are not ours.
+        self._oom_base = cgroup.oom_kills() if cgroup else 0
         self._stdin_data = stdin
         self.started = time.monotonic()
         self._popen = subprocess.Popen(
@@ -89,6 +95,10 @@ class HostProcess:
         self._exited = False
         self._stdin_error: Exception | None = None
 
+    def oom_kills(self) -> int:
+        """OOM kills in the process's leaf cgroup since it started (0 without one)."""
+        return self.cgroup.oom_kills() - self._oom_base if self.cgroup else 0
+
     async def run(self, on_output: Callable[[int, bytes], None], timeout: float | None) -> ProcessExit:
         """Waits for the main process to exit (or the timeout to kill the tree), forwarding output.
 
@@ -96,6 +106,14 @@ class HostProcess:
         running but no longer hold the call open; their pending output is read once, not waited for.
         Cancellation kills the whole tree before re-raising.
         """
+        try:
+            return await self._run(on_output, timeout)
+        finally:
+            on_done, self._on_done = self._on_done, None
+            if on_done is not None:
+                on_done()
+
+    async def _run(self, on_output: Callable[[int, bytes], None], timeout: float | None) -> ProcessExit:
         loop = asyncio.get_running_loop()
         exited: asyncio.Future[None] = loop.create_future()
 

@@ -20,7 +20,12 @@ from .backends.base import Limits
 from .config import ExecConfig, LimitsConfig
 
 MIN_MEMORY_BYTES = 4 << 20  # below this not even a shell starts
+MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: more than any node has, far below what the kernel and engines parse
+MAX_PIDS = 4 << 20  # PID_MAX_LIMIT on 64-bit Linux: pids.max refuses anything larger
 MIN_CPU_MILLICORES = 10
+MAX_CPU_MILLICORES = 1024 * 1000  # 1024 cores
+MAX_IDLE_TIMEOUT_MS = 30 * 24 * 3600 * 1000  # 30 days
+MAX_KEEPALIVE_MS = 3600 * 1000  # an hour
 MAX_TERMINAL_SIDE = 1000
 MAX_SHELL_NAME = 64
 DEFAULT_SHELL_NAME = "main"
@@ -56,37 +61,59 @@ def command_directory(cwd: str) -> str:
     return no_nul("cwd", cwd)
 
 
-def timeout_s(config: ExecConfig, timeout_ms: int) -> float:
+def in_range(field: str, value: int, low: int, high: int, unit: str, zero: str = "") -> int:
+    """`value` when it lies in low..high (or is 0 and `zero` says what 0 means); otherwise
+    INVALID_ARGUMENT naming the field and the range. Every numeric request field passes here:
+    wire integers go up to 2^64-1, and none may reach a conversion, a kernel file or a reply
+    unchecked."""
+    if (value == 0 and zero) or low <= value <= high:
+        return value
+    allowed = f"{low}..{high} {unit}" + (f", or 0 ({zero})" if zero else "")
+    raise InvalidArgument(f"{field} must be {allowed}; got {value}")
+
+
+def timeout_s(config: ExecConfig, timeout_ms: int, field: str = "timeout_ms") -> float:
     """A wall-clock limit in seconds: 0 takes the default; more than the maximum is refused."""
-    seconds = timeout_ms / 1000 if timeout_ms else config.default_timeout_s
-    if seconds > config.max_timeout_s:
-        raise InvalidArgument(f"timeout {seconds:g}s is over this daemon's maximum of {config.max_timeout_s:g}s")
-    return seconds
+    in_range(field, timeout_ms, 1, int(config.max_timeout_s * 1000), "ms", "the daemon's default")
+    return timeout_ms / 1000 if timeout_ms else config.default_timeout_s
+
+
+def idle_timeout_s(config: ExecConfig, idle_timeout_ms: int) -> float:
+    """A limit on the time without output, in seconds (0: none), at most the daemon's maximum
+    timeout."""
+    in_range("idle_timeout_ms", idle_timeout_ms, 1, int(config.max_timeout_s * 1000), "ms", "no idle limit")
+    return idle_timeout_ms / 1000
 
 
 def output_limit(config: ExecConfig, limit_bytes: int) -> int:
     """Bytes of output kept: 0 takes the default; more than the maximum is refused."""
-    limit = limit_bytes or config.default_output_limit_bytes
-    if limit > config.max_output_limit_bytes:
-        raise InvalidArgument(
-            f"output limit {limit} is over this daemon's maximum of {config.max_output_limit_bytes} bytes"
-        )
-    return limit
+    in_range("output_limit_bytes", limit_bytes, 1, config.max_output_limit_bytes, "bytes", "the daemon's default")
+    return limit_bytes or config.default_output_limit_bytes
+
+
+def keepalive_s(interval_ms: int) -> float:
+    """How often a stream without news sends a keepalive, in seconds (0: never)."""
+    return in_range("keepalive_interval_ms", interval_ms, 1, MAX_KEEPALIVE_MS, "ms", "no keepalives") / 1000
 
 
 def sandbox_limits(requested: Limits, defaults: LimitsConfig) -> Limits:
-    """A new sandbox's limits: each 0 takes the node's default; too small to run a shell is refused."""
-    if requested.memory_bytes and requested.memory_bytes < MIN_MEMORY_BYTES:
-        raise InvalidArgument(f"memory limit {requested.memory_bytes} is below the minimum of {MIN_MEMORY_BYTES} bytes")
-    if requested.cpu_millicores and requested.cpu_millicores < MIN_CPU_MILLICORES:
-        raise InvalidArgument(
-            f"cpu limit {requested.cpu_millicores} is below the minimum of {MIN_CPU_MILLICORES} millicores"
-        )
+    """A new sandbox's limits: each 0 takes the node's default; too small to run a shell, or
+    beyond what the kernel accepts, is refused."""
+    in_range("limits.memory_bytes", requested.memory_bytes, MIN_MEMORY_BYTES, MAX_MEMORY_BYTES, "bytes", "the default")
+    in_range("limits.pids", requested.pids, 1, MAX_PIDS, "processes", "the default")
+    cpu = requested.cpu_millicores
+    in_range("limits.cpu_millicores", cpu, MIN_CPU_MILLICORES, MAX_CPU_MILLICORES, "millicores", "the default")
     return Limits(
         memory_bytes=requested.memory_bytes or defaults.memory_bytes,
         pids=requested.pids or defaults.pids,
         cpu_millicores=requested.cpu_millicores or defaults.cpu_millicores,
     )
+
+
+def sandbox_idle_timeout_s(defaults: LimitsConfig, idle_timeout_ms: int) -> float:
+    """A new sandbox's idle timeout in seconds: 0 takes the node's default (itself 0: never)."""
+    in_range("idle_timeout_ms", idle_timeout_ms, 1, MAX_IDLE_TIMEOUT_MS, "ms (30 days)", "the daemon's default")
+    return idle_timeout_ms / 1000 if idle_timeout_ms else defaults.idle_timeout_s
 
 
 @overload

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import errno
 import logging
 import secrets
 import time
@@ -114,15 +115,15 @@ class SandboxManager:
 
     async def recover(self) -> None:
         """Removes whatever a previous daemon run left behind (after kill -9 or a power cut)."""
-        for record in self.state.records():
-            backend = self.backends.get(record.get("backend", ""))
+        for sandbox_id, record in self.state.records():
             try:
+                backend = self.backends.get(str(record.get("backend", "")))
                 if backend:
                     await backend.reap(record)
+                log.info("reaped leftover sandbox %s", sandbox_id)
             except Exception:
-                log.exception("could not reap leftover sandbox %s", record.get("sandbox_id"))
-            self.state.remove(record.get("sandbox_id", ""))
-            log.info("reaped leftover sandbox %s", record.get("sandbox_id"))
+                log.exception("could not reap leftover sandbox %s", sandbox_id)
+            self.state.remove(sandbox_id)
         for backend in self.backends.values():
             await backend.reap_orphans()
 
@@ -157,21 +158,24 @@ class SandboxManager:
         network: bool,
         env: dict[str, str],
         labels: dict[str, str],
-        idle_timeout_s: float,
+        idle_timeout_ms: int,
     ) -> Sandbox:
+        """A running sandbox, or an error and nothing left behind: no backend sandbox, no record,
+        no table entry (so no slot of max_sandboxes taken, and no Destroy or shutdown waiting on
+        a creation that will never finish)."""
         if self._closing:
             raise Unavailable("the daemon is shutting down")
         backend = backend or self.config.daemon.default_backend
         impl = self.backends.get(backend)
         if impl is None:
             raise FailedPrecondition(f"backend {backend!r} is not configured on this node")
+        env = rules.environment(env)
+        limits = rules.sandbox_limits(limits, self.config.limits)
+        idle_timeout_s = rules.sandbox_idle_timeout_s(self.config.limits, idle_timeout_ms)
         if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
             raise ResourceExhausted(
                 f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
             )
-        env = rules.environment(env)
-        limits = rules.sandbox_limits(limits, self.config.limits)
-        idle_timeout_s = idle_timeout_s or self.config.limits.idle_timeout_s
         sandbox = Sandbox(
             sandbox_id=f"sb-{secrets.token_hex(6)}",
             backend=backend,
@@ -183,24 +187,45 @@ class SandboxManager:
             idle_timeout_s=idle_timeout_s,
         )
         self._sandboxes[sandbox.sandbox_id] = sandbox
-        self.state.save(sandbox.sandbox_id, impl.placeholder_record(sandbox.sandbox_id))
         try:
-            sandbox.runtime = await impl.create(
-                SandboxSpec(sandbox.sandbox_id, sandbox.image, limits, network, sandbox.env)
-            )
+            await self._bring_up(sandbox, impl)
         except BaseException:
+            sandbox.state = "failed"
             self._sandboxes.pop(sandbox.sandbox_id, None)
             self.state.remove(sandbox.sandbox_id)
-            sandbox.state = "failed"
-            sandbox.created.set()
-            sandbox.destroyed.set()
             raise
-        self.state.save(sandbox.sandbox_id, sandbox.runtime.record())
+        finally:
+            sandbox.created.set()
+            if sandbox.state == "failed":
+                sandbox.destroyed.set()
         sandbox.state = "running"
-        sandbox.created.set()
         self.metrics.sandboxes_live.set(len(self._sandboxes))
-        self.metrics.sandboxes_created.labels(backend).inc()
+        self.metrics.sandboxes_created.labels(sandbox.backend).inc()
         return sandbox
+
+    async def _bring_up(self, sandbox: Sandbox, impl: Backend) -> None:
+        """Saves the placeholder record, creates the backend's sandbox and saves its record; when
+        a step fails, undoes the ones before it and raises a definite error (an OS error of the
+        node, such as a full disk or no file descriptors left, as RESOURCE_EXHAUSTED or
+        UNAVAILABLE)."""
+        sid = sandbox.sandbox_id
+        try:
+            self.state.save(sid, impl.placeholder_record(sid))
+            spec = SandboxSpec(sid, sandbox.image, sandbox.limits, sandbox.network, sandbox.env)
+            runtime = await impl.create(spec)
+        except OSError as err:
+            raise node_error(f"sandbox {sid} could not be created", err) from err
+        try:
+            self.state.save(sid, runtime.record())
+        except BaseException as err:
+            try:
+                await runtime.destroy()
+            except Exception:
+                log.exception("could not tear down sandbox %s after its record failed", sid)
+            if isinstance(err, OSError):
+                raise node_error(f"sandbox {sid} could not be created: its state record", err) from err
+            raise
+        sandbox.runtime = runtime
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._sandboxes.get(sandbox_id)
@@ -264,7 +289,7 @@ class SandboxManager:
         return runtime.start_process(argv, env=env, cwd=spec.cwd, stdin=spec.stdin)
 
     def _outcome(self, sandbox, proc, exit: ProcessExit, oom_before: int, out, err, truncated) -> ExecOutcome:
-        oom = bool(proc.cgroup and proc.cgroup.oom_kills() + _sandbox_ooms(sandbox) > oom_before)
+        oom = proc.cgroup is not None and proc.oom_kills() + _sandbox_ooms(sandbox) > oom_before
         if exit.timed_out:
             self.metrics.exec_timeouts.labels(sandbox.backend).inc()
         return ExecOutcome(exit, oom, out[0], err[0], truncated, out[1], err[1])
@@ -274,10 +299,11 @@ class SandboxManager:
         return await self.run_command(sandbox_id, rules.command(self.config.exec, request))
 
     def exec_stream(
-        self, sandbox_id: str, request: rules.CommandRequest, keepalive_s: float
+        self, sandbox_id: str, request: rules.CommandRequest, keepalive_ms: int
     ) -> AsyncGenerator[Started | Output | Keepalive | Exited, None]:
         """Streams a caller's command (the request rules apply); see stream_command."""
-        return self.stream_command(sandbox_id, rules.command(self.config.exec, request), keepalive_s)
+        spec = rules.command(self.config.exec, request)
+        return self.stream_command(sandbox_id, spec, rules.keepalive_s(keepalive_ms))
 
     async def _in_directory(self, sandbox: Sandbox, spec: rules.CommandSpec) -> rules.CommandSpec:
         """`spec` with its cwd resolved inside the sandbox (relative to the workdir, as the file
@@ -335,10 +361,13 @@ class SandboxManager:
 
             oom_before = _sandbox_ooms(sandbox)
             proc = self._start(sandbox, spec)
-            yield Started(proc.pid)
+            # Running before Started is yielded: a client gone at that first event still has its
+            # command killed, reaped and its leaf handed back (by cancelling the runner below).
             runner = asyncio.ensure_future(proc.run(forward, spec.timeout_s))
             getter: asyncio.Future | None = None
             try:
+                await asyncio.sleep(0)  # the runner's first step: from here a cancel reaches run()
+                yield Started(proc.pid)
                 while True:
                     getter = asyncio.ensure_future(queue.get())
                     done, _ = await asyncio.wait(
@@ -395,6 +424,21 @@ class SandboxManager:
     async def make_dirs(self, sandbox_id: str, path: str) -> str:
         """Creates a directory and its parents as the sandbox user; returns its absolute path."""
         return await self._files(sandbox_id, lambda files: files.make_dirs(path))
+
+
+def node_error(what: str, err: OSError) -> ResourceExhausted | Unavailable:
+    """An OS error of the node itself (not of the request) as the caller should see it: a
+    resource the node has run out of is RESOURCE_EXHAUSTED, anything else UNAVAILABLE; both say
+    to retry later or elsewhere."""
+    reason = f"{what}: {err.strerror or err}"
+    if err.errno in NODE_EXHAUSTED:
+        return ResourceExhausted(reason)
+    return Unavailable(reason)
+
+
+NODE_EXHAUSTED = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOBUFS}
+)
 
 
 def _default_image(backend: Backend) -> str:

@@ -120,6 +120,7 @@ class Daemon:
             backend_classes=backend_classes,
         )
         self.metrics = Metrics()
+        self.metrics.watch_cgroups(self.cgroups.held)
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
         self.shells = ShellManager(config, self.manager)
         self.kernels = KernelManager(config, self.manager)

@@ -117,6 +117,7 @@ class ShellManager:
         (0: the daemon's defaults; idle timeout 0: none)."""
         config = self.config.exec
         timeout_s = rules.timeout_s(config, timeout_ms)
+        idle_timeout_s = rules.idle_timeout_s(config, idle_timeout_ms)
         limit = rules.output_limit(config, output_limit_bytes)
         rules.no_nul("command", command)
         session = self.get(sandbox_id, name)
@@ -124,7 +125,7 @@ class ShellManager:
             return await session.run(
                 command,
                 timeout_s=timeout_s,
-                idle_timeout_s=idle_timeout_ms / 1000,
+                idle_timeout_s=idle_timeout_s,
                 output_limit=limit,
                 strip=strip_ansi,
                 separate_stderr=separate_stderr,

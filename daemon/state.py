@@ -1,15 +1,25 @@
 """The daemon's small state directory: its persistent id and one record per live sandbox.
 
 A record is written before a sandbox starts and removed after it is destroyed, so a daemon that
-was killed (-9) finds in it everything it must clean up on its next start.
+was killed (-9) finds in it everything it must clean up on its next start. Nothing here may stop
+the daemon: a record that cannot be read is logged and skipped (its sandbox's leftovers are still
+found by the backends' sweep of orphans), and a save that fails (a full disk, no file descriptor
+left) leaves no half-written file behind.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import secrets
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DAEMON_ID = re.compile(r"[0-9a-f]{8}")
+SANDBOX_ID = re.compile(r"sb-[0-9a-f]{12}")
 
 
 class StateStore:
@@ -24,25 +34,50 @@ class StateStore:
     def _daemon_id(self) -> str:
         path = self.root / "daemon_id"
         try:
-            return path.read_text().strip()
+            daemon_id = path.read_text().strip()
+            if DAEMON_ID.fullmatch(daemon_id):
+                return daemon_id
+            log.warning("%s holds no daemon id (%r): this daemon takes a new one", path, daemon_id[:40])
         except FileNotFoundError:
-            daemon_id = secrets.token_hex(4)
-            path.write_text(daemon_id + "\n")
-            return daemon_id
+            pass
+        except (OSError, ValueError) as err:
+            log.warning("cannot read %s (%s): this daemon takes a new id", path, err)
+        daemon_id = secrets.token_hex(4)
+        tmp = self.root / ".daemon_id.tmp"
+        tmp.write_text(daemon_id + "\n")
+        os.replace(tmp, path)
+        return daemon_id
 
     def save(self, sandbox_id: str, record: dict) -> None:
+        """Writes a record whole (a crash or a full disk leaves the previous one, or none)."""
         tmp = self.records_dir / f".{sandbox_id}.tmp"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.records_dir / f"{sandbox_id}.json")
+        try:
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self.records_dir / f"{sandbox_id}.json")
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def remove(self, sandbox_id: str) -> None:
-        (self.records_dir / f"{sandbox_id}.json").unlink(missing_ok=True)
+        try:
+            (self.records_dir / f"{sandbox_id}.json").unlink(missing_ok=True)
+        except OSError as err:
+            log.warning("cannot remove the record of %s: %s", sandbox_id, err)
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[tuple[str, dict]]:
+        """(sandbox id, record) of every record left, the id taken from the file name. A record
+        that cannot be read or is not a JSON object comes back empty, with a warning."""
         found = []
         for path in sorted(self.records_dir.glob("*.json")):
+            if not SANDBOX_ID.fullmatch(path.stem):
+                log.warning("skipping %s: not a sandbox record", path)
+                continue
             try:
-                found.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                found.append({"sandbox_id": path.stem})
+                record = json.loads(path.read_text())
+                if not isinstance(record, dict):
+                    raise ValueError(f"a JSON {type(record).__name__}, not an object")
+            except (OSError, ValueError) as err:
+                log.warning("skipping unreadable sandbox record %s: %s", path, err)
+                record = {}
+            found.append((path.stem, {**record, "sandbox_id": path.stem}))
         return found

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from corral.sdk.errors import FailedPrecondition
 
-from ..cgroups import CgroupDriver, CgroupGroup, LimitSupport
+from ..cgroups import CgroupDriver, CgroupGroup, LeafPool, LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import HostProcess
 from ..uids import UidPool
@@ -127,9 +127,34 @@ class SandboxRuntime(abc.ABC):
     def start_process(
         self, argv: Sequence[str], *, env: dict[str, str], cwd: str, stdin: bytes | AsyncIterable[bytes] | None
     ) -> HostProcess:
-        """Starts argv inside the sandbox with pipes, in a fresh process group and leaf cgroup."""
-        enter = self.enter_command(argv, cwd=cwd, leaf=self.next_leaf("p"), env=env)
-        return HostProcess(enter.argv, env=enter.env, stdin=stdin, cgroup=enter.cgroup, cwd=enter.cwd)
+        """Starts argv inside the sandbox with pipes, in a fresh process group and a leaf cgroup of
+        its own: one of the sandbox's idle command leaves, handed back when `run` ends."""
+        leaves = self.command_leaves
+        leaf = leaves.take()
+        try:
+            enter = self.enter_command(argv, cwd=cwd, leaf=leaf, env=env)
+        except BaseException:
+            leaves.give_back(leaf, None)  # (CgroupGroup.make leaves nothing when it fails)
+            raise
+        try:
+            return HostProcess(
+                enter.argv,
+                env=enter.env,
+                stdin=stdin,
+                cgroup=enter.cgroup,
+                cwd=enter.cwd,
+                on_done=lambda: leaves.give_back(leaf, enter.cgroup),
+            )
+        except BaseException:
+            leaves.give_back(leaf, enter.cgroup)
+            raise
+
+    @property
+    def command_leaves(self) -> LeafPool:
+        """The leaves short commands (Exec, ExecStream, transfers) run in, reused between them."""
+        if getattr(self, "_command_leaves", None) is None:
+            self._command_leaves = LeafPool(lambda: self.next_leaf("p"))
+        return self._command_leaves
 
     def next_leaf(self, prefix: str) -> str:
         """A fresh leaf cgroup name, unique within the sandbox."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 from corral.sdk.enums import BACKEND_NUMBERS, backend_name
@@ -15,6 +16,8 @@ from ..process import STDERR, STDOUT
 from ..rules import CommandRequest
 from ..sandboxes import ExecOutcome, Exited, Keepalive, Output, Sandbox, SandboxManager, Started
 from ..transfer import TarTransfer
+
+log = logging.getLogger(__name__)
 
 ISOLATION = {
     "none": pb.ISOLATION_LEVEL_NONE,
@@ -69,8 +72,23 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
         labels=sb.labels,
         created_at_unix_ms=int(sb.created_at * 1000),
         workdir=runtime.workdir if runtime else "",
-        idle_timeout_ms=int(sb.idle_timeout_s * 1000),
+        idle_timeout_ms=round(sb.idle_timeout_s * 1000),
     )
+
+
+def sandbox_summary(sb: Sandbox) -> pb.Sandbox:
+    """sandbox_message, or, where one entry cannot be described in full (a bug, a value out of
+    range), its id, labels and state with the failure logged: one bad entry never fails a
+    listing or a lookup."""
+    try:
+        return sandbox_message(sb)
+    except Exception:
+        log.exception("cannot describe sandbox %s in full", sb.sandbox_id)
+        return pb.Sandbox(
+            sandbox_id=sb.sandbox_id,
+            state=STATES.get(sb.state, pb.SANDBOX_STATE_UNSPECIFIED),
+            labels=sb.labels,
+        )
 
 
 def backend_info(name: str, status: BackendStatus) -> pb.BackendInfo:
@@ -122,16 +140,16 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             network=request.network,
             env=dict(request.env),
             labels=dict(request.labels),
-            idle_timeout_s=request.idle_timeout_ms / 1000,
+            idle_timeout_ms=request.idle_timeout_ms,
         )
-        return pb.CreateSandboxResponse(sandbox=sandbox_message(sb))
+        return pb.CreateSandboxResponse(sandbox=sandbox_summary(sb))
 
     async def GetSandbox(self, request, context) -> pb.GetSandboxResponse:
-        return pb.GetSandboxResponse(sandbox=sandbox_message(self.manager.get(request.sandbox_id)))
+        return pb.GetSandboxResponse(sandbox=sandbox_summary(self.manager.get(request.sandbox_id)))
 
     async def ListSandboxes(self, request, context) -> pb.ListSandboxesResponse:
         return pb.ListSandboxesResponse(
-            sandboxes=[sandbox_message(sb) for sb in self.manager.list(dict(request.labels))]
+            sandboxes=[sandbox_summary(sb) for sb in self.manager.list(dict(request.labels))]
         )
 
     async def DestroySandbox(self, request, context) -> pb.DestroySandboxResponse:
@@ -164,7 +182,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def ExecStream(self, request: pb.ExecStreamRequest, context) -> AsyncIterator[pb.ExecStreamResponse]:
         spec = self._command(request.command)
-        events = self.manager.exec_stream(request.sandbox_id, spec, request.keepalive_interval_ms / 1000)
+        events = self.manager.exec_stream(request.sandbox_id, spec, request.keepalive_interval_ms)
         try:
             async for event in events:
                 if isinstance(event, Output):

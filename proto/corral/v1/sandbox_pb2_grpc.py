@@ -104,7 +104,11 @@ class SandboxServiceServicer:
     """
 
     def CreateSandbox(self, request, context):
-        """Creates a sandbox and waits until it can run commands.
+        """Creates a sandbox and waits until it can run commands. A numeric field out of its range:
+        INVALID_ARGUMENT naming the field and the range. A create that fails leaves nothing behind (no
+        sandbox, no slot of the node's sandbox count taken); when the node itself fails it (a full disk,
+        no file descriptor left), RESOURCE_EXHAUSTED or UNAVAILABLE, whose message names the sandbox id
+        it would have had.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,7 +122,8 @@ class SandboxServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSandboxes(self, request, context):
-        """Lists the sandboxes this daemon owns, optionally filtered by labels.
+        """Lists the sandboxes this daemon owns, optionally filtered by labels. A sandbox the daemon
+        cannot describe in full is listed with its id, labels and state only (and the cause logged).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
