@@ -15,6 +15,8 @@ import ctypes
 import errno
 import os
 import platform
+import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +35,8 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 KEEP = 0xFFFFFFFF  # "leave unchanged" for setres[ug]id
 MAX_OFFSET = (1 << 63) - 1
+# Uploads are unpacked into a hidden directory of this prefix inside their destination, then moved.
+STAGING_PREFIX = ".corral-upload-"
 
 
 class _OpenHow(ctypes.Structure):
@@ -236,6 +240,51 @@ class SandboxFiles:
             os.close(self._open(path, os.O_PATH | os.O_DIRECTORY))
         return path
 
+    def make_staging_dir(self, directory: str) -> str:
+        """A new, empty, private directory inside `directory` (an absolute path, as make_dirs
+        returns), on the same filesystem, so that what is unpacked there can be renamed into place."""
+        name = STAGING_PREFIX + secrets.token_hex(8)
+        with _as_user(self.uid, self.gid):
+            parent = self._open(directory, os.O_PATH | os.O_DIRECTORY)
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent)
+            except OSError as err:
+                raise from_os_error(err, directory) from err
+            finally:
+                os.close(parent)
+        return os.path.join(directory, name)
+
+    def move_into(self, staging: str, directory: str) -> None:
+        """Moves everything in `staging` into `directory` as `tar -x` would have written it there:
+        a new entry replaces a file or link of the same name (one rename each), and a directory
+        that exists on both sides is merged, entry by entry. An entry that would replace a
+        non-empty directory with a non-directory fails the whole move before anything moves."""
+        with _as_user(self.uid, self.gid):
+            source = self._open(staging, os.O_RDONLY | os.O_DIRECTORY)
+            target = self._open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                _refuse_conflicts(source, target, directory)
+                _merge(source, target)
+            except OSError as err:
+                raise from_os_error(err, directory) from err
+            finally:
+                os.close(source)
+                os.close(target)
+
+    def remove_tree(self, path: str) -> None:
+        """Removes a directory and everything in it, never following a symlink."""
+        parent, name = os.path.split(path)
+        with _as_user(self.uid, self.gid):
+            parent_fd = self._open(parent, os.O_PATH | os.O_DIRECTORY)
+            try:
+                shutil.rmtree(name, dir_fd=parent_fd)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                raise from_os_error(err, path) from err
+            finally:
+                os.close(parent_fd)
+
     def kind(self, path: str) -> tuple[str, str]:
         """(absolute path, kind) of an existing path; NotFound otherwise."""
         path = self.absolute(path)
@@ -274,3 +323,63 @@ class SandboxFiles:
             finally:
                 os.close(fd)
         return sorted(entries, key=lambda e: e.name)
+
+
+def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _open_subdir(name: str, dir_fd: int) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def _refuse_conflicts(source: int, target: int, path: str) -> None:
+    """InvalidArgument when a non-directory of `source` would replace a non-empty directory of
+    `target` (tar refuses that too); recurses where both sides are directories."""
+    for name in os.listdir(source):
+        new, old = _lstat(name, source), _lstat(name, target)
+        if new is None or old is None or not stat.S_ISDIR(old.st_mode):
+            continue
+        if stat.S_ISDIR(new.st_mode):
+            sub_source, sub_target = _open_subdir(name, source), _open_subdir(name, target)
+            try:
+                _refuse_conflicts(sub_source, sub_target, os.path.join(path, name))
+            finally:
+                os.close(sub_source)
+                os.close(sub_target)
+        elif _nonempty(name, target):
+            raise InvalidArgument(
+                f"{os.path.join(path, _printable(name))}: a directory is in the way of the uploaded file"
+            )
+
+
+def _nonempty(name: str, dir_fd: int) -> bool:
+    fd = _open_subdir(name, dir_fd)
+    try:
+        return bool(os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def _merge(source: int, target: int) -> None:
+    for name in os.listdir(source):
+        new, old = _lstat(name, source), _lstat(name, target)
+        assert new is not None  # only this move takes entries out of the staging directory
+        if old is not None and stat.S_ISDIR(old.st_mode) and stat.S_ISDIR(new.st_mode):
+            sub_source, sub_target = _open_subdir(name, source), _open_subdir(name, target)
+            try:
+                _merge(sub_source, sub_target)
+            finally:
+                os.close(sub_source)
+                os.close(sub_target)
+            continue
+        if old is not None and (stat.S_ISDIR(old.st_mode) or stat.S_ISDIR(new.st_mode)):
+            # rename() replaces a file by a file or an empty directory by a directory only.
+            if stat.S_ISDIR(old.st_mode):
+                os.rmdir(name, dir_fd=target)  # empty: _refuse_conflicts checked
+            else:
+                os.unlink(name, dir_fd=target)
+        os.rename(name, name, src_dir_fd=source, dst_dir_fd=target)

@@ -7,17 +7,27 @@ no more than the sandbox user could anyway; the same code serves every backend.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterable, AsyncIterator
 
-from corral.sdk.errors import InvalidArgument
+from corral.sdk.errors import CorralError, InvalidArgument
 
 from .rules import CommandSpec
 from .sandboxes import Exited, Output, SandboxManager
 
+log = logging.getLogger(__name__)
+
 TRANSFER_TIMEOUT_S = 3600.0
 NO_CAP = 1 << 62
 UPLOAD_QUEUE_CHUNKS = 16
+# GNU tar stores a sparse file's holes as holes (--sparse), so a 2 GiB file with a few bytes of data
+# travels as a few blocks; a tar without the option (BusyBox) sends the zeros. Symlinks are stored
+# as links, never followed (no -h). `--` ends the options, so a name starting with `-` is a name.
+_ARCHIVE_SCRIPT = (
+    'if tar --sparse --version >/dev/null 2>&1; then exec tar --sparse -c -f - -C "$1" -- "$2"; '
+    'else exec tar -c -f - -C "$1" -- "$2"; fi'
+)
 
 
 class TarTransfer:
@@ -28,28 +38,58 @@ class TarTransfer:
         return CommandSpec(argv=argv, shell=None, stdin=stdin, timeout_s=TRANSFER_TIMEOUT_S, output_limit=output_limit)
 
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes]) -> int:
+        """Unpacks the archive into a hidden staging directory inside `path`, then moves its entries
+        into place (see SandboxFiles.move_into): an upload that fails or is cancelled part way,
+        whether the archive was bad, the disk filled or the client went away, leaves nothing behind."""
         dest = await self.manager.make_dirs(sandbox_id, path)
+        staging = await self.manager.make_staging_dir(sandbox_id, dest)
+        try:
+            received = await self._unpack(sandbox_id, staging, chunks, dest)
+            await self.manager.move_into(sandbox_id, staging, dest)
+        finally:
+            # Shielded: a second cancellation must not leave the staging directory behind.
+            cleanup = asyncio.ensure_future(self._remove(sandbox_id, staging))
+            await asyncio.shield(cleanup)
+        return received
+
+    async def _remove(self, sandbox_id: str, staging: str) -> None:
+        try:
+            await self.manager.remove_tree(sandbox_id, staging)
+        except CorralError as err:  # the sandbox went away meanwhile, with its files
+            log.info("could not remove upload staging directory %s in %s: %s", staging, sandbox_id, err)
+
+    async def _unpack(self, sandbox_id: str, staging: str, chunks: AsyncIterable[bytes], dest: str) -> int:
         # The request stream is read to its end by a task of its own, whatever tar does: a bad
-        # message anywhere in it fails the call, even when tar had already seen a whole archive.
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=UPLOAD_QUEUE_CHUNKS)
+        # message anywhere in it fails the call, even when tar had already seen a whole archive;
+        # one that comes while tar still reads fails tar's input at once, killing it.
+        queue: asyncio.Queue[bytes | Exception | None] = asyncio.Queue(maxsize=UPLOAD_QUEUE_CHUNKS)
         received = 0
         tar_done = False
 
         async def read_requests() -> None:
             nonlocal received
-            async for chunk in chunks:
-                received += len(chunk)
+            try:
+                async for chunk in chunks:
+                    received += len(chunk)
+                    if not tar_done:
+                        await queue.put(chunk)
+            except Exception as err:
                 if not tar_done:
-                    await queue.put(chunk)
+                    while not queue.empty():  # room for the error, whatever tar had not read
+                        queue.get_nowait()
+                    queue.put_nowait(err)
+                raise
             if not tar_done:
                 await queue.put(None)
 
         async def tar_input():
-            while (chunk := await queue.get()) is not None:
-                yield chunk
+            while (item := await queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
 
         reader = asyncio.ensure_future(read_requests())
-        spec = self._spec(["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner"], tar_input(), 1 << 16)
+        spec = self._spec(["tar", "-x", "-f", "-", "-C", staging, "--no-same-owner"], tar_input(), 1 << 16)
         try:
             outcome = await self.manager.run_command(sandbox_id, spec)
             tar_done = True  # tar may stop reading at the end-of-archive marker: read on, unqueued
@@ -58,6 +98,8 @@ class TarTransfer:
             await reader
         finally:
             reader.cancel()
+            if reader.done() and not reader.cancelled():
+                reader.exception()  # the same error run_command raised, when it failed tar's input
         if outcome.exit.exit_code != 0:
             raise InvalidArgument(
                 f"could not unpack the archive into {dest}: {outcome.stderr.decode(errors='replace').strip()}"
@@ -67,7 +109,7 @@ class TarTransfer:
     async def download(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
         absolute, _ = await self.manager.path_kind(sandbox_id, path)
         parent, name = os.path.split(absolute.rstrip("/")) if absolute != "/" else ("/", ".")
-        spec = self._spec(["tar", "-c", "-f", "-", "-C", parent or "/", name])
+        spec = self._spec(["/bin/sh", "-c", _ARCHIVE_SCRIPT, "corral-download", parent or "/", name])
         errors = b""
         events = self.manager.stream_command(sandbox_id, spec, keepalive_s=0)
         try:
