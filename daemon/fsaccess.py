@@ -21,7 +21,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from corral.sdk.errors import InvalidArgument, ResourceExhausted
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 from .errors import from_os_error
 
@@ -167,17 +167,20 @@ class SandboxFiles:
             raise InvalidArgument("path contains a NUL byte")
         return os.path.normpath(path if path.startswith("/") else os.path.join(self.workdir, path))
 
-    def _open(self, path: str, flags: int, mode: int = 0) -> int:
+    def _open(self, path: str, flags: int, mode: int = 0, creating: bool = False) -> int:
+        """`creating`: the caller makes something at or under `path`, so a file where a directory
+        should be is the caller's mistake (INVALID_ARGUMENT), not a missing path."""
         try:
             return openat2(self.root_fd, path, flags, mode)
         except OSError as err:
+            if creating and err.errno == errno.ENOTDIR:
+                raise InvalidArgument(f"{path}: a file is where a directory should be") from err
             raise from_os_error(err, path) from err
 
     def read(self, path: str, offset: int, limit: int) -> tuple[bytes, int, bool]:
         path = self.absolute(path)
         if offset > MAX_OFFSET:
             raise InvalidArgument(f"offset {offset} is past any file's end")
-        limit = min(limit or self.max_bytes, self.max_bytes)
         with _as_user(self.uid, self.gid):
             # O_NONBLOCK: opening a fifo the sandbox made must not park a daemon thread forever.
             fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -187,7 +190,12 @@ class SandboxFiles:
                     raise InvalidArgument(f"{path}: is a directory")
                 if not stat.S_ISREG(st.st_mode):
                     raise InvalidArgument(f"{path}: not a regular file")
-                data = os.pread(fd, limit, offset)
+                if not limit and st.st_size - offset > self.max_bytes:
+                    raise FailedPrecondition(
+                        f"{path}: {st.st_size - offset} bytes from offset {offset} is more than one ReadFile"
+                        f" returns ({self.max_bytes} bytes): use Download, or read it in ranges (offset, limit_bytes)"
+                    )
+                data = os.pread(fd, min(limit or self.max_bytes, self.max_bytes), offset)
             except OSError as err:
                 raise from_os_error(err, path) from err
             finally:
@@ -204,7 +212,7 @@ class SandboxFiles:
         with _as_user(self.uid, self.gid):
             if make_parents:
                 self._make_dirs(os.path.dirname(path))
-            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, mode)
+            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, mode, creating=True)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise InvalidArgument(f"{path}: not a regular file")
@@ -222,7 +230,7 @@ class SandboxFiles:
         parts = [p for p in path.split("/") if p]
         current = "/"
         for part in parts:
-            parent = self._open(current, os.O_PATH | os.O_DIRECTORY)
+            parent = self._open(current, os.O_PATH | os.O_DIRECTORY, creating=True)
             try:
                 os.mkdir(part, 0o755, dir_fd=parent)
             except FileExistsError:
@@ -237,7 +245,7 @@ class SandboxFiles:
         path = self.absolute(path)
         with _as_user(self.uid, self.gid):
             self._make_dirs(path)
-            os.close(self._open(path, os.O_PATH | os.O_DIRECTORY))
+            os.close(self._open(path, os.O_PATH | os.O_DIRECTORY, creating=True))
         return path
 
     def make_staging_dir(self, directory: str) -> str:

@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import AsyncIterable, AsyncIterator
 
-from corral.sdk.errors import CorralError, InvalidArgument
+from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument
 
 from .rules import CommandSpec
 from .sandboxes import Exited, Output, SandboxManager
@@ -101,6 +101,7 @@ class TarTransfer:
             if reader.done() and not reader.cancelled():
                 reader.exception()  # the same error run_command raised, when it failed tar's input
         if outcome.exit.exit_code != 0:
+            _refuse_without_tar(outcome.exit.exit_code, outcome.stderr)
             raise InvalidArgument(
                 f"could not unpack the archive into {dest}: {outcome.stderr.decode(errors='replace').strip()}"
             )
@@ -121,6 +122,16 @@ class TarTransfer:
                         errors += event.data[:4096]
                 elif isinstance(event, Exited) and event.outcome.exit.exit_code not in (0, 1):
                     # GNU tar exits 1 when a file changed while it was read: the archive is still whole.
+                    _refuse_without_tar(event.outcome.exit.exit_code, errors)
                     raise InvalidArgument(f"could not archive {absolute}: {errors.decode(errors='replace').strip()}")
         finally:
             await events.aclose()
+
+
+def _refuse_without_tar(exit_code: int, stderr: bytes) -> None:
+    """FAILED_PRECONDITION when the sandbox cannot run tar at all (126/127: the shell's "cannot
+    execute" and "not found"): not a problem with the caller's archive or path."""
+    if exit_code in (126, 127):
+        raise FailedPrecondition(
+            f"the sandbox cannot run tar, which file transfers need: {stderr.decode(errors='replace').strip()}"
+        )

@@ -228,3 +228,62 @@ def test_download_of_a_tree_with_absolute_symlinks(sandbox, tmp_path):
     assert os.readlink(top / "lib64") == "lib"
     assert os.readlink(top / "up") == "../../../../etc"
     assert (top / "lib" / "f.txt").read_bytes() == b"hi\n"
+
+
+def test_read_file_past_the_cap_is_refused_with_size_and_a_way_out(daemon, sandbox):
+    """ReadFile of a whole file bigger than the daemon's cap (64 MiB) is FAILED_PRECONDITION naming
+    the size and Download, on the wire and through the SDK (which used to gather it all)."""
+    from corral.sdk import errors
+
+    sandbox.exec("truncate -s 100M huge.bin", timeout=10).check()
+    with stub(daemon) as service, pytest.raises(grpc.RpcError) as err:
+        service.ReadFile(pb.ReadFileRequest(sandbox_id=sandbox.id, path="huge.bin"), timeout=30)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert str(100 << 20) in err.value.details() and "Download" in err.value.details()
+    with pytest.raises(errors.FailedPrecondition, match="download"):
+        sandbox.read_file("huge.bin", limit=80 << 20)
+    # A range, or the tail of the file, is fine.
+    assert sandbox.read_file("huge.bin", offset=(100 << 20) - 5) == b"\0" * 5
+    assert sandbox.read_file("huge.bin", offset=10, limit=3) == b"\0" * 3
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        ("download missing", grpc.StatusCode.NOT_FOUND),
+        ("download unknown sandbox", grpc.StatusCode.NOT_FOUND),
+        ("download empty path", grpc.StatusCode.INVALID_ARGUMENT),
+        ("upload into a file", grpc.StatusCode.INVALID_ARGUMENT),
+        ("upload unknown sandbox", grpc.StatusCode.NOT_FOUND),
+        ("upload without start", grpc.StatusCode.INVALID_ARGUMENT),
+        ("upload nothing", grpc.StatusCode.INVALID_ARGUMENT),
+        ("upload empty message", grpc.StatusCode.INVALID_ARGUMENT),
+        ("read a directory", grpc.StatusCode.INVALID_ARGUMENT),
+        ("write a directory", grpc.StatusCode.INVALID_ARGUMENT),
+        ("write under a file", grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
+def test_transfer_mistakes_get_definite_codes(daemon, sandbox, call, code):
+    sandbox.write_file("/workspace/plain.txt", b"x")
+    sb = "sb-000000000000" if "unknown sandbox" in call else sandbox.id
+    archive = tar_of({"a.txt": b"a"})
+    with stub(daemon) as service, pytest.raises(grpc.RpcError) as err:
+        if call.startswith("download"):
+            path = {"download missing": "/no/such/thing", "download empty path": ""}.get(call, "/workspace")
+            list(service.Download(pb.DownloadRequest(sandbox_id=sb, path=path), timeout=30))
+        elif call == "upload without start":
+            service.Upload(iter([pb.UploadRequest(chunk=archive)]), timeout=30)
+        elif call == "upload nothing":
+            service.Upload(iter([]), timeout=30)
+        elif call == "upload empty message":
+            service.Upload(upload_messages(sb, "/workspace/u", then=[pb.UploadRequest()]), timeout=30)
+        elif call.startswith("upload"):
+            path = "/workspace/plain.txt" if call == "upload into a file" else "/workspace/u"
+            service.Upload(upload_messages(sb, path, archive), timeout=30)
+        elif call == "read a directory":
+            service.ReadFile(pb.ReadFileRequest(sandbox_id=sb, path="/workspace"), timeout=30)
+        else:
+            path = "/workspace" if call == "write a directory" else "/workspace/plain.txt/under"
+            service.WriteFile(pb.WriteFileRequest(sandbox_id=sb, path=path, data=b"x", make_parents=True), timeout=30)
+    assert err.value.code() == code, f"{call}: {err.value.code()} {err.value.details()}"
+    assert sandbox.read_file("/workspace/plain.txt") == b"x"
