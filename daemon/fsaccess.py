@@ -15,7 +15,6 @@ import ctypes
 import errno
 import os
 import platform
-import secrets
 import shutil
 import stat
 from collections.abc import Iterator
@@ -248,19 +247,20 @@ class SandboxFiles:
             os.close(self._open(path, os.O_PATH | os.O_DIRECTORY, creating=True))
         return path
 
-    def make_staging_dir(self, directory: str) -> str:
-        """A new, empty, private directory inside `directory` (an absolute path, as make_dirs
-        returns), on the same filesystem, so that what is unpacked there can be renamed into place."""
-        name = STAGING_PREFIX + secrets.token_hex(8)
+    def make_staging_dir(self, path: str) -> None:
+        """Makes the private directory `path` (absolute, its name starting with STAGING_PREFIX)
+        inside an existing directory, on the same filesystem as that directory, so that what is
+        unpacked there can be renamed into place."""
+        directory, name = os.path.split(path)
+        assert name.startswith(STAGING_PREFIX), path
         with _as_user(self.uid, self.gid):
-            parent = self._open(directory, os.O_PATH | os.O_DIRECTORY)
+            parent = self._open(directory, os.O_PATH | os.O_DIRECTORY, creating=True)
             try:
                 os.mkdir(name, 0o700, dir_fd=parent)
             except OSError as err:
                 raise from_os_error(err, directory) from err
             finally:
                 os.close(parent)
-        return os.path.join(directory, name)
 
     def move_into(self, staging: str, directory: str) -> None:
         """Moves everything in `staging` into `directory` as `tar -x` would have written it there:

@@ -411,9 +411,9 @@ class SandboxManager:
         """Creates a directory and its parents as the sandbox user; returns its absolute path."""
         return await self._files(sandbox_id, lambda files: files.make_dirs(path))
 
-    async def make_staging_dir(self, sandbox_id: str, directory: str) -> str:
-        """A new hidden directory inside `directory` to unpack an upload into (see SandboxFiles)."""
-        return await self._files(sandbox_id, lambda files: files.make_staging_dir(directory))
+    async def make_staging_dir(self, sandbox_id: str, path: str) -> None:
+        """Makes the hidden directory an upload is unpacked into (see SandboxFiles)."""
+        await self._files(sandbox_id, lambda files: files.make_staging_dir(path))
 
     async def move_into(self, sandbox_id: str, staging: str, directory: str) -> None:
         """Moves what a staging directory holds into `directory`, merging directories."""

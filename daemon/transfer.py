@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterable, AsyncIterator
 
 from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument
 
+from .fsaccess import STAGING_PREFIX
 from .rules import CommandSpec
 from .sandboxes import Exited, Output, SandboxManager
 
@@ -42,8 +44,10 @@ class TarTransfer:
         into place (see SandboxFiles.move_into): an upload that fails or is cancelled part way,
         whether the archive was bad, the disk filled or the client went away, leaves nothing behind."""
         dest = await self.manager.make_dirs(sandbox_id, path)
-        staging = await self.manager.make_staging_dir(sandbox_id, dest)
+        # Named here, so that a call cancelled while the directory is being made still removes it.
+        staging = os.path.join(dest, STAGING_PREFIX + secrets.token_hex(8))
         try:
+            await self.manager.make_staging_dir(sandbox_id, staging)
             received = await self._unpack(sandbox_id, staging, chunks, dest)
             await self.manager.move_into(sandbox_id, staging, dest)
         finally:
