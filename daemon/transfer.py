@@ -7,6 +7,7 @@ no more than the sandbox user could anyway; the same code serves every backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -44,19 +45,22 @@ class TarTransfer:
         into place (see SandboxFiles.move_into): an upload that fails or is cancelled part way,
         whether the archive was bad, the disk filled or the client went away, leaves nothing behind."""
         dest = await self.manager.make_dirs(sandbox_id, path)
-        # Named here, so that a call cancelled while the directory is being made still removes it.
+        # Named here, and made in a shielded task that the cleanup waits for, so that a call
+        # cancelled while the directory is being made still removes it.
         staging = os.path.join(dest, STAGING_PREFIX + secrets.token_hex(8))
+        making = asyncio.ensure_future(self.manager.make_staging_dir(sandbox_id, staging))
         try:
-            await self.manager.make_staging_dir(sandbox_id, staging)
+            await asyncio.shield(making)
             received = await self._unpack(sandbox_id, staging, chunks, dest)
             await self.manager.move_into(sandbox_id, staging, dest)
         finally:
-            # Shielded: a second cancellation must not leave the staging directory behind.
-            cleanup = asyncio.ensure_future(self._remove(sandbox_id, staging))
-            await asyncio.shield(cleanup)
+            # Shielded too: a second cancellation must not leave the staging directory behind.
+            await asyncio.shield(asyncio.ensure_future(self._remove(sandbox_id, staging, making)))
         return received
 
-    async def _remove(self, sandbox_id: str, staging: str) -> None:
+    async def _remove(self, sandbox_id: str, staging: str, making: asyncio.Future) -> None:
+        with contextlib.suppress(Exception):
+            await making  # its error, if any, is the call's
         try:
             await self.manager.remove_tree(sandbox_id, staging)
         except CorralError as err:  # the sandbox went away meanwhile, with its files

@@ -83,7 +83,7 @@ def test_slow_download_of_a_big_file_keeps_daemon_memory_bounded(daemon, sandbox
     # written to disk. Read at about 3 MiB/s, the daemon must wait for the reader, not buffer.
     sandbox.exec("fallocate -l 512M big.bin", timeout=30).check()
     with PeakRss(daemon.proc.pid) as rss:
-        received = slow_download(daemon, sandbox.id, "big.bin", seconds=3)
+        received = slow_download(daemon, sandbox.id, "big.bin", seconds=2)
         time.sleep(0.5)
     print(f"peak daemon RSS growth {rss.growth / MiB:.1f} MiB for {received / MiB:.1f} MiB read")
     assert received > 0
@@ -287,3 +287,13 @@ def test_transfer_mistakes_get_definite_codes(daemon, sandbox, call, code):
             service.WriteFile(pb.WriteFileRequest(sandbox_id=sb, path=path, data=b"x", make_parents=True), timeout=30)
     assert err.value.code() == code, f"{call}: {err.value.code()} {err.value.details()}"
     assert sandbox.read_file("/workspace/plain.txt") == b"x"
+
+
+def test_download_of_names_tar_could_mistake(sandbox, tmp_path):
+    """A name starting with `-` is a name, not a tar option; names that are not UTF-8 arrive as
+    the same bytes."""
+    sandbox.write_file("-v", b"dash")
+    assert sandbox.download("-v", tmp_path / "a").read_bytes() == b"dash"
+    sandbox.exec("mkdir odd && printf raw > odd/$(printf 'caf\\351')", timeout=10).check()
+    top = sandbox.download("odd", tmp_path / "b")
+    assert os.listdir(os.fsencode(top)) == [b"caf\xe9"]
