@@ -297,3 +297,24 @@ def test_download_of_names_tar_could_mistake(sandbox, tmp_path):
     sandbox.exec("mkdir odd && printf raw > odd/$(printf 'caf\\351')", timeout=10).check()
     top = sandbox.download("odd", tmp_path / "b")
     assert os.listdir(os.fsencode(top)) == [b"caf\xe9"]
+
+
+@pytest.mark.parametrize("method", ["ReadFile", "Download", "Upload"])
+def test_a_path_that_is_not_utf8_is_invalid_argument(daemon, sandbox, method):
+    """proto strings must be UTF-8: a request whose path is not used to fail inside grpc's
+    deserializer as UNKNOWN."""
+    path = b"/workspace/caf\xe9"
+    # Field 1 sandbox_id, field 2 path, both length-delimited: the same bytes ReadFileRequest,
+    # DownloadRequest and UploadStart would have, with a path no str can hold.
+    fields = b"\x0a" + bytes([len(sandbox.id)]) + sandbox.id.encode() + b"\x12" + bytes([len(path)]) + path
+    with grpc.insecure_channel(f"unix:{daemon.socket}") as channel, pytest.raises(grpc.RpcError) as err:
+        name = f"/corral.v1.SandboxService/{method}"
+        if method == "ReadFile":
+            channel.unary_unary(name)(fields, timeout=10)
+        elif method == "Download":
+            list(channel.unary_stream(name)(fields, timeout=10))
+        else:  # UploadRequest.start is field 1
+            start = b"\x0a" + bytes([len(fields)]) + fields
+            channel.stream_unary(name)(iter([start]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert "UTF-8" in err.value.details()
