@@ -311,8 +311,11 @@ class SandboxFiles:
             try:
                 with os.scandir(fd) as it:
                     for item in it:
-                        st = item.stat(follow_symlinks=False)
-                        target = os.readlink(item.name, dir_fd=fd) if item.is_symlink() else ""
+                        try:
+                            st = item.stat(follow_symlinks=False)
+                            target = os.readlink(item.name, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else ""
+                        except FileNotFoundError:
+                            continue  # removed while the directory was read (say, by an upload's cleanup)
                         entries.append(
                             Entry(
                                 name=_printable(item.name),

@@ -318,3 +318,22 @@ def test_a_path_that_is_not_utf8_is_invalid_argument(daemon, sandbox, method):
             channel.stream_unary(name)(iter([start]), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
     assert "UTF-8" in err.value.details()
+
+
+def test_listing_a_directory_whose_entries_come_and_go(sandbox):
+    """Entries removed while a directory is listed (an upload's staging directory being cleaned
+    up, a build's temporary files) are left out; the listing does not fail as NOT_FOUND."""
+    sandbox.exec("mkdir churn", timeout=10).check()
+    churn = sandbox.exec_stream(
+        "cd churn; end=$(( $(date +%s) + 3 )); while [ $(date +%s) -lt $end ]; do"
+        " for i in 0 1 2 3 4 5 6 7 8 9; do : > f$i; done; rm -f f*; done",
+        timeout=10,
+    )
+    with churn:
+        next(iter(churn))  # started
+        deadline = time.monotonic() + 2.5
+        lists = 0
+        while time.monotonic() < deadline:
+            assert set(listing(sandbox, "churn")) <= {f"f{i}" for i in range(10)}
+            lists += 1
+    assert lists > 10
