@@ -15,11 +15,12 @@ import ctypes
 import errno
 import os
 import platform
+import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from corral.sdk.errors import InvalidArgument, ResourceExhausted
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 from .errors import from_os_error
 
@@ -33,6 +34,8 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 KEEP = 0xFFFFFFFF  # "leave unchanged" for setres[ug]id
 MAX_OFFSET = (1 << 63) - 1
+# Uploads are unpacked into a hidden directory of this prefix inside their destination, then moved.
+STAGING_PREFIX = ".corral-upload-"
 
 
 class _OpenHow(ctypes.Structure):
@@ -163,17 +166,20 @@ class SandboxFiles:
             raise InvalidArgument("path contains a NUL byte")
         return os.path.normpath(path if path.startswith("/") else os.path.join(self.workdir, path))
 
-    def _open(self, path: str, flags: int, mode: int = 0) -> int:
+    def _open(self, path: str, flags: int, mode: int = 0, creating: bool = False) -> int:
+        """`creating`: the caller makes something at or under `path`, so a file where a directory
+        should be is the caller's mistake (INVALID_ARGUMENT), not a missing path."""
         try:
             return openat2(self.root_fd, path, flags, mode)
         except OSError as err:
+            if creating and err.errno == errno.ENOTDIR:
+                raise InvalidArgument(f"{path}: a file is where a directory should be") from err
             raise from_os_error(err, path) from err
 
     def read(self, path: str, offset: int, limit: int) -> tuple[bytes, int, bool]:
         path = self.absolute(path)
         if offset > MAX_OFFSET:
             raise InvalidArgument(f"offset {offset} is past any file's end")
-        limit = min(limit or self.max_bytes, self.max_bytes)
         with _as_user(self.uid, self.gid):
             # O_NONBLOCK: opening a fifo the sandbox made must not park a daemon thread forever.
             fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -183,7 +189,12 @@ class SandboxFiles:
                     raise InvalidArgument(f"{path}: is a directory")
                 if not stat.S_ISREG(st.st_mode):
                     raise InvalidArgument(f"{path}: not a regular file")
-                data = os.pread(fd, limit, offset)
+                if not limit and st.st_size - offset > self.max_bytes:
+                    raise FailedPrecondition(
+                        f"{path}: {st.st_size - offset} bytes from offset {offset} is more than one ReadFile"
+                        f" returns ({self.max_bytes} bytes): use Download, or read it in ranges (offset, limit_bytes)"
+                    )
+                data = os.pread(fd, min(limit or self.max_bytes, self.max_bytes), offset)
             except OSError as err:
                 raise from_os_error(err, path) from err
             finally:
@@ -200,7 +211,7 @@ class SandboxFiles:
         with _as_user(self.uid, self.gid):
             if make_parents:
                 self._make_dirs(os.path.dirname(path))
-            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, mode)
+            fd = self._open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, mode, creating=True)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise InvalidArgument(f"{path}: not a regular file")
@@ -218,7 +229,7 @@ class SandboxFiles:
         parts = [p for p in path.split("/") if p]
         current = "/"
         for part in parts:
-            parent = self._open(current, os.O_PATH | os.O_DIRECTORY)
+            parent = self._open(current, os.O_PATH | os.O_DIRECTORY, creating=True)
             try:
                 os.mkdir(part, 0o755, dir_fd=parent)
             except FileExistsError:
@@ -233,8 +244,54 @@ class SandboxFiles:
         path = self.absolute(path)
         with _as_user(self.uid, self.gid):
             self._make_dirs(path)
-            os.close(self._open(path, os.O_PATH | os.O_DIRECTORY))
+            os.close(self._open(path, os.O_PATH | os.O_DIRECTORY, creating=True))
         return path
+
+    def make_staging_dir(self, path: str) -> None:
+        """Makes the private directory `path` (absolute, its name starting with STAGING_PREFIX)
+        inside an existing directory, on the same filesystem as that directory, so that what is
+        unpacked there can be renamed into place."""
+        directory, name = os.path.split(path)
+        assert name.startswith(STAGING_PREFIX), path
+        with _as_user(self.uid, self.gid):
+            parent = self._open(directory, os.O_PATH | os.O_DIRECTORY, creating=True)
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent)
+            except OSError as err:
+                raise from_os_error(err, directory) from err
+            finally:
+                os.close(parent)
+
+    def move_into(self, staging: str, directory: str) -> None:
+        """Moves everything in `staging` into `directory` as `tar -x` would have written it there:
+        a new entry replaces a file or link of the same name (one rename each), and a directory
+        that exists on both sides is merged, entry by entry. An entry that would replace a
+        non-empty directory with a non-directory fails the whole move before anything moves."""
+        with _as_user(self.uid, self.gid):
+            source = self._open(staging, os.O_RDONLY | os.O_DIRECTORY)
+            target = self._open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                _refuse_conflicts(source, target, directory)
+                _merge(source, target)
+            except OSError as err:
+                raise from_os_error(err, directory) from err
+            finally:
+                os.close(source)
+                os.close(target)
+
+    def remove_tree(self, path: str) -> None:
+        """Removes a directory and everything in it, never following a symlink."""
+        parent, name = os.path.split(path)
+        with _as_user(self.uid, self.gid):
+            parent_fd = self._open(parent, os.O_PATH | os.O_DIRECTORY)
+            try:
+                shutil.rmtree(name, dir_fd=parent_fd)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                raise from_os_error(err, path) from err
+            finally:
+                os.close(parent_fd)
 
     def kind(self, path: str) -> tuple[str, str]:
         """(absolute path, kind) of an existing path; NotFound otherwise."""
@@ -254,8 +311,11 @@ class SandboxFiles:
             try:
                 with os.scandir(fd) as it:
                     for item in it:
-                        st = item.stat(follow_symlinks=False)
-                        target = os.readlink(item.name, dir_fd=fd) if item.is_symlink() else ""
+                        try:
+                            st = item.stat(follow_symlinks=False)
+                            target = os.readlink(item.name, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else ""
+                        except FileNotFoundError:
+                            continue  # removed while the directory was read (say, by an upload's cleanup)
                         entries.append(
                             Entry(
                                 name=_printable(item.name),
@@ -274,3 +334,63 @@ class SandboxFiles:
             finally:
                 os.close(fd)
         return sorted(entries, key=lambda e: e.name)
+
+
+def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _open_subdir(name: str, dir_fd: int) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def _refuse_conflicts(source: int, target: int, path: str) -> None:
+    """InvalidArgument when a non-directory of `source` would replace a non-empty directory of
+    `target` (tar refuses that too); recurses where both sides are directories."""
+    for name in os.listdir(source):
+        new, old = _lstat(name, source), _lstat(name, target)
+        if new is None or old is None or not stat.S_ISDIR(old.st_mode):
+            continue
+        if stat.S_ISDIR(new.st_mode):
+            sub_source, sub_target = _open_subdir(name, source), _open_subdir(name, target)
+            try:
+                _refuse_conflicts(sub_source, sub_target, os.path.join(path, name))
+            finally:
+                os.close(sub_source)
+                os.close(sub_target)
+        elif _nonempty(name, target):
+            raise InvalidArgument(
+                f"{os.path.join(path, _printable(name))}: a directory is in the way of the uploaded file"
+            )
+
+
+def _nonempty(name: str, dir_fd: int) -> bool:
+    fd = _open_subdir(name, dir_fd)
+    try:
+        return bool(os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def _merge(source: int, target: int) -> None:
+    for name in os.listdir(source):
+        new, old = _lstat(name, source), _lstat(name, target)
+        assert new is not None  # only this move takes entries out of the staging directory
+        if old is not None and stat.S_ISDIR(old.st_mode) and stat.S_ISDIR(new.st_mode):
+            sub_source, sub_target = _open_subdir(name, source), _open_subdir(name, target)
+            try:
+                _merge(sub_source, sub_target)
+            finally:
+                os.close(sub_source)
+                os.close(sub_target)
+            continue
+        if old is not None and (stat.S_ISDIR(old.st_mode) or stat.S_ISDIR(new.st_mode)):
+            # rename() replaces a file by a file or an empty directory by a directory only.
+            if stat.S_ISDIR(old.st_mode):
+                os.rmdir(name, dir_fd=target)  # empty: _refuse_conflicts checked
+            else:
+                os.unlink(name, dir_fd=target)
+        os.rename(name, name, src_dir_fd=source, dst_dir_fd=target)

@@ -10,8 +10,12 @@ import contextlib
 import hmac
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
+
+from corral.sdk.errors import InvalidArgument
 
 from .metrics import Metrics
 
@@ -41,33 +45,66 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
             for guard in guards:
                 await stack.enter_async_context(guard(method, context))
 
-        def unary_response(inner):
+        def unary_response(inner, streaming: bool):
             async def call(request, context):
                 async with contextlib.AsyncExitStack() as stack:
                     await enter(stack, context)
-                    return await inner(request, context)
+                    return await inner(_checked_requests(request) if streaming else _checked(request), context)
 
             return call
 
-        def stream_response(inner):
+        def stream_response(inner, streaming: bool):
             async def call(request, context):
                 async with contextlib.AsyncExitStack() as stack:
                     await enter(stack, context)
-                    async for item in inner(request, context):
+                    async for item in inner(_checked_requests(request) if streaming else _checked(request), context):
                         yield item
 
             return call
 
         shapes = (
-            (handler.unary_unary, grpc.unary_unary_rpc_method_handler, unary_response),
-            (handler.unary_stream, grpc.unary_stream_rpc_method_handler, stream_response),
-            (handler.stream_unary, grpc.stream_unary_rpc_method_handler, unary_response),
-            (handler.stream_stream, grpc.stream_stream_rpc_method_handler, stream_response),
+            (handler.unary_unary, grpc.unary_unary_rpc_method_handler, unary_response, False),
+            (handler.unary_stream, grpc.unary_stream_rpc_method_handler, stream_response, False),
+            (handler.stream_unary, grpc.stream_unary_rpc_method_handler, unary_response, True),
+            (handler.stream_stream, grpc.stream_stream_rpc_method_handler, stream_response, True),
         )
-        for inner, make, wrap in shapes:
+        for inner, make, wrap, streaming in shapes:
             if inner:
-                return make(wrap(inner), handler.request_deserializer, handler.response_serializer)
+                parse = _lenient(handler.request_deserializer)
+                return make(wrap(inner, streaming), parse, handler.response_serializer)
         return handler
+
+
+# A request that does not parse (a string field that is not UTF-8, a truncated message) is the
+# caller's mistake: grpc would answer UNKNOWN from inside its deserializer, so the deserializer
+# hands the error on instead, and the guarded handler raises INVALID_ARGUMENT.
+@dataclass(frozen=True)
+class _Malformed:
+    error: str
+
+
+def _lenient(deserializer):
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserializer(data)
+        except DecodeError as err:
+            return _Malformed(str(err))
+
+    return parse
+
+
+def _checked(request):
+    if isinstance(request, _Malformed):
+        raise InvalidArgument(f"malformed request: {request.error}")
+    return request
+
+
+async def _checked_requests(requests):
+    async for request in requests:
+        yield _checked(request)
 
 
 def bearer_token_guard(token: str) -> Guard:

@@ -94,6 +94,9 @@ class HostProcess:
         self._pidfd = os.pidfd_open(self.pid)
         self._exited = False
         self._stdin_error: Exception | None = None
+        # The output pipes being read (fd -> stream, callback) while `run` runs; paused: not read.
+        self._readers: dict[int, tuple[int, Callable[[int, bytes], None]]] = {}
+        self._paused = False
 
     def oom_kills(self) -> int:
         """OOM kills in the process's leaf cgroup since it started (0 without one)."""
@@ -127,6 +130,7 @@ class HostProcess:
         pipes = {self._popen.stdout.fileno(): STDOUT, self._popen.stderr.fileno(): STDERR}
         for fd, stream in pipes.items():
             os.set_blocking(fd, False)
+            self._readers[fd] = (stream, on_output)
             loop.add_reader(fd, self._read_once, fd, stream, on_output)
         stdin_task = asyncio.ensure_future(self._feed_stdin()) if self._stdin_data is not None else None
         timed_out = False
@@ -154,6 +158,7 @@ class HostProcess:
             raise
         finally:
             loop.remove_reader(self._pidfd)
+            self._readers.clear()
             for fd in pipes:
                 loop.remove_reader(fd)
             if stdin_task:
@@ -177,7 +182,25 @@ class HostProcess:
         if data:
             on_output(stream, data)
         else:
+            self._readers.pop(fd, None)
             asyncio.get_running_loop().remove_reader(fd)
+
+    def pause_output(self) -> None:
+        """Stops reading stdout and stderr until `resume_output`: the pipes fill and the command
+        blocks on its next write, so a consumer slower than the command bounds what is buffered.
+        The exit is still seen; once the main process exits, what its pipes hold is read."""
+        if not self._paused:
+            self._paused = True
+            loop = asyncio.get_running_loop()
+            for fd in self._readers:
+                loop.remove_reader(fd)
+
+    def resume_output(self) -> None:
+        if self._paused:
+            self._paused = False
+            loop = asyncio.get_running_loop()
+            for fd, (stream, on_output) in self._readers.items():
+                loop.add_reader(fd, self._read_once, fd, stream, on_output)
 
     def _drain(self, fd: int, stream: int, on_output: Callable[[int, bytes], None]) -> None:
         while True:

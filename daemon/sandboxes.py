@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 IDLE_SWEEP_S = 1.0
+# Output a streamed command may have waiting for its client (ExecStream, Download): past this the
+# daemon stops reading the command's pipes until the client catches up, so memory stays bounded
+# whatever the command produces and however slowly the client reads.
+STREAM_BUFFER_BYTES = 1 << 20
 FILE_THREADS = 16
 
 
@@ -352,12 +356,17 @@ class SandboxManager:
             spec = await self._in_directory(sandbox, spec)
             queue: asyncio.Queue = asyncio.Queue()
             totals = {1: 0, 2: 0}
+            queued = 0  # bytes in `queue`: past STREAM_BUFFER_BYTES the command's pipes are not read
 
             def forward(stream: int, data: bytes) -> None:
+                nonlocal queued
                 room = spec.output_limit - (totals[1] + totals[2])
                 totals[stream] += len(data)
                 if room > 0:
                     queue.put_nowait(Output(stream, data[:room]))
+                    queued += min(room, len(data))
+                    if queued >= STREAM_BUFFER_BYTES:
+                        proc.pause_output()
 
             oom_before = _sandbox_ooms(sandbox)
             proc = self._start(sandbox, spec)
@@ -374,7 +383,13 @@ class SandboxManager:
                         {getter, runner}, timeout=keepalive_s or None, return_when=asyncio.FIRST_COMPLETED
                     )
                     if getter in done:
-                        yield getter.result()
+                        event = getter.result()
+                        queued -= len(event.data)
+                        if queued < STREAM_BUFFER_BYTES:
+                            proc.resume_output()
+                        # The next event is read only once the client took this one (gRPC waits
+                        # for its flow-control window), so a slow client slows the command down.
+                        yield event
                         continue
                     getter.cancel()
                     if runner in done:
@@ -424,6 +439,17 @@ class SandboxManager:
     async def make_dirs(self, sandbox_id: str, path: str) -> str:
         """Creates a directory and its parents as the sandbox user; returns its absolute path."""
         return await self._files(sandbox_id, lambda files: files.make_dirs(path))
+
+    async def make_staging_dir(self, sandbox_id: str, path: str) -> None:
+        """Makes the hidden directory an upload is unpacked into (see SandboxFiles)."""
+        await self._files(sandbox_id, lambda files: files.make_staging_dir(path))
+
+    async def move_into(self, sandbox_id: str, staging: str, directory: str) -> None:
+        """Moves what a staging directory holds into `directory`, merging directories."""
+        await self._files(sandbox_id, lambda files: files.move_into(staging, directory))
+
+    async def remove_tree(self, sandbox_id: str, path: str) -> None:
+        await self._files(sandbox_id, lambda files: files.remove_tree(path))
 
 
 def node_error(what: str, err: OSError) -> ResourceExhausted | Unavailable:

@@ -6,9 +6,10 @@ Sans-IO with respect to the wire: both clients feed these the bytes they send or
 
 from __future__ import annotations
 
-import copy
+import errno
 import io
 import os
+import stat
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -25,6 +26,9 @@ UPLOAD_CHUNK_BYTES = 1 << 20
 DOWNLOAD_SPOOL_MEMORY_BYTES = 8 << 20
 
 _BLOCK = tarfile.BLOCKSIZE
+# Piece size when unpacking a file; an all-zero piece becomes a hole instead of being written.
+_COPY_BYTES = 1 << 16
+_ZEROS = bytes(_COPY_BYTES)
 
 
 def archive_name(local_path: str | os.PathLike[str]) -> str:
@@ -107,74 +111,168 @@ def download_spool() -> IO[bytes]:
 
 
 def _check_member(member: tarfile.TarInfo) -> None:
-    """Our own check before tarfile's "data" filter, which some Python releases could be tricked
-    past (fixed in 3.11.13/3.12.11/3.13.4): no absolute names, no `..`, no link that leaves the
-    archive's tree, nothing but files, directories and links."""
-
-    def escapes(name: str) -> bool:
-        parts = PurePosixPath(name).parts
-        return name.startswith("/") or ".." in parts
-
-    if escapes(member.name):
+    """Refuses, before anything is written, an archive the daemon would never send: absolute
+    names, `..`, hard links to anything but an earlier member's path, special files. A symlink may
+    point anywhere (a venv's bin/python -> /usr/bin/python3): it is created as a link and never
+    followed, here or by later members (see `_Unpacker`)."""
+    if _escapes(member.name):
         raise ProtocolError(f"the downloaded archive has an unsafe member name: {member.name!r}")
-    if member.issym() or member.islnk():
-        target = member.linkname if member.islnk() else str(PurePosixPath(member.name).parent / member.linkname)
-        if member.linkname.startswith("/") or _leaves(target):
+    if member.islnk():
+        if _escapes(member.linkname) or not _parts(member.linkname):
             raise ProtocolError(f"the downloaded archive has a link leaving it: {member.name!r} -> {member.linkname!r}")
-    elif not (member.isfile() or member.isdir()):
+    elif not (member.isfile() or member.isdir() or member.issym()):
         raise ProtocolError(f"the downloaded archive has a special file: {member.name!r}")
 
 
-def _leaves(path: str) -> bool:
-    depth = 0
-    for part in PurePosixPath(path).parts:
-        if part == "..":
-            depth -= 1
-            if depth < 0:
-                return True
-        elif part not in (".", "/"):
-            depth += 1
-    return False
+def _escapes(name: str) -> bool:
+    return name.startswith("/") or ".." in PurePosixPath(name).parts
 
 
-def _extract_data(tar: tarfile.TarFile, destination: Path, members: list[tarfile.TarInfo]) -> None:
-    """extractall with tarfile's "data" filter, or, on Pythons that predate extraction filters
-    (before 3.11.4, e.g. Debian 12's 3.11.2), with what that filter does beyond `_check_member`:
-    no set-id, sticky or group/other-write bits, and files owned by whoever unpacks them."""
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(destination, members=members, filter="data")
-        return
-    safe = []
-    for member in members:
-        member = copy.copy(member)
-        member.mode &= 0o755
-        member.uid, member.gid = os.getuid(), os.getgid()
-        member.uname = member.gname = ""  # no lookup by name: the numeric ids above are used
-        safe.append(member)
-    tar.extractall(destination, members=safe)
+def _parts(name: str) -> list[str]:
+    return [part for part in PurePosixPath(name).parts if part not in ("/", ".")]
+
+
+class _Unpacker:
+    """Writes members below one directory through directory fds, component by component, never
+    following a symlink below that directory (O_NOFOLLOW on every step): a link the archive made
+    (or one already there) can be replaced by a member of the same name but never written through.
+    Files get their permission bits without set-id, sticky or group/other-write bits and belong to
+    whoever unpacks them; runs of zeros become holes, so sparse files stay sparse."""
+
+    def __init__(self, tar: tarfile.TarFile, destination: Path) -> None:
+        self.tar = tar
+        self.root_fd = os.open(destination, os.O_RDONLY | os.O_DIRECTORY)
+
+    def close(self) -> None:
+        os.close(self.root_fd)
+
+    def _parent(self, parts: list[str], name: str) -> int:
+        """A new fd of the directory holding `parts[-1]`, creating missing directories."""
+        fd = os.dup(self.root_fd)
+        try:
+            for part in parts[:-1]:
+                try:
+                    next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as error:
+                    if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise ProtocolError(
+                            f"the downloaded archive would write {name!r} through {part!r}, which is not a directory"
+                            " (a symlink is never followed)"
+                        ) from error
+                    raise
+                os.close(fd)
+                fd = next_fd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @staticmethod
+    def _clear(parent_fd: int, name: str) -> None:
+        """Removes a non-directory in the way of a new member (tar's own behaviour: replace)."""
+        try:
+            if not stat.S_ISDIR(os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            pass
+
+    def member(self, member: tarfile.TarInfo) -> None:
+        parts = _parts(member.name)
+        if not parts:  # the destination itself (an archive of "/")
+            return
+        parent_fd = self._parent(parts, member.name)
+        name = parts[-1]
+        try:
+            if member.isdir():
+                try:
+                    os.mkdir(name, 0o755, dir_fd=parent_fd)
+                except FileExistsError:
+                    if not stat.S_ISDIR(os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode):
+                        raise ProtocolError(
+                            f"the downloaded directory {member.name!r} would replace a file or link"
+                        ) from None
+                return
+            self._clear(parent_fd, name)
+            if member.issym():
+                os.symlink(member.linkname, name, dir_fd=parent_fd)
+            elif member.islnk():
+                target = _parts(member.linkname)
+                target_fd = self._parent(target, member.linkname)
+                try:
+                    os.link(target[-1], name, src_dir_fd=target_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
+                finally:
+                    os.close(target_fd)
+            else:
+                self._file(member, parent_fd, name)
+        finally:
+            os.close(parent_fd)
+
+    def _file(self, member: tarfile.TarInfo, parent_fd: int, name: str) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(name, flags, 0o600, dir_fd=parent_fd)
+        try:
+            source = self.tar.extractfile(member)
+            assert source is not None  # a regular file
+            # A sparse member carries its data regions; read only those, not its holes.
+            # (typeshed calls `sparse` an int; tarfile sets a list of (offset, size) or None.)
+            sparse: list[tuple[int, int]] | None = getattr(member, "sparse", None)
+            regions = sparse if sparse is not None else [(0, member.size)]
+            for offset, length in regions:
+                source.seek(offset)
+                _copy_skipping_zeros(source, fd, offset, length)
+            os.ftruncate(fd, member.size)
+            mode = member.mode & 0o755 | 0o600
+            os.fchmod(fd, mode if mode & 0o100 else mode & ~0o111)
+            os.utime(fd, (member.mtime, member.mtime))
+        finally:
+            os.close(fd)
+
+
+def _copy_skipping_zeros(source: IO[bytes], fd: int, offset: int, length: int) -> None:
+    """Copies `length` bytes to `fd` at `offset`, seeking over all-zero pieces instead of writing
+    them (the caller sets the final size)."""
+    end = offset + length
+    while offset < end:
+        piece = source.read(min(_COPY_BYTES, end - offset))
+        if not piece:
+            raise ProtocolError("the downloaded archive ends inside a file")
+        if piece != (_ZEROS if len(piece) == _COPY_BYTES else bytes(len(piece))):
+            view = memoryview(piece)
+            position = offset
+            while view:
+                written = os.pwrite(fd, view, position)
+                view, position = view[written:], position + written
+        offset += len(piece)
 
 
 def extract_archive(archive: IO[bytes], local_dir: str | os.PathLike[str]) -> Path:
     """Unpacks a complete tar archive into `local_dir` (created if missing) and returns the path of
     its top-level entry.
 
-    tarfile's "data" filter refuses absolute paths, `..`, links pointing outside `local_dir`,
-    device files, and drops set-uid bits, so an archive from a compromised sandbox cannot write
-    outside the target directory.
+    Every member is checked before anything is written (`_check_member`), and none is written
+    through a symlink (`_Unpacker`), so an archive from a compromised sandbox cannot write outside
+    the target directory. Symlinks are recreated as they were, whatever they point to.
     """
     destination = Path(local_dir)
     destination.mkdir(parents=True, exist_ok=True)
     archive.seek(0)
     try:
-        with tarfile.open(fileobj=archive, mode="r:") as tar:
+        with tarfile.open(fileobj=archive, mode="r:", errorlevel=2) as tar:
             members = tar.getmembers()
             for member in members:
                 _check_member(member)
-            _extract_data(tar, destination, members)
+            unpacker = _Unpacker(tar, destination)
+            try:
+                for member in members:
+                    unpacker.member(member)
+            finally:
+                unpacker.close()
     except tarfile.TarError as error:
         raise ProtocolError(f"the downloaded archive cannot be unpacked safely: {error}") from error
     if not members:
         raise ProtocolError("the downloaded archive is empty")
-    # Names as stored; the filter strips a leading "/" when it extracts, so it is ignored here too.
-    top = [part for part in PurePosixPath(members[0].name).parts if part not in ("/", ".")]
+    top = _parts(members[0].name)
     return destination / top[0] if top else destination

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar, cast
 
 from corral.sdk.enums import backend_name, backend_number, enum_name
-from corral.sdk.errors import InvalidArgument, ProtocolError
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, ProtocolError
 from corral.sdk.types import (
     BackendStatus,
     ExecEvent,
@@ -255,14 +255,21 @@ def upload_requests(sandbox_id: str, remote_dir: str, archive_chunks: Iterable[b
         yield pb.UploadRequest(chunk=chunk)
 
 
+# The most bytes one `read_file` returns; past it, `download` (which streams to disk) is the way.
+# The daemon has its own cap for one reply (exec.max_file_bytes, 64 MiB by default).
+READ_FILE_MAX_BYTES = 64 << 20
+
+
 def read_file_plan(
     sandbox_id: str, path: str, *, offset: int, limit: int | None
 ) -> Generator[pb.ReadFileRequest, pb.ReadFileResponse, bytes]:
     """Yields the ReadFile requests that read `limit` bytes from `offset` (None: to the end of the
     file), is sent each reply, and returns the bytes read.
 
-    The daemon caps one reply (64 MiB by default), so one read may take several calls; a generator
-    keeps that loop here, and each client only drives it (`plan.send(reply)`).
+    A read that would return more than READ_FILE_MAX_BYTES fails with FailedPrecondition after the
+    first reply (which tells the file's size), so a huge file never fills this process's memory.
+    The daemon caps one reply, so a ranged read may take several calls; a generator keeps that
+    loop here, and each client only drives it (`plan.send(reply)`).
     """
     _non_negative("offset", offset)
     if limit is not None:
@@ -270,9 +277,16 @@ def read_file_plan(
     parts: list[bytes] = []
     received = 0
     while limit is None or received < limit:
-        # limit_bytes 0 asks for as much as the daemon sends in one reply.
+        # limit_bytes 0 asks for the rest of the file (the daemon refuses it past its cap).
         wanted = 0 if limit is None else limit - received
         reply = yield pb.ReadFileRequest(sandbox_id=sandbox_id, path=path, offset=offset + received, limit_bytes=wanted)
+        remaining = max(reply.size_bytes - offset, received + len(reply.data))
+        total = remaining if limit is None else min(limit, remaining)
+        if total > READ_FILE_MAX_BYTES:
+            raise FailedPrecondition(
+                f"read_file of {path!r} would return {total} bytes, more than its limit of {READ_FILE_MAX_BYTES}:"
+                " use download(), or read it in ranges (offset, limit)"
+            )
         parts.append(reply.data)
         received += len(reply.data)
         if not reply.truncated:

@@ -227,7 +227,8 @@ class AsyncSandbox:
 
     async def read_file(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         """Reads `limit` bytes (None: all) of a file from `offset`; relative paths are relative to
-        the workdir."""
+        the workdir. At most 64 MiB (`READ_FILE_MAX_BYTES`, and the daemon's own cap): a bigger read
+        raises FailedPrecondition naming the size; `download` streams any size to disk."""
         plan = _core.read_file_plan(self.id, path, offset=offset, limit=limit)
         return await self._transport.run_plan(self._transport.sandbox_service.ReadFile, plan)
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from corral.sdk.enums import BACKEND_NUMBERS, backend_name
-from corral.sdk.errors import FailedPrecondition, InvalidArgument
+from corral.sdk.errors import InvalidArgument
 from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
 
@@ -238,12 +238,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def Upload(self, request_iterator, context) -> pb.UploadResponse:
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("message") != "start":
-            raise FailedPrecondition("the first Upload message must be `start`")
+            raise InvalidArgument("the first Upload message must be `start`")
 
         async def chunks():
             async for message in request_iterator:
                 if message.WhichOneof("message") != "chunk":
-                    raise FailedPrecondition("only `chunk` messages may follow `start`")
+                    raise InvalidArgument("only `chunk` messages may follow `start`")
                 yield message.chunk
 
         received = await self.transfer.upload(first.start.sandbox_id, first.start.path, chunks())

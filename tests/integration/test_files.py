@@ -114,7 +114,7 @@ def test_upload_rejects_a_bad_message_after_the_archive(daemon, sandbox):
     with grpc.insecure_channel(f"unix:{daemon.socket}") as channel:
         with pytest.raises(grpc.RpcError) as err:
             sandbox_pb2_grpc.SandboxServiceStub(channel).Upload(messages(), timeout=30)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_huge_offset_is_invalid(sandbox):

@@ -332,6 +332,26 @@ def test_read_plan_rejects_a_reply_without_progress() -> None:
         plan.send(pb.ReadFileResponse(data=b"", size_bytes=10, truncated=True))
 
 
+@pytest.mark.parametrize("limit", [None, _core.READ_FILE_MAX_BYTES + 1])
+def test_read_past_the_limit_fails_after_one_reply(limit) -> None:
+    """The first reply tells the size: a read that would return more than READ_FILE_MAX_BYTES
+    stops there instead of gathering the file in memory."""
+    plan = _core.read_file_plan("sb", "f", offset=10, limit=limit)
+    next(plan)
+    huge = _core.READ_FILE_MAX_BYTES + 100
+    total = huge - 10 if limit is None else limit
+    with pytest.raises(FailedPrecondition, match=rf"{total} bytes.*download"):
+        plan.send(pb.ReadFileResponse(data=b"x" * 4096, size_bytes=huge, truncated=True))
+
+
+def test_a_range_of_a_huge_file_is_fine() -> None:
+    plan = _core.read_file_plan("sb", "f", offset=1 << 40, limit=3)
+    next(plan)
+    with pytest.raises(StopIteration) as done:
+        plan.send(pb.ReadFileResponse(data=b"abc", size_bytes=1 << 41, truncated=True))
+    assert done.value.value == b"abc"
+
+
 def test_read_plan_rejects_negative_offset() -> None:
     with pytest.raises(InvalidArgument):
         next(_core.read_file_plan("sb", "f", offset=-1, limit=None))

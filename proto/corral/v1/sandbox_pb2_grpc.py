@@ -153,14 +153,18 @@ class SandboxServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReadFile(self, request, context):
-        """Reads (part of) a file inside the sandbox.
+        """Reads (part of) a file inside the sandbox. One reply carries at most the daemon's cap
+        (exec.max_file_bytes, 64 MiB by default): reading a whole file past it (limit_bytes 0) is
+        FAILED_PRECONDITION naming the size; use Download, or ranges. INVALID_ARGUMENT for a directory
+        or anything but a regular file.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WriteFile(self, request, context):
-        """Writes a whole file inside the sandbox, replacing it if it exists.
+        """Writes a whole file inside the sandbox, replacing it if it exists. RESOURCE_EXHAUSTED past the
+        daemon's cap; INVALID_ARGUMENT for a directory, or a file where a parent directory should be.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -175,14 +179,22 @@ class SandboxServiceServicer:
 
     def Upload(self, request_iterator, context):
         """Unpacks a client-streamed tar archive into a directory inside the sandbox. The first message
-        must carry `start`; every later one carries `chunk` (FAILED_PRECONDITION otherwise).
+        must carry `start`; every later one carries `chunk`: any other message fails the call at once
+        with INVALID_ARGUMENT. The archive is unpacked into a hidden staging directory inside the
+        destination and moved into place only once whole (files replaced, directories merged), so a
+        failed or cancelled upload leaves the destination as it was. INVALID_ARGUMENT for an archive
+        tar cannot unpack, or a destination that is a file; FAILED_PRECONDITION when the sandbox has
+        no tar.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Download(self, request, context):
-        """Streams a tar archive of a file or directory inside the sandbox.
+        """Streams a tar archive of a file or directory inside the sandbox, made by tar inside the
+        sandbox as fast as the client reads it (the daemon buffers at most about 1 MiB). Symlinks are
+        stored as links, never followed; sparse files keep their holes (GNU sparse members) where the
+        sandbox's tar is GNU tar. NOT_FOUND for a missing path.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
