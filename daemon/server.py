@@ -1,10 +1,9 @@
 """`corral serve`: wires the daemon together and runs it until SIGTERM/SIGINT.
 
 Startup: state dir and crash recovery first, then the gRPC servers (the Unix socket's, and an
-optional bounded one for TCP with a bearer token; both with health and reflection), then READY=1 to
-systemd. Shutdown: health goes NOT_SERVING, new
-calls are refused, in-flight calls get the grace period, every sandbox is destroyed, the socket is
-removed.
+optional bounded one for TCP with a bearer token; both with health and reflection), then READY=1
+to systemd. Shutdown: health goes NOT_SERVING, new calls are refused, in-flight calls get the
+grace period, every sandbox is destroyed, the socket is removed.
 """
 
 from __future__ import annotations
