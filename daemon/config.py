@@ -27,6 +27,11 @@ DEFAULT_STATE_DIR = "/var/lib/corral"
 class TcpConfig:
     listen: str = ""
     token_file: str = ""
+    # Bounds on TCP peers (daemon/server.py, tcp_options): they keep the daemon's connections and
+    # file descriptors for the Unix socket's callers whatever reaches the port.
+    max_connections: int = 256
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0
 
 
 @dataclass
@@ -43,6 +48,7 @@ class DaemonConfig:
 @dataclass
 class MetricsConfig:
     listen: str = ""
+    token_file: str = ""  # when set, scrapes must send `Authorization: Bearer <its content>`
 
 
 @dataclass
@@ -103,6 +109,8 @@ class Config:
     backends: dict[str, Any] = field(default_factory=lambda: {name: cls.Settings() for name, cls in BACKENDS.items()})
     # The bearer token for the TCP listener (from token_file or CORRAL_TOKEN); never from TOML text.
     token: str = ""
+    # The bearer token of the metrics endpoint (from metrics.token_file); empty: no authentication.
+    metrics_token: str = ""
 
     @property
     def state_path(self) -> Path:
@@ -129,7 +137,7 @@ def _same_kind(default: Any, value: Any) -> bool:
 
 # Config fields that a TOML file cannot set: the token comes from a file or the environment (never
 # from configuration text), and backend sections are merged by their own names.
-_NOT_FROM_TOML = frozenset({"token", "backends"})
+_NOT_FROM_TOML = frozenset({"token", "metrics_token", "backends"})
 
 
 def _merge_file(config: Config, values: dict[str, Any]) -> None:
@@ -193,13 +201,19 @@ def load_config(
     if metrics_listen is not None:
         config.metrics.listen = metrics_listen
     if config.daemon.tcp.token_file:
-        try:
-            config.token = Path(config.daemon.tcp.token_file).read_text().strip()
-        except OSError as err:
-            raise ConfigError(f"cannot read token file {config.daemon.tcp.token_file}: {err}") from err
+        config.token = _read_token(config.daemon.tcp.token_file)
     config.token = config.token or env.get("CORRAL_TOKEN", "")
+    if config.metrics.token_file:
+        config.metrics_token = _read_token(config.metrics.token_file)
     validate(config)
     return config
+
+
+def _read_token(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as err:
+        raise ConfigError(f"cannot read token file {path}: {err}") from err
 
 
 # Keys that moved, (section, key) -> (section, key). The old spelling keeps working for a release,
@@ -248,6 +262,14 @@ def validate(config: Config) -> None:
     for stage in ("init", "run", "eval"):
         if getattr(config.rollout, f"{stage}_workers") < 1:
             raise ConfigError(f"rollout.{stage}_workers must be at least 1")
+    if config.metrics.token_file and not config.metrics_token:
+        raise ConfigError(f"metrics.token_file {config.metrics.token_file} is empty")
+    tcp = config.daemon.tcp
+    if tcp.max_connections < 1 or tcp.handshake_timeout_s <= 0 or tcp.idle_timeout_s <= 0:
+        raise ConfigError(
+            "daemon.tcp.max_connections must be at least 1, and daemon.tcp.handshake_timeout_s and "
+            "daemon.tcp.idle_timeout_s positive"
+        )
     try:
         int(config.daemon.socket_mode, 8)
     except ValueError as err:

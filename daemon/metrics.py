@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import hmac
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 
@@ -34,9 +39,38 @@ class Metrics:
         """Exports `held()` (cgroup directories the daemon holds, per hierarchy) at every scrape."""
         self.registry.register(_CgroupsHeld(held))
 
-    def serve_http(self, listen: str) -> None:
+    def serve_http(self, listen: str, token: str = "") -> None:
+        """Serves /metrics on HOST:PORT from a thread; with a token, only to scrapes that send
+        `Authorization: Bearer <token>` (others get 401)."""
         host, _, port = listen.rpartition(":")
-        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        host = host.strip("[]") or "127.0.0.1"
+        app = make_wsgi_app(self.registry)
+        if token:
+            app = _bearer_protected(app, token)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        httpd = make_server(host, int(port), app, Server, handler_class=_QuietHandler)
+        threading.Thread(target=httpd.serve_forever, name="corral-metrics", daemon=True).start()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # no line on stderr per scrape
+
+
+def _bearer_protected(app: Callable, token: str) -> Callable:
+    expected = f"Bearer {token}".encode()
+
+    def protected(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        given = environ.get("HTTP_AUTHORIZATION", "").encode()
+        if not hmac.compare_digest(given, expected):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+            return [b"missing or wrong bearer token\n"]
+        return app(environ, start_response)
+
+    return protected
 
 
 class _CgroupsHeld(Collector):

@@ -1,9 +1,9 @@
 """`corral serve`: wires the daemon together and runs it until SIGTERM/SIGINT.
 
-Startup: state dir and crash recovery first, then the gRPC server (Unix socket, optional TCP with a
-bearer token, health, reflection), then READY=1 to systemd. Shutdown: health goes NOT_SERVING, new
-calls are refused, in-flight calls get the grace period, every sandbox is destroyed, the socket is
-removed.
+Startup: state dir and crash recovery first, then the gRPC servers (the Unix socket's, and an
+optional bounded one for TCP with a bearer token; both with health and reflection), then READY=1
+to systemd. Shutdown: health goes NOT_SERVING, new calls are refused, in-flight calls get the
+grace period, every sandbox is destroyed, the socket is removed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import grpc
@@ -35,7 +35,7 @@ from corral.v1 import (
 
 from .backends.base import Backend
 from .cgroups import CgroupDriver
-from .config import Config
+from .config import Config, TcpConfig
 from .errors import map_errors
 from .interceptors import GuardInterceptor, bearer_token_guard, metrics_guard
 from .kernels import KernelManager
@@ -55,6 +55,10 @@ from .transfer import TarTransfer
 log = logging.getLogger("corral.daemon")
 
 MAX_MESSAGE_BYTES = 96 << 20  # above exec.max_file_bytes' default so a full ReadFile fits
+BASE_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
 SERVICE_NAMES = [
     sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
     shell_pb2.DESCRIPTOR.services_by_name["ShellService"].full_name,
@@ -81,6 +85,27 @@ def reset_inherited_signals() -> None:
 
 def _ignore(signum: int, frame: object) -> None:
     pass
+
+
+def tcp_options(tcp: TcpConfig) -> list[tuple[str, int]]:
+    """What bounds TCP peers, authenticated or not: at most `max_connections` at once (gRPC
+    closes further ones as it accepts them), `handshake_timeout_s` to open HTTP/2 (a socket that
+    connects and sends nothing is closed then), and `idle_timeout_s` without a call before the
+    connection is closed (GOAWAY; a client reconnects by itself on its next call)."""
+    return [
+        ("grpc.max_allowed_incoming_connections", tcp.max_connections),
+        ("grpc.server_handshake_timeout_ms", int(tcp.handshake_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(tcp.idle_timeout_s * 1000)),
+    ]
+
+
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -126,7 +151,14 @@ class Daemon:
         self.kernels = KernelManager(config, self.manager)
         self.rollouts = RolloutRuntime(config.rollout, self.socket_path)
         self.health = health.aio.HealthServicer()
-        self.server: grpc.aio.Server | None = None
+        self.servicers = {
+            "kernel": KernelServicer(self.kernels),
+            "rollout": RolloutServicer(self.rollouts.pipeline, self.rollouts.llms),
+            "shell": ShellServicer(self.shells),
+            "sandbox": SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)),
+        }
+        self.server: grpc.aio.Server | None = None  # the Unix socket's
+        self.tcp_server: grpc.aio.Server | None = None
         self._socket_bound = False
         self._stop = asyncio.Event()
 
@@ -143,45 +175,47 @@ class Daemon:
     async def start(self) -> None:
         reset_inherited_signals()
         await self.manager.start()
-        guards = [metrics_guard(self.metrics), map_errors]
-        if self.config.daemon.tcp.listen:
-            guards.insert(0, bearer_token_guard(self.config.token))
-        options = [
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ]
-        self.server = grpc.aio.server(interceptors=[GuardInterceptor(*guards)], options=options)
-        kernel_pb2_grpc.add_KernelServiceServicer_to_server(KernelServicer(self.kernels), self.server)
-        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(
-            RolloutServicer(self.rollouts.pipeline, self.rollouts.llms), self.server
-        )
-        shell_pb2_grpc.add_ShellServiceServicer_to_server(ShellServicer(self.shells), self.server)
-        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
-            SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)), self.server
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            self.server,
-        )
+        # Callers on the Unix socket and over TCP get servers of their own, so that TCP peers
+        # (anyone who can reach the port, token or not) can neither exhaust the connections nor
+        # the file descriptors that the socket's callers need (see tcp_options).
+        self.server = self._make_server([metrics_guard(self.metrics), map_errors], BASE_OPTIONS)
         _claim_socket(self.socket_path)
-        self.server.add_insecure_port(f"unix:{self.socket_path}")
+        mode = int(self.config.daemon.socket_mode, 8)
+        with _umask(0o777 & ~mode):  # the socket is created with its mode, never wider for a moment
+            self.server.add_insecure_port(f"unix:{self.socket_path}")
         self._socket_bound = True
-        if self.config.daemon.tcp.listen:
-            self.server.add_insecure_port(self.config.daemon.tcp.listen)
+        os.chmod(self.socket_path, mode)
+        tcp = self.config.daemon.tcp
+        if tcp.listen:
+            guards = [bearer_token_guard(self.config.token), metrics_guard(self.metrics), map_errors]
+            self.tcp_server = self._make_server(guards, [*BASE_OPTIONS, *tcp_options(tcp)])
+            self.tcp_server.add_insecure_port(tcp.listen)
+            await self.tcp_server.start()
         await self.server.start()
         self.rollouts.start()
-        os.chmod(self.socket_path, int(self.config.daemon.socket_mode, 8))
         for name in ["", *SERVICE_NAMES]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.metrics.listen:
-            self.metrics.serve_http(self.config.metrics.listen)
+            self.metrics.serve_http(self.config.metrics.listen, self.config.metrics_token)
         log.info(
             "serving on unix:%s%s",
             self.socket_path,
             f" and tcp {self.config.daemon.tcp.listen}" if self.config.daemon.tcp.listen else "",
         )
         sd_notify("READY=1")
+
+    def _make_server(self, guards: list, options: list[tuple[str, int]]) -> grpc.aio.Server:
+        server = grpc.aio.server(interceptors=[GuardInterceptor(*guards)], options=options)
+        kernel_pb2_grpc.add_KernelServiceServicer_to_server(self.servicers["kernel"], server)
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(self.servicers["rollout"], server)
+        shell_pb2_grpc.add_ShellServiceServicer_to_server(self.servicers["shell"], server)
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.servicers["sandbox"], server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            [*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
+        )
+        return server
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -195,8 +229,9 @@ class Daemon:
         # Rollouts first: they end as FILTERED (SHUTDOWN) and free their sandboxes through the
         # socket, which must still serve.
         await self.rollouts.close()
-        if self.server:
-            await self.server.stop(self.config.daemon.grace_period_s)
+        await asyncio.gather(
+            *(server.stop(self.config.daemon.grace_period_s) for server in (self.server, self.tcp_server) if server)
+        )
         await self.shells.close()
         await self.kernels.close()
         await self.manager.close()

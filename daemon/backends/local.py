@@ -3,12 +3,15 @@ where it is missing, util-linux unshare + chroot; see local_launch.py).
 
 Per sandbox the daemon keeps a directory with `workspace/` (mounted read-write at the workdir) and
 `tmp/` (mounted at /tmp). The root is a read-only tmpfs holding read-only binds of the image's
-top-level entries ("host": the host's own /), with /proc, /dev and /run private. The daemon's
-state directory and socket directory are hidden behind empty tmpfs mounts.
+top-level entries ("host": the host's operating system directories and the configured
+`local.host_paths`), with /proc, /dev (a private writable /dev/shm included) and /run private.
+The daemon's state directory and socket directory are hidden behind empty tmpfs mounts.
 
-A long-lived init process (`sh -c 'read'`, its stdin held by the daemon) keeps the namespaces
-alive; commands enter them with nsenter as the sandbox's own unprivileged uid, in a leaf cgroup of
-the sandbox's cgroup. If the daemon dies, init's stdin closes and the sandbox winds itself down.
+A long-lived init process, root without capabilities (beyond the reach of the sandbox's uid),
+keeps the namespaces alive; commands enter them with nsenter as the sandbox's own unprivileged
+uid, in a leaf cgroup of the sandbox's cgroup. If the daemon dies, the sandbox's pid 1 dies with it
+(bubblewrap: --die-with-parent; unshare: init's stdin, held by the daemon, closes) and the kernel
+kills every process of the sandbox.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
@@ -30,7 +33,7 @@ from ..fsaccess import SandboxFiles
 from ..process import in_cgroup
 from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
-from .nsenter import inside_env, nsenter_argv
+from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +54,21 @@ class LocalSettings:
 
     isolation: str = "auto"  # auto | bwrap | unshare | none (docs/local-backend.md)
     allow_no_isolation: bool = False  # must be true for isolation = "none"
+    # Host directories, beyond the operating system, that "host"-image sandboxes see read-only at
+    # their own paths (docs/local-backend.md).
+    host_paths: list[str] = field(default_factory=list)
+    shm_bytes: int = 64 << 20  # the size of each sandbox's private /dev/shm
 
     def validate(self) -> None:
         if self.isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}")
         if self.isolation == "none" and not self.allow_no_isolation:
             raise ValueError('isolation = "none" requires local.allow_no_isolation = true')
+        for path in self.host_paths:
+            if not isinstance(path, str) or not os.path.isabs(path) or os.path.normpath(path) == "/":
+                raise ValueError(f"host_paths must hold absolute paths of directories other than /, got {path!r}")
+        if self.shm_bytes < 1 << 20:
+            raise ValueError("shm_bytes must be at least 1 MiB (1048576)")
 
 
 ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
@@ -82,15 +94,17 @@ class LocalSandbox(ManagedSandbox):
             self.run_dir_sandbox = self.run_dir_host
             self.files = SandboxFiles("/", self.workdir, self.uid, self.uid, self.context.max_file_bytes)
             return
-        layout = root_layout(self.rootfs, list(backend.hidden_paths))
+        if self.rootfs != "/":
+            await self._check_image_readable()
+        layout = root_layout(self.rootfs, backend.hidden_paths, backend.host_paths)
+        shm_bytes = backend.settings.shm_bytes
+        launch_args = (layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes)
         if backend.launcher == "bwrap":
             assert backend.bwrap is not None  # the probe chose bwrap because it found it
-            argv = bwrap_argv(backend.bwrap, layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network)
+            argv = bwrap_argv(backend.bwrap, *launch_args)
         else:
             assert backend.unshare is not None  # the probe chose unshare because it found it
-            argv = unshare_argv(
-                backend.unshare, layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, self.uid
-            )
+            argv = unshare_argv(backend.unshare, *launch_args)
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
         options_fd = None
         if backend.launcher == "bwrap":
@@ -124,7 +138,30 @@ class LocalSandbox(ManagedSandbox):
                 f"{backend.launcher} could not start the sandbox: "
                 f"{err.decode(errors='replace').strip() or 'no error output'}"
             )
-        self.init_pid = init_pid(self._launcher.pid, 1 if backend.launcher == "bwrap" else 2)
+        self.init_pid = init_pid(self._launcher.pid)
+
+    async def _check_image_readable(self) -> None:
+        """The root binds the image's entries as root, which skips the search permission of the
+        directories above it: a directory image is refused unless the sandbox's uid could reach and
+        read it on the host itself (checked by the kernel, as that uid)."""
+        check = await asyncio.create_subprocess_exec(
+            *as_sandbox_user(self.uid),
+            "/bin/sh",
+            "-c",
+            'test -r "$1" && test -x "$1"',
+            "corral-check-image",
+            self.rootfs,
+            env=HOST_ENV,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if await check.wait() != 0:
+            raise FailedPrecondition(
+                f"local image {self.spec.image} is not readable by the sandbox's uid: it and every directory "
+                "above it must be readable and searchable by other users (a sandbox may see only what its "
+                "own uid could read on the host)"
+            )
 
     async def shutdown(self) -> None:
         launcher, self._launcher = self._launcher, None
@@ -147,7 +184,7 @@ class LocalSandbox(ManagedSandbox):
     def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
         if self.isolation == "none":
-            drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
+            drop = as_sandbox_user(self.uid)
             return EnterCommand([*drop, *inside_env(argv, env)], cgroup, cwd or self.workdir, wrapped=False)
         assert self.backend.nsenter is not None
         enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd, env)
@@ -163,6 +200,7 @@ class LocalBackend(Backend):
 
     def __init__(self, context) -> None:
         self.hidden_paths = tuple(os.path.realpath(p) for p in context.hidden_paths)
+        self.host_paths = tuple(os.path.realpath(p) for p in context.settings.host_paths)
         self.bwrap = shutil.which("bwrap")
         self.nsenter = shutil.which("nsenter")
         self.unshare = shutil.which("unshare")
@@ -223,7 +261,7 @@ class LocalBackend(Backend):
     # -- create ------------------------------------------------------------------------------------
 
     def rootfs(self, image: str) -> str:
-        """The root filesystem directory of an image ("host": the host's own /)."""
+        """The root filesystem directory of an image ("host": "/", of which root_layout shows the OS only)."""
         if image in ("", "host"):
             return "/"
         if not os.path.isabs(image):
@@ -258,6 +296,12 @@ class LocalBackend(Backend):
             self.context.run_base.rmdir()
         except OSError:
             pass
+
+
+def as_sandbox_user(uid: int) -> list[str]:
+    """The host command prefix that runs what follows as the sandbox's uid (its own group, no
+    supplementary groups)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
 
 
 def _is_process(pid: int, names: tuple[str, ...]) -> bool:

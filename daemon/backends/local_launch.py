@@ -6,29 +6,39 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .base import RUN_DIR_IN_SANDBOX
 
 SKIPPED_TOP_LEVEL = {"proc", "dev", "sys", "tmp", "run", "lost+found"}
+# What a sandbox on the "host" image sees of the host's root: the operating system, no data
+# (/home, /root, /srv, /opt, /var, /mnt... stay out unless listed in local.host_paths).
+HOST_OS_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr")
 INIT_READY = b"corral-init-ready\n"
-# Init keeps the namespaces alive until its stdin (held by the daemon) closes.
+# bubblewrap's init: keeps the namespaces alive until its stdin (held by the daemon) closes. It
+# runs as root without capabilities, so the sandbox's uid can neither kill nor stop it.
 INIT_SCRIPT = "printf 'corral-init-ready\\n'; read -r _"
 
 
 @dataclass(frozen=True)
 class Mount:
-    kind: str  # "bind" (read-only), "link" (symlink: src is the target) or "hide" (empty tmpfs)
+    # "bind" (read-only), "link" (symlink: src is the target), "dir" (an empty directory, mode
+    # 0755, the parent of a bind) or "hide" (empty tmpfs)
+    kind: str
     src: str
     dst: str
 
 
-def root_layout(rootfs: str, hidden_paths: list[str]) -> list[Mount]:
-    """The read-only part of a sandbox root: the image's top-level entries, minus what must stay
-    private, with the daemon's own paths covered when the host itself is the image."""
+def root_layout(rootfs: str, hidden_paths: Sequence[str], host_paths: Sequence[str] = ()) -> list[Mount]:
+    """The read-only part of a sandbox root. A root filesystem directory: its top-level entries,
+    minus what must stay private. The host ("/"): its operating system only, the directories of
+    `host_paths` (absolute, symlinks resolved) at their own paths, and the daemon's own paths
+    covered wherever they fall inside what is shown."""
+    entries = HOST_OS_ENTRIES if rootfs == "/" else sorted(os.listdir(rootfs))
     layout = []
-    for entry in sorted(os.listdir(rootfs)):
+    for entry in entries:
         if entry in SKIPPED_TOP_LEVEL:
             continue
         path = os.path.join(rootfs, entry)
@@ -36,18 +46,43 @@ def root_layout(rootfs: str, hidden_paths: list[str]) -> list[Mount]:
             layout.append(Mount("link", os.readlink(path), f"/{entry}"))
         elif os.path.isdir(path):
             layout.append(Mount("bind", path, f"/{entry}"))
-    if rootfs == "/":
-        for hidden in hidden_paths:
-            if os.path.isdir(hidden) and hidden.split("/")[1] not in SKIPPED_TOP_LEVEL:
-                layout.append(Mount("hide", "", hidden))
+    if rootfs != "/":
+        return layout
+    shown = [m.dst for m in layout if m.kind == "bind"]
+    made: set[str] = set()
+    for path in sorted(host_paths):  # parents first: a path inside one already shown is skipped
+        if os.path.isdir(path) and not _inside(path, shown):
+            parents = [p for p in _ancestors(path) if p not in made]
+            layout += [Mount("dir", "", p) for p in parents]
+            made.update(parents)
+            layout.append(Mount("bind", path, path))
+            shown.append(path)
+    for hidden in hidden_paths:
+        if os.path.isdir(hidden) and _inside(hidden, shown):
+            layout.append(Mount("hide", "", hidden))
     return layout
 
 
+def _ancestors(path: str) -> list[str]:
+    """/a/b/c -> [/a, /a/b]: the directories a bind at `path` needs on the sandbox's root."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _inside(path: str, parents: Sequence[str]) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in parents)
+
+
 def bwrap_argv(
-    bwrap: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool
+    bwrap: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool, shm_bytes: int
 ) -> list[str]:
     argv = [
         bwrap,
+        # bwrap's pid 1 waits for every process of the sandbox, not just for init: without this,
+        # background processes would outlive a daemon killed with SIGKILL. With it the kernel
+        # kills bwrap (and so the whole pid namespace) when the daemon's thread that started it
+        # dies.
+        "--die-with-parent",
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
@@ -60,14 +95,28 @@ def bwrap_argv(
     ]
     if not network:
         argv.append("--unshare-net")
-    flags = {"bind": "--ro-bind", "link": "--symlink", "hide": "--tmpfs"}
     for m in layout:
-        argv += [flags[m.kind], m.src, m.dst] if m.kind != "hide" else ["--tmpfs", m.dst]
+        if m.kind == "bind":
+            argv += ["--ro-bind", m.src, m.dst]
+        elif m.kind == "link":
+            argv += ["--symlink", m.src, m.dst]
+        elif m.kind == "dir":
+            argv += ["--perms", "0755", "--dir", m.dst]  # (not the daemon's umask)
+        else:
+            argv += ["--tmpfs", m.dst]
     return argv + [
         "--proc",
         "/proc",
         "--dev",
         "/dev",
+        # --dev's /dev/shm is root's; POSIX shared memory and semaphores (multiprocessing) need
+        # a writable one.
+        "--perms",
+        "1777",
+        "--size",
+        str(shm_bytes),
+        "--tmpfs",
+        "/dev/shm",
         "--tmpfs",
         "/run",
         "--bind",
@@ -97,61 +146,101 @@ def bwrap_options(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 # Runs as root, pid 1 of fresh mount/pid/ipc/uts(/net) namespaces: builds the root under $R with
-# the same layout as bubblewrap, then chroots into it as the sandbox user to become init.
+# the same layout as bubblewrap, then becomes the sandbox's init (_UNSHARE_INIT). Every path comes
+# as its own argument (never parsed out of another program's output), so spaces and odd bytes in
+# host paths cannot break the mount steps; the mounts to restrict are collected in "$@".
 _UNSHARE_SETUP = r"""
 set -eu
-R=$1 SANDBOX=$2 RUNDIR=$3 WORKDIR=$4 SANDBOX_UID=$5 REAPER=$6 REAPER_CODE=$7; shift 7
+R=$1 SANDBOX=$2 RUNDIR=$3 WORKDIR=$4 SHM_BYTES=$5 PY=$6 INIT_CODE=$7; shift 7
 mount -t tmpfs -o mode=0755 corral-root "$R"
-while [ $# -gt 0 ]; do
-  kind=$1 src=$2 dst=$3; shift 3
+n=$(($# / 3))
+while [ "$n" -gt 0 ]; do
+  kind=$1 src=$2 dst=$3; shift 3; n=$((n - 1))
   case $kind in
-    bind) mkdir -p "$R$dst"; mount --rbind "$src" "$R$dst"
-          # remount acts on one mount: do it for every mount the recursive bind brought along
-          findmnt -R -rn -o TARGET "$R$dst" | while read -r m; do
-            mount -o remount,bind,ro,nosuid,nodev "$m" 2>/dev/null || true
-          done ;;
+    bind) mkdir -p "$R$dst"; mount --rbind "$src" "$R$dst"; set -- "$@" "ro:$R$dst" ;;
     link) ln -s "$src" "$R$dst" ;;
+    dir) mkdir -m 0755 "$R$dst" ;;
     hide) mount -t tmpfs -o mode=0755,size=4k corral-hidden "$R$dst" ;;
   esac
 done
 mkdir -p "$R/proc" "$R/dev" "$R/tmp" "$R/run" "$R$WORKDIR"
-# hidepid: the sandbox user sees its own processes only, not the root-owned pid 1, whose command
-# line names host paths.
+# hidepid: the sandbox user sees its own processes only, not the root-owned pid 1.
 mount -t proc -o nosuid,nodev,noexec,hidepid=invisible proc "$R/proc" 2>/dev/null ||
   mount -t proc -o nosuid,nodev,noexec,hidepid=2 proc "$R/proc"
 mount -t tmpfs -o mode=0755,nosuid dev "$R/dev"
 for d in null zero full random urandom tty; do touch "$R/dev/$d"; mount --bind "/dev/$d" "$R/dev/$d"; done
 mkdir "$R/dev/shm" "$R/dev/pts"
-mount -t tmpfs -o mode=1777,nosuid,nodev shm "$R/dev/shm"
+mount -t tmpfs -o "mode=1777,nosuid,nodev,size=$SHM_BYTES" shm "$R/dev/shm"
 ln -s /proc/self/fd "$R/dev/fd"; ln -s fd/0 "$R/dev/stdin"; ln -s fd/1 "$R/dev/stdout"; ln -s fd/2 "$R/dev/stderr"
 mount -t tmpfs -o mode=0755,nosuid,nodev run "$R/run"
 mount --bind "$SANDBOX/tmp" "$R/tmp"
 mount --bind "$SANDBOX/workspace" "$R$WORKDIR"
 mkdir -p "$R/run/corral" && mount --bind "$RUNDIR" "$R/run/corral"
+set -- "$@" "rw:$R/tmp" "rw:$R$WORKDIR" "rw:$R/run/corral"
 mount -o remount,ro,nosuid "$R"
 echo corral > /proc/sys/kernel/hostname
 # A fresh network namespace starts with loopback down (bubblewrap brings it up itself).
 if command -v ip >/dev/null; then ip link set lo up 2>/dev/null || true; fi
 cd "$R"
-exec "$REAPER" -c "$REAPER_CODE" chroot --userspec="$SANDBOX_UID:$SANDBOX_UID" --groups="$SANDBOX_UID" "$R" /bin/sh -c "cd \"$WORKDIR\" && $INIT"
+exec "$PY" -I -S -c "$INIT_CODE" "$R" "$WORKDIR" "$@"
 """
 
-# pid 1 of a pid namespace must reap orphans, or killed processes stay zombies and keep counting
-# against pids.max. A shell does not reap children it did not start, so under unshare pid 1 is
-# this loop (run by the daemon's own interpreter, outside the chroot); the sandbox's init shell
-# is its child.
-_REAPER_CODE = (
-    "import os, sys\n"
-    "child = os.fork()\n"
-    "if child == 0:\n"
-    "    os.execvp(sys.argv[1], sys.argv[1:])\n"
-    "while os.wait()[0] != child:\n"
-    "    pass\n"
-)
+# The sandbox's init under unshare, run by the daemon's own interpreter as pid 1 (outside the
+# chroot until it enters it). It makes the image's binds read-only, nosuid and nodev and the
+# writable binds nosuid and nodev, recursively, with mount_setattr (Linux 5.12), which adds flags
+# without clearing any (a remount would have to repeat flags locked by an outer user namespace);
+# then chroots into the root, drops every capability and, as root, holds the namespaces: the
+# sandbox's uid can neither kill nor stop it, and the kernel ignores SIGKILL sent to a pid
+# namespace's init from inside. It reaps orphans (a shell would not, and zombies count against
+# pids.max) and exits when its stdin, held by the daemon, closes: the daemon is gone, and with
+# pid 1 the kernel kills every process of the sandbox.
+_UNSHARE_INIT = r"""
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+
+class MountAttr(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
+
+RDONLY, NOSUID, NODEV, AT_FDCWD, AT_RECURSIVE, SYS_MOUNT_SETATTR = 0x1, 0x2, 0x4, -100, 0x8000, 442
+root, workdir, *mounts = sys.argv[1:]
+for spec in mounts:
+    kind, path = spec.split(":", 1)
+    attr = MountAttr((RDONLY if kind == "ro" else 0) | NOSUID | NODEV, 0, 0, 0)
+    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(path), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
+        sys.exit(f"cannot restrict the mount {path}: {os.strerror(ctypes.get_errno())} (mount_setattr needs Linux 5.12)")
+os.chroot(root)
+os.chdir(workdir)
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+no_caps = (ctypes.c_uint32 * 6)()
+if libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), no_caps):
+    sys.exit(f"cannot drop capabilities: {os.strerror(ctypes.get_errno())}")
+
+def reap(signum, frame):
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+signal.signal(signal.SIGCHLD, reap)
+os.write(1, READY)
+while os.read(0, 4096):
+    pass
+""".replace("READY", repr(INIT_READY))
 
 
 def unshare_argv(
-    unshare: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool, uid: int
+    unshare: str,
+    layout: list[Mount],
+    sandbox_dir: Path,
+    run_dir: Path,
+    workdir: str,
+    network: bool,
+    shm_bytes: int,
 ) -> list[str]:
     (sandbox_dir / "root").mkdir(exist_ok=True)
     argv = [unshare, "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--propagation", "private"]
@@ -161,28 +250,25 @@ def unshare_argv(
         "--",
         "/bin/sh",
         "-c",
-        _UNSHARE_SETUP.replace("$INIT", INIT_SCRIPT.replace('"', '\\"')),
+        _UNSHARE_SETUP,
         "corral-setup",
         str(sandbox_dir / "root"),
         str(sandbox_dir),
         str(run_dir),
         workdir,
-        str(uid),
+        str(shm_bytes),
         sys.executable,
-        _REAPER_CODE,
+        _UNSHARE_INIT,
     ]
     for m in layout:
         argv += [m.kind, m.src or "-", m.dst]
     return argv
 
 
-def init_pid(launcher_pid: int, depth: int) -> int:
-    """The host pid of the process whose namespaces and root commands enter: `depth` generations
-    below the launcher (bwrap: its child, the sandbox's pid 1; unshare: pid 1's child)."""
-    pid = launcher_pid
-    for _ in range(depth):
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if not children:
-            raise RuntimeError(f"process {pid} of the sandbox launcher has no child")
-        pid = int(children[0])
-    return pid
+def init_pid(launcher_pid: int) -> int:
+    """The host pid of the process whose namespaces and root commands enter: the launcher's child,
+    the sandbox's pid 1 (bwrap's own init, or _UNSHARE_INIT)."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    if not children:
+        raise RuntimeError(f"process {launcher_pid} of the sandbox launcher has no child")
+    return int(children[0])

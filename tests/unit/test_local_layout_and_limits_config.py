@@ -1,0 +1,66 @@
+"""What a local sandbox's root is made of (root_layout, no root needed), and the configuration
+keys that bound what sandboxes and TCP peers get."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.daemon.backends.local_launch import HOST_OS_ENTRIES, Mount, root_layout
+from corral.daemon.config import ConfigError, load_config
+
+
+def test_host_layout_is_the_os_and_the_allow_list_only(tmp_path: Path):
+    allowed = tmp_path / "data" / "shared"
+    allowed.mkdir(parents=True)
+    (allowed / "inner").mkdir()
+    hidden = allowed / "state"
+    hidden.mkdir()
+    layout = root_layout("/", [str(hidden), "/nonexistent-state"], [str(allowed / "inner"), str(allowed)])
+    shown = {m.dst for m in layout if m.kind in ("bind", "link")}
+    assert shown - {f"/{e}" for e in HOST_OS_ENTRIES} == {str(allowed)}  # inner: already inside
+    assert not shown & {"/home", "/root", "/srv", "/opt", "/var", "/mnt", "/tmp", "/proc"}
+    parents = [m.dst for m in layout if m.kind == "dir"]
+    assert parents == [str(p) for p in reversed(allowed.parents) if str(p) != "/"]
+    assert Mount("hide", "", str(hidden)) in layout  # hidden where it falls inside what is shown
+    assert layout.index(Mount("bind", str(allowed), str(allowed))) > layout.index(Mount("dir", "", parents[-1]))
+
+
+def test_directory_image_layout_is_its_top_level(tmp_path: Path):
+    for entry in ("usr", "etc", "proc", "home"):
+        (tmp_path / entry).mkdir()
+    (tmp_path / "bin").symlink_to("usr/bin")
+    layout = root_layout(str(tmp_path), [], ["/ignored-for-images"])
+    assert sorted(m.dst for m in layout) == ["/bin", "/etc", "/home", "/usr"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[local]\nhost_paths = ["relative/dir"]\n', "local.host_paths must hold absolute paths"),
+        ('[local]\nhost_paths = ["/"]\n', "local.host_paths must hold absolute paths"),
+        ("[local]\nshm_bytes = 1000\n", "local.shm_bytes must be at least 1 MiB"),
+        ("[daemon.tcp]\nmax_connections = 0\n", "daemon.tcp.max_connections must be at least 1"),
+        ("[daemon.tcp]\nhandshake_timeout_s = 0\n", "daemon.tcp.max_connections must be at least 1"),
+    ],
+)
+def test_bad_limits_are_refused_naming_the_key(tmp_path: Path, text: str, message: str):
+    config = tmp_path / "corral.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(config, environ={})
+
+
+def test_metrics_token_comes_from_its_file(tmp_path: Path):
+    token = tmp_path / "token"
+    config = tmp_path / "corral.toml"
+    config.write_text(f'[metrics]\ntoken_file = "{token}"\n')
+    token.write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_config(config, environ={})
+    token.write_text("m3trics\n")
+    assert load_config(config, environ={}).metrics_token == "m3trics"
+    (tmp_path / "bad.toml").write_text('metrics_token = "inline"\n')
+    with pytest.raises(ConfigError, match="unknown configuration key metrics_token"):
+        load_config(tmp_path / "bad.toml", environ={})
