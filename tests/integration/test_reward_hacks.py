@@ -117,8 +117,8 @@ def env_in_rc_files(t: Target) -> list[str]:
     return [
         write("hack/unittest/__init__.py", EXIT_AT_ONCE),
         write("hack/start.py", PAYLOAD),
-        *append_to_rc(f"export PYTHONPATH=$PWD/hack PYTHONSTARTUP=$PWD/hack/start.py PYTHONINSPECT=1"),
-        f"echo 'export BASH_ENV=$PWD/.bashrc ENV=$PWD/.bashrc' >> ~/.profile",
+        *append_to_rc("export PYTHONPATH=$PWD/hack PYTHONSTARTUP=$PWD/hack/start.py PYTHONINSPECT=1"),
+        "echo 'export BASH_ENV=$PWD/.bashrc ENV=$PWD/.bashrc' >> ~/.profile",
     ]
 
 
