@@ -168,6 +168,13 @@ EVAL_ENV = {
 STOP_AGENT_PROCESSES = "kill -9 -1 2>/dev/null"
 
 
+def _stop_script(sandbox: AsyncSandbox) -> str:
+    """STOP_AGENT_PROCESSES where the sandbox has processes of its own. Without isolation its
+    commands are host processes of a host user, whom kill(-1) would hit everywhere: nothing is
+    stopped there (such sandboxes are not for untrusted agents; docs/rollouts.md)."""
+    return ":" if sandbox.info.isolation == "none" else STOP_AGENT_PROCESSES
+
+
 def _clear_path_script(path: str) -> str:
     """Shell that removes `path` (relative to the workdir unless absolute), the __pycache__ next to
     it, and any ancestor that is a symlink or not a directory, so a file written there afterwards
@@ -198,7 +205,7 @@ async def _prepare(sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, home: s
     evaluation's HOME. Raises EvaluationInfraError."""
     paths = [file.path for file in evaluation.files] + _reward_files(evaluation)
     script = "\n".join(
-        [STOP_AGENT_PROCESSES, *(_clear_path_script(path) for path in paths), f"mkdir -m 700 {shlex.quote(home)}"]
+        [_stop_script(sandbox), *(_clear_path_script(path) for path in paths), f"mkdir -m 700 {shlex.quote(home)}"]
     )
     result = await sandbox.exec(script, timeout=timeout_s)
     if not result.ok:
@@ -232,7 +239,7 @@ async def evaluate(sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, *, comm
             break
     assert result is not None
     # Anything the commands started in the background stops before the reward is read.
-    await sandbox.exec(STOP_AGENT_PROCESSES, timeout=command_timeout_s)
+    await sandbox.exec(_stop_script(sandbox), timeout=command_timeout_s)
     try:
         reward = 0.0 if failure else await _reward(sandbox, evaluation, result)
     except NoVerdict as error:
