@@ -5,10 +5,16 @@ Both run through the SDK's AsyncSandbox, so the daemon's pipeline and the traine
 hold their own sandboxes) share one implementation.
 
 What counts as infrastructure rather than the agent's doing: a setup step that fails (the agent has
-not run yet); eval files that cannot be written; an evaluation command killed by a signal (a crash:
-the command itself is broken); a reward rule that cannot be applied (no number printed, no JUnit
-report). A test that fails, even because the agent broke the code, is reward 0, not infrastructure.
-An evaluation command that runs past its time is a stage timeout, decided by the pipeline.
+not run yet); eval files that cannot be written; the sandbox or the daemon failing under the
+evaluation (a CorralError). Once the agent has run, what the evaluation commands do is the agent's
+doing: a test that fails, a command that crashes or exits non-zero, a reward rule with nothing to
+read (no number printed, no report written) are reward 0, never a filter the agent could reach for
+to dodge a 0. An evaluation that runs past its time is a stage timeout, decided by the pipeline.
+
+The evaluation does not trust the sandbox the agent leaves (docs/rollouts.md, "Evaluation the agent
+cannot influence"): every process the agent left is killed first and again before the reward is
+read; whatever sits where evaluation files and reports go is removed; commands run with a fresh
+HOME and an environment that turns off Python's user site and git's repository hooks.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import posixpath
 import re
+import secrets
+import shlex
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +33,8 @@ from dataclasses import dataclass
 from corral.sdk import AsyncClient, AsyncSandbox, CorralError, ExecResult, InvalidArgument, NotFound
 from corral.v1 import rollout_pb2 as pb
 from corral.v1 import sandbox_pb2
+
+from .observations import observations_reward
 
 EVAL_OUTPUT_LIMIT = 64 * 1024
 # How long a creation that was cancelled midway may take to finish, so its sandbox can be removed.
@@ -50,6 +61,10 @@ class SandboxStartFailed(Exception):
 
 class EvaluationInfraError(Exception):
     """The evaluation could not be carried out (filtered as EVAL_INFRA)."""
+
+
+class NoVerdict(Exception):
+    """The reward rule found nothing to judge (no number, no report): reward 0, the agent's doing."""
 
 
 @dataclass(frozen=True)
@@ -135,29 +150,103 @@ async def set_up(sandbox: AsyncSandbox, setup: pb.TaskSetup, *, action_timeout_s
             raise SetupFailed(f"setup command {command!r} {_describe(result)}: {_tail(result)}")
 
 
+# The environment evaluation commands add to the sandbox's: a HOME the agent never saw (no rc
+# files, no ~/.local user site, no ~/.gitconfig), Python's user site off, and git run without the
+# repository's hooks and fsmonitor (command-line settings outrank the repository's .git/config).
+EVAL_ENV = {
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_COUNT": "2",
+    "GIT_CONFIG_KEY_0": "core.hooksPath",
+    "GIT_CONFIG_VALUE_0": "/dev/null",
+    "GIT_CONFIG_KEY_1": "core.fsmonitor",
+    "GIT_CONFIG_VALUE_1": "false",
+}
+# Kills every process the sandbox's user can signal (kill(-1) spares the caller and the sandbox's
+# init): what the agent started in the background cannot touch the evaluation.
+STOP_AGENT_PROCESSES = "kill -9 -1 2>/dev/null"
+
+
+def _stop_script(sandbox: AsyncSandbox) -> str:
+    """STOP_AGENT_PROCESSES where the sandbox has processes of its own. Without isolation its
+    commands are host processes of a host user, whom kill(-1) would hit everywhere: nothing is
+    stopped there (such sandboxes are not for untrusted agents; docs/rollouts.md)."""
+    return ":" if sandbox.info.isolation == "none" else STOP_AGENT_PROCESSES
+
+
+def _clear_path_script(path: str) -> str:
+    """Shell that removes `path` (relative to the workdir unless absolute), the __pycache__ next to
+    it, and any ancestor that is a symlink or not a directory, so a file written there afterwards
+    lands where its path says and nothing the agent prepared is found beside it."""
+    parts = [part for part in path.split("/") if part and part != "."]
+    prefix = "/" if path.startswith("/") else ""
+    lines = []
+    for depth in range(1, len(parts)):
+        ancestor = shlex.quote(prefix + "/".join(parts[:depth]))
+        lines.append(
+            f"if [ -L {ancestor} ] || {{ [ -e {ancestor} ] && [ ! -d {ancestor} ]; }}; then rm -rf -- {ancestor}; fi"
+        )
+    parent = prefix + "/".join(parts[:-1])
+    pycache = posixpath.join(parent, "__pycache__") if parent else "__pycache__"
+    lines.append(f"rm -rf -- {shlex.quote(prefix + '/'.join(parts))} {shlex.quote(pycache)}")
+    return "\n".join(lines)
+
+
+def _reward_files(evaluation: pb.TaskEvaluation) -> list[str]:
+    """Files the reward rule reads, which only the evaluation itself may write."""
+    if evaluation.WhichOneof("reward") == "junit":
+        return [evaluation.junit.report_path]
+    return []
+
+
+async def _prepare(sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, home: str, timeout_s: float) -> None:
+    """Stops the agent's processes, clears where the evaluation files and reports go, and makes the
+    evaluation's HOME. Raises EvaluationInfraError."""
+    paths = [file.path for file in evaluation.files] + _reward_files(evaluation)
+    script = "\n".join(
+        [_stop_script(sandbox), *(_clear_path_script(path) for path in paths), f"mkdir -m 700 {shlex.quote(home)}"]
+    )
+    result = await sandbox.exec(script, timeout=timeout_s)
+    if not result.ok:
+        raise EvaluationInfraError(f"preparing the evaluation {_describe(result)}: {_tail(result)}")
+
+
 async def evaluate(sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, *, command_timeout_s: float) -> Evaluation:
-    """Copies the evaluation files in, runs the commands and applies the reward rule. A task
-    without evaluation commands gets reward 0. Raises EvaluationInfraError."""
+    """Stops what the agent left running, copies the evaluation files in, runs the commands and
+    applies the reward rule. A task without evaluation commands gets reward 0. Raises
+    EvaluationInfraError."""
     if not evaluation.commands:
         return Evaluation(0.0, b"")
+    home = f"/tmp/.corral-eval-{secrets.token_hex(8)}"
+    await _prepare(sandbox, evaluation, home, command_timeout_s)
     try:
         await place_files(sandbox, evaluation.files)
     except CorralError as error:
         raise EvaluationInfraError(f"copying the evaluation files failed: {error}") from error
     output = bytearray()
+    env = {**EVAL_ENV, "HOME": home}
     result: ExecResult | None = None
+    failure: str | None = None
     for position, command in enumerate(evaluation.commands):
-        result = await sandbox.exec(command, timeout=command_timeout_s, output_limit=EVAL_OUTPUT_LIMIT)
+        result = await sandbox.exec(command, env=env, timeout=command_timeout_s, output_limit=EVAL_OUTPUT_LIMIT)
         output += f"$ {command}\n".encode() + result.stdout + result.stderr
         if result.timed_out:
             raise EvaluationInfraError(f"evaluation command {command!r} ran past {command_timeout_s:g} s")
-        if result.signal:
-            raise EvaluationInfraError(f"evaluation command {command!r} crashed ({_describe(result)})")
         is_last = position == len(evaluation.commands) - 1
-        if not is_last and not result.ok:
-            raise EvaluationInfraError(f"evaluation command {command!r} {_describe(result)}: {_tail(result)}")
+        if result.signal or (not is_last and not result.ok):
+            failure = f"evaluation command {command!r} {_describe(result)}"
+            break
     assert result is not None
-    reward = await _reward(sandbox, evaluation, result)
+    # Anything the commands started in the background stops before the reward is read.
+    await sandbox.exec(_stop_script(sandbox), timeout=command_timeout_s)
+    try:
+        reward = 0.0 if failure else await _reward(sandbox, evaluation, result)
+    except NoVerdict as error:
+        failure = str(error)
+        reward = 0.0
+    if failure:
+        output += f"[corral] reward 0: {failure}\n".encode()
     return Evaluation(reward, bytes(output[-EVAL_OUTPUT_LIMIT:]))
 
 
@@ -168,9 +257,15 @@ async def _reward(sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, last: Ex
     if rule == "junit":
         try:
             report = await sandbox.read_file(evaluation.junit.report_path)
-        except CorralError as error:
-            raise EvaluationInfraError(f"no JUnit report at {evaluation.junit.report_path}: {error}") from error
+        except NotFound as error:
+            raise NoVerdict(f"no JUnit report at {evaluation.junit.report_path}: {error}") from error
         return junit_reward(report, evaluation.junit.tests)
+    if rule == "expected_observations":
+        rule_pb = evaluation.expected_observations
+        try:
+            return observations_reward(last.stdout, rule_pb.expected, partial_credit=rule_pb.partial_credit)
+        except ValueError as error:
+            raise EvaluationInfraError(f"the reward rule cannot be applied: {error}") from error
     return 1.0 if last.exit_code == 0 else 0.0
 
 
@@ -178,7 +273,7 @@ def printed_number_reward(stdout: bytes) -> float:
     """The last number the command printed."""
     numbers = _NUMBER.findall(stdout.decode(errors="replace"))
     if not numbers:
-        raise EvaluationInfraError("the evaluation command printed no number")
+        raise NoVerdict("the evaluation command printed no number")
     return float(numbers[-1])
 
 
@@ -188,7 +283,7 @@ def junit_reward(report: bytes, tests: Iterable[str]) -> float:
     outcomes = junit_outcomes(report)
     wanted = list(tests) or list(outcomes)
     if not wanted:
-        raise EvaluationInfraError("the JUnit report has no tests")
+        raise NoVerdict("the JUnit report has no tests")
     return sum(outcomes.get(test_id, False) for test_id in wanted) / len(wanted)
 
 
@@ -198,7 +293,7 @@ def junit_outcomes(report: bytes) -> dict[str, bool]:
     try:
         root = ElementTree.fromstring(report)
     except ElementTree.ParseError as error:
-        raise EvaluationInfraError(f"the JUnit report is not valid XML: {error}") from None
+        raise NoVerdict(f"the JUnit report is not valid XML: {error}") from None
     outcomes: dict[str, bool] = {}
     for case in root.iter("testcase"):
         failed = any(case.find(tag) is not None for tag in ("failure", "error", "skipped"))

@@ -6,10 +6,13 @@ tests/unit/test_example_tasks.py use that).
 
 Each task is a folder examples/tasks/src/<task_id>/ with
   repo/       the files the sandbox starts with (Task.setup.files, paths relative to repo/),
-  hidden/     the evaluation files copied in after the agent stops (Task.evaluation.files),
+  hidden/     unittest tests, sealed (corral.rollout.observations) into the evaluation files
+              copied in after the agent stops (Task.evaluation.files),
   task.json   everything else, in a readable form (see examples/tasks/README.md).
-The output has one corral.v1.Task per line in the proto3 JSON mapping (proto field names, file
-contents base64), sorted by task_id, so the same sources always give the same bytes.
+The expected observations come from running the sealed tests against the reference solution here,
+with this Python; the buggy code must fail them. The output has one corral.v1.Task per line in the
+proto3 JSON mapping (proto field names, file contents base64), sorted by task_id, so the same
+sources always give the same bytes.
 """
 
 from __future__ import annotations
@@ -17,18 +20,23 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 from google.protobuf import json_format
 
+from corral.rollout import observations
 from corral.v1 import rollout_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC_DIR = ROOT / "examples" / "tasks" / "src"
 OUT_PATH = ROOT / "examples" / "tasks" / "repair.jsonl"
 
-REWARDS = ("exit_status", "printed_number")
+# all_tests: 1.0 when every hidden test passes, else 0.0; share_of_tests: the fraction that pass.
+REWARDS = ("all_tests", "share_of_tests")
+RUNNER_PATH = f"tests_hidden/{observations.RUNNER_NAME}"
+EVAL_COMMAND = f"python3 -I {RUNNER_PATH}"
 TOOLS = ("bash", "python", "editor", "submit")
 _TASK_KEYS = {"task_id", "metadata", "tools", "limits", "prompt", "evaluation", "reference_solution"}
 _REQUIRED_KEYS = {"task_id", "prompt", "evaluation", "reference_solution"}
@@ -61,9 +69,10 @@ def _check_placeholders(task_id: str, text: str, fields: dict[str, str]) -> None
             raise TaskSourceError(f"{task_id}: prompt placeholder {{{name}}} has no field")
 
 
-def _check_reference(task_id: str, calls: list[dict], repo_files: dict[str, bytes]) -> None:
-    """The reference ends in submit, and each str_replace edit applies (its old_str occurs exactly
-    once in the file as the earlier edits left it)."""
+def _check_reference(task_id: str, calls: list[dict], repo_files: dict[str, bytes]) -> dict[str, bytes]:
+    """The repo's files after the reference solution's edits. The reference ends in submit, and
+    each str_replace edit applies (its old_str occurs exactly once in the file as the earlier edits
+    left it)."""
     if not calls or calls[-1].get("name") != "submit":
         raise TaskSourceError(f"{task_id}: the reference solution must end with a submit call")
     contents = {path: data.decode("utf-8") for path, data in repo_files.items()}
@@ -86,6 +95,45 @@ def _check_reference(task_id: str, calls: list[dict], repo_files: dict[str, byte
         if not isinstance(new, str):
             raise TaskSourceError(f"{task_id}: reference call {index}: new_str is missing or not a string")
         contents[path] = contents[path].replace(old, new)
+    return {path: text.encode("utf-8") for path, text in contents.items()}
+
+
+def _sealed(task_id: str, hidden: list[rollout_pb2.TaskFile]) -> list[rollout_pb2.TaskFile]:
+    """The hidden tests sealed (their expected operands dropped), plus the runner."""
+    files = []
+    for file in hidden:
+        name = file.path.rsplit("/", 1)[-1]
+        content = file.content
+        if name.startswith("test") and name.endswith(".py"):
+            try:
+                content = observations.seal_unittest_source(content.decode("utf-8"), f"{task_id}/{file.path}").encode()
+            except observations.SealError as error:
+                raise TaskSourceError(str(error)) from None
+        files.append(rollout_pb2.TaskFile(path=file.path, content=content))
+    runner = observations.OBSERVATION_RUNNER.read_bytes()
+    return [*files, rollout_pb2.TaskFile(path=RUNNER_PATH, content=runner)]
+
+
+def _observe(files: dict[str, bytes], hidden: list[rollout_pb2.TaskFile]) -> subprocess.CompletedProcess:
+    """The sealed tests run on `files` (with this Python, isolated); exit 1 when a test failed."""
+    return observations.run_sealed({**files, **{f.path: f.content for f in hidden}}, RUNNER_PATH)
+
+
+def _expected(task_id: str, buggy: dict[str, bytes], fixed: dict[str, bytes], hidden: list[rollout_pb2.TaskFile]):
+    """Observation key → value on the reference solution; every test must pass there and some
+    test must fail on the buggy code."""
+    reference = _observe(fixed, hidden)
+    if reference.returncode != 0:
+        raise TaskSourceError(f"{task_id}: the reference solution fails the hidden tests:\n{reference.stderr.decode()}")
+    try:
+        expected = observations.expected_from(reference.stdout)
+    except observations.SealError as error:
+        raise TaskSourceError(f"{task_id}: {error}") from None
+    if not expected:
+        raise TaskSourceError(f"{task_id}: the hidden tests observe nothing")
+    if observations.observations_reward(_observe(buggy, hidden).stdout, expected, partial_credit=False) == 1.0:
+        raise TaskSourceError(f"{task_id}: the buggy code already passes the hidden tests")
+    return expected
 
 
 def load_task(task_dir: Path) -> rollout_pb2.Task:
@@ -100,8 +148,8 @@ def load_task(task_dir: Path) -> rollout_pb2.Task:
         raise TaskSourceError(f"{task_id}: task.json says task_id {spec['task_id']!r}; it must match the folder name")
 
     setup_files = _files(task_dir / "repo")
-    eval_files = _files(task_dir / "hidden")
-    if not setup_files or not eval_files:
+    hidden_files = _files(task_dir / "hidden")
+    if not setup_files or not hidden_files:
         raise TaskSourceError(f"{task_id}: repo/ and hidden/ must both hold files")
 
     prompt = spec["prompt"]
@@ -110,18 +158,18 @@ def load_task(task_dir: Path) -> rollout_pb2.Task:
         _check_placeholders(task_id, message["content"], fields)
 
     evaluation = spec["evaluation"]
-    if evaluation.get("reward") not in REWARDS:
-        raise TaskSourceError(f"{task_id}: evaluation.reward must be one of {REWARDS}")
-    if not evaluation.get("commands"):
-        raise TaskSourceError(f"{task_id}: evaluation.commands is empty")
+    if set(evaluation) != {"reward"} or evaluation["reward"] not in REWARDS:
+        raise TaskSourceError(f'{task_id}: evaluation must be {{"reward": one of {REWARDS}}}')
 
     calls = spec["reference_solution"]
-    _check_reference(task_id, calls, {f.path: f.content for f in setup_files})
+    buggy = {f.path: f.content for f in setup_files}
+    fixed = _check_reference(task_id, calls, buggy)
 
     tools = spec.get("tools", ["bash", "editor", "submit"])
     if set(tools) - set(TOOLS):
         raise TaskSourceError(f"{task_id}: unknown tools {sorted(set(tools) - set(TOOLS))}")
 
+    eval_files = _sealed(task_id, hidden_files)
     task = rollout_pb2.Task(
         task_id=task_id,
         setup=rollout_pb2.TaskSetup(files=setup_files),
@@ -130,7 +178,7 @@ def load_task(task_dir: Path) -> rollout_pb2.Task:
             fields=fields,
         ),
         tools=tools,
-        evaluation=rollout_pb2.TaskEvaluation(files=eval_files, commands=evaluation["commands"]),
+        evaluation=rollout_pb2.TaskEvaluation(files=eval_files, commands=[EVAL_COMMAND]),
         reference_solution=[
             rollout_pb2.ToolCall(name=c["name"], arguments_json=json.dumps(c.get("arguments", {}), ensure_ascii=False))
             for c in calls
@@ -138,7 +186,9 @@ def load_task(task_dir: Path) -> rollout_pb2.Task:
         metadata=spec.get("metadata", {}),
     )
     json_format.ParseDict(spec.get("limits", {}), task.limits)
-    getattr(task.evaluation, evaluation["reward"]).SetInParent()
+    rule = task.evaluation.expected_observations
+    rule.expected.update(_expected(task_id, buggy, fixed, eval_files))
+    rule.partial_credit = evaluation["reward"] == "share_of_tests"
     return task
 
 
@@ -149,6 +199,9 @@ def task_line(task: rollout_pb2.Task) -> str:
         data["metadata"] = dict(sorted(data["metadata"].items()))
     if "fields" in data.get("prompt", {}):
         data["prompt"]["fields"] = dict(sorted(data["prompt"]["fields"].items()))
+    if "expected_observations" in data.get("evaluation", {}):
+        rule = data["evaluation"]["expected_observations"]
+        rule["expected"] = dict(sorted(rule["expected"].items()))
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 

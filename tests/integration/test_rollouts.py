@@ -127,24 +127,40 @@ async def test_each_infrastructure_failure_is_filtered_with_its_reason(client) -
     bad_image.image = "/nonexistent/rootfs"
     setup_fails = repair_task("setup-fails")
     setup_fails.setup.commands.append("exit 3")
-    eval_crashes = repair_task("eval-crashes", eval_command="python3 -c 'import os; os.abort()'")
-    no_number = repair_task("no-number", eval_command="true", reward="printed_number")
-    tasks = [bad_image, setup_fails, eval_crashes, no_number]
+    tasks = [bad_image, setup_fails]
     async with replay_server(tasks) as server:
         await client.rollouts.register_llm(server.url)
         results = {r.task_id: r async for r in client.rollouts.stream(tasks)}
     assert {task_id: (r.status, r.filter_reason) for task_id, r in results.items()} == {
         "bad-image": ("filtered", "sandbox_start"),
         "setup-fails": ("filtered", "sandbox_start"),
-        "eval-crashes": ("filtered", "eval_infra"),
-        "no-number": ("filtered", "eval_infra"),
     }
     assert "exited 3" in results["setup-fails"].error
-    assert "signal" in results["eval-crashes"].error
     assert all(r.reward == 0.0 for r in results.values())
-    # The agent did run in the tasks whose evaluation failed: their trajectories are kept.
-    assert len(results["eval-crashes"].turns) == 3
     assert await rollout_sandboxes(client) == []
+
+
+async def test_an_evaluation_that_crashes_or_judges_nothing_after_the_agent_ran_is_reward_zero(client) -> None:
+    # The agent's code runs in the evaluation: a crash, a failing preparatory command or a missing
+    # verdict is its doing, and a filter would let it dodge the 0.
+    crashes = repair_task("eval-crashes", eval_command="python3 -c 'import os; os.abort()'")
+    no_number = repair_task("no-number", eval_command="true", reward="printed_number")
+    no_report = repair_task("no-report", eval_command="true")
+    no_report.evaluation.junit.report_path = "report.xml"
+    step_fails = repair_task("step-fails")
+    step_fails.evaluation.commands.insert(0, "false")
+    tasks = [crashes, no_number, no_report, step_fails]
+    async with replay_server(tasks) as server:
+        await client.rollouts.register_llm(server.url)
+        results = {r.task_id: r async for r in client.rollouts.stream(tasks)}
+    assert {task_id: (r.status, r.reward) for task_id, r in results.items()} == {
+        task.task_id: ("completed", 0.0) for task in tasks
+    }
+    assert b"signal" in results["eval-crashes"].eval_output
+    assert b"printed no number" in results["no-number"].eval_output
+    assert b"no JUnit report" in results["no-report"].eval_output
+    assert b"'false' exited 1" in results["step-fails"].eval_output
+    assert len(results["eval-crashes"].turns) == 3  # the trajectory is kept
 
 
 async def test_an_llm_server_that_is_down_filters_as_llm_unreachable(client) -> None:

@@ -1,9 +1,10 @@
 """The bundled example repair tasks (examples/tasks/repair.jsonl): the JSONL matches its sources,
 every line is a well-formed Task, and every task is solvable and not solved from the start.
 
-No daemon here: the hidden tests run directly under /usr/bin/python3 (what the local backend's
-sandbox sees) in a temporary directory, once on the buggy code (reward must be < 1) and once after
-the reference solution's edits (reward must be 1.0). The run through the daemon is tested elsewhere.
+No daemon here: the sealed hidden tests run directly under /usr/bin/python3 (what the local
+backend's sandbox sees) in a temporary directory, once on the buggy code (reward must be < 1) and
+once after the reference solution's edits (reward must be 1.0), judged as the daemon judges them.
+The run through the daemon is tested elsewhere (and attacked in test_reward_hacks.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from corral.rollout.evaluation import printed_number_reward
+from corral.rollout.observations import observations_reward
 from corral.v1 import rollout_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,8 +60,14 @@ def test_tasks_are_well_formed():
         assert all(f.path and not f.path.startswith("/") and f.content for f in task.setup.files), where
         assert task.evaluation.files, where
         assert task.evaluation.commands, where
-        assert task.evaluation.WhichOneof("reward") in ("exit_status", "printed_number"), where
-        printed_number += task.evaluation.WhichOneof("reward") == "printed_number"
+        assert task.evaluation.WhichOneof("reward") == "expected_observations", where
+        printed_number += task.evaluation.expected_observations.partial_credit
+        # Sealed: no assertion (with its expected operand) is left in a file the sandbox gets.
+        hidden = b"".join(f.content for f in task.evaluation.files)
+        assert b"self.assert" not in hidden, where
+        for value in task.evaluation.expected_observations.expected.values():
+            if len(value) > 12:
+                assert value.encode() not in hidden, f"{where}: {value} is in an evaluation file"
         roles = [m.role for m in task.prompt.messages]
         assert roles == ["system", "user"], where
         assert set(task.tools) <= {"bash", "python", "editor", "submit"}, where
@@ -94,10 +101,8 @@ def _reward(task: rollout_pb2.Task, workdir: Path, env: dict[str, str]) -> tuple
     for command in task.evaluation.commands:
         result = _run(command, workdir, env)
         output.append(f"$ {command} (exit {result.returncode})\n{result.stdout}{result.stderr}")
-    if task.evaluation.WhichOneof("reward") == "exit_status":
-        reward = 1.0 if result.returncode == 0 else 0.0
-    else:
-        reward = printed_number_reward(result.stdout.encode())  # as the daemon reads it
+    rule = task.evaluation.expected_observations  # judged as the daemon judges it
+    reward = observations_reward(result.stdout.encode(), rule.expected, partial_credit=rule.partial_credit)
     return reward, "\n".join(output)
 
 

@@ -170,18 +170,20 @@ class TaskLimits(_message.Message):
     def __init__(self, max_turns: _Optional[int] = ..., max_new_tokens_per_turn: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., action_timeout_ms: _Optional[int] = ..., init_timeout_ms: _Optional[int] = ..., run_timeout_ms: _Optional[int] = ..., eval_timeout_ms: _Optional[int] = ..., max_observation_bytes: _Optional[int] = ...) -> None: ...
 
 class TaskEvaluation(_message.Message):
-    __slots__ = ("files", "commands", "exit_status", "printed_number", "junit")
+    __slots__ = ("files", "commands", "exit_status", "printed_number", "junit", "expected_observations")
     FILES_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     EXIT_STATUS_FIELD_NUMBER: _ClassVar[int]
     PRINTED_NUMBER_FIELD_NUMBER: _ClassVar[int]
     JUNIT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[TaskFile]
     commands: _containers.RepeatedScalarFieldContainer[str]
     exit_status: ExitStatusReward
     printed_number: PrintedNumberReward
     junit: JUnitReward
-    def __init__(self, files: _Optional[_Iterable[_Union[TaskFile, _Mapping]]] = ..., commands: _Optional[_Iterable[str]] = ..., exit_status: _Optional[_Union[ExitStatusReward, _Mapping]] = ..., printed_number: _Optional[_Union[PrintedNumberReward, _Mapping]] = ..., junit: _Optional[_Union[JUnitReward, _Mapping]] = ...) -> None: ...
+    expected_observations: ExpectedObservationsReward
+    def __init__(self, files: _Optional[_Iterable[_Union[TaskFile, _Mapping]]] = ..., commands: _Optional[_Iterable[str]] = ..., exit_status: _Optional[_Union[ExitStatusReward, _Mapping]] = ..., printed_number: _Optional[_Union[PrintedNumberReward, _Mapping]] = ..., junit: _Optional[_Union[JUnitReward, _Mapping]] = ..., expected_observations: _Optional[_Union[ExpectedObservationsReward, _Mapping]] = ...) -> None: ...
 
 class ExitStatusReward(_message.Message):
     __slots__ = ()
@@ -198,6 +200,21 @@ class JUnitReward(_message.Message):
     report_path: str
     tests: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, report_path: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExpectedObservationsReward(_message.Message):
+    __slots__ = ("expected", "partial_credit")
+    class ExpectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_CREDIT_FIELD_NUMBER: _ClassVar[int]
+    expected: _containers.ScalarMap[str, str]
+    partial_credit: bool
+    def __init__(self, expected: _Optional[_Mapping[str, str]] = ..., partial_credit: _Optional[bool] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "stop")
