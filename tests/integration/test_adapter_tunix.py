@@ -302,8 +302,9 @@ async def test_a_failing_setup_is_filtered_not_reward_zero(local_daemon) -> None
 
 
 async def test_an_evaluation_that_cannot_run_is_filtered(local_daemon) -> None:
-    # printed_number, but the command prints no number: EVAL_INFRA, not 0.
-    task = repair_task("tunix-bad-eval", eval_command="true", reward="printed_number")
+    # A reward rule that cannot be applied (sealed observations, but the task expects none): the
+    # task is broken, not the agent; EVAL_INFRA, not 0.
+    task = repair_task("tunix-bad-eval", eval_command="true", reward="expected_observations")
     agent, env = pair(task, local_daemon.address)
     traj = await CorralCollectEngine(
         agent, env, model_call=ReplayModelCall([task]), tokenizer=TOKENIZER, chat_parser=PARSER
