@@ -218,6 +218,11 @@ class DockerBackend(Backend):
             "cpu": LimitSupport(True, "docker engine (container cgroup)"),
             "wall_clock": LimitSupport(True, "process group + leaf cgroup kill"),
             "network": LimitSupport(True, 'docker network mode "none"'),
+            "disk": LimitSupport(
+                False,
+                reason="not capped: the bind-mounted workspace and the container's writable layer may grow "
+                "until the host disk is full (--storage-opt size works only on some storage drivers)",
+            ),
         }
         try:
             docker = _docker()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
 
+from .. import diskcap
 from ..cgroups import LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import in_cgroup
@@ -77,6 +78,7 @@ ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
 class LocalSandbox(ManagedSandbox):
     isolation = "namespaces"
     extra_dirs = ("tmp",)  # mounted at /tmp
+    caps_disk = True  # workspace and /tmp are all it can write (besides its size-capped /dev/shm)
 
     backend: LocalBackend
 
@@ -220,6 +222,7 @@ class LocalBackend(Backend):
                 True, "process group + cgroup kill" if cgroups.can_track else "process group kill"
             ),
             "network": LimitSupport(True, "network namespace"),
+            "disk": self.disk_support,
         }
         missing = []
         if not self.nsenter:
@@ -235,6 +238,9 @@ class LocalBackend(Backend):
                 'NO ISOLATION (local.isolation = "none"): commands run on the host as an unprivileged uid',
             )
             limits["network"] = LimitSupport(False, reason='local.isolation = "none": no network namespace')
+            limits["disk"] = LimitSupport(
+                False, reason='local.isolation = "none": commands can write wherever their uid may on the host'
+            )
             if os.geteuid() != 0:
                 return BackendStatus(
                     False, "the daemon is not root: it needs root to run commands as another uid", "none", limits
@@ -289,6 +295,7 @@ class LocalBackend(Backend):
         for base in (self.context.sandboxes_dir, self.context.run_base):
             if base.is_dir():
                 for leftover in base.iterdir():
+                    await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
 
     async def close(self) -> None:

@@ -140,6 +140,11 @@ class SingularityBackend(Backend):
             "cpu": cgroups.support("cpu"),
             "wall_clock": LimitSupport(True, "process group + cgroup kill"),
             "network": LimitSupport(True, "instance network namespace (--net --network none)"),
+            "disk": LimitSupport(
+                False,
+                reason="not capped: the bind-mounted workspace may grow until the host disk is full "
+                "(/tmp is apptainer's in-memory session directory, capped by its sessiondir max size)",
+            ),
         }
         problems = []
         if not self.binary:
