@@ -1,0 +1,118 @@
+"""The size cap on a local sandbox's writable space (limits.disk_bytes): writing past it fails
+with ENOSPC inside the sandbox, which keeps working; the host side never holds more than the cap;
+other sandboxes are unaffected. Under each launcher (bubblewrap and unshare). The test looks only
+at its own daemon's sandbox directories."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.sdk import Client, errors
+from tests.conftest import DaemonProcess, require_backend
+
+CAP = 32 << 20
+# Writes 48 MiB into the sandbox's workspace (or the directory given): more than CAP.
+FILL = "dd if=/dev/zero of={dir}/fill bs=1M count=48 2>&1; echo rc=$?"
+
+
+@pytest.fixture(scope="module", params=("bwrap", "unshare"))
+def disk_daemon(request, tmp_path_factory) -> Iterator[DaemonProcess]:
+    require_backend("local")
+    root = tmp_path_factory.mktemp(f"disk-{request.param}")
+    config = root / "corral.toml"
+    config.write_text(f'[local]\nisolation = "{request.param}"\n')
+    proc = DaemonProcess(root, "--config", str(config)).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def client(disk_daemon) -> Iterator[Client]:
+    with Client(disk_daemon.address) as c:
+        yield c
+
+
+def host_dir(daemon: DaemonProcess, sandbox_id: str) -> Path:
+    """The sandbox's own directory on the host (its workspace and /tmp live there)."""
+    return daemon.state_dir / "sandboxes" / sandbox_id
+
+
+def host_bytes(path: Path) -> tuple[int, int]:
+    """(size of the filesystem at `path`, bytes its files take) as the host sees them."""
+    fs = os.statvfs(path)
+    used = sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, _, files in os.walk(path) for f in files)
+    return fs.f_blocks * fs.f_frsize, used
+
+
+@pytest.mark.parametrize("where", ["/workspace", "/tmp"])
+def test_writing_past_the_cap_is_enospc_and_the_sandbox_keeps_working(disk_daemon, client, where):
+    with client.create_sandbox(disk_bytes=CAP) as sb:
+        r = sb.exec(FILL.format(dir=where), timeout=60)
+        assert b"No space left on device" in r.stdout, r.stdout
+        assert b"rc=0" not in r.stdout
+        size, used = host_bytes(host_dir(disk_daemon, sb.id))
+        assert size <= CAP and used <= CAP, (size, used)
+        # Still alive, and deleting gives the space back.
+        assert sb.exec(["echo", "alive"], timeout=20).stdout == b"alive\n"
+        assert sb.exec(f"rm {where}/fill && {FILL.format(dir=where).replace('48', '16')}", timeout=60).stdout.endswith(
+            b"rc=0\n"
+        )
+
+
+def test_other_sandboxes_are_unaffected(client):
+    with client.create_sandbox(disk_bytes=CAP) as full, client.create_sandbox(disk_bytes=CAP) as other:
+        assert b"No space left on device" in full.exec(FILL.format(dir="/workspace"), timeout=60).stdout
+        r = other.exec(FILL.format(dir="/workspace").replace("48", "16"), timeout=60)
+        assert r.stdout.endswith(b"rc=0\n"), r.stdout
+        # The daemon's own writes into the full sandbox fail cleanly; into the other one they work.
+        with pytest.raises(errors.ResourceExhausted, match="No space left on device"):
+            full.write_file("/workspace/note", b"x" * (1 << 20))
+        other.write_file("/workspace/note", b"x" * 4096)
+        assert other.read_file("/workspace/note") == b"x" * 4096
+
+
+def test_limit_is_reported(disk_daemon, client):
+    with client.create_sandbox(disk_bytes=CAP) as sb:
+        assert sb.info.limits.disk_bytes == CAP
+        disk = next(s for s in sb.info.limit_status if s.kind == "disk")
+        assert disk.enforced and disk.mechanism, disk
+    with client.create_sandbox() as sb:
+        assert sb.info.limits.disk_bytes == 4 << 30  # the daemon's default (limits.disk_bytes)
+        assert host_bytes(host_dir(disk_daemon, sb.id))[0] <= 4 << 30
+    local = next(b for b in client.node_info().backends if b.backend == "local")
+    assert next(s for s in local.limits if s.kind == "disk").enforced
+
+
+@pytest.mark.parametrize("size", [1, (16 << 20) - 1, (1 << 44) + 1, 1 << 63])
+def test_bad_sizes_are_invalid_argument(client, size):
+    with pytest.raises(errors.InvalidArgument, match="limits.disk_bytes"):
+        client.create_sandbox(disk_bytes=size)
+
+
+def test_negative_size_is_invalid_argument(client):
+    with pytest.raises(errors.InvalidArgument, match="disk_bytes"):
+        client.create_sandbox(disk_bytes=-1)
+
+
+def test_destroy_and_crash_leave_no_mount(tmp_path):
+    require_backend("local")
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        with Client(daemon.address) as c:
+            gone = c.create_sandbox(disk_bytes=CAP)
+            path = host_dir(daemon, gone.id)
+            assert os.path.ismount(path)
+            gone.destroy()
+            assert not path.exists()
+            crashed = host_dir(daemon, c.create_sandbox(disk_bytes=CAP).id)
+            assert os.path.ismount(crashed)
+        daemon.stop(signal.SIGKILL)
+        daemon.start()  # reaps what the killed daemon left
+        assert not os.path.ismount(crashed) and not crashed.exists()
+    finally:
+        daemon.stop()
