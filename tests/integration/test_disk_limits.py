@@ -1,7 +1,7 @@
-"""The size cap on a local sandbox's writable space (limits.disk_bytes): writing past it fails
+"""The size cap on a sandbox's writable space (limits.disk_bytes): writing past it fails
 with ENOSPC inside the sandbox, which keeps working; the host side never holds more than the cap;
-other sandboxes are unaffected. Under each launcher (bubblewrap and unshare). The test looks only
-at its own daemon's sandbox directories."""
+other sandboxes are unaffected. Under each local launcher (bubblewrap and unshare), and for the
+workspace of Apptainer instances. The test looks only at its own daemons' sandbox directories."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from corral.sdk import Client, errors
-from tests.conftest import DaemonProcess, require_backend
+from tests.conftest import SIF_TEST_IMAGE, DaemonProcess, require_backend, require_image
 
 CAP = 32 << 20
 # Writes 48 MiB into the sandbox's workspace (or the directory given): more than CAP.
@@ -114,5 +114,21 @@ def test_destroy_and_crash_leave_no_mount(tmp_path):
         daemon.stop(signal.SIGKILL)
         daemon.start()  # reaps what the killed daemon left
         assert not os.path.ismount(crashed) and not crashed.exists()
+    finally:
+        daemon.stop()
+
+
+def test_singularity_workspace_is_capped(tmp_path):
+    require_backend("singularity")
+    require_image("singularity")
+    config = tmp_path / "corral.toml"
+    config.write_text(f'[daemon]\ndefault_backend = "singularity"\n[singularity]\ndefault_image = "{SIF_TEST_IMAGE}"\n')
+    daemon = DaemonProcess(tmp_path, "--config", str(config)).start()
+    try:
+        with Client(daemon.address) as c, c.create_sandbox(disk_bytes=CAP) as sb:
+            assert next(s for s in sb.info.limit_status if s.kind == "disk").enforced
+            assert b"No space left on device" in sb.exec(FILL.format(dir="/workspace"), timeout=60).stdout
+            assert host_bytes(host_dir(daemon, sb.id))[0] <= CAP
+            assert sb.exec(["echo", "alive"], timeout=20).stdout == b"alive\n"
     finally:
         daemon.stop()
