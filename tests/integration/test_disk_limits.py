@@ -5,6 +5,8 @@ workspace of Apptainer instances. The test looks only at its own daemons' sandbo
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
 import signal
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.daemon import diskcap
 from corral.sdk import Client, errors
 from tests.conftest import SIF_TEST_IMAGE, DaemonProcess, require_backend, require_image
 
@@ -132,3 +135,25 @@ def test_singularity_workspace_is_capped(tmp_path):
             assert sb.exec(["echo", "alive"], timeout=20).stdout == b"alive\n"
     finally:
         daemon.stop()
+
+
+@pytest.mark.parametrize("kind", [diskcap.LOOP_EXT4, diskcap.TMPFS])
+def test_each_kind_caps_and_unmounts(tmp_path, kind):
+    """Both kinds of capped filesystem (the tmpfs one is what nodes without loop devices get)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    target = tmp_path / "sandbox"
+    target.mkdir()
+    asyncio.run(diskcap.mount_capped(kind, target, CAP))
+    try:
+        assert os.listdir(target) == []
+        with pytest.raises(OSError) as full, open(target / "fill", "wb") as fh:
+            for _ in range(48):
+                fh.write(b"\0" * (1 << 20))
+                fh.flush()
+                os.fsync(fh.fileno())
+        assert full.value.errno == errno.ENOSPC
+        assert host_bytes(target)[0] <= CAP
+    finally:
+        diskcap.unmount(target)
+    assert not os.path.ismount(target) and os.listdir(target) == []
