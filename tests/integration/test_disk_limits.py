@@ -157,3 +157,15 @@ def test_each_kind_caps_and_unmounts(tmp_path, kind):
     finally:
         diskcap.unmount(target)
     assert not os.path.ismount(target) and os.listdir(target) == []
+
+
+def test_every_backend_reports_disk(daemon):
+    """Each backend case says whether disk is capped; Docker and Podman say why not, naming the
+    engine's storage driver."""
+    with Client(daemon.address) as c:
+        backend = next(b for b in c.node_info().backends if b.backend == daemon.backend)
+    disk = next(s for s in backend.limits if s.kind == "disk")
+    if daemon.backend == "docker":
+        assert not disk.enforced and "storage driver" in disk.reason and "unknown" not in disk.reason, disk
+    else:
+        assert disk.enforced and disk.mechanism, disk
