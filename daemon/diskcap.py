@@ -7,7 +7,7 @@ Two kinds, chosen once at start (`probe`):
 - "loop ext4": a sparse image file formatted ext4 (no journal: the filesystem never outlives the
   sandbox) and loop-mounted with `discard`, so that deleting files inside gives the space back to
   the host. The image is unlinked as soon as it is mounted: the loop device holds it, and unmounting
-  (the loop device is auto-cleared) frees it, so a crashed daemon leaves no image files, only a
+  (the loop device is auto-cleared) frees it, so a crashed daemon leaves no image file, only a
   mount that the next start's reap unmounts. Disk for disk, but images are sparse: the caps of all
   sandboxes together may exceed the free space of the state directory's disk.
 - "tmpfs", where the node has no loop devices or mkfs.ext4 (e.g. inside an unprivileged
@@ -69,14 +69,22 @@ async def mount_capped(kind: str, target: Path, size_bytes: int) -> None:
 
 
 def _mount_loop(target: Path, size_bytes: int) -> None:
-    image = target.parent / f".{target.name}.img"
+    # The image lies in `target` itself, under the mount once it is made, so that whatever a crash
+    # cuts short is removed with the sandbox's directory; the directory opened beforehand still
+    # reaches it, to unlink it once the loop device holds it.
+    image = target / ".disk.img"
+    under = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with open(image, "wb") as fh:
             fh.truncate(size_bytes)
         _run(["mkfs.ext4", *_MKFS_ARGS, str(image)], "format")
         _run(["mount", "-o", "loop,nosuid,nodev,discard", str(image), str(target)], "mount")
     finally:
-        image.unlink(missing_ok=True)  # mounted: the loop device keeps it until unmounted
+        try:
+            os.unlink(image.name, dir_fd=under)
+        except FileNotFoundError:
+            pass
+        os.close(under)
     (target / "lost+found").rmdir()
 
 
