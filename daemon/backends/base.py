@@ -249,10 +249,8 @@ class ManagedSandbox(SandboxRuntime):
         self.sandbox_dir.mkdir(parents=True, exist_ok=True)
         disk_kind = self.backend.disk_kind
         if self.caps_disk and disk_kind and self.spec.limits.disk_bytes:
-            try:
-                await diskcap.mount_capped(disk_kind, self.sandbox_dir, self.spec.limits.disk_bytes)
-            except OSError as err:
-                raise FailedPrecondition(f"cannot cap the sandbox's disk: {err}") from err
+            # (A failure is the node's: a full state disk is RESOURCE_EXHAUSTED, see node_error.)
+            await diskcap.mount_capped(disk_kind, self.sandbox_dir, self.spec.limits.disk_bytes)
         for sub in ("workspace", *self.extra_dirs):
             path = self.sandbox_dir / sub
             path.mkdir(parents=True, exist_ok=True)
