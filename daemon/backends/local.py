@@ -2,9 +2,10 @@
 where it is missing, util-linux unshare + chroot; see local_launch.py).
 
 Per sandbox the daemon keeps a directory with `workspace/` (mounted read-write at the workdir) and
-`tmp/` (mounted at /tmp), on a size-capped filesystem of its own (limits.disk_bytes, diskcap.py). The root is a read-only tmpfs holding read-only binds of the image's
-top-level entries ("host": the host's operating system directories and the configured
-`local.host_paths`), with /proc, /dev (a private writable /dev/shm included) and /run private.
+`tmp/` (mounted at /tmp), on a size-capped filesystem of its own (limits.disk_bytes, diskcap.py).
+The root is a read-only tmpfs holding read-only binds of the image's top-level entries ("host":
+the host's operating system directories and the configured `local.host_paths`), with /proc, /dev
+(a private writable /dev/shm included) and /run private.
 The daemon's state directory and socket directory are hidden behind empty tmpfs mounts.
 
 A long-lived init process, root without capabilities (beyond the reach of the sandbox's uid),

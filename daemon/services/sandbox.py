@@ -59,6 +59,8 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
     limits = dict(runtime.limits) if runtime else {}
     if "network" in limits and sb.network:
         limits["network"] = type(limits["network"])(False, reason="the sandbox was created with network access")
+    if "disk" in limits and not sb.limits.disk_bytes:
+        limits["disk"] = type(limits["disk"])(False, reason="no cap: limits.disk_bytes is 0 on this node")
     return pb.Sandbox(
         sandbox_id=sb.sandbox_id,
         backend=BACKEND_NUMBERS[sb.backend],

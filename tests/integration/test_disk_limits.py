@@ -169,3 +169,19 @@ def test_every_backend_reports_disk(daemon):
         assert not disk.enforced and "storage driver" in disk.reason and "unknown" not in disk.reason, disk
     else:
         assert disk.enforced and disk.mechanism, disk
+
+
+def test_no_cap_when_the_node_sets_none(tmp_path):
+    """[limits] disk_bytes = 0: no filesystem of the sandbox's own, and its status says so."""
+    require_backend("local")
+    config = tmp_path / "corral.toml"
+    config.write_text("[limits]\ndisk_bytes = 0\n")
+    daemon = DaemonProcess(tmp_path, "--config", str(config)).start()
+    try:
+        with Client(daemon.address) as c, c.create_sandbox() as sb:
+            assert sb.info.limits.disk_bytes == 0
+            disk = next(s for s in sb.info.limit_status if s.kind == "disk")
+            assert not disk.enforced and "limits.disk_bytes is 0" in disk.reason, disk
+            assert not os.path.ismount(host_dir(daemon, sb.id))
+    finally:
+        daemon.stop()
