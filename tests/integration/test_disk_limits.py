@@ -6,6 +6,7 @@ workspace of Apptainer instances. The test looks only at its own daemons' sandbo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import signal
@@ -23,15 +24,23 @@ CAP = 32 << 20
 FILL = "dd if=/dev/zero of={dir}/fill bs=1M count=48 2>&1; echo rc=$?"
 
 
+@contextlib.contextmanager
+def own_daemon(root: Path, config_text: str) -> Iterator[DaemonProcess]:
+    """A daemon of this test's, with its configuration, stopped afterwards."""
+    config = root / "corral.toml"
+    config.write_text(config_text)
+    proc = DaemonProcess(root, "--config", str(config)).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="module", params=("bwrap", "unshare"))
 def disk_daemon(request, tmp_path_factory) -> Iterator[DaemonProcess]:
     require_backend("local")
-    root = tmp_path_factory.mktemp(f"disk-{request.param}")
-    config = root / "corral.toml"
-    config.write_text(f'[local]\nisolation = "{request.param}"\n')
-    proc = DaemonProcess(root, "--config", str(config)).start()
-    yield proc
-    proc.stop()
+    with own_daemon(tmp_path_factory.mktemp(f"disk-{request.param}"), f'[local]\nisolation = "{request.param}"\n') as d:
+        yield d
 
 
 @pytest.fixture
@@ -124,17 +133,12 @@ def test_destroy_and_crash_leave_no_mount(tmp_path):
 def test_singularity_workspace_is_capped(tmp_path):
     require_backend("singularity")
     require_image("singularity")
-    config = tmp_path / "corral.toml"
-    config.write_text(f'[daemon]\ndefault_backend = "singularity"\n[singularity]\ndefault_image = "{SIF_TEST_IMAGE}"\n')
-    daemon = DaemonProcess(tmp_path, "--config", str(config)).start()
-    try:
-        with Client(daemon.address) as c, c.create_sandbox(disk_bytes=CAP) as sb:
-            assert next(s for s in sb.info.limit_status if s.kind == "disk").enforced
-            assert b"No space left on device" in sb.exec(FILL.format(dir="/workspace"), timeout=60).stdout
-            assert host_bytes(host_dir(daemon, sb.id))[0] <= CAP
-            assert sb.exec(["echo", "alive"], timeout=20).stdout == b"alive\n"
-    finally:
-        daemon.stop()
+    config = f'[daemon]\ndefault_backend = "singularity"\n[singularity]\ndefault_image = "{SIF_TEST_IMAGE}"\n'
+    with own_daemon(tmp_path, config) as daemon, Client(daemon.address) as c, c.create_sandbox(disk_bytes=CAP) as sb:
+        assert next(s for s in sb.info.limit_status if s.kind == "disk").enforced
+        assert b"No space left on device" in sb.exec(FILL.format(dir="/workspace"), timeout=60).stdout
+        assert host_bytes(host_dir(daemon, sb.id))[0] <= CAP
+        assert sb.exec(["echo", "alive"], timeout=20).stdout == b"alive\n"
 
 
 @pytest.mark.parametrize("kind", [diskcap.LOOP_EXT4, diskcap.TMPFS])
@@ -174,14 +178,9 @@ def test_every_backend_reports_disk(daemon):
 def test_no_cap_when_the_node_sets_none(tmp_path):
     """[limits] disk_bytes = 0: no filesystem of the sandbox's own, and its status says so."""
     require_backend("local")
-    config = tmp_path / "corral.toml"
-    config.write_text("[limits]\ndisk_bytes = 0\n")
-    daemon = DaemonProcess(tmp_path, "--config", str(config)).start()
-    try:
-        with Client(daemon.address) as c, c.create_sandbox() as sb:
+    with own_daemon(tmp_path, "[limits]\ndisk_bytes = 0\n") as daemon, Client(daemon.address) as c:
+        with c.create_sandbox() as sb:
             assert sb.info.limits.disk_bytes == 0
             disk = next(s for s in sb.info.limit_status if s.kind == "disk")
             assert not disk.enforced and "limits.disk_bytes is 0" in disk.reason, disk
             assert not os.path.ismount(host_dir(daemon, sb.id))
-    finally:
-        daemon.stop()
