@@ -31,6 +31,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     create.add_argument("--pids", type=int, default=None)
     create.add_argument("--cpu", type=int, default=None, help="CPU limit in millicores")
+    create.add_argument(
+        "--disk", type=memory_size, default=None, metavar="SIZE", help="size of its writable space, e.g. 2G"
+    )
     create.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     create.set_defaults(func=sandbox_create)
     ls = ssub.add_parser("ls", help="list sandboxes")
@@ -128,6 +131,7 @@ def sandbox_create(args: argparse.Namespace) -> int:
             memory_bytes=args.memory,
             pids=args.pids,
             cpu_millicores=args.cpu,
+            disk_bytes=args.disk,
             labels=dict(kv.split("=", 1) for kv in args.label),
         )
         print(sandbox.id)

@@ -75,6 +75,9 @@ class LimitsConfig:
     pids: int = 1024
     cpu_millicores: int = 0
     idle_timeout_s: float = 0.0
+    # The size of each sandbox's writable space where the backend can cap it (docs/local-backend.md);
+    # 0: no cap.
+    disk_bytes: int = 4 << 30
 
 
 @dataclass

@@ -24,6 +24,8 @@ MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: more than any node has, far below what the 
 MAX_PIDS = 4 << 20  # PID_MAX_LIMIT on 64-bit Linux: pids.max refuses anything larger
 MIN_CPU_MILLICORES = 10
 MAX_CPU_MILLICORES = 1024 * 1000  # 1024 cores
+MIN_DISK_BYTES = 16 << 20  # the smallest filesystem worth formatting for a sandbox
+MAX_DISK_BYTES = 1 << 44  # 16 TiB: the largest file (a sparse image) ext4 holds with 4 KiB blocks
 MAX_IDLE_TIMEOUT_MS = 30 * 24 * 3600 * 1000  # 30 days
 MAX_KEEPALIVE_MS = 3600 * 1000  # an hour
 MAX_TERMINAL_SIDE = 1000
@@ -103,10 +105,12 @@ def sandbox_limits(requested: Limits, defaults: LimitsConfig) -> Limits:
     in_range("limits.pids", requested.pids, 1, MAX_PIDS, "processes", "the default")
     cpu = requested.cpu_millicores
     in_range("limits.cpu_millicores", cpu, MIN_CPU_MILLICORES, MAX_CPU_MILLICORES, "millicores", "the default")
+    in_range("limits.disk_bytes", requested.disk_bytes, MIN_DISK_BYTES, MAX_DISK_BYTES, "bytes", "the default")
     return Limits(
         memory_bytes=requested.memory_bytes or defaults.memory_bytes,
         pids=requested.pids or defaults.pids,
         cpu_millicores=requested.cpu_millicores or defaults.cpu_millicores,
+        disk_bytes=requested.disk_bytes or defaults.disk_bytes,
     )
 
 

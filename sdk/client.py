@@ -75,6 +75,7 @@ class AsyncClient:
         memory_bytes: int | None = None,
         pids: int | None = None,
         cpu_millicores: int | None = None,
+        disk_bytes: int | None = None,
         network: bool = False,
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
@@ -87,7 +88,7 @@ class AsyncClient:
         `image`: "host" or a root filesystem directory (local), an image name (docker), or None
         for the daemon's default image of the backend. `backend`: "local", "docker",
         "singularity", or None for the daemon's default. Limits left
-        None take the daemon's defaults. `idle_timeout`: seconds without calls before the daemon
+        None take the daemon's defaults; `disk_bytes` caps its writable space (ENOSPC inside past it). `idle_timeout`: seconds without calls before the daemon
         destroys it (None: the daemon's default). `timeout`: deadline of this call (pulling an
         image can take longer than the client default).
         """
@@ -97,6 +98,7 @@ class AsyncClient:
             memory_bytes=memory_bytes,
             pids=pids,
             cpu_millicores=cpu_millicores,
+            disk_bytes=disk_bytes,
             network=network,
             env=env,
             labels=labels,

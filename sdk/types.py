@@ -16,7 +16,7 @@ from corral.sdk.errors import CommandExitError
 BackendName = Literal["local", "docker", "singularity"]
 SandboxState = Literal["starting", "running", "failed", "stopping", "unspecified", "unknown"]
 IsolationLevel = Literal["none", "namespaces", "container", "unspecified", "unknown"]
-LimitKind = Literal["memory", "pids", "cpu", "wall_clock", "network", "unspecified", "unknown"]
+LimitKind = Literal["memory", "pids", "cpu", "wall_clock", "network", "disk", "unspecified", "unknown"]
 FileType = Literal["file", "directory", "symlink", "other", "unspecified", "unknown"]
 OutputStreamName = Literal["stdout", "stderr"]
 ShellTimeoutReason = Literal["timeout", "idle_timeout"]
@@ -30,6 +30,7 @@ class ResourceLimits:
     memory_bytes: int
     pids: int
     cpu_millicores: int
+    disk_bytes: int = 0  # the size of its writable space
 
 
 @dataclass(frozen=True)

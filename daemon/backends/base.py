@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from corral.sdk.errors import FailedPrecondition
 
+from .. import diskcap
 from ..cgroups import CgroupDriver, CgroupGroup, LeafPool, LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import HostProcess
@@ -41,6 +42,7 @@ class Limits:
     memory_bytes: int = 0
     pids: int = 0
     cpu_millicores: int = 0
+    disk_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class BackendStatus:
     available: bool
     detail: str
     isolation: str  # none | namespaces | container
-    limits: dict[str, LimitSupport]  # memory, pids, cpu, wall_clock, network
+    limits: dict[str, LimitSupport]  # memory, pids, cpu, wall_clock, network, disk
 
 
 class SandboxRuntime(abc.ABC):
@@ -197,6 +199,10 @@ class ManagedSandbox(SandboxRuntime):
     # False where the sandbox lives in a cgroup someone else owns (a container engine's): the
     # daemon then only adds leaves under it and removes only those.
     owns_cgroup: ClassVar[bool] = True
+    # True where everything the sandbox can write lies in its sandbox directory (and the daemon's
+    # mounts reach the processes that bind it): the directory then gets a size-capped filesystem
+    # of its own (diskcap.py, limits.disk_bytes).
+    caps_disk: ClassVar[bool] = False
 
     def __init__(self, backend: Backend, spec: SandboxSpec, uid: int) -> None:
         self.backend = backend
@@ -225,7 +231,7 @@ class ManagedSandbox(SandboxRuntime):
 
     async def start(self) -> None:
         """Directories, cgroup, launch, file access. On failure the caller destroys the sandbox."""
-        self._make_dirs()
+        await self._make_dirs()
         if self.owns_cgroup and self.context.cgroups.can_track:
             limits = self.spec.limits
             try:
@@ -239,7 +245,12 @@ class ManagedSandbox(SandboxRuntime):
             self.files = self.make_file_access()
         self._pick_shell()
 
-    def _make_dirs(self) -> None:
+    async def _make_dirs(self) -> None:
+        self.sandbox_dir.mkdir(parents=True, exist_ok=True)
+        disk_kind = self.backend.disk_kind
+        if self.caps_disk and disk_kind and self.spec.limits.disk_bytes:
+            # (A failure is the node's: a full state disk is RESOURCE_EXHAUSTED, see node_error.)
+            await diskcap.mount_capped(disk_kind, self.sandbox_dir, self.spec.limits.disk_bytes)
         for sub in ("workspace", *self.extra_dirs):
             path = self.sandbox_dir / sub
             path.mkdir(parents=True, exist_ok=True)
@@ -260,6 +271,7 @@ class ManagedSandbox(SandboxRuntime):
             self.files = None
         if self.cgroup and self.owns_cgroup:
             await asyncio.to_thread(self.cgroup.remove)
+        await asyncio.to_thread(diskcap.unmount, self.sandbox_dir)
         await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
         await asyncio.to_thread(shutil.rmtree, self.run_dir, True)
         if not self._released:
@@ -329,6 +341,8 @@ class Backend(abc.ABC):
         self.name = context.name
         self.context = context
         self.settings = context.settings
+        # The kind of per-sandbox filesystem this node can mount (diskcap.probe; "" where none).
+        self.disk_kind, self.disk_support = diskcap.probe(context.sandboxes_dir)
         self._status = self.probe()
 
     # -- what the node supports ---------------------------------------------------------------------
@@ -405,4 +419,5 @@ async def remove_sandbox_dirs(record: dict, sandboxes_dir: Path, run_base: Path)
     for key, parent in (("sandbox_dir", sandboxes_dir), ("run_dir", run_base)):
         path = record.get(key)
         if path and Path(path).parent == parent:
+            await asyncio.to_thread(diskcap.unmount, Path(path))
             await asyncio.to_thread(shutil.rmtree, path, True)

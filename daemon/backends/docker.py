@@ -186,6 +186,25 @@ class DockerSandbox(ManagedSandbox):
         return [CgroupGroup([p / n for p in self.cgroup.paths], self.cgroup.hierarchies) for n in names]
 
 
+def _disk_not_capped(storage_driver: str) -> LimitSupport:
+    """Why a container's writable space has no cap: only the engine could cap its writable layer
+    (`--storage-opt size`, which some storage drivers accept: overlay2 on xfs with pquota, btrfs,
+    zfs), and the workspace is a host directory the engine binds (in its own mount namespace,
+    where the daemon's mounts may not reach)."""
+    return LimitSupport(
+        False,
+        reason=f"not capped: the container's writable layer (storage driver {storage_driver}) and its "
+        "bind-mounted workspace can grow until the host's disk is full",
+    )
+
+
+def _storage_driver(info: dict) -> str:
+    """The engine's storage driver and the filesystem under it, e.g. "overlay2 on extfs"."""
+    driver = info.get("Driver") or "unknown"
+    backing = dict(pair for pair in info.get("DriverStatus") or () if len(pair) == 2).get("Backing Filesystem")
+    return f"{driver} on {backing}" if backing else driver
+
+
 class DockerBackend(Backend):
     name = "docker"
     Settings = DockerSettings
@@ -218,6 +237,7 @@ class DockerBackend(Backend):
             "cpu": LimitSupport(True, "docker engine (container cgroup)"),
             "wall_clock": LimitSupport(True, "process group + leaf cgroup kill"),
             "network": LimitSupport(True, 'docker network mode "none"'),
+            "disk": _disk_not_capped("unknown"),
         }
         try:
             docker = _docker()
@@ -235,6 +255,7 @@ class DockerBackend(Backend):
             client = docker.DockerClient(base_url=self.address, timeout=60)
             self.client = client
             version = _engine_name(client.version())
+            limits["disk"] = _disk_not_capped(_storage_driver(client.info()))
         except docker.errors.DockerException as err:
             problems.append(f"cannot reach the Docker engine at {self.address}: {err}")
             self._unreachable = True

@@ -2,9 +2,10 @@
 where it is missing, util-linux unshare + chroot; see local_launch.py).
 
 Per sandbox the daemon keeps a directory with `workspace/` (mounted read-write at the workdir) and
-`tmp/` (mounted at /tmp). The root is a read-only tmpfs holding read-only binds of the image's
-top-level entries ("host": the host's operating system directories and the configured
-`local.host_paths`), with /proc, /dev (a private writable /dev/shm included) and /run private.
+`tmp/` (mounted at /tmp), on a size-capped filesystem of its own (limits.disk_bytes, diskcap.py).
+The root is a read-only tmpfs holding read-only binds of the image's top-level entries ("host":
+the host's operating system directories and the configured `local.host_paths`), with /proc, /dev
+(a private writable /dev/shm included) and /run private.
 The daemon's state directory and socket directory are hidden behind empty tmpfs mounts.
 
 A long-lived init process, root without capabilities (beyond the reach of the sandbox's uid),
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
 
+from .. import diskcap
 from ..cgroups import LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import in_cgroup
@@ -77,6 +79,7 @@ ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
 class LocalSandbox(ManagedSandbox):
     isolation = "namespaces"
     extra_dirs = ("tmp",)  # mounted at /tmp
+    caps_disk = True  # workspace and /tmp are all it can write (besides its size-capped /dev/shm)
 
     backend: LocalBackend
 
@@ -220,6 +223,7 @@ class LocalBackend(Backend):
                 True, "process group + cgroup kill" if cgroups.can_track else "process group kill"
             ),
             "network": LimitSupport(True, "network namespace"),
+            "disk": self.disk_support,
         }
         missing = []
         if not self.nsenter:
@@ -235,6 +239,9 @@ class LocalBackend(Backend):
                 'NO ISOLATION (local.isolation = "none"): commands run on the host as an unprivileged uid',
             )
             limits["network"] = LimitSupport(False, reason='local.isolation = "none": no network namespace')
+            limits["disk"] = LimitSupport(
+                False, reason='local.isolation = "none": commands can write wherever their uid may on the host'
+            )
             if os.geteuid() != 0:
                 return BackendStatus(
                     False, "the daemon is not root: it needs root to run commands as another uid", "none", limits
@@ -289,6 +296,7 @@ class LocalBackend(Backend):
         for base in (self.context.sandboxes_dir, self.context.run_base):
             if base.is_dir():
                 for leftover in base.iterdir():
+                    await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
 
     async def close(self) -> None:

@@ -67,6 +67,9 @@ class SingularitySettings:
 
 class SingularitySandbox(ManagedSandbox):
     isolation = "container"
+    # The image is read-only and --containall gives /tmp and /var/tmp in-memory tmpfs mounts (charged
+    # to the sandbox's memory cgroup): the workspace is all it can write to the host's disk.
+    caps_disk = True
 
     backend: SingularityBackend
 
@@ -140,6 +143,12 @@ class SingularityBackend(Backend):
             "cpu": cgroups.support("cpu"),
             "wall_clock": LimitSupport(True, "process group + cgroup kill"),
             "network": LimitSupport(True, "instance network namespace (--net --network none)"),
+            "disk": LimitSupport(
+                self.disk_support.enforced,
+                f"workspace: {self.disk_support.mechanism}; /tmp and /var/tmp: apptainer's in-memory "
+                "tmpfs, counted against the memory limit instead",
+                self.disk_support.reason,
+            ),
         }
         problems = []
         if not self.binary:

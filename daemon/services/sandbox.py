@@ -36,6 +36,7 @@ LIMIT_KINDS = {
     "cpu": pb.LIMIT_KIND_CPU,
     "wall_clock": pb.LIMIT_KIND_WALL_CLOCK,
     "network": pb.LIMIT_KIND_NETWORK,
+    "disk": pb.LIMIT_KIND_DISK,
 }
 OUTPUT_STREAMS = {STDOUT: pb.OUTPUT_STREAM_STDOUT, STDERR: pb.OUTPUT_STREAM_STDERR}
 FILE_TYPES = {
@@ -58,6 +59,8 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
     limits = dict(runtime.limits) if runtime else {}
     if "network" in limits and sb.network:
         limits["network"] = type(limits["network"])(False, reason="the sandbox was created with network access")
+    if "disk" in limits and not sb.limits.disk_bytes:
+        limits["disk"] = type(limits["disk"])(False, reason="no cap: limits.disk_bytes is 0 on this node")
     return pb.Sandbox(
         sandbox_id=sb.sandbox_id,
         backend=BACKEND_NUMBERS[sb.backend],
@@ -65,7 +68,10 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
         state=STATES[sb.state],
         isolation=ISOLATION.get(runtime.isolation if runtime else "", pb.ISOLATION_LEVEL_UNSPECIFIED),
         limits=pb.ResourceLimits(
-            memory_bytes=sb.limits.memory_bytes, pids=sb.limits.pids, cpu_millicores=sb.limits.cpu_millicores
+            memory_bytes=sb.limits.memory_bytes,
+            pids=sb.limits.pids,
+            cpu_millicores=sb.limits.cpu_millicores,
+            disk_bytes=sb.limits.disk_bytes,
         ),
         limit_status=limit_status(limits),
         network=sb.network,
@@ -136,7 +142,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         sb = await self.manager.create(
             backend=backend,
             image=request.image,
-            limits=Limits(request.limits.memory_bytes, request.limits.pids, request.limits.cpu_millicores),
+            limits=Limits(
+                request.limits.memory_bytes,
+                request.limits.pids,
+                request.limits.cpu_millicores,
+                request.limits.disk_bytes,
+            ),
             network=request.network,
             env=dict(request.env),
             labels=dict(request.labels),

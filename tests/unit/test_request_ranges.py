@@ -15,7 +15,7 @@ from corral.sdk.errors import InvalidArgument
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
 EXEC = ExecConfig()
-DEFAULTS = LimitsConfig(idle_timeout_s=120.0)
+DEFAULTS = LimitsConfig(idle_timeout_s=120.0, disk_bytes=0)  # (disk: test_sandbox_disk_bytes)
 
 
 @pytest.mark.parametrize(
@@ -41,6 +41,18 @@ def test_sandbox_limits_in_range_and_defaults() -> None:
     low = Limits(memory_bytes=4 << 20, pids=1, cpu_millicores=10)
     assert rules.sandbox_limits(low, DEFAULTS) == low
     assert rules.sandbox_limits(Limits(), DEFAULTS) == Limits(DEFAULTS.memory_bytes, DEFAULTS.pids, 0)
+
+
+@pytest.mark.parametrize("value", [U64_MAX, 2**63, (1 << 44) + 1, (16 << 20) - 1, 1])
+def test_sandbox_disk_bytes_out_of_range(value) -> None:
+    with pytest.raises(InvalidArgument, match=rf"^limits\.disk_bytes must be {16 << 20}\.\.{1 << 44} bytes, or 0"):
+        rules.sandbox_limits(Limits(disk_bytes=value), DEFAULTS)
+
+
+def test_sandbox_disk_bytes_in_range_and_default() -> None:
+    for value in (16 << 20, 1 << 44):
+        assert rules.sandbox_limits(Limits(disk_bytes=value), DEFAULTS).disk_bytes == value
+    assert rules.sandbox_limits(Limits(), LimitsConfig()).disk_bytes == 4 << 30
 
 
 @pytest.mark.parametrize("value", [U64_MAX, 2**63, rules.MAX_IDLE_TIMEOUT_MS + 1])

@@ -209,6 +209,7 @@ def test_create_sandbox_request() -> None:
         memory_bytes=512 << 20,
         pids=256,
         cpu_millicores=1500,
+        disk_bytes=2 << 30,
         network=True,
         env={"A": "b"},
         labels={"job": "7"},
@@ -216,7 +217,9 @@ def test_create_sandbox_request() -> None:
     )
     assert request.backend == pb.BACKEND_DOCKER
     assert request.image == "python:3.12"
-    assert request.limits == pb.ResourceLimits(memory_bytes=512 << 20, pids=256, cpu_millicores=1500)
+    assert request.limits == pb.ResourceLimits(
+        memory_bytes=512 << 20, pids=256, cpu_millicores=1500, disk_bytes=2 << 30
+    )
     assert request.network is True
     assert dict(request.env) == {"A": "b"}
     assert dict(request.labels) == {"job": "7"}
@@ -230,6 +233,7 @@ def test_create_sandbox_request_defaults() -> None:
         memory_bytes=None,
         pids=None,
         cpu_millicores=None,
+        disk_bytes=None,
         network=False,
         env=None,
         labels=None,

@@ -37,6 +37,7 @@ class LimitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LIMIT_KIND_CPU: _ClassVar[LimitKind]
     LIMIT_KIND_WALL_CLOCK: _ClassVar[LimitKind]
     LIMIT_KIND_NETWORK: _ClassVar[LimitKind]
+    LIMIT_KIND_DISK: _ClassVar[LimitKind]
 
 class OutputStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -70,6 +71,7 @@ LIMIT_KIND_PIDS: LimitKind
 LIMIT_KIND_CPU: LimitKind
 LIMIT_KIND_WALL_CLOCK: LimitKind
 LIMIT_KIND_NETWORK: LimitKind
+LIMIT_KIND_DISK: LimitKind
 OUTPUT_STREAM_UNSPECIFIED: OutputStream
 OUTPUT_STREAM_STDOUT: OutputStream
 OUTPUT_STREAM_STDERR: OutputStream
@@ -80,14 +82,16 @@ FILE_TYPE_SYMLINK: FileType
 FILE_TYPE_OTHER: FileType
 
 class ResourceLimits(_message.Message):
-    __slots__ = ("memory_bytes", "pids", "cpu_millicores")
+    __slots__ = ("memory_bytes", "pids", "cpu_millicores", "disk_bytes")
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     PIDS_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     memory_bytes: int
     pids: int
     cpu_millicores: int
-    def __init__(self, memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpu_millicores: _Optional[int] = ...) -> None: ...
+    disk_bytes: int
+    def __init__(self, memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpu_millicores: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class LimitStatus(_message.Message):
     __slots__ = ("kind", "enforced", "mechanism", "reason")
