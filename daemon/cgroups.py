@@ -145,16 +145,24 @@ class CgroupDriver:
     """Detects what this host offers once, at daemon start, and creates sandbox groups."""
 
     def __init__(
-        self, daemon_id: str, create: bool = True, *, sandboxes_cpu_weight: int = 0, oom_score_adj: int = 0
+        self,
+        daemon_id: str,
+        create: bool = True,
+        *,
+        sandboxes_cpu_weight: int = 0,
+        sandbox_cpu_weight: int = 0,
+        oom_score_adj: int = 0,
     ) -> None:
         """create=False only looks (for `corral doctor`): no directories are left behind.
 
         sandboxes_cpu_weight: the CPU weight of the base group that holds every sandbox, against
-        the node's other work (the daemon's own threads among it); 0 leaves the kernel's default.
-        oom_score_adj: what every process that joins a sandbox group gets (see in_cgroup)."""
+        the node's other work (the daemon's own threads among it); sandbox_cpu_weight: each
+        sandbox's, among the others (0: the kernel's default for either). oom_score_adj: what
+        every process that joins a sandbox group gets (see process.in_cgroup)."""
         self.daemon_id = daemon_id
         self._create = create
         self.sandboxes_cpu_weight = sandboxes_cpu_weight
+        self.sandbox_cpu_weight = sandbox_cpu_weight
         self.oom_score_adj = oom_score_adj
         self.hierarchies: list[Hierarchy] = []
         self.reasons: dict[str, str] = {}
@@ -248,14 +256,13 @@ class CgroupDriver:
         """Cgroup directories this daemon holds now, per hierarchy (see Hierarchy.label)."""
         return {h.label: h.held.count for h in self.hierarchies}
 
-    def create(
-        self, name: str, memory_bytes: int = 0, pids: int = 0, cpu_millicores: int = 0, cpu_weight: int = 0
-    ) -> CgroupGroup:
-        """A sandbox group with its limits; an OSError (a limit the kernel refuses) leaves nothing."""
+    def create(self, name: str, memory_bytes: int = 0, pids: int = 0, cpu_millicores: int = 0) -> CgroupGroup:
+        """A sandbox group with its limits and the node's CPU weight for sandboxes; an OSError (a
+        limit the kernel refuses) leaves nothing."""
         group = self._group([h.base / name for h in self.hierarchies])
         group.make()
         try:
-            self._apply_limits(group, memory_bytes, pids, cpu_millicores, cpu_weight)
+            self._apply_limits(group, memory_bytes, pids, cpu_millicores, self.sandbox_cpu_weight)
         except BaseException:
             group.remove()
             raise

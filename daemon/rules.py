@@ -107,7 +107,6 @@ def sandbox_limits(requested: Limits, defaults: LimitsConfig) -> Limits:
         memory_bytes=requested.memory_bytes or defaults.memory_bytes,
         pids=requested.pids or defaults.pids,
         cpu_millicores=requested.cpu_millicores or defaults.cpu_millicores,
-        cpu_weight=requested.cpu_weight or defaults.cpu_weight,
     )
 
 

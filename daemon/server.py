@@ -137,6 +137,7 @@ class Daemon:
         self.cgroups = CgroupDriver(
             self.state.daemon_id,
             sandboxes_cpu_weight=config.daemon.sandboxes_cpu_weight,
+            sandbox_cpu_weight=config.limits.cpu_weight,
             oom_score_adj=config.limits.oom_score_adj,
         )
         self.socket_path = Path(config.daemon.socket).absolute()

@@ -41,7 +41,6 @@ class Limits:
     memory_bytes: int = 0
     pids: int = 0
     cpu_millicores: int = 0
-    cpu_weight: int = 0  # relative to other sandboxes (cgroup v2's scale); 0: the kernel's default
 
 
 @dataclass(frozen=True)
@@ -231,7 +230,7 @@ class ManagedSandbox(SandboxRuntime):
             limits = self.spec.limits
             try:
                 self.cgroup = self.context.cgroups.create(
-                    self.spec.sandbox_id, limits.memory_bytes, limits.pids, limits.cpu_millicores, limits.cpu_weight
+                    self.spec.sandbox_id, limits.memory_bytes, limits.pids, limits.cpu_millicores
                 )
             except OSError as err:
                 raise FailedPrecondition(f"cannot apply the sandbox's limits: {err.strerror} ({err.filename})") from err

@@ -135,8 +135,8 @@ class DockerSandbox(ManagedSandbox):
             kwargs.update(pids_limit=lim.pids)
         if lim.cpu_millicores:
             kwargs.update(nano_cpus=lim.cpu_millicores * 1_000_000)
-        if lim.cpu_weight:
-            kwargs.update(cpu_shares=v1_cpu_shares(lim.cpu_weight))
+        if self.context.cgroups.sandbox_cpu_weight:
+            kwargs.update(cpu_shares=v1_cpu_shares(self.context.cgroups.sandbox_cpu_weight))
         if self.context.cgroups.oom_score_adj:
             kwargs.update(oom_score_adj=self.context.cgroups.oom_score_adj)
         client = backend.engine_client
