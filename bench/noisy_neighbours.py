@@ -2,8 +2,10 @@
 of the same daemon spin on the CPU.
 
 Variants, in alternating blocks of one run:
-  quiet     no other sandbox is busy
-  noisy     `--busy` other sandboxes (8 by default) each run `while :; do :; done`
+  quiet            no other sandbox is busy
+  noisy            `--busy` other sandboxes (8 by default) each run `while :; do :; done`
+  daemon_quiet     GetNodeInfo (the daemon alone, no sandbox process) while no sandbox is busy
+  daemon_noisy     the same while they spin: how responsive the daemon itself stays
 
 The busy loops are started once (an ExecStream per sandbox, left running) and stopped between
 the blocks of `quiet`, so that both variants see the same daemon and the same machine. The
@@ -82,25 +84,27 @@ def main() -> None:
         quiet = client.create_sandbox(image="host", backend="local", timeout=120)
         busy = [client.create_sandbox(image="host", backend="local", timeout=120) for _ in range(args.busy)]
         spinners = Spinners(busy)
-        samples: dict[str, list[float]] = {"quiet": [], "noisy": []}
+        samples: dict[str, list[float]] = {name: [] for name in ("quiet", "noisy", "daemon_quiet", "daemon_noisy")}
         load_during_noisy: list[float] = []
         try:
             time_calls(lambda: quiet.exec(["true"]), 5)  # warm-up
             for block in range(1, blocks + 1):
                 want = n * block // blocks
                 samples["quiet"] += time_calls(lambda: quiet.exec(["true"]), want - len(samples["quiet"]))
+                samples["daemon_quiet"] += time_calls(client.node_info, want - len(samples["daemon_quiet"]))
                 spinners.start()
                 time_calls(lambda: quiet.exec(["true"]), 2)  # let the spinners get going
                 samples["noisy"] += time_calls(lambda: quiet.exec(["true"]), want - len(samples["noisy"]))
+                samples["daemon_noisy"] += time_calls(client.node_info, want - len(samples["daemon_noisy"]))
                 load_during_noisy.append(os.getloadavg()[0])
                 spinners.stop()
         finally:
             for sandbox in [quiet, *busy]:
                 sandbox.destroy()
     results = {name: summary(values) for name, values in samples.items()}
-    values = ratios(results, [("noisy", "quiet")])
+    values = ratios(results, [("noisy", "quiet"), ("daemon_noisy", "daemon_quiet")])
     values["noisy/quiet p99"] = round(results["noisy"]["p99_ms"] / max(results["quiet"]["p99_ms"], 1e-9), 2)
-    print_table("exec(['true']) round trip", results)
+    print_table("round trips: exec(['true']) in the quiet sandbox, GetNodeInfo (daemon_*)", results)
     print_ratios(values)
     print(f"  1-minute load average at the end of each noisy block: {', '.join(f'{x:.2f}' for x in load_during_noisy)}")
     write_json(
