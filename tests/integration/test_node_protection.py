@@ -126,3 +126,9 @@ def test_memory_admission_refuses_past_the_overcommit_and_frees_on_destroy(daemo
         finally:
             for sb in (first, second):
                 sb.destroy()
+
+
+def test_sandbox_processes_get_the_default_oom_score_adj_on_every_backend(sandbox) -> None:
+    """The conformance case's daemon runs with the defaults: limits.oom_score_adj = 500 for every
+    process a sandbox runs, whatever the backend."""
+    assert sandbox.exec(["cat", "/proc/self/oom_score_adj"]).stdout.decode().strip() == "500"
