@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.daemon import doctor
 from corral.daemon.admission import admit_memory, node_memory_bytes
 from corral.daemon.cgroups import cpu_weight_file, v1_cpu_shares
 from corral.daemon.config import ConfigError, load_config
@@ -82,3 +83,20 @@ def test_defaults_protect_the_node(tmp_path: Path) -> None:
 def test_out_of_range_values_are_refused_by_name(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         _config(tmp_path, text)
+
+
+def test_doctor_reports_the_node_protection_it_would_apply() -> None:
+    config = load_config(environ={})
+    lines = "\n".join(doctor.protection_lines(config, may_lower_oom_score=False))
+    assert "up to 2 x" in lines and "daemon.memory_overcommit" in lines
+    assert "daemon -500 wanted, left at its inherited score here (no CAP_SYS_RESOURCE)" in lines
+    assert "sandbox processes 500" in lines
+    assert "all sandboxes 50, each sandbox 100" in lines
+    assert "daemon -500;" in "\n".join(doctor.protection_lines(config, may_lower_oom_score=True))
+
+
+def test_capabilities_are_read_from_capeff(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("CapPrm:\t000001ffffffffff\nCapEff:\t000001fffeffffff\n")
+    assert not doctor.has_capability(doctor.CAP_SYS_RESOURCE, str(status))
+    assert doctor.has_capability(0, str(status))
