@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 # cgroup v2's cpu.weight scale (its default is 100); v1's cpu.shares is 1024 for the same weight.
-CPU_WEIGHT_DEFAULT, CPU_WEIGHT_MAX = 100, 10_000
+CPU_WEIGHT_DEFAULT = 100
 V1_SHARES_PER_WEIGHT = 1024 / CPU_WEIGHT_DEFAULT
 
 

@@ -38,9 +38,10 @@ class ProcessExit:
 # Sets its oom_score_adj to the first argument ("": left as inherited), joins the cgroups named by
 # the next N arguments, then execs the rest. Writing "0" to cgroup.procs moves the writer itself,
 # so the command and all it forks are accounted from its first instruction (and, where root has
-# CAP_SYS_RESOURCE, the oom_score_adj it set is also the floor the command cannot go below). A tiny /bin/sh step instead of a Python preexec_fn: forking the daemon's
-# multi-threaded interpreter and running Python in the child is not safe (gRPC's threads), while
-# a plain spawn (vfork + exec) is.
+# CAP_SYS_RESOURCE, the oom_score_adj it set is also the floor the command cannot go below). A
+# tiny /bin/sh step instead of a Python preexec_fn: forking the daemon's multi-threaded
+# interpreter and running Python in the child is not safe (gRPC's threads), while a plain spawn
+# (vfork + exec) is.
 _JOIN_SCRIPT = (
     'adj=$1; shift; if [ -n "$adj" ]; then echo "$adj" > /proc/self/oom_score_adj || exit 125; fi; '
     'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
