@@ -32,6 +32,26 @@ log = logging.getLogger(__name__)
 
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
+# cgroup v2's cpu.weight scale (its default is 100); v1's cpu.shares is 1024 for the same weight.
+CPU_WEIGHT_DEFAULT = 100
+V1_SHARES_PER_WEIGHT = 1024 / CPU_WEIGHT_DEFAULT
+
+
+def cpu_weight_file(version: int, weight: int) -> tuple[str, str]:
+    """The file and value that give a group `weight` (v2's scale) in a hierarchy of `version`."""
+    if version == 1:
+        return "cpu.shares", str(v1_cpu_shares(weight))
+    return "cpu.weight", str(weight)
+
+
+def v1_cpu_shares(weight: int) -> int:
+    """cgroup v1's cpu.shares (and Docker's cpu_shares) for a weight on v2's scale."""
+    return max(2, round(weight * V1_SHARES_PER_WEIGHT))
+
+
+def _write_cpu_weight(version: int, path: Path, weight: int) -> None:
+    name, value = cpu_weight_file(version, weight)
+    _write(path / name, value)
 
 
 class DirTally:
@@ -124,10 +144,26 @@ def _write(path: Path, value: str) -> None:
 class CgroupDriver:
     """Detects what this host offers once, at daemon start, and creates sandbox groups."""
 
-    def __init__(self, daemon_id: str, create: bool = True) -> None:
-        """create=False only looks (for `corral doctor`): no directories are left behind."""
+    def __init__(
+        self,
+        daemon_id: str,
+        create: bool = True,
+        *,
+        sandboxes_cpu_weight: int = 0,
+        sandbox_cpu_weight: int = 0,
+        oom_score_adj: int = 0,
+    ) -> None:
+        """create=False only looks (for `corral doctor`): no directories are left behind.
+
+        sandboxes_cpu_weight: the CPU weight of the base group that holds every sandbox, against
+        the node's other work (the daemon's own threads among it); sandbox_cpu_weight: each
+        sandbox's, among the others (0: the kernel's default for either). oom_score_adj: what
+        every process that joins a sandbox group gets (see process.in_cgroup)."""
         self.daemon_id = daemon_id
         self._create = create
+        self.sandboxes_cpu_weight = sandboxes_cpu_weight
+        self.sandbox_cpu_weight = sandbox_cpu_weight
+        self.oom_score_adj = oom_score_adj
         self.hierarchies: list[Hierarchy] = []
         self.reasons: dict[str, str] = {}
         self.mode = "none"
@@ -182,6 +218,8 @@ class CgroupDriver:
             h.held.add(sum(len(dirs) for _, dirs, _ in os.walk(h.base)))
             if h.version == 2 and h.controllers:
                 _write(h.base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(h.controllers)))
+            if "cpu" in h.controllers and self.sandboxes_cpu_weight:
+                _write_cpu_weight(h.version, h.base, self.sandboxes_cpu_weight)
 
     def _delegate_v2(self, own_dir: Path, wanted: set[str]) -> set[str]:
         """Enables controllers for our subtree; v2 requires the daemon itself to leave a non-root
@@ -219,17 +257,23 @@ class CgroupDriver:
         return {h.label: h.held.count for h in self.hierarchies}
 
     def create(self, name: str, memory_bytes: int = 0, pids: int = 0, cpu_millicores: int = 0) -> CgroupGroup:
-        """A sandbox group with its limits; an OSError (a limit the kernel refuses) leaves nothing."""
-        group = CgroupGroup([h.base / name for h in self.hierarchies], self.hierarchies)
+        """A sandbox group with its limits and the node's CPU weight for sandboxes; an OSError (a
+        limit the kernel refuses) leaves nothing."""
+        group = self._group([h.base / name for h in self.hierarchies])
         group.make()
         try:
-            self._apply_limits(group, memory_bytes, pids, cpu_millicores)
+            self._apply_limits(group, memory_bytes, pids, cpu_millicores, self.sandbox_cpu_weight)
         except BaseException:
             group.remove()
             raise
         return group
 
-    def _apply_limits(self, group: CgroupGroup, memory_bytes: int, pids: int, cpu_millicores: int) -> None:
+    def _group(self, paths: list[Path]) -> CgroupGroup:
+        return CgroupGroup(paths, self.hierarchies, self.oom_score_adj)
+
+    def _apply_limits(
+        self, group: CgroupGroup, memory_bytes: int, pids: int, cpu_millicores: int, cpu_weight: int
+    ) -> None:
         for h, path in zip(self.hierarchies, group.paths):
             if "memory" in h.controllers and memory_bytes:
                 if h.version == 1:
@@ -249,6 +293,8 @@ class CgroupDriver:
                     _write(path / "cpu.cfs_quota_us", str(quota))
                 else:
                     _write(path / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+            if "cpu" in h.controllers and cpu_weight:
+                _write_cpu_weight(h.version, path, cpu_weight)
             if h.version == 2 and h.controllers:
                 _write(path / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(h.controllers)))
 
@@ -268,7 +314,7 @@ class CgroupDriver:
         except OSError:
             return None
         dirs = [_join(h.mount_root, h.mount_point, paths.get(h.key, "/")) for h in self.hierarchies]
-        return CgroupGroup(dirs, self.hierarchies) if dirs else None
+        return self._group(dirs) if dirs else None
 
     async def remove_group(self, name: str) -> None:
         """Kills and removes the sandbox group `name` left from an earlier run, if there is one."""
@@ -283,7 +329,7 @@ class CgroupDriver:
         for h in self.hierarchies:
             if h.base.is_dir():
                 names |= {p.name for p in h.base.iterdir() if p.is_dir()}
-        return [CgroupGroup([h.base / n for h in self.hierarchies], self.hierarchies) for n in sorted(names)]
+        return [self._group([h.base / n for h in self.hierarchies]) for n in sorted(names)]
 
 
 def _read(path: Path) -> str:
@@ -300,6 +346,9 @@ class CgroupGroup:
 
     paths: list[Path]
     hierarchies: list[Hierarchy] = field(repr=False)
+    # The oom_score_adj every process gets as it joins the group (0: left as inherited), so that
+    # the kernel's OOM killer picks sandbox processes before the daemon.
+    oom_score_adj: int = 0
 
     def make(self) -> None:
         """Creates the group's directories that do not exist yet; when one cannot be made, removes
@@ -324,7 +373,7 @@ class CgroupGroup:
         return self.hierarchies[self.paths.index(path)]
 
     def leaf(self, name: str) -> CgroupGroup:
-        child = CgroupGroup([p / name for p in self.paths], self.hierarchies)
+        child = CgroupGroup([p / name for p in self.paths], self.hierarchies, self.oom_score_adj)
         child.make()
         return child
 

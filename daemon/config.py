@@ -42,6 +42,16 @@ class DaemonConfig:
     grace_period_s: float = 10.0
     default_backend: str = "local"
     max_sandboxes: int = 1000
+    # Admission against the node's memory: the memory limits of the sandboxes on this node may add
+    # up to this factor times its physical memory (a sandbox without a limit counts as all of it);
+    # 0 admits whatever fits under max_sandboxes.
+    memory_overcommit: float = 2.0
+    # The daemon's own oom_score_adj, written at `corral serve` start (0: left as inherited), so
+    # that the kernel's OOM killer takes sandbox processes (limits.oom_score_adj) first.
+    oom_score_adj: int = -500
+    # The CPU weight (cgroup v2's scale, 1-10000; the kernel's default is 100) of the group that
+    # holds every sandbox, against the rest of the node, the daemon among it; 0: the default.
+    sandboxes_cpu_weight: int = 50
     tcp: TcpConfig = field(default_factory=TcpConfig)
 
 
@@ -74,6 +84,11 @@ class LimitsConfig:
     memory_bytes: int = 4 << 30
     pids: int = 1024
     cpu_millicores: int = 0
+    # Each sandbox's CPU weight among the others (cgroup v2's scale, 1-10000; v1's cpu.shares and
+    # Docker's cpu_shares get 1024 for 100), written into every sandbox's group.
+    cpu_weight: int = 100
+    # What every sandbox process gets as its oom_score_adj (-1000..1000; 0: left as inherited).
+    oom_score_adj: int = 500
     idle_timeout_s: float = 0.0
     # The size of each sandbox's writable space where the backend can cap it (docs/local-backend.md);
     # 0: no cap.
@@ -273,7 +288,26 @@ def validate(config: Config) -> None:
             "daemon.tcp.max_connections must be at least 1, and daemon.tcp.handshake_timeout_s and "
             "daemon.tcp.idle_timeout_s positive"
         )
+    _validate_node_protection(config)
     try:
         int(config.daemon.socket_mode, 8)
     except ValueError as err:
         raise ConfigError('daemon.socket_mode must be an octal string such as "0660"') from err
+
+
+def _validate_node_protection(config: Config) -> None:
+    """The keys that keep sandboxes from starving the node (docs/backends.md, "Node protection")."""
+    if config.daemon.memory_overcommit < 0:
+        raise ConfigError("daemon.memory_overcommit must be 0 (no admission check) or positive")
+    for key, value in (
+        ("daemon.oom_score_adj", config.daemon.oom_score_adj),
+        ("limits.oom_score_adj", config.limits.oom_score_adj),
+    ):
+        if not -1000 <= value <= 1000:
+            raise ConfigError(f"{key} must be between -1000 and 1000, got {value}")
+    for key, value in (
+        ("daemon.sandboxes_cpu_weight", config.daemon.sandboxes_cpu_weight),
+        ("limits.cpu_weight", config.limits.cpu_weight),
+    ):
+        if not 0 <= value <= 10_000:
+            raise ConfigError(f"{key} must be between 1 and 10000 (0: the kernel's default), got {value}")

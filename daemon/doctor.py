@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from corral.sdk.types import NodeInfo
 
+from .admission import GIB, node_memory_bytes
 from .backends.base import BackendStatus
 from .cgroups import CgroupDriver
 from .commands import DEFAULT_PATH
@@ -170,11 +171,47 @@ def host_section(config: Config, config_source: str) -> list[str]:
     if not root:
         lines.append(f"  fix: {FIX_ROOT}")
     lines += backend_lines(host_backends(statuses), indent="  ")
+    lines += protection_lines(config, has_capability(CAP_SYS_RESOURCE))
     ok, found = kernel_python()
     lines.append(f"  kernels in local host-image sandboxes: {'ok' if ok else 'unavailable'} - {found}")
     if not ok:
         lines.append(f"    fix: {FIX_IPYKERNEL}")
     return lines
+
+
+CAP_SYS_RESOURCE = 24  # linux/capability.h
+
+
+def has_capability(bit: int, status: str = "/proc/self/status") -> bool:
+    """Whether this process holds a capability (its CapEff), as a daemon started here would."""
+    with open(status) as fh:
+        for line in fh:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
+def protection_lines(config: Config, may_lower_oom_score: bool) -> list[str]:
+    """What keeps sandboxes from starving this node, with these settings (docs/backends.md,
+    "Node protection")."""
+    daemon, limits = config.daemon, config.limits
+    if daemon.memory_overcommit:
+        node = node_memory_bytes()
+        admission = (
+            f"sandboxes' memory limits admitted up to {daemon.memory_overcommit:g} x {node / GIB:.1f} GiB "
+            f"= {daemon.memory_overcommit * node / GIB:.1f} GiB (daemon.memory_overcommit)"
+        )
+    else:
+        admission = "no memory admission (daemon.memory_overcommit = 0)"
+    daemon_score = str(daemon.oom_score_adj)
+    if daemon.oom_score_adj < 0 and not may_lower_oom_score:
+        daemon_score += " wanted, left at its inherited score here (no CAP_SYS_RESOURCE)"
+    return [
+        f"  node protection: {admission}",
+        f"    oom_score_adj: daemon {daemon_score}; sandbox processes {limits.oom_score_adj}",
+        f"    cpu weight: all sandboxes {daemon.sandboxes_cpu_weight or 'kernel default'}, "
+        f"each sandbox {limits.cpu_weight or 'kernel default'} (the node's other work: 100)",
+    ]
 
 
 def report(

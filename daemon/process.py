@@ -35,12 +35,17 @@ class ProcessExit:
     duration_ms: int
 
 
-# Joins the cgroups named by the first N arguments, then execs the rest. Writing "0" to
-# cgroup.procs moves the writer itself, so the command and all it forks are accounted from its
-# first instruction. A tiny /bin/sh step instead of a Python preexec_fn: forking the daemon's
-# multi-threaded interpreter and running Python in the child is not safe (gRPC's threads), while
-# a plain spawn (vfork + exec) is.
-_JOIN_SCRIPT = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+# Sets its oom_score_adj to the first argument ("": left as inherited), joins the cgroups named by
+# the next N arguments, then execs the rest. Writing "0" to cgroup.procs moves the writer itself,
+# so the command and all it forks are accounted from its first instruction (and, where root has
+# CAP_SYS_RESOURCE, the oom_score_adj it set is also the floor the command cannot go below). A
+# tiny /bin/sh step instead of a Python preexec_fn: forking the daemon's multi-threaded
+# interpreter and running Python in the child is not safe (gRPC's threads), while a plain spawn
+# (vfork + exec) is.
+_JOIN_SCRIPT = (
+    'adj=$1; shift; if [ -n "$adj" ]; then echo "$adj" > /proc/self/oom_score_adj || exit 125; fi; '
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+)
 
 
 def in_cgroup(argv: Sequence[str], cgroup: CgroupGroup | None) -> list[str]:
@@ -48,7 +53,8 @@ def in_cgroup(argv: Sequence[str], cgroup: CgroupGroup | None) -> list[str]:
     if cgroup is None:
         return list(argv)
     files = cgroup.procs_files
-    return ["/bin/sh", "-c", _JOIN_SCRIPT, "corral-join", str(len(files)), *files, *argv]
+    adj = str(cgroup.oom_score_adj) if cgroup.oom_score_adj else ""
+    return ["/bin/sh", "-c", _JOIN_SCRIPT, "corral-join", adj, str(len(files)), *files, *argv]
 
 
 def _decode_wait_status(status: int) -> tuple[int, int]:

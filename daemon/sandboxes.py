@@ -21,6 +21,7 @@ from typing import TypeVar
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 
 from . import rules
+from .admission import admit_memory, node_memory_bytes
 from .backends.base import Backend, Limits, SandboxRuntime, SandboxSpec
 from .commands import sandbox_environment
 from .config import Config
@@ -105,6 +106,7 @@ class SandboxManager:
         self._reaper: asyncio.Task | None = None
         self._destroy_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._files_pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="sandbox-files")
+        self.node_memory_bytes = node_memory_bytes()
 
     def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
         """Registers `await hook(sandbox_id)`, run before a sandbox is torn down (shells and
@@ -180,6 +182,14 @@ class SandboxManager:
             raise ResourceExhausted(
                 f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
             )
+        # Sandboxes still starting count (they enter the table below, with no await between this
+        # check and that), so two concurrent creations cannot both take the last of the capacity.
+        admit_memory(
+            (sb.limits.memory_bytes for sb in self._sandboxes.values()),
+            limits.memory_bytes,
+            self.node_memory_bytes,
+            self.config.daemon.memory_overcommit,
+        )
         sandbox = Sandbox(
             sandbox_id=f"sb-{secrets.token_hex(6)}",
             backend=backend,

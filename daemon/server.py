@@ -134,7 +134,12 @@ class Daemon:
     def __init__(self, config: Config, *, backend_classes: Mapping[str, type[Backend]] | None = None) -> None:
         self.config = config
         self.state = StateStore(config.state_path)
-        self.cgroups = CgroupDriver(self.state.daemon_id)
+        self.cgroups = CgroupDriver(
+            self.state.daemon_id,
+            sandboxes_cpu_weight=config.daemon.sandboxes_cpu_weight,
+            sandbox_cpu_weight=config.limits.cpu_weight,
+            oom_score_adj=config.limits.oom_score_adj,
+        )
         self.socket_path = Path(config.daemon.socket).absolute()
         hidden = [config.daemon.state_dir, str(self.socket_path.parent)]
         self.backends = make_backends(
@@ -244,7 +249,24 @@ class Daemon:
         log.info("stopped")
 
 
+def protect_from_oom(score: int) -> None:
+    """Writes the daemon's own oom_score_adj (daemon.oom_score_adj), so that the kernel's OOM
+    killer takes sandbox processes (limits.oom_score_adj) before the daemon that would clean up
+    after them. Lowering it needs CAP_SYS_RESOURCE: without it the daemon says so and goes on.
+    Only `corral serve` does this; a daemon embedded in another program leaves that program's
+    score alone."""
+    if not score:
+        return
+    try:
+        Path("/proc/self/oom_score_adj").write_text(str(score))
+    except OSError as err:
+        log.warning("cannot set the daemon's oom_score_adj to %d: %s", score, err.strerror or err)
+        return
+    log.info("the daemon's oom_score_adj is %d", score)
+
+
 async def run_daemon(config: Config) -> None:
+    protect_from_oom(config.daemon.oom_score_adj)
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -177,6 +177,19 @@ BACKEND_CASES = {
 }
 
 
+# The shared daemons hold many short-lived sandboxes at the default memory limit (4 GiB): whether
+# the node admits them would depend on the memory of the machine running the suite, so memory
+# admission (tests/integration/test_node_protection.py) is off in them.
+SHARED_DAEMON_SETTINGS = "memory_overcommit = 0.0\n"
+
+
+def shared_daemon_config(case_config: str) -> str:
+    """A shared daemon's corral.toml: the case's, with SHARED_DAEMON_SETTINGS in its [daemon]."""
+    if "[daemon]\n" in case_config:
+        return case_config.replace("[daemon]\n", "[daemon]\n" + SHARED_DAEMON_SETTINGS, 1)
+    return "[daemon]\n" + SHARED_DAEMON_SETTINGS + case_config
+
+
 def require_image(name: str) -> None:
     """The test image a backend case needs (scripts/build_test_images.sh builds them); `name` as
     for `require_backend`."""
@@ -204,7 +217,7 @@ def daemon(request, tmp_path_factory) -> Iterator[DaemonProcess]:
     require_image(requirement)
     root = tmp_path_factory.mktemp(f"daemon-{request.param}")
     config = root / "corral.toml"
-    config.write_text(config_text)
+    config.write_text(shared_daemon_config(config_text))
     proc = DaemonProcess(root, "--config", str(config)).start()
     proc.backend = backend
     yield proc
@@ -217,7 +230,9 @@ def local_daemon(tmp_path_factory) -> Iterator[DaemonProcess]:
     (rollouts, adapters): they run once, not once per backend case."""
     require_backend("local")
     root = tmp_path_factory.mktemp("daemon-local")
-    proc = DaemonProcess(root).start()
+    config = root / "corral.toml"
+    config.write_text(shared_daemon_config(""))
+    proc = DaemonProcess(root, "--config", str(config)).start()
     proc.backend = "local"
     yield proc
     proc.stop()

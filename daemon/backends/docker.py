@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
-from ..cgroups import CgroupGroup, LimitSupport
+from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, ManagedSandbox
 from .nsenter import nsenter_argv
 
@@ -135,6 +135,10 @@ class DockerSandbox(ManagedSandbox):
             kwargs.update(pids_limit=lim.pids)
         if lim.cpu_millicores:
             kwargs.update(nano_cpus=lim.cpu_millicores * 1_000_000)
+        if self.context.cgroups.sandbox_cpu_weight:
+            kwargs.update(cpu_shares=v1_cpu_shares(self.context.cgroups.sandbox_cpu_weight))
+        if self.context.cgroups.oom_score_adj:
+            kwargs.update(oom_score_adj=self.context.cgroups.oom_score_adj)
         client = backend.engine_client
         try:
             container: Container = await backend.engine(client.containers.run, self.spec.image, **kwargs)
