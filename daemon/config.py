@@ -44,8 +44,9 @@ class DaemonConfig:
     max_sandboxes: int = 1000
     # Admission against the node's memory: the memory limits of the sandboxes on this node may add
     # up to this factor times its physical memory (a sandbox without a limit counts as all of it);
-    # 0 admits whatever fits under max_sandboxes.
-    memory_overcommit: float = 2.0
+    # 0 admits whatever fits under max_sandboxes. 16: the rollout service's 64 RUN workers at the
+    # 4 GiB default limit fit on a 16 GiB node, while 1,000 such sandboxes on 24 GiB do not.
+    memory_overcommit: float = 16.0
     # The daemon's own oom_score_adj, written at `corral serve` start (0: left as inherited), so
     # that the kernel's OOM killer takes sandbox processes (limits.oom_score_adj) first.
     oom_score_adj: int = -500

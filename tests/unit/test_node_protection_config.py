@@ -65,7 +65,12 @@ def _config(tmp_path: Path, text: str):
 
 def test_defaults_protect_the_node(tmp_path: Path) -> None:
     config = load_config(environ={})
-    assert config.daemon.memory_overcommit == 2.0
+    assert config.daemon.memory_overcommit == 16.0
+    # The rollout service's own defaults fit: 64 RUN sandboxes at the default limit on a 16 GiB node.
+    node = 16 * 1024**3
+    assert config.rollout.run_workers * config.limits.memory_bytes <= config.daemon.memory_overcommit * node
+    # ...while a thousand of them on a 24 GiB node do not.
+    assert 1000 * config.limits.memory_bytes > config.daemon.memory_overcommit * 24 * 1024**3
     assert config.daemon.oom_score_adj < 0 < config.limits.oom_score_adj
     assert 0 < config.daemon.sandboxes_cpu_weight < 100 == config.limits.cpu_weight
 
@@ -88,7 +93,7 @@ def test_out_of_range_values_are_refused_by_name(tmp_path: Path, text: str, key:
 def test_doctor_reports_the_node_protection_it_would_apply() -> None:
     config = load_config(environ={})
     lines = "\n".join(doctor.protection_lines(config, may_lower_oom_score=False))
-    assert "up to 2 x" in lines and "daemon.memory_overcommit" in lines
+    assert "up to 16 x" in lines and "daemon.memory_overcommit" in lines
     assert "daemon -500 wanted, left at its inherited score here (no CAP_SYS_RESOURCE)" in lines
     assert "sandbox processes 500" in lines
     assert "all sandboxes 50, each sandbox 100" in lines
