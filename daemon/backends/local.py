@@ -238,7 +238,6 @@ class LocalBackend(Backend):
                 True, "process group + cgroup kill" if cgroups.can_track else "process group kill"
             ),
             "network": LimitSupport(True, "network namespace"),
-            "seccomp": self._seccomp_support(),
         }
         missing = []
         if not self.nsenter:
@@ -258,7 +257,7 @@ class LocalBackend(Backend):
                 return BackendStatus(
                     False, "the daemon is not root: it needs root to run commands as another uid", "none", limits
                 )
-            return BackendStatus(True, detail, "none", limits)
+            return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "none", limits)
         if mode in ("auto", "bwrap") and self.bwrap:
             self.launcher, detail = "bwrap", _version(self.bwrap) or "bubblewrap"
         elif mode in ("auto", "unshare") and self.unshare and shutil.which("chroot"):
@@ -272,14 +271,15 @@ class LocalBackend(Backend):
             )
         if missing:
             return BackendStatus(False, "; ".join(missing), "none", limits)
-        return BackendStatus(True, detail, "namespaces", limits)
+        return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "namespaces", limits)
 
-    def _seccomp_support(self) -> LimitSupport:
+    def _seccomp_detail(self) -> str:
+        """The seccomp filter as the backend's status reports it (doctor, GetNodeInfo)."""
+        if self.seccomp_program:
+            return "seccomp filter: default"
         if self.settings.seccomp == "none":
-            return LimitSupport(False, reason='local.seccomp = "none": no seccomp filter')
-        if not self.seccomp_program:
-            return LimitSupport(False, reason=supported())
-        return LimitSupport(True, "seccomp filter (default profile: namespaces, mounts, keyring... refused)")
+            return 'NO SECCOMP FILTER (local.seccomp = "none")'
+        return f"NO SECCOMP FILTER ({supported()})"
 
     def default_image(self) -> str:
         return "host"

@@ -88,3 +88,11 @@ def test_ordinary_work_is_unaffected(sb):
     r = sb.exec(["python3", "-c", WORKLOAD], timeout=60)
     assert r.exit_code == 0, r.stderr
     assert r.stdout.decode().split("\n")[:4] == ["thread", "fork 7", "subprocess", "pool [1, 2]"], r.stdout
+
+
+def test_node_info_says_whether_sandboxes_have_the_filter(daemon):
+    d, profile = daemon
+    with Client(d.address) as c:
+        [status] = [b for b in c.node_info().backends if b.backend == "local"]
+    expected = "seccomp filter: default" if profile == "default" else 'NO SECCOMP FILTER (local.seccomp = "none")'
+    assert status.detail.endswith(expected), status.detail
