@@ -173,10 +173,11 @@ def _assemble(code: list[Instruction]) -> bytes:
     return out
 
 
-# Loads the program given in hex as argv[1] into this process and execs argv[2:]. no_new_privs
-# comes first (the kernel's condition for a filter without CAP_SYS_ADMIN); a root process keeps its
-# capabilities through exec under it, and the sandbox's mounts are nosuid already. Run as `python -I -S -c LOADER HEX PROGRAM...`: the daemon's own interpreter
-# with nothing imported from the environment, a few milliseconds.
+# Loads the program given in hex as argv[1] into this process and execs argv[2:] (found in PATH).
+# no_new_privs comes first (the kernel's condition for a filter without CAP_SYS_ADMIN); a root
+# process keeps its capabilities through exec under it, and the sandbox's mounts are nosuid
+# already. Run as `python -I -S -c LOADER HEX PROGRAM...`: the daemon's own interpreter with
+# nothing imported from the environment, a few milliseconds.
 LOAD_FUNCTION = r"""
 def load_seccomp(program):
     import ctypes, os
@@ -194,7 +195,7 @@ LOADER = (
     + r"""
 import os, sys
 load_seccomp(bytes.fromhex(sys.argv[1]))
-os.execv(sys.argv[2], sys.argv[2:])
+os.execvp(sys.argv[2], sys.argv[2:])
 """
 )
 

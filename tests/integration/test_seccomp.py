@@ -96,3 +96,17 @@ def test_node_info_says_whether_sandboxes_have_the_filter(daemon):
         [status] = [b for b in c.node_info().backends if b.backend == "local"]
     expected = "seccomp filter: default" if profile == "default" else 'NO SECCOMP FILTER (local.seccomp = "none")'
     assert status.detail.endswith(expected), status.detail
+
+
+def test_commands_without_namespaces_are_filtered_too(tmp_path):
+    """local.isolation = "none": the filter is all that stands between a command and new
+    namespaces; the command is found in PATH like any other."""
+    d = start_daemon(tmp_path, "none", "allow_no_isolation = true\n")
+    try:
+        with Client(d.address) as c, c.create_sandbox(image="host") as sb:
+            r = sb.exec(["grep", "^Seccomp:", "/proc/self/status"], timeout=10)
+            assert r.stdout.split() == [b"Seccomp:", b"2"], (r.stdout, r.stderr)
+            r = sb.exec(["unshare", "-U", "true"], timeout=10)
+            assert r.exit_code != 0 and b"Operation not permitted" in r.stderr, (r.exit_code, r.stderr)
+    finally:
+        d.stop()
