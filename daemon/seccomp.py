@@ -180,15 +180,27 @@ def _assemble(code: list[Instruction]) -> bytes:
 # nothing imported from the environment, a few milliseconds.
 LOAD_FUNCTION = r"""
 def load_seccomp(program):
-    import ctypes, os
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-    buf = ctypes.create_string_buffer(program, len(program))
-    prog = SockFprog(len(program) // 8, ctypes.addressof(buf))
-    libc = ctypes.CDLL(None, use_errno=True)
+    # _ctypes, not ctypes: importing ctypes costs more than the rest of this step together.
+    import _ctypes, os, struct
+    class c_long(_ctypes._SimpleCData):
+        _type_ = "l"
+    class c_char(_ctypes._SimpleCData):
+        _type_ = "c"
+    class Filter(_ctypes.Array):
+        _type_, _length_ = c_char, len(program)
+    class Libc:
+        _handle = _ctypes.dlopen(None, os.RTLD_NOW)
+    class Function(_ctypes.CFuncPtr):
+        _flags_, _restype_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO, c_long
+    prctl = Function(("prctl", Libc()))
+    instructions = Filter.from_buffer_copy(program)
+    fprog = struct.pack("=HxxxxxxQ", len(program) // 8, _ctypes.addressof(instructions))  # struct sock_fprog
     PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0):
-        raise SystemExit(f"cannot load the seccomp filter: {os.strerror(ctypes.get_errno())}")
+    zero = c_long(0)
+    if prctl(c_long(PR_SET_NO_NEW_PRIVS), c_long(1), zero, zero, zero) or prctl(
+        c_long(PR_SET_SECCOMP), c_long(SECCOMP_MODE_FILTER), fprog, zero, zero
+    ):
+        raise SystemExit(f"cannot load the seccomp filter: {os.strerror(_ctypes.get_errno())}")
 """
 LOADER = (
     LOAD_FUNCTION
