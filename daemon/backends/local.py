@@ -9,7 +9,8 @@ The daemon's state directory and socket directory are hidden behind empty tmpfs 
 
 A long-lived init process, root without capabilities (beyond the reach of the sandbox's uid),
 keeps the namespaces alive; commands enter them with nsenter as the sandbox's own unprivileged
-uid, in a leaf cgroup of the sandbox's cgroup. If the daemon dies, the sandbox's pid 1 dies with it
+uid, in a leaf cgroup of the sandbox's cgroup. Every process of a sandbox runs under a seccomp
+filter (daemon/seccomp.py) unless local.seccomp = "none". If the daemon dies, the sandbox's pid 1 dies with it
 (bubblewrap: --die-with-parent; unshare: init's stdin, held by the daemon, closes) and the kernel
 kills every process of the sandbox.
 """
