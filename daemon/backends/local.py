@@ -10,7 +10,8 @@ The daemon's state directory and socket directory are hidden behind empty tmpfs 
 
 A long-lived init process, root without capabilities (beyond the reach of the sandbox's uid),
 keeps the namespaces alive; commands enter them with nsenter as the sandbox's own unprivileged
-uid, in a leaf cgroup of the sandbox's cgroup. If the daemon dies, the sandbox's pid 1 dies with it
+uid, in a leaf cgroup of the sandbox's cgroup. Every process of a sandbox runs under a seccomp
+filter (daemon/seccomp.py) unless local.seccomp = "none". If the daemon dies, the sandbox's pid 1 dies with it
 (bubblewrap: --die-with-parent; unshare: init's stdin, held by the daemon, closes) and the kernel
 kills every process of the sandbox.
 """
@@ -23,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ from .. import diskcap
 from ..cgroups import LimitSupport
 from ..fsaccess import SandboxFiles
 from ..process import in_cgroup
+from ..seccomp import loader_argv, program, supported
 from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
@@ -60,6 +63,9 @@ class LocalSettings:
     # their own paths (docs/local-backend.md).
     host_paths: list[str] = field(default_factory=list)
     shm_bytes: int = 64 << 20  # the size of each sandbox's private /dev/shm
+    # "default": every process of a sandbox runs under daemon/seccomp.py's filter; "none": no
+    # filter (docs/local-backend.md).
+    seccomp: str = "default"
 
     def validate(self) -> None:
         if self.isolation not in ISOLATION_MODES:
@@ -71,9 +77,12 @@ class LocalSettings:
                 raise ValueError(f"host_paths must hold absolute paths of directories other than /, got {path!r}")
         if self.shm_bytes < 1 << 20:
             raise ValueError("shm_bytes must be at least 1 MiB (1048576)")
+        if self.seccomp not in SECCOMP_PROFILES:
+            raise ValueError(f"seccomp must be one of {', '.join(SECCOMP_PROFILES)}")
 
 
 ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
+SECCOMP_PROFILES = ("default", "none")
 
 
 class LocalSandbox(ManagedSandbox):
@@ -107,17 +116,18 @@ class LocalSandbox(ManagedSandbox):
             argv = bwrap_argv(backend.bwrap, *launch_args)
         else:
             assert backend.unshare is not None  # the probe chose unshare because it found it
-            argv = unshare_argv(backend.unshare, *launch_args)
+            argv = unshare_argv(backend.unshare, *launch_args, seccomp=backend.seccomp_program)
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
-        options_fd = None
+        pass_fds: list[int] = []
         if backend.launcher == "bwrap":
             # bwrap stays the sandbox's pid 1, whose command line the sandbox can read: its options
             # (host paths) come through a file descriptor instead (`--args`).
             options, argv = bwrap_options(argv)
-            options_fd = os.memfd_create("corral-bwrap-args", os.MFD_CLOEXEC)
-            os.write(options_fd, b"\0".join(o.encode() for o in options) + b"\0")
-            os.lseek(options_fd, 0, os.SEEK_SET)
-            argv = [argv[0], "--args", str(options_fd), *argv[1:]]
+            if backend.seccomp_program:
+                pass_fds.append(_memfd("corral-seccomp", backend.seccomp_program))
+                options += ["--seccomp", str(pass_fds[-1])]
+            pass_fds.append(_memfd("corral-bwrap-args", b"\0".join(o.encode() for o in options) + b"\0"))
+            argv = [argv[0], "--args", str(pass_fds[-1]), *argv[1:]]
         try:
             # Spawned from the event loop thread on purpose: nothing here may die with a worker.
             self._launcher = subprocess.Popen(
@@ -128,11 +138,11 @@ class LocalSandbox(ManagedSandbox):
                 env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")},
                 cwd="/",
                 start_new_session=True,
-                pass_fds=(options_fd,) if options_fd is not None else (),
+                pass_fds=pass_fds,
             )
         finally:
-            if options_fd is not None:
-                os.close(options_fd)
+            for fd in pass_fds:
+                os.close(fd)
         assert self._launcher.stdout is not None and self._launcher.stderr is not None
         ready = await asyncio.wait_for(asyncio.to_thread(self._launcher.stdout.readline), START_TIMEOUT_S)
         if ready != INIT_READY:
@@ -186,12 +196,15 @@ class LocalSandbox(ManagedSandbox):
 
     def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
+        # The filter comes first, on the host-side step that enters (see seccomp.ENTERING_NEEDS):
+        # an entered process is the child of no process of the sandbox, so inherits nothing there.
+        filtered = self.backend.seccomp_prefix
         if self.isolation == "none":
             drop = as_sandbox_user(self.uid)
-            return EnterCommand([*drop, *inside_env(argv, env)], cgroup, cwd or self.workdir, wrapped=False)
+            return EnterCommand([*filtered, *drop, *inside_env(argv, env)], cgroup, cwd or self.workdir, wrapped=False)
         assert self.backend.nsenter is not None
         enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd, env)
-        return EnterCommand(enter, cgroup, "/")
+        return EnterCommand([*filtered, *enter], cgroup, "/")
 
 
 class LocalBackend(Backend):
@@ -208,6 +221,12 @@ class LocalBackend(Backend):
         self.nsenter = shutil.which("nsenter")
         self.unshare = shutil.which("unshare")
         self.launcher = ""
+        # The seccomp filter of sandboxes (empty: none) and the prefix that enters under it.
+        self.seccomp_program = b""
+        self.seccomp_prefix: list[str] = []
+        if context.settings.seccomp == "default" and not supported():
+            self.seccomp_program = program()
+            self.seccomp_prefix = loader_argv(sys.executable, entering=True)
         super().__init__(context)
 
     # -- capabilities ------------------------------------------------------------------------------
@@ -246,7 +265,7 @@ class LocalBackend(Backend):
                 return BackendStatus(
                     False, "the daemon is not root: it needs root to run commands as another uid", "none", limits
                 )
-            return BackendStatus(True, detail, "none", limits)
+            return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "none", limits)
         if mode in ("auto", "bwrap") and self.bwrap:
             self.launcher, detail = "bwrap", _version(self.bwrap) or "bubblewrap"
         elif mode in ("auto", "unshare") and self.unshare and shutil.which("chroot"):
@@ -260,7 +279,15 @@ class LocalBackend(Backend):
             )
         if missing:
             return BackendStatus(False, "; ".join(missing), "none", limits)
-        return BackendStatus(True, detail, "namespaces", limits)
+        return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "namespaces", limits)
+
+    def _seccomp_detail(self) -> str:
+        """The seccomp filter as the backend's status reports it (doctor, GetNodeInfo)."""
+        if self.seccomp_program:
+            return "seccomp filter: default"
+        if self.settings.seccomp == "none":
+            return 'NO SECCOMP FILTER (local.seccomp = "none")'
+        return f"NO SECCOMP FILTER ({supported()})"
 
     def default_image(self) -> str:
         return "host"
@@ -310,6 +337,14 @@ def as_sandbox_user(uid: int) -> list[str]:
     """The host command prefix that runs what follows as the sandbox's uid (its own group, no
     supplementary groups)."""
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """A memory file holding `data`, read from its start by the process it is passed to."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _is_process(pid: int, names: tuple[str, ...]) -> bool:

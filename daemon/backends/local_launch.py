@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..seccomp import LOAD_FUNCTION
 from .base import RUN_DIR_IN_SANDBOX
 
 SKIPPED_TOP_LEVEL = {"proc", "dev", "sys", "tmp", "run", "lost+found"}
@@ -193,7 +194,8 @@ exec "$PY" -I -S -c "$INIT_CODE" "$R" "$WORKDIR" "$@"
 # sandbox's uid can neither kill nor stop it, and the kernel ignores SIGKILL sent to a pid
 # namespace's init from inside. It reaps orphans (a shell would not, and zombies count against
 # pids.max) and exits when its stdin, held by the daemon, closes: the daemon is gone, and with
-# pid 1 the kernel kills every process of the sandbox.
+# pid 1 the kernel kills every process of the sandbox. It loads the sandbox's seccomp filter last
+# (SECCOMP: its program in hex, "" for none).
 _UNSHARE_INIT = r"""
 import ctypes, os, signal, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -217,6 +219,8 @@ class CapHeader(ctypes.Structure):
 no_caps = (ctypes.c_uint32 * 6)()
 if libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), no_caps):
     sys.exit(f"cannot drop capabilities: {os.strerror(ctypes.get_errno())}")
+if SECCOMP:
+    load_seccomp(bytes.fromhex(SECCOMP))
 
 def reap(signum, frame):
     while True:
@@ -241,7 +245,9 @@ def unshare_argv(
     workdir: str,
     network: bool,
     shm_bytes: int,
+    seccomp: bytes = b"",
 ) -> list[str]:
+    """`seccomp`: the program of the sandbox's seccomp filter (none when empty)."""
     (sandbox_dir / "root").mkdir(exist_ok=True)
     argv = [unshare, "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--propagation", "private"]
     if not network:
@@ -258,7 +264,7 @@ def unshare_argv(
         workdir,
         str(shm_bytes),
         sys.executable,
-        _UNSHARE_INIT,
+        f"SECCOMP = {seccomp.hex()!r}\n{LOAD_FUNCTION}{_UNSHARE_INIT}",
     ]
     for m in layout:
         argv += [m.kind, m.src or "-", m.dst]
