@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
@@ -55,6 +56,10 @@ class SandboxSpec:
 
 
 RUN_DIR_IN_SANDBOX = "/run/corral"
+# Pauses between teardowns of a sandbox whose start failed and whose first teardown left something.
+DISCARD_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+log = logging.getLogger(__name__)
 
 
 def run_dir_base(daemon_id: str) -> Path:
@@ -344,6 +349,7 @@ class Backend(abc.ABC):
         # The kind of per-sandbox filesystem this node can mount (diskcap.probe; "" where none).
         self.disk_kind, self.disk_support = diskcap.probe(context.sandboxes_dir)
         self._status = self.probe()
+        self._teardowns: set[asyncio.Task] = set()  # retried teardowns of failed starts
 
     # -- what the node supports ---------------------------------------------------------------------
 
@@ -374,9 +380,44 @@ class Backend(abc.ABC):
         try:
             await sandbox.start()
         except BaseException:
-            await sandbox.destroy()
+            await self._discard(sandbox)
             raise
         return sandbox
+
+    async def _discard(self, sandbox: ManagedSandbox) -> None:
+        """Destroys a sandbox whose start failed. When the node is short of what the teardown
+        needs too (no file descriptors left: often the very reason the start failed), what is left
+        is torn down again in the background until it is gone."""
+        try:
+            await sandbox.destroy()
+            if not sandbox.sandbox_dir.exists():
+                return
+        except Exception as err:
+            log.warning(
+                "tearing down sandbox %s after its failed start: %s; retrying",
+                sandbox.spec.sandbox_id,
+                err,
+                exc_info=True,
+            )
+        task = asyncio.get_running_loop().create_task(self._retry_destroy(sandbox))
+        self._teardowns.add(task)
+        task.add_done_callback(self._teardowns.discard)
+
+    async def _retry_destroy(self, sandbox: ManagedSandbox) -> None:
+        for delay in DISCARD_RETRY_DELAYS_S:
+            await asyncio.sleep(delay)
+            try:
+                await sandbox.destroy()
+            except Exception as err:
+                log.warning("tearing down sandbox %s again: %s", sandbox.spec.sandbox_id, err, exc_info=True)
+                continue
+            if not sandbox.sandbox_dir.exists():
+                return
+        log.error(
+            "sandbox %s could not be torn down after its failed start; %s is left",
+            sandbox.spec.sandbox_id,
+            sandbox.sandbox_dir,
+        )
 
     async def ensure_available(self) -> None:
         """Raises when this backend cannot make sandboxes now."""
