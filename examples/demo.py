@@ -153,7 +153,7 @@ def run_rollouts(root: Path) -> int:
     if code != 0 or unsolved:
         print(f"not every bundled task reached reward 1.0: {unsolved}")
         return 1
-    print("\na deliberately broken task (examples/broken/): its evaluation command crashes")
+    print("\na deliberately broken task (examples/broken/): its reward rule cannot be applied")
     broken = root / "broken.jsonl"
     corral_cli(
         [

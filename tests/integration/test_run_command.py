@@ -38,6 +38,16 @@ def test_every_bundled_task_reaches_reward_one_with_the_replay_policy(tmp_path) 
     assert "token-exact trajectories" in done.stdout and f"{len(results)} of {len(results)}" in done.stdout
 
 
+def test_the_broken_example_task_is_filtered_as_the_demo_shows(tmp_path) -> None:
+    # examples/broken/ is what `make demo` shows an infrastructure failure with.
+    require_backend("local")
+    out = tmp_path / "broken.jsonl"
+    corral_run(str(ROOT / "examples" / "broken" / "broken_task.jsonl"), "--llm", "builtin:replay", "--out", str(out))
+    [result] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (result["status"], result["filter_reason"]) == ("filtered", "eval_infra"), result["error"]
+    assert "cannot be applied" in result["error"] and result["turns"]
+
+
 def test_the_tiny_policy_samples_real_tokens_with_real_logprobs(tmp_path) -> None:
     require_backend("local")
     [task] = load_tasks(BUNDLED)[:1]
