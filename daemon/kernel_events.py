@@ -23,6 +23,9 @@ DISPLAY_LIMIT_BYTES = 16 << 20
 class StreamOutput:
     name: str  # "stdout" | "stderr"
     text: str
+    # Bytes the kernel dropped before this text (its output governor keeps a long stream's head
+    # and tail only: see kernel_bootstrap); the text is then the stream's tail.
+    skipped: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,9 @@ def output_event(msg: dict) -> KernelEvent | None:
     """The event an iopub message carries for the caller, if any."""
     kind, content = msg["msg_type"], msg["content"]
     if kind == "stream":
-        return StreamOutput(content.get("name", "stdout"), content.get("text", ""))
+        skipped = content.get("corral_skipped", 0)
+        skipped = skipped if isinstance(skipped, int) and skipped > 0 else 0
+        return StreamOutput(content.get("name", "stdout"), content.get("text", ""), skipped)
     if kind in ("display_data", "update_display_data"):
         return DisplayOutput(mime_bundle(content.get("data", {})))
     if kind == "execute_result":
@@ -163,6 +168,9 @@ class StreamCap:
         if isinstance(event, StreamOutput):
             name = "stderr" if event.name == "stderr" else "stdout"
             data = text_bytes(event.text)
+            if event.skipped:
+                self.text_dropped = True
+                self.totals[name] += event.skipped
             room = None if self.limit is None else self.limit - self.totals[name]
             self.totals[name] += len(data)
             if room is None or len(data) <= room:
@@ -177,6 +185,18 @@ class StreamCap:
                 return None
             self.display_bytes += size
         return event
+
+    def count_totals(self, reported: object) -> None:
+        """The kernel's own count of what each stream printed (the execute reply's
+        `corral_output`): exact even when messages were lost on the way (iopub drops what a slow
+        reader leaves behind), so it wins when larger; output lost that way is truncation."""
+        if not isinstance(reported, dict):
+            return
+        for name in self.totals:
+            total = reported.get(name)
+            if isinstance(total, int) and total > self.totals[name]:
+                self.totals[name] = total
+                self.text_dropped = True
 
     @property
     def truncated(self) -> bool:
@@ -201,7 +221,9 @@ class LateBuffer:
 
     def add(self, event: KernelEvent) -> None:
         if isinstance(event, StreamOutput):
-            self._streams["stderr" if event.name == "stderr" else "stdout"].write(text_bytes(event.text))
+            stream = self._streams["stderr" if event.name == "stderr" else "stdout"]
+            stream.skip(event.skipped)
+            stream.write(text_bytes(event.text))
         elif isinstance(event, DisplayOutput | ResultOutput | ErrorOutput):
             size = rich_size(event)
             if self._rich_bytes + size > self.limit:
@@ -259,7 +281,9 @@ async def gather(events: AsyncIterator[KernelEvent], limit: int) -> GatheredCell
     streams = {"stdout": HeadTailBuffer(limit), "stderr": HeadTailBuffer(limit)}
     async for event in events:
         if isinstance(event, StreamOutput):
-            streams["stderr" if event.name == "stderr" else "stdout"].write(text_bytes(event.text))
+            stream = streams["stderr" if event.name == "stderr" else "stdout"]
+            stream.skip(event.skipped)
+            stream.write(text_bytes(event.text))
         elif isinstance(event, DisplayOutput):
             cell.displays.append(event)
         elif isinstance(event, ResultOutput):
@@ -272,7 +296,12 @@ async def gather(events: AsyncIterator[KernelEvent], limit: int) -> GatheredCell
             cell.done = event
     cell.stdout = _text(streams["stdout"])
     cell.stderr = _text(streams["stderr"])
-    cell.truncated = any(b.truncated for b in streams.values()) or bool(cell.done and cell.done.displays_dropped)
+    lost = cell.done is not None and (
+        cell.done.stdout_total_bytes > streams["stdout"].total or cell.done.stderr_total_bytes > streams["stderr"].total
+    )  # the kernel counted more than arrived (see StreamCap.count_totals)
+    cell.truncated = (
+        any(b.truncated for b in streams.values()) or lost or bool(cell.done and cell.done.displays_dropped)
+    )
     if cell.done is not None:
         cell.done = dataclasses.replace(cell.done, truncated=cell.truncated)
     return cell

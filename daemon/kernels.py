@@ -23,6 +23,8 @@ import signal
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -84,6 +86,18 @@ PROBE_CODE = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spe
 # parent and would otherwise die of it: such a launcher starts with SIGINT ignored, which ipykernel
 # overrides for the duration of each cell (its pre_handler_hook installs Python's default handler).
 IGNORE_SIGINT = ["/bin/sh", "-c", "trap '' INT; exec \"$@\"", "corral-kernel"]
+
+
+@cache
+def _bootstrap_source() -> str:
+    return (Path(__file__).parent / "kernel_bootstrap.py").read_text()
+
+
+def kernel_argv(python: str, output_limit: int) -> list[str]:
+    """The command that starts ipykernel with its output governed at `output_limit` bytes per
+    stream and cell (see kernel_bootstrap): the sandbox's python runs the bootstrap's text."""
+    code = f"{_bootstrap_source()}\nmain({int(output_limit)})\n"
+    return [python, "-c", code, "--HistoryManager.hist_file=:memory:"]
 
 
 def describe_death(done: CellDone) -> str:
@@ -452,6 +466,10 @@ class KernelProcess:
                 self.interrupt()  # the caller went away mid-cell: free the kernel for the next one
         if not late_delivered and (late := self.late.take()) is not None:
             yield late
+        if reply is not None:
+            # Once every output has arrived (after the idle status; the reply, on another
+            # channel, can overtake the last of them).
+            cap.count_totals(reply.get("corral_output"))
         exit = self.exit_status() if died else None
         ooms = self.oom_kills()
         oom_killed, self._ooms_seen = ooms > ooms_before, ooms
@@ -609,7 +627,7 @@ class KernelManager:
         assert runtime is not None  # a running sandbox (SandboxManager.using)
         kernel.process = await KernelProcess.start(
             runtime,
-            [kernel.python, "-m", "ipykernel_launcher", "--HistoryManager.hist_file=:memory:"],
+            kernel_argv(kernel.python, self.config.exec.default_output_limit_bytes),
             env=self._environment(sandbox, kernel),
             cwd=kernel.cwd,
             leaf=kernel.name,

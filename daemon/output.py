@@ -17,6 +17,7 @@ class HeadTailBuffer:
         self._head = bytearray()
         self._tail = bytearray()
         self.total = 0
+        self._skipped = False
 
     def write(self, data: bytes) -> None:
         self.total += len(data)
@@ -30,9 +31,17 @@ class HeadTailBuffer:
             if excess > 0:
                 del self._tail[:excess]
 
+    def skip(self, count: int) -> None:
+        """`count` bytes were dropped before what comes next (by a producer that keeps only head
+        and tail itself): they count, and the tail kept so far no longer ends the output."""
+        if count > 0:
+            self.total += count
+            self._skipped = True
+            self._tail.clear()
+
     @property
     def truncated(self) -> bool:
-        return self.total > self.limit
+        return self.total > self.limit or self._skipped
 
     def getvalue(self) -> bytes:
         return bytes(self._head + self._tail)

@@ -227,7 +227,7 @@ def test_the_loops_are_registered_and_the_yaml_example_is_what_verl_loads(verl_t
     assert _agent_loop_registry["corral"] == {"_target_": "corral.trainer_adapters.verl.CorralAgentLoop"}
     assert _agent_loop_registry["corral_service"] == {"_target_": "corral.trainer_adapters.verl.CorralServiceAgentLoop"}
     # What AgentLoopWorker.__init__ does with rollout.agent.agent_loop_config_path.
-    entries = OmegaConf.load(EXAMPLES / "agent_loop.yaml")
+    entries: Any = OmegaConf.load(EXAMPLES / "agent_loop.yaml")  # a ListConfig of DictConfigs
     assert [entry.name for entry in entries] == ["corral", "corral_service"]
     for entry in entries:
         monkeypatch.setitem(_agent_loop_registry, entry.name, entry)
@@ -360,7 +360,10 @@ async def test_tools_mode_runs_bundled_tasks_from_veRL_dataset_rows(
     # veRL's own postprocessing pads and batches them; the reward lands on the last response token.
     worker = object.__new__(AgentLoopWorker)
     worker.rollout_config, worker.tokenizer, worker.processor = config.actor_rollout_ref.rollout, verl_tokenizer, None
-    worker.reward_loop_worker_handles, worker.distillation_enabled = None, False
+    # No reward workers (corral scores): set around the attribute's declared type, which depends
+    # on whether ray's annotations are installed.
+    setattr(worker, "reward_loop_worker_handles", None)  # noqa: B010
+    worker.distillation_enabled = False
     worker.mm_processor_kwargs = {}
     padded = [
         await worker._agent_loop_postprocess(o.model_copy(deep=True), False, raw_prompt=row["raw_prompt"])

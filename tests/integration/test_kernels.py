@@ -425,6 +425,42 @@ def test_streamed_output_stops_at_the_cap_and_done_counts_the_rest(stub, kernel)
     assert run(stub, kernel, "'after'").result.data["text/plain"] == b"'after'"
 
 
+def rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def test_a_cell_printing_a_gigabyte_leaves_the_daemon_small_and_counts_it_exactly(daemon, stub, kernel):
+    """The kernel's output governor holds back all but each stream's head and tail, so the daemon
+    neither holds the flood (it once peaked past 1 GiB for 3 GB printed) nor loses count of it
+    (iopub dropped most messages: 459 MB were reported of 3 GB)."""
+    code = (
+        "import sys\nsys.stdout.write('START')\nfor i in range(1000): sys.stdout.write(str(i).rjust(1_000_000))\n"
+        "sys.stdout.write('END')"
+    )
+    before = peak = rss_mib(daemon.proc.pid)
+    sampling = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not sampling.is_set():
+            peak = max(peak, rss_mib(daemon.proc.pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        reply = run(stub, kernel, code, timeout_ms=120_000)
+    finally:
+        sampling.set()
+        sampler.join()
+    assert reply.done.stdout_total_bytes == 1_000_000_008 and reply.truncated
+    assert reply.stdout.startswith("START ") and reply.stdout.endswith(" 999END")
+    assert len(reply.stdout.encode()) == CAP
+    assert peak - before < 150, f"the daemon grew from {before} MiB to {peak} MiB"
+    assert run(stub, kernel, "'after'").result.data["text/plain"] == b"'after'"
+
+
 # -- death ----------------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from corral.daemon import kernel_events
+from corral.daemon import kernel_bootstrap, kernel_events
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.kernel_events import (
     CellDone,
@@ -107,6 +107,43 @@ def test_late_output_keeps_head_and_tail_and_counts_everything() -> None:
     assert late.take() is None  # taken once
     late.add(ErrorOutput("Stop", "", []))  # the budget starts again after a take
     assert late.take() == LateOutput(errors=[ErrorOutput("Stop", "", [])])
+
+
+def test_the_kernel_governor_forwards_the_head_keeps_the_tail_and_counts_everything() -> None:
+    """kernel_bootstrap.Window, which runs inside the kernel: past the limit nothing more is
+    forwarded, the last `limit` bytes are kept, cut characters go whole and are counted."""
+    window = kernel_bootstrap.Window(4)
+    assert window.admit("ab") == "ab" and window.closing_message() is None
+    assert window.admit("cdé") == "cd"  # 'é' (two bytes) would pass the limit: it goes to the tail
+    assert window.admit("xyz") == ""
+    # The tail kept the last 4 bytes: half of 'é', then 'xyz'; the half character goes too.
+    assert window.total == 2 + 4 + 3 and window.closing_message() == ("xyz", 2)
+    window = kernel_bootstrap.Window(4)
+    window.admit("abcd")
+    window.admit("1234567")
+    assert window.closing_message() == ("4567", 3) and window.total == 11
+
+
+def test_output_the_kernel_skipped_counts_and_cuts_the_tail_kept_before_it() -> None:
+    """A stream message that says bytes were dropped before it (the kernel's governor): the caps
+    count them and mark truncation; head-and-tail buffers take the text after the gap as the end."""
+    cap = StreamCap(10)
+    cap.admit(StreamOutput("stdout", "head"))
+    assert cap.admit(StreamOutput("stdout", "tail", skipped=100)) is None  # past the cap: dropped
+    assert cap.totals["stdout"] == 108 and cap.truncated
+    cap.count_totals({"stdout": 50, "stderr": 7})  # fewer than counted: kept; more: lost on the way
+    assert cap.totals == {"stdout": 108, "stderr": 7}
+    late = LateBuffer(8)
+    late.add(StreamOutput("stdout", "HEAD-mid"))
+    late.add(StreamOutput("stdout", "TAIL", skipped=5))
+    taken = late.take()
+    assert taken is not None and taken.stdout == "HEADTAIL" and taken.truncated and taken.stdout_total_bytes == 17
+
+
+async def test_a_cell_that_reports_more_than_arrived_is_truncated() -> None:
+    done = CellDone(1, False, False, False, 5, stdout_total_bytes=100)
+    cell = await gather(_events(StreamOutput("stdout", "short"), done), 1000)
+    assert cell.truncated and cell.done is not None and cell.done.truncated
 
 
 # -- the SDK's side ---------------------------------------------------------------------------------
@@ -215,6 +252,32 @@ async def test_late_output_and_a_death_between_cells_reach_the_next_cell_under_l
         result = await kernel.execute("print('never runs')", timeout=30)
         assert result.kernel_died and result.exit_code == 6 and result.execution_count == 0
         assert result.stdout == "" and result.late_output is not None and result.late_output.stdout == "dying\n"
+
+
+async def test_a_cell_printing_far_past_the_cap_is_counted_exactly_and_keeps_its_ends() -> None:
+    """ipykernel 7 (the venv's) under the output governor: 300 MB printed in 1 MB writes comes back
+    as its head and tail with the exact total, though iopub drops what a slow reader leaves behind;
+    the kernel keeps working, and output of the gap before the next cell keeps its tail too."""
+    code = (
+        "import sys\nsys.stdout.write('START')\nfor i in range(300): sys.stdout.write(str(i).rjust(1_000_000))\n"
+        "sys.stdout.write('END')"
+    )
+    async with fake_sandbox() as (_, sandbox):
+        kernel = await sandbox.kernel(python=sys.executable)
+        result = await kernel.execute(code, timeout=120)
+        assert result.stdout_total_bytes == 300_000_008 and result.truncated
+        assert result.stdout.startswith("START ") and result.stdout.endswith(" 299END")
+        gap = (
+            "import threading, sys\n"
+            "threading.Timer(0.2, lambda: sys.stdout.write('HEAD' + 'x' * 3_000_000 + 'TAIL')).start()"
+        )
+        await kernel.execute(gap, timeout=30)
+        await asyncio.sleep(1.5)
+        result = await kernel.execute("print('next')", timeout=30)
+        assert result.stdout == "next\n" and result.late_output is not None
+        late = result.late_output
+        assert late.stdout.startswith("HEADx") and late.stdout.endswith("xTAIL")
+        assert late.truncated and late.stdout_total_bytes == 3_000_008
 
 
 async def test_invalid_kernel_requests_are_invalid_argument() -> None:
