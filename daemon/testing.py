@@ -84,7 +84,9 @@ class FakeSandbox(ManagedSandbox):
     def make_file_access(self) -> SandboxFiles:
         return SandboxFiles("/", self.workdir, None, None, self.context.max_file_bytes)
 
-    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
+    def enter_command(
+        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
+    ) -> EnterCommand:
         marked = {**env, MARKER: self.spec.sandbox_id}
         return EnterCommand(inside_env(argv, marked), None, cwd or self.workdir, wrapped=False, env=dict(HOST_ENV))
 

@@ -53,6 +53,8 @@ class SandboxSpec:
     limits: Limits
     network: bool
     env: dict[str, str] = field(default_factory=dict)
+    # Who programs run as inside by default (daemon/users.py): "" = the image's own user.
+    user: str = ""
 
 
 RUN_DIR_IN_SANDBOX = "/run/corral"
@@ -127,9 +129,12 @@ class SandboxRuntime(abc.ABC):
     run_dir_sandbox: str
 
     @abc.abstractmethod
-    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
-        """The host command that runs argv inside the sandbox as its user, with environment `env`,
-        in leaf cgroup `leaf`. Spawn it with `EnterCommand.env`, never with `env`."""
+    def enter_command(
+        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
+    ) -> EnterCommand:
+        """The host command that runs argv inside the sandbox as `user` (daemon/users.py; "": the
+        sandbox's default user), with environment `env`, in leaf cgroup `leaf`. Spawn it with
+        `EnterCommand.env`, never with `env`."""
 
     def start_process(
         self, argv: Sequence[str], *, env: dict[str, str], cwd: str, stdin: bytes | AsyncIterable[bytes] | None

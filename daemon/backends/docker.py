@@ -175,7 +175,9 @@ class DockerSandbox(ManagedSandbox):
     def record_extra(self) -> dict:
         return {"container_id": self.container.id if self.container else ""}
 
-    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
+    def enter_command(
+        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
+    ) -> EnterCommand:
         cgroup = self.cgroup.leaf(f"corral-{leaf}") if self.cgroup else None
         assert self.backend.nsenter is not None
         enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd, env)

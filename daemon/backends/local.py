@@ -194,7 +194,9 @@ class LocalSandbox(ManagedSandbox):
             return self.files is not None
         return self._launcher is not None and self._launcher.poll() is None
 
-    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
+    def enter_command(
+        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
+    ) -> EnterCommand:
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
         # The filter comes first, on the host-side step that enters (see seccomp.ENTERING_NEEDS):
         # an entered process is the child of no process of the sandbox, so inherits nothing there.

@@ -114,7 +114,9 @@ class SingularitySandbox(ManagedSandbox):
     def record_extra(self) -> dict:
         return {"instance": self.name}
 
-    def enter_command(self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str]) -> EnterCommand:
+    def enter_command(
+        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
+    ) -> EnterCommand:
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
         assert self.backend.nsenter is not None
         enter = nsenter_argv(
