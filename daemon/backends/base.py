@@ -47,6 +47,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class BindMount:
+    """A host directory or file shown inside a sandbox (CreateSandbox's `mounts`), already checked
+    against the daemon's allowed roots: `host_path` is absolute with symlinks resolved."""
+
+    host_path: str
+    sandbox_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     sandbox_id: str
     image: str
@@ -55,6 +65,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     # Who programs run as inside by default (daemon/users.py): "" = the image's own user.
     user: str = ""
+    mounts: tuple[BindMount, ...] = ()
 
 
 RUN_DIR_IN_SANDBOX = "/run/corral"
