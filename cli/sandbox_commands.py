@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from corral.sdk import Client
+from corral.sdk import Client, Mount
 from corral.sdk.enums import BACKEND_NAMES
 from corral.sdk.terminal import TerminalEnded, attach_terminal
 
@@ -35,6 +35,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--disk", type=memory_size, default=None, metavar="SIZE", help="size of its writable space, e.g. 2G"
     )
     create.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    create.add_argument(
+        "--user",
+        default=None,
+        help="who its commands, shells and kernels run as by default: a user name of the image, a uid or "
+        "UID:GID (default: the image's own user)",
+    )
+    create.add_argument(
+        "--mount",
+        action="append",
+        type=bind_mount,
+        default=[],
+        metavar="HOST:SANDBOX[:rw]",
+        help="show a host path inside the sandbox, read-only unless :rw (only under the daemon's "
+        "sandbox.bind_roots); repeatable",
+    )
     create.set_defaults(func=sandbox_create)
     ls = ssub.add_parser("ls", help="list sandboxes")
     ls.add_argument("--json", action="store_true")
@@ -46,7 +61,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     exec_ = sub.add_parser(
         "exec",
         help="run a command in a sandbox: corral exec [OPTIONS] ID -- CMD ...",
-        usage="corral exec [-h] [-i] [--timeout SECONDS] [--cwd DIR] [--shell] ID -- COMMAND [ARG ...]",
+        usage="corral exec [-h] [-i] [--timeout SECONDS] [--cwd DIR] [--user USER] [--shell] ID -- COMMAND [ARG ...]",
         description="Runs a command in a sandbox and exits with its exit status. Options go before the --, "
         "before or after ID; everything after the -- is the command. Its stdin is at EOF unless -i is given.",
     )
@@ -61,6 +76,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     exec_.add_argument(
         "--cwd", default=None, metavar="DIR", help="working directory: absolute, or relative to the workdir"
+    )
+    exec_.add_argument(
+        "--user", default=None, help="run as this user: a name, a uid or UID:GID (default: the sandbox's user)"
     )
     exec_.add_argument("--shell", action="store_true", help="run a single argument with the sandbox's shell")
     exec_.add_argument(
@@ -77,6 +95,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     shell = sub.add_parser("shell", help="an interactive terminal in a sandbox: corral shell ID")
     shell.add_argument("id")
     shell.add_argument("--program", default=None, help="shell program inside the sandbox (default: bash, else sh)")
+    shell.add_argument(
+        "--user", default=None, help="run as this user: a name, a uid or UID:GID (default: the sandbox's user)"
+    )
     shell.set_defaults(func=shell_command)
 
     cp = sub.add_parser("cp", help="copy files: corral cp LOCAL ID:DIR | corral cp ID:PATH LOCAL_DIR")
@@ -103,6 +124,17 @@ def memory_size(text: str) -> int:
     if size <= 0:
         raise argparse.ArgumentTypeError(f"invalid size {text!r}: must be positive")
     return size
+
+
+def bind_mount(text: str) -> Mount:
+    """A Mount from "HOST:SANDBOX", "HOST:SANDBOX:ro" or "HOST:SANDBOX:rw" (read-only by default)."""
+    parts = text.split(":")
+    writable = False
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        writable = parts.pop() == "rw"
+    if len(parts) != 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"invalid mount {text!r}: give HOST:SANDBOX, optionally with :ro or :rw")
+    return Mount(parts[0], parts[1], writable)
 
 
 def split_exec_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -133,6 +165,8 @@ def sandbox_create(args: argparse.Namespace) -> int:
             cpu_millicores=args.cpu,
             disk_bytes=args.disk,
             labels=dict(kv.split("=", 1) for kv in args.label),
+            user=args.user,
+            mounts=args.mount,
         )
         print(sandbox.id)
     return 0
@@ -178,6 +212,7 @@ def exec_command(args: argparse.Namespace) -> int:
             stdin=stdin,
             timeout=args.timeout,
             cwd=args.cwd,
+            user=args.user,
         )
         sys.stdout.buffer.write(result.stdout)
         sys.stderr.buffer.write(result.stderr)
@@ -212,7 +247,7 @@ def shell_command(args: argparse.Namespace) -> int:
     """An interactive terminal in a sandbox (see corral.sdk.terminal)."""
     with _client(args) as client:
         try:
-            return attach_terminal(client, args.id, program=args.program)
+            return attach_terminal(client, args.id, program=args.program, user=args.user)
         except TerminalEnded as err:
             print(f"corral shell: {err}", file=sys.stderr)
             return 1

@@ -78,6 +78,9 @@ class SandboxConfig:
     workdir: str = "/workspace"  # the writable working directory inside sandboxes
     uid_base: int = 1_500_000  # host uids handed to sandboxes, one each: [uid_base, uid_base + uid_count)
     uid_count: int = 65536
+    # Host directories under which CreateSandbox may bind-mount host paths (daemon/mounts.py);
+    # empty: no bind mounts at all.
+    bind_roots: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -278,6 +281,9 @@ def validate(config: Config) -> None:
         raise ConfigError(f"daemon.default_backend must be one of {', '.join(BACKENDS)}")
     if not config.sandbox.workdir.startswith("/"):
         raise ConfigError("sandbox.workdir must be an absolute path")
+    for root in config.sandbox.bind_roots:
+        if not isinstance(root, str) or not root.startswith("/") or "\0" in root:
+            raise ConfigError(f"sandbox.bind_roots must hold absolute host paths, got {root!r}")
     for stage in ("init", "run", "eval"):
         if getattr(config.rollout, f"{stage}_workers") < 1:
             raise ConfigError(f"rollout.{stage}_workers must be at least 1")

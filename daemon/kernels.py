@@ -1,6 +1,6 @@
 """KernelManager: real ipykernel processes inside sandboxes, driven over zmq Unix sockets.
 
-A kernel runs inside its sandbox as the sandbox's user. Its connection file asks for the `ipc`
+A kernel runs inside its sandbox as the user StartKernel names, by default the sandbox's. Its connection file asks for the `ipc`
 transport with the socket prefix in the sandbox's run directory, which the host sees under another
 path: the kernel gets the sandbox-side path, the daemon's jupyter_client the host-side one, and
 both reach the same Unix sockets through the bind mount: the daemon opens no TCP port. (ipykernel
@@ -254,10 +254,13 @@ class KernelProcess:
         files: KernelFiles,
         context: zmq.asyncio.Context,
         late: LateBuffer,
+        user: str = "",
     ) -> KernelProcess:
         host_info = files.write(secrets.token_hex(16))
         try:
-            enter = runtime.enter_command([*argv, "-f", files.connection_file_sandbox], cwd=cwd, leaf=leaf, env=env)
+            enter = runtime.enter_command(
+                [*argv, "-f", files.connection_file_sandbox], cwd=cwd, leaf=leaf, env=env, user=user
+            )
             host_argv = [*IGNORE_SIGINT, *enter.argv] if enter.wrapped else enter.argv
             proc = HostProcess(host_argv, env=enter.env, stdin=None, cgroup=enter.cgroup, cwd=enter.cwd)
         except BaseException:
@@ -525,6 +528,7 @@ class Kernel:
     cwd: str
     env: dict[str, str]
     name: str  # leaf cgroup and file prefix in the run directory, e.g. "k3"
+    user: str = ""  # who it runs as, restarts included ("": the sandbox's default user)
     process: KernelProcess | None = None
     execution_count: int = 0
     busy: bool = False
@@ -567,16 +571,18 @@ class KernelManager:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    async def start(self, sandbox_id: str, python: str, cwd: str, env: dict[str, str]) -> KernelInfo:
+    async def start(self, sandbox_id: str, python: str, cwd: str, env: dict[str, str], user: str = "") -> KernelInfo:
+        """Starts a kernel as `user` ("": the sandbox's default user)."""
         python = rules.kernel_python(python) or DEFAULT_PYTHON
         cwd = rules.working_directory(cwd)
         env = rules.environment(env)
+        user = rules.user(user)
         with self.sandboxes.using(sandbox_id) as sandbox:
             kernels = self._kernels.setdefault(sandbox_id, {})
             if len(kernels) >= MAX_KERNELS_PER_SANDBOX:
                 raise ResourceExhausted(f"sandbox {sandbox_id} already runs {MAX_KERNELS_PER_SANDBOX} kernels")
             kernel = Kernel(
-                sandbox_id, f"k-{secrets.token_hex(4)}", python, cwd, dict(env), sandbox.runtime.next_leaf("k")
+                sandbox_id, f"k-{secrets.token_hex(4)}", python, cwd, dict(env), sandbox.runtime.next_leaf("k"), user
             )
             kernels[kernel.kernel_id] = kernel  # listed (dead) while it starts, so close_sandbox sees it
             try:
@@ -602,7 +608,9 @@ class KernelManager:
     async def _probe(self, runtime: SandboxRuntime, kernel: Kernel, env: dict[str, str]) -> None:
         """FAILED_PRECONDITION, saying what is missing, unless `python` runs and has ipykernel.
         find_spec instead of an import: the answer without paying for ipykernel's import twice."""
-        proc = runtime.start_process([kernel.python, "-c", PROBE_CODE], env=env, cwd=kernel.cwd, stdin=None)
+        proc = runtime.start_process(
+            [kernel.python, "-c", PROBE_CODE], env=env, cwd=kernel.cwd, stdin=None, user=kernel.user
+        )
         output = bytearray()
         exit = await proc.run(lambda _s, data: output.extend(data[: OUTPUT_TAIL_BYTES - len(output)]), PROBE_TIMEOUT_S)
         detail = output.decode(errors="replace").strip()
@@ -634,6 +642,7 @@ class KernelManager:
             files=KernelFiles.of(runtime, kernel.name),
             context=self._context(),
             late=late or LateBuffer(self.config.exec.default_output_limit_bytes),
+            user=kernel.user,
         )
         kernel.execution_count = 0
 

@@ -18,6 +18,7 @@ from corral.sdk.errors import InvalidArgument
 
 from .backends.base import Limits
 from .config import ExecConfig, LimitsConfig
+from .users import check_user_spec
 
 MIN_MEMORY_BYTES = 4 << 20  # below this not even a shell starts
 MAX_MEMORY_BYTES = 1 << 50  # 1 PiB: more than any node has, far below what the kernel and engines parse
@@ -46,6 +47,12 @@ def environment(env: Mapping[str, str]) -> dict[str, str]:
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise InvalidArgument(f"invalid environment variable name or value: {key!r}")
     return dict(env)
+
+
+def user(spec: str) -> str:
+    """Who a sandbox, a command, a shell or a kernel runs as: "" (the default), a user name, a uid
+    or uid:gid (daemon/users.py); the backend resolves it against the image."""
+    return check_user_spec(no_nul("user", spec))
 
 
 def working_directory(cwd: str) -> str:
@@ -203,6 +210,7 @@ class CommandRequest:
     cwd: str = ""
     timeout_ms: int = 0
     output_limit_bytes: int = 0
+    user: str = ""
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,7 @@ class CommandSpec:
     cwd: str = ""
     timeout_s: float = 0.0
     output_limit: int = 0
+    user: str = ""  # "": the sandbox's default user
 
 
 def command(config: ExecConfig, request: CommandRequest) -> CommandSpec:
@@ -236,4 +245,5 @@ def command(config: ExecConfig, request: CommandRequest) -> CommandSpec:
         command_directory(request.cwd),
         timeout_s(config, request.timeout_ms),
         output_limit(config, request.output_limit_bytes),
+        user(request.user),
     )

@@ -22,11 +22,12 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Res
 
 from . import rules
 from .admission import admit_memory, node_memory_bytes
-from .backends.base import Backend, Limits, SandboxRuntime, SandboxSpec
+from .backends.base import Backend, BindMount, Limits, SandboxRuntime, SandboxSpec
 from .commands import sandbox_environment
 from .config import Config
 from .fsaccess import Entry, SandboxFiles
 from .metrics import Metrics
+from .mounts import MountRequest, bind_mounts
 from .output import HeadTailBuffer
 from .process import ProcessExit
 from .state import StateStore
@@ -52,6 +53,8 @@ class Sandbox:
     env: dict[str, str]
     labels: dict[str, str]
     idle_timeout_s: float
+    user: str = ""  # who its programs run as unless a call names another ("": the image's user)
+    mounts: tuple[BindMount, ...] = ()
     created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     state: str = "starting"  # starting | running | failed | stopping
@@ -165,10 +168,13 @@ class SandboxManager:
         env: dict[str, str],
         labels: dict[str, str],
         idle_timeout_ms: int,
+        user: str = "",
+        mounts: builtins.list[MountRequest] | tuple[MountRequest, ...] = (),
     ) -> Sandbox:
         """A running sandbox, or an error and nothing left behind: no backend sandbox, no record,
         no table entry (so no slot of max_sandboxes taken, and no Destroy or shutdown waiting on
-        a creation that will never finish)."""
+        a creation that will never finish). `user` and `mounts` are checked here (rules.user,
+        mounts.bind_mounts) and reach the backend in its SandboxSpec."""
         if self._closing:
             raise Unavailable("the daemon is shutting down")
         backend = backend or self.config.daemon.default_backend
@@ -178,6 +184,20 @@ class SandboxManager:
         env = rules.environment(env)
         limits = rules.sandbox_limits(limits, self.config.limits)
         idle_timeout_s = rules.sandbox_idle_timeout_s(self.config.limits, idle_timeout_ms)
+        user = rules.user(user)
+        # (In a thread: resolving host paths may wait on a slow filesystem. Before the capacity
+        # check below, which must not be separated from taking the slot by an await.)
+        checked_mounts: tuple[BindMount, ...] = ()
+        if mounts:
+            checked_mounts = await asyncio.to_thread(
+                bind_mounts,
+                mounts,
+                roots=self.config.sandbox.bind_roots,
+                protected=(*impl.context.hidden_paths, str(impl.context.run_base)),
+                workdir=impl.context.workdir,
+            )
+            if self._closing:
+                raise Unavailable("the daemon is shutting down")
         if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
             raise ResourceExhausted(
                 f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
@@ -199,6 +219,8 @@ class SandboxManager:
             env=dict(env),
             labels=dict(labels),
             idle_timeout_s=idle_timeout_s,
+            user=user,
+            mounts=checked_mounts,
         )
         self._sandboxes[sandbox.sandbox_id] = sandbox
         try:
@@ -225,7 +247,9 @@ class SandboxManager:
         sid = sandbox.sandbox_id
         try:
             self.state.save(sid, impl.placeholder_record(sid))
-            spec = SandboxSpec(sid, sandbox.image, sandbox.limits, sandbox.network, sandbox.env)
+            spec = SandboxSpec(
+                sid, sandbox.image, sandbox.limits, sandbox.network, sandbox.env, sandbox.user, sandbox.mounts
+            )
             runtime = await impl.create(spec)
         except OSError as err:
             raise node_error(f"sandbox {sid} could not be created", err) from err
@@ -300,7 +324,7 @@ class SandboxManager:
         argv = spec.argv if spec.argv is not None else runtime.shell_argv(spec.shell or "")
         env = sandbox_environment(runtime.workdir, sandbox.env, spec.env)
         self.metrics.execs.labels(sandbox.backend).inc()
-        return runtime.start_process(argv, env=env, cwd=spec.cwd, stdin=spec.stdin)
+        return runtime.start_process(argv, env=env, cwd=spec.cwd, stdin=spec.stdin, user=spec.user)
 
     def _outcome(self, sandbox, proc, exit: ProcessExit, oom_before: int, out, err, truncated) -> ExecOutcome:
         oom = proc.cgroup is not None and proc.oom_kills() + _sandbox_ooms(sandbox) > oom_before

@@ -173,8 +173,10 @@ class ShellSession:
         cols: int,
         program: str,
         slot: int,
+        user: str = "",
     ) -> None:
         self.runtime = runtime
+        self.user = user  # who the shell runs as, restarts included ("": the sandbox's default)
         self.name = name
         self.env = env
         self.cwd = cwd
@@ -294,7 +296,9 @@ class ShellSession:
         # stays the controlling terminal and stdout, and which commands get back as stdin.
         launch = f"exec {shlex.quote(self.program)}{flags} 0<&2 2>&1"
         argv = ["/bin/sh", "-c", launch]
-        enter = self.runtime.enter_command(argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"), env=self.env)
+        enter = self.runtime.enter_command(
+            argv, cwd=self.cwd, leaf=self.runtime.next_leaf("sh"), env=self.env, user=self.user
+        )
         try:
             terminal = Terminal(
                 enter.argv,

@@ -57,9 +57,19 @@ class ShellManager:
         return rules.terminal_program(program) or runtime.shell_argv("")[0]
 
     async def open(
-        self, sandbox_id: str, name: str, *, env: dict[str, str], cwd: str, size: tuple[int, int] | None, program: str
+        self,
+        sandbox_id: str,
+        name: str,
+        *,
+        env: dict[str, str],
+        cwd: str,
+        size: tuple[int, int] | None,
+        program: str,
+        user: str = "",
     ) -> ShellSession:
+        """Starts a named session as `user` ("": the sandbox's default user)."""
         name = rules.shell_name(name)
+        user = rules.user(user)
         cwd = rules.working_directory(cwd)
         env = rules.environment(env)
         size = rules.terminal_size(size)
@@ -81,6 +91,7 @@ class ShellManager:
                 cols=cols,
                 program=self._program(runtime, program),
                 slot=slot,
+                user=user,
             )
             sessions[name] = session  # reserve the name while the shell starts
             try:
@@ -158,10 +169,13 @@ class ShellManager:
         term: str,
         program: str,
         inputs: AsyncIterator[AttachInput],
+        user: str = "",
     ) -> AsyncGenerator[AttachOutput | AttachExited, None]:
-        """An interactive shell for as long as the caller iterates. `inputs` yields ("input",
-        bytes), ("resize", (rows, cols)) and ("signal", number), as the caller sent them."""
+        """An interactive shell, as `user` ("": the sandbox's default user), for as long as the
+        caller iterates. `inputs` yields ("input", bytes), ("resize", (rows, cols)) and ("signal",
+        number), as the caller sent them."""
         size = rules.terminal_size(size)
+        user = rules.user(user)
         with self.sandboxes.using(sandbox_id) as sandbox:
             runtime = sandbox.runtime
             env = sandbox_environment(runtime.workdir, sandbox.env, {"TERM": term or "xterm-256color"})
@@ -169,7 +183,7 @@ class ShellManager:
             env.pop("GIT_PAGER", None)
             rows, cols = size or ATTACH_SIZE
             enter = runtime.enter_command(
-                [self._terminal_program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"), env=env
+                [self._terminal_program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"), env=env, user=user
             )
             terminal = Terminal(
                 enter.argv,

@@ -13,12 +13,19 @@ by the integration suite.
 
 Processes a fake sandbox starts carry its id in their environment (CORRAL_FAKE_SANDBOX), which is
 how destroying it finds and kills them all, background children included.
+
+It cannot honour a `user` or bind mounts (there is no user namespace, no mount namespace): it
+echoes what the daemon gave it instead, so tests can see what reaches a backend. Every program it
+starts finds in its environment CORRAL_FAKE_USER, the user it was asked to run as (the call's
+`user`, else the sandbox's default, SandboxSpec.user), and CORRAL_FAKE_MOUNTS, the sandbox's
+SandboxSpec.mounts as JSON: [[host_path, sandbox_path, read_only], ...].
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import signal
 import time
@@ -35,6 +42,8 @@ from .fsaccess import SandboxFiles
 from .uids import UidPool
 
 MARKER = "CORRAL_FAKE_SANDBOX"
+USER_ECHO = "CORRAL_FAKE_USER"
+MOUNTS_ECHO = "CORRAL_FAKE_MOUNTS"
 KILL_TIMEOUT_S = 5.0
 NOT_ENFORCED = LimitSupport(False, reason="fake backend (test stand-in): no isolation, no limits")
 
@@ -87,7 +96,13 @@ class FakeSandbox(ManagedSandbox):
     def enter_command(
         self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
     ) -> EnterCommand:
-        marked = {**env, MARKER: self.spec.sandbox_id}
+        mounts = [[m.host_path, m.sandbox_path, m.read_only] for m in self.spec.mounts]
+        marked = {
+            **env,
+            MARKER: self.spec.sandbox_id,
+            USER_ECHO: user or self.spec.user,
+            MOUNTS_ECHO: json.dumps(mounts),
+        }
         return EnterCommand(inside_env(argv, marked), None, cwd or self.workdir, wrapped=False, env=dict(HOST_ENV))
 
     async def kill_processes(self) -> None:

@@ -75,7 +75,7 @@ class Evaluation:
 
 
 async def create_task_sandbox(client: AsyncClient, task: pb.Task, *, rollout_id: str) -> AsyncSandbox:
-    """Creates the sandbox a task names (backend, image, resources), labelled with the rollout and
+    """Creates the sandbox a task names (backend, image, resources, user), labelled with the rollout and
     task ids. Cancelled midway, it lets the creation finish and destroys the sandbox before the
     cancellation goes on, so nothing is left half-made."""
     backend = (
@@ -90,6 +90,7 @@ async def create_task_sandbox(client: AsyncClient, task: pb.Task, *, rollout_id:
             memory_bytes=task.resources.memory_bytes or None,
             pids=task.resources.pids or None,
             cpu_millicores=task.resources.cpu_millicores or None,
+            user=task.user or None,
             labels={ROLLOUT_LABEL: rollout_id, TASK_LABEL: task.task_id},
         )
     )

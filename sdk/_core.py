@@ -39,6 +39,7 @@ from corral.sdk.types import (
     KernelStreamEvent,
     LimitKind,
     LimitStatus,
+    Mount,
     NodeInfo,
     OutputStreamName,
     ResourceLimits,
@@ -75,6 +76,8 @@ KERNEL_DEADLINE_MARGIN_S = 15.0
 KERNEL_START_TIMEOUT_S = 100.0
 
 Command = str | Sequence[str]
+# A bind mount as create_sandbox takes it: a Mount, or (host_path, sandbox_path[, writable]).
+MountSpec = Mount | tuple[str, str] | tuple[str, str, bool]
 
 
 # ---- deadlines -------------------------------------------------------------------------------
@@ -127,6 +130,8 @@ def build_create_sandbox_request(
     env: Mapping[str, str] | None,
     labels: Mapping[str, str] | None,
     idle_timeout: float | None,
+    user: str | None = None,
+    mounts: Iterable[MountSpec] | None = None,
 ) -> pb.CreateSandboxRequest:
     return pb.CreateSandboxRequest(
         backend=backend_number(backend),
@@ -141,6 +146,8 @@ def build_create_sandbox_request(
         env=_string_map("env", env),
         labels=_string_map("labels", labels),
         idle_timeout_ms=0 if idle_timeout is None else _positive_ms("idle_timeout", idle_timeout),
+        user=_user(user),
+        mounts=[_bind_mount(mount) for mount in mounts or ()],
     )
 
 
@@ -168,14 +175,16 @@ def build_command(
     cwd: str | None,
     timeout: float | None,
     output_limit: int | None,
+    user: str | None = None,
 ) -> pb.Command:
     """A Command message: a str runs under the sandbox's shell, a list of str runs as argv. A
-    `timeout` of None sends 0: the daemon's default."""
+    `timeout` of None sends 0: the daemon's default; a `user` of None, the sandbox's user."""
     command = pb.Command(
         env=_string_map("env", env),
         cwd=cwd or "",
         timeout_ms=_timeout_ms(timeout),
         output_limit_bytes=_non_negative("output_limit", output_limit),
+        user=_user(user),
     )
     if isinstance(cmd, str):
         if not cmd.strip():
@@ -205,10 +214,13 @@ def build_exec_request(
     cwd: str | None,
     timeout: float | None,
     output_limit: int | None,
+    user: str | None = None,
 ) -> pb.ExecRequest:
     return pb.ExecRequest(
         sandbox_id=sandbox_id,
-        command=build_command(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit),
+        command=build_command(
+            cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit, user=user
+        ),
     )
 
 
@@ -222,10 +234,13 @@ def build_exec_stream_request(
     timeout: float | None,
     output_limit: int | None,
     keepalive: float | None,
+    user: str | None = None,
 ) -> pb.ExecStreamRequest:
     return pb.ExecStreamRequest(
         sandbox_id=sandbox_id,
-        command=build_command(cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit),
+        command=build_command(
+            cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit, user=user
+        ),
         keepalive_interval_ms=0 if keepalive is None else _positive_ms("keepalive", keepalive),
     )
 
@@ -312,6 +327,7 @@ def build_open_shell_request(
     rows: int | None,
     cols: int | None,
     program: str | None,
+    user: str | None = None,
 ) -> shell_pb.OpenShellRequest:
     request = shell_pb.OpenShellRequest(
         sandbox_id=sandbox_id,
@@ -319,6 +335,7 @@ def build_open_shell_request(
         env=_string_map("env", env),
         cwd=cwd or "",
         program=program or "",
+        user=_user(user),
     )
     size = _terminal_size(rows, cols)
     if size is not None:
@@ -360,10 +377,17 @@ def build_list_shells_request(sandbox_id: str) -> shell_pb.ListShellsRequest:
 
 
 def build_attach_start(
-    sandbox_id: str, *, rows: int | None, cols: int | None, term: str | None, program: str | None
+    sandbox_id: str,
+    *,
+    rows: int | None,
+    cols: int | None,
+    term: str | None,
+    program: str | None,
+    user: str | None = None,
 ) -> shell_pb.AttachRequest:
-    """The first message of an Attach stream: which sandbox, the terminal size and $TERM."""
-    start = shell_pb.AttachStart(sandbox_id=sandbox_id, term=term or "", program=program or "")
+    """The first message of an Attach stream: which sandbox, the terminal size, $TERM, the
+    program and who runs it."""
+    start = shell_pb.AttachStart(sandbox_id=sandbox_id, term=term or "", program=program or "", user=_user(user))
     size = _terminal_size(rows, cols)
     if size is not None:
         start.size.CopyFrom(size)
@@ -395,10 +419,15 @@ def attach_output_or_exit(response: shell_pb.AttachResponse) -> bytes | int:
 
 
 def build_start_kernel_request(
-    sandbox_id: str, *, python: str | None, cwd: str | None, env: Mapping[str, str] | None
+    sandbox_id: str,
+    *,
+    python: str | None,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    user: str | None = None,
 ) -> kernel_pb.StartKernelRequest:
     return kernel_pb.StartKernelRequest(
-        sandbox_id=sandbox_id, python=python or "", cwd=cwd or "", env=_string_map("env", env)
+        sandbox_id=sandbox_id, python=python or "", cwd=cwd or "", env=_string_map("env", env), user=_user(user)
     )
 
 
@@ -459,6 +488,8 @@ def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
         workdir=sandbox.workdir,
         created_at=_datetime_from_ms(sandbox.created_at_unix_ms),
         idle_timeout=sandbox.idle_timeout_ms / 1000 if sandbox.idle_timeout_ms else None,
+        user=sandbox.user,
+        mounts=tuple(Mount(m.host_path, m.sandbox_path, m.writable) for m in sandbox.mounts),
     )
 
 
@@ -804,6 +835,28 @@ def _non_negative(name: str, value: int | None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidArgument(f"{name} must be a non-negative int, got {value!r}")
     return value
+
+
+def _user(user: str | None) -> str:
+    """The wire value of a `user` argument: None is "" (the default user); the daemon checks the
+    rest (a user name, a uid or uid:gid)."""
+    if user is None:
+        return ""
+    if not isinstance(user, str):
+        raise InvalidArgument(f"user must be a str (a user name, a uid or uid:gid), got {user!r}")
+    return user
+
+
+def _bind_mount(mount: MountSpec) -> pb.BindMount:
+    """A Mount, or a (host_path, sandbox_path[, writable]) tuple, as the wire's BindMount."""
+    if not isinstance(mount, Mount):
+        if not isinstance(mount, tuple) or len(mount) not in (2, 3):
+            raise InvalidArgument(f"a mount is a Mount or (host_path, sandbox_path[, writable]), got {mount!r}")
+        mount = Mount(*mount)
+    host, inside, writable = mount.host_path, mount.sandbox_path, mount.writable
+    if not isinstance(host, str) or not isinstance(inside, str) or not isinstance(writable, bool):
+        raise InvalidArgument(f"a mount's paths are str and `writable` a bool, got {mount!r}")
+    return pb.BindMount(host_path=host, sandbox_path=inside, writable=writable)
 
 
 def _string_map(name: str, mapping: Mapping[str, str] | None) -> dict[str, str]:

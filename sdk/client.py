@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Generic, Self
@@ -22,7 +22,7 @@ from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
 from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, AwaitableContext
-from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, Command, EventT
+from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, Command, EventT, MountSpec
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
 from corral.sdk.rollouts import AsyncRollouts
 from corral.sdk.types import (
@@ -80,6 +80,8 @@ class AsyncClient:
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
         idle_timeout: float | None = None,
+        user: str | None = None,
+        mounts: Sequence[MountSpec] | None = None,
         timeout: float | None = None,
     ) -> AwaitableContext[AsyncSandbox]:
         """Creates a sandbox and waits until it can run commands, and returns its handle. Used as
@@ -89,8 +91,12 @@ class AsyncClient:
         for the daemon's default image of the backend. `backend`: "local", "docker",
         "singularity", or None for the daemon's default. Limits left
         None take the daemon's defaults; `disk_bytes` caps its writable space (ENOSPC inside past it). `idle_timeout`: seconds without calls before the daemon
-        destroys it (None: the daemon's default). `timeout`: deadline of this call (pulling an
-        image can take longer than the client default).
+        destroys it (None: the daemon's default). `user`: who its commands, shells and kernels run
+        as unless a call names another: a user name of the image, a uid or "uid:gid" (None: the
+        image's own user). `mounts`: host paths shown inside, each a `Mount` or a tuple
+        (host_path, sandbox_path[, writable]), read-only unless writable; the daemon allows only
+        host paths under its sandbox.bind_roots (PermissionDenied otherwise). `timeout`: deadline
+        of this call (pulling an image can take longer than the client default).
         """
         request = _core.build_create_sandbox_request(
             image=image,
@@ -103,6 +109,8 @@ class AsyncClient:
             env=env,
             labels=labels,
             idle_timeout=idle_timeout,
+            user=user,
+            mounts=mounts,
         )
         return AwaitableContext(self._create_sandbox(request, timeout))
 
@@ -179,6 +187,7 @@ class AsyncSandbox:
         cwd: str | None = None,
         timeout: float | None = None,
         output_limit: int | None = None,
+        user: str | None = None,
         check: bool = False,
     ) -> ExecResult:
         """Runs a command to completion and returns its exit status and output.
@@ -188,11 +197,12 @@ class AsyncSandbox:
         unless absolute (None: the workdir). `timeout`: seconds, after which the whole process
         tree is killed and `timed_out` is set (None: the daemon's default, exec.default_timeout_s,
         600 s unless configured; the call then waits for the daemon's answer). `output_limit`:
-        bytes kept per stream (None: the daemon's default, 1 MiB). `check`: raise
+        bytes kept per stream (None: the daemon's default, 1 MiB). `user`: who it runs as, a user
+        name, a uid or "uid:gid" (None: the sandbox's default user). `check`: raise
         CommandExitError unless the result is `ok`.
         """
         request = _core.build_exec_request(
-            self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit
+            self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit, user=user
         )
         response = await self._transport.unary(
             self._transport.sandbox_service.Exec, request, timeout=_core.exec_deadline(timeout)
@@ -210,16 +220,25 @@ class AsyncSandbox:
         timeout: float | None = None,
         output_limit: int | None = None,
         keepalive: float | None = None,
+        user: str | None = None,
     ) -> AsyncExecStream:
         """Runs a command and streams its events as they happen: ExecStarted, then ExecOutput and
         ExecKeepalive (every `keepalive` seconds without output), then ExecExited. `cwd`,
-        `timeout` and `output_limit` as for `exec`.
+        `timeout`, `output_limit` and `user` as for `exec`.
 
         Closing the stream before ExecExited (or leaving its `async with` block) kills the command.
         Use: `async with sandbox.exec_stream([...]) as events: async for e in events: ...`.
         """
         request = _core.build_exec_stream_request(
-            self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, output_limit=output_limit, keepalive=keepalive
+            self.id,
+            cmd,
+            stdin=stdin,
+            env=env,
+            cwd=cwd,
+            timeout=timeout,
+            output_limit=output_limit,
+            keepalive=keepalive,
+            user=user,
         )
         return AsyncExecStream(
             self._transport.server_stream(
@@ -279,6 +298,7 @@ class AsyncSandbox:
         rows: int | None = None,
         cols: int | None = None,
         program: str | None = None,
+        user: str | None = None,
         open: bool = True,
     ) -> AsyncShell:
         """A persistent shell session called `name`: cwd, variables and functions carry over from
@@ -289,12 +309,15 @@ class AsyncSandbox:
         `rows`, `cols` and `program` then keep the values it was opened with). `open=False` only
         makes a handle, for a session opened elsewhere. `env`: extra variables; `cwd`: starting
         directory (None: the workdir); `rows`/`cols`: terminal size (None: 40x200); `program`:
-        the shell inside the sandbox (None: bash, else sh).
+        the shell inside the sandbox (None: bash, else sh); `user`: who the shell runs as, a user
+        name, a uid or "uid:gid" (None: the sandbox's default user).
         """
         shell = AsyncShell(self._transport, self.id, name)
         if open:
             await shell._open(
-                _core.build_open_shell_request(self.id, name, env=env, cwd=cwd, rows=rows, cols=cols, program=program)
+                _core.build_open_shell_request(
+                    self.id, name, env=env, cwd=cwd, rows=rows, cols=cols, program=program, user=user
+                )
             )
         return shell
 
@@ -306,15 +329,21 @@ class AsyncSandbox:
         return [_core.shell_info_from_proto(shell) for shell in response.shells]
 
     async def kernel(
-        self, *, python: str | None = None, cwd: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        *,
+        python: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
     ) -> AsyncKernel:
         """Starts an IPython kernel; its state persists across `AsyncKernel.execute` calls.
 
         `python`: the interpreter inside the sandbox (None: python3), which must have ipykernel
         (FailedPrecondition says what is missing otherwise). `cwd`: its working directory (None:
-        the workdir). `env`: extra variables.
+        the workdir). `env`: extra variables. `user`: who it runs as, a user name, a uid or
+        "uid:gid" (None: the sandbox's default user).
         """
-        request = _core.build_start_kernel_request(self.id, python=python, cwd=cwd, env=env)
+        request = _core.build_start_kernel_request(self.id, python=python, cwd=cwd, env=env, user=user)
         response = await self._transport.unary(
             self._transport.kernel_service.StartKernel, request, timeout=_kernel_start_deadline(self._transport)
         )

@@ -35,17 +35,20 @@ class TerminalEnded(Exception):
     """The terminal stream ended without the shell's exit status."""
 
 
-def attach_terminal(client: Client, sandbox_id: str, *, program: str | None = None) -> int:
+def attach_terminal(client: Client, sandbox_id: str, *, program: str | None = None, user: str | None = None) -> int:
     """Connects this process's stdin/stdout to a new shell in the sandbox until the shell exits,
     and returns its exit code (130 after a KeyboardInterrupt without a local terminal).
-    `program`: the shell inside the sandbox (None: bash, else sh). Raises TerminalEnded when the
+    `program`: the shell inside the sandbox (None: bash, else sh). `user`: who runs it (a user
+    name, a uid or uid:gid; None: the sandbox's default user). Raises TerminalEnded when the
     stream ends without an exit status, CorralError when the daemon refuses."""
     stdin_fd = sys.stdin.fileno()
     interactive = os.isatty(stdin_fd)
     requests: queue.SimpleQueue[shell_pb2.AttachRequest | None] = queue.SimpleQueue()
     rows, cols = _window_size()
     requests.put(
-        _core.build_attach_start(sandbox_id, rows=rows, cols=cols, term=os.environ.get("TERM"), program=program)
+        _core.build_attach_start(
+            sandbox_id, rows=rows, cols=cols, term=os.environ.get("TERM"), program=program, user=user
+        )
     )
 
     def outgoing() -> Iterator[shell_pb2.AttachRequest]:

@@ -44,6 +44,17 @@ class LimitStatus:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host file or directory shown inside a sandbox (`create_sandbox(mounts=...)`), read-only
+    unless `writable`. The daemon allows only host paths under the roots its configuration names
+    (sandbox.bind_roots), else PermissionDenied; in SandboxInfo, `host_path` is resolved."""
+
+    host_path: str
+    sandbox_path: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     id: str
     backend: str
@@ -59,6 +70,10 @@ class SandboxInfo:
     created_at: datetime
     # Seconds without any call before the daemon destroys the sandbox; None: never.
     idle_timeout: float | None
+    # Who its programs run as unless a call names another; "": the image's own user.
+    user: str = ""
+    # Its host bind mounts, ordered by sandbox path.
+    mounts: tuple[Mount, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -148,14 +148,21 @@ class SandboxRuntime(abc.ABC):
         `EnterCommand.env`, never with `env`."""
 
     def start_process(
-        self, argv: Sequence[str], *, env: dict[str, str], cwd: str, stdin: bytes | AsyncIterable[bytes] | None
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        stdin: bytes | AsyncIterable[bytes] | None,
+        user: str = "",
     ) -> HostProcess:
-        """Starts argv inside the sandbox with pipes, in a fresh process group and a leaf cgroup of
-        its own: one of the sandbox's idle command leaves, handed back when `run` ends."""
+        """Starts argv inside the sandbox as `user` (see enter_command) with pipes, in a fresh
+        process group and a leaf cgroup of its own: one of the sandbox's idle command leaves,
+        handed back when `run` ends."""
         leaves = self.command_leaves
         leaf = leaves.take()
         try:
-            enter = self.enter_command(argv, cwd=cwd, leaf=leaf, env=env)
+            enter = self.enter_command(argv, cwd=cwd, leaf=leaf, env=env, user=user)
         except BaseException:
             leaves.give_back(leaf, None)  # (CgroupGroup.make leaves nothing when it fails)
             raise

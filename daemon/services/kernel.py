@@ -79,7 +79,9 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
         self.kernels = kernels
 
     async def StartKernel(self, request: pb.StartKernelRequest, context) -> pb.StartKernelResponse:
-        info = await self.kernels.start(request.sandbox_id, request.python, request.cwd, dict(request.env))
+        info = await self.kernels.start(
+            request.sandbox_id, request.python, request.cwd, dict(request.env), user=request.user
+        )
         return pb.StartKernelResponse(kernel=kernel_info(info))
 
     async def Execute(self, request: pb.ExecuteRequest, context) -> AsyncIterator[pb.ExecuteResponse]:

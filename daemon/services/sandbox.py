@@ -11,6 +11,7 @@ from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
 
 from ..backends.base import BackendStatus, Limits
+from ..mounts import MountRequest
 from ..node import NodeInfo
 from ..process import STDERR, STDOUT
 from ..rules import CommandRequest
@@ -79,6 +80,11 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
         created_at_unix_ms=int(sb.created_at * 1000),
         workdir=runtime.workdir if runtime else "",
         idle_timeout_ms=round(sb.idle_timeout_s * 1000),
+        user=sb.user,
+        mounts=[
+            pb.BindMount(host_path=m.host_path, sandbox_path=m.sandbox_path, writable=not m.read_only)
+            for m in sb.mounts
+        ],
     )
 
 
@@ -152,6 +158,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             env=dict(request.env),
             labels=dict(request.labels),
             idle_timeout_ms=request.idle_timeout_ms,
+            user=request.user,
+            mounts=[MountRequest(m.host_path, m.sandbox_path, m.writable) for m in request.mounts],
         )
         return pb.CreateSandboxResponse(sandbox=sandbox_summary(sb))
 
@@ -178,6 +186,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             cwd=command.cwd,
             timeout_ms=command.timeout_ms,
             output_limit_bytes=command.output_limit_bytes,
+            user=command.user,
         )
 
     async def Exec(self, request: pb.ExecRequest, context) -> pb.ExecResponse:

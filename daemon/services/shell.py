@@ -34,6 +34,7 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
             cwd=request.cwd,
             size=_size(request.size, request.HasField("size")),
             program=request.program,
+            user=request.user,
         )
         return pb.OpenShellResponse(shell=shell_info(request.sandbox_id, session))
 
@@ -96,6 +97,7 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
             term=start.term,
             program=start.program,
             inputs=inputs(),
+            user=start.user,
         )
         try:
             async for event in events:

@@ -42,7 +42,7 @@ class KernelInfo(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., execution_count: _Optional[int] = ..., python: _Optional[str] = ...) -> None: ...
 
 class StartKernelRequest(_message.Message):
-    __slots__ = ("sandbox_id", "python", "cwd", "env")
+    __slots__ = ("sandbox_id", "python", "cwd", "env", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -54,11 +54,13 @@ class StartKernelRequest(_message.Message):
     PYTHON_FIELD_NUMBER: _ClassVar[int]
     CWD_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     python: str
     cwd: str
     env: _containers.ScalarMap[str, str]
-    def __init__(self, sandbox_id: _Optional[str] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ...) -> None: ...
 
 class StartKernelResponse(_message.Message):
     __slots__ = ("kernel",)

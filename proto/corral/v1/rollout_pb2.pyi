@@ -72,7 +72,7 @@ LLM_PROTOCOL_SGLANG: LLMProtocol
 LLM_PROTOCOL_VLLM: LLMProtocol
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "backend", "image", "resources", "setup", "prompt", "tools", "tool_call_format", "limits", "evaluation", "sampling", "reference_solution", "metadata")
+    __slots__ = ("task_id", "backend", "image", "resources", "setup", "prompt", "tools", "tool_call_format", "limits", "evaluation", "sampling", "reference_solution", "metadata", "user")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class Task(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_SOLUTION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     backend: _sandbox_pb2.Backend
     image: str
@@ -106,7 +107,8 @@ class Task(_message.Message):
     sampling: SamplingParams
     reference_solution: _containers.RepeatedCompositeFieldContainer[ToolCall]
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, task_id: _Optional[str] = ..., backend: _Optional[_Union[_sandbox_pb2.Backend, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[_sandbox_pb2.ResourceLimits, _Mapping]] = ..., setup: _Optional[_Union[TaskSetup, _Mapping]] = ..., prompt: _Optional[_Union[TaskPrompt, _Mapping]] = ..., tools: _Optional[_Iterable[str]] = ..., tool_call_format: _Optional[_Union[ToolCallFormat, str]] = ..., limits: _Optional[_Union[TaskLimits, _Mapping]] = ..., evaluation: _Optional[_Union[TaskEvaluation, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., reference_solution: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    user: str
+    def __init__(self, task_id: _Optional[str] = ..., backend: _Optional[_Union[_sandbox_pb2.Backend, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[_sandbox_pb2.ResourceLimits, _Mapping]] = ..., setup: _Optional[_Union[TaskSetup, _Mapping]] = ..., prompt: _Optional[_Union[TaskPrompt, _Mapping]] = ..., tools: _Optional[_Iterable[str]] = ..., tool_call_format: _Optional[_Union[ToolCallFormat, str]] = ..., limits: _Optional[_Union[TaskLimits, _Mapping]] = ..., evaluation: _Optional[_Union[TaskEvaluation, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., reference_solution: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ...) -> None: ...
 
 class TaskFile(_message.Message):
     __slots__ = ("path", "content", "mode")

@@ -106,7 +106,7 @@ class LimitStatus(_message.Message):
     def __init__(self, kind: _Optional[_Union[LimitKind, str]] = ..., enforced: _Optional[bool] = ..., mechanism: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("sandbox_id", "backend", "image", "state", "isolation", "limits", "limit_status", "network", "labels", "created_at_unix_ms", "workdir", "idle_timeout_ms")
+    __slots__ = ("sandbox_id", "backend", "image", "state", "isolation", "limits", "limit_status", "network", "labels", "created_at_unix_ms", "workdir", "idle_timeout_ms", "user", "mounts")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,8 @@ class Sandbox(_message.Message):
     CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     backend: Backend
     image: str
@@ -138,10 +140,22 @@ class Sandbox(_message.Message):
     created_at_unix_ms: int
     workdir: str
     idle_timeout_ms: int
-    def __init__(self, sandbox_id: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., limit_status: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., network: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at_unix_ms: _Optional[int] = ..., workdir: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ...) -> None: ...
+    user: str
+    mounts: _containers.RepeatedCompositeFieldContainer[BindMount]
+    def __init__(self, sandbox_id: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., limit_status: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., network: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at_unix_ms: _Optional[int] = ..., workdir: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ..., user: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ...) -> None: ...
+
+class BindMount(_message.Message):
+    __slots__ = ("host_path", "sandbox_path", "writable")
+    HOST_PATH_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_PATH_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    host_path: str
+    sandbox_path: str
+    writable: bool
+    def __init__(self, host_path: _Optional[str] = ..., sandbox_path: _Optional[str] = ..., writable: _Optional[bool] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
-    __slots__ = ("backend", "image", "limits", "network", "env", "labels", "idle_timeout_ms")
+    __slots__ = ("backend", "image", "limits", "network", "env", "labels", "idle_timeout_ms", "user", "mounts")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +177,8 @@ class CreateSandboxRequest(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
     backend: Backend
     image: str
     limits: ResourceLimits
@@ -170,7 +186,9 @@ class CreateSandboxRequest(_message.Message):
     env: _containers.ScalarMap[str, str]
     labels: _containers.ScalarMap[str, str]
     idle_timeout_ms: int
-    def __init__(self, backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[bool] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idle_timeout_ms: _Optional[int] = ...) -> None: ...
+    user: str
+    mounts: _containers.RepeatedCompositeFieldContainer[BindMount]
+    def __init__(self, backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[bool] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idle_timeout_ms: _Optional[int] = ..., user: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ...) -> None: ...
 
 class CreateSandboxResponse(_message.Message):
     __slots__ = ("sandbox",)
@@ -226,7 +244,7 @@ class Argv(_message.Message):
     def __init__(self, args: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("argv", "shell", "stdin", "env", "cwd", "timeout_ms", "output_limit_bytes")
+    __slots__ = ("argv", "shell", "stdin", "env", "cwd", "timeout_ms", "output_limit_bytes", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +259,7 @@ class Command(_message.Message):
     CWD_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     argv: Argv
     shell: str
     stdin: bytes
@@ -248,7 +267,8 @@ class Command(_message.Message):
     cwd: str
     timeout_ms: int
     output_limit_bytes: int
-    def __init__(self, argv: _Optional[_Union[Argv, _Mapping]] = ..., shell: _Optional[str] = ..., stdin: _Optional[bytes] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., output_limit_bytes: _Optional[int] = ...) -> None: ...
+    user: str
+    def __init__(self, argv: _Optional[_Union[Argv, _Mapping]] = ..., shell: _Optional[str] = ..., stdin: _Optional[bytes] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., output_limit_bytes: _Optional[int] = ..., user: _Optional[str] = ...) -> None: ...
 
 class ExitStatus(_message.Message):
     __slots__ = ("exit_code", "signal", "timed_out", "oom_killed", "duration_ms")

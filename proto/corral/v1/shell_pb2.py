@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63orral/v1/shell.proto\x12\tcorral.v1\"*\n\x0cTerminalSize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"[\n\tShellInfo\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\r\n\x05turns\x18\x04 \x01(\x04\x12\x10\n\x08restarts\x18\x05 \x01(\r\"\xd8\x01\n\x10OpenShellRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x31\n\x03\x65nv\x18\x03 \x03(\x0b\x32$.corral.v1.OpenShellRequest.EnvEntry\x12\x0b\n\x03\x63wd\x18\x04 \x01(\t\x12%\n\x04size\x18\x05 \x01(\x0b\x32\x17.corral.v1.TerminalSize\x12\x0f\n\x07program\x18\x06 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\x11OpenShellResponse\x12#\n\x05shell\x18\x01 \x01(\x0b\x32\x14.corral.v1.ShellInfo\"\xbc\x01\n\x11RunInShellRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\x12\x17\n\x0fidle_timeout_ms\x18\x05 \x01(\x04\x12\x1a\n\x12output_limit_bytes\x18\x06 \x01(\x04\x12\x12\n\nstrip_ansi\x18\x07 \x01(\x08\x12\x17\n\x0fseparate_stderr\x18\x08 \x01(\x08\"\xa7\x02\n\x12RunInShellResponse\x12\x0e\n\x06output\x18\x01 \x01(\x0c\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x16\n\x0etimeout_reason\x18\x04 \x01(\t\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x1a\n\x12output_total_bytes\x18\x06 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x07 \x01(\x04\x12\x17\n\x0fshell_restarted\x18\x08 \x01(\x08\x12\x19\n\x0coutput_plain\x18\t \x01(\x0cH\x00\x88\x01\x01\x12\x13\n\x06stderr\x18\n \x01(\x0cH\x01\x88\x01\x01\x12\x1a\n\x12stderr_total_bytes\x18\x0b \x01(\x04\x42\x0f\n\r_output_plainB\t\n\x07_stderr\"5\n\x11\x43loseShellRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x14\n\x12\x43loseShellResponse\"\'\n\x11ListShellsRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\":\n\x12ListShellsResponse\x12$\n\x06shells\x18\x01 \x03(\x0b\x32\x14.corral.v1.ShellInfo\"\x91\x01\n\rAttachRequest\x12\'\n\x05start\x18\x01 \x01(\x0b\x32\x16.corral.v1.AttachStartH\x00\x12\x0f\n\x05input\x18\x02 \x01(\x0cH\x00\x12)\n\x06resize\x18\x03 \x01(\x0b\x32\x17.corral.v1.TerminalSizeH\x00\x12\x10\n\x06signal\x18\x04 \x01(\x05H\x00\x42\t\n\x07message\"g\n\x0b\x41ttachStart\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12%\n\x04size\x18\x02 \x01(\x0b\x32\x17.corral.v1.TerminalSize\x12\x0c\n\x04term\x18\x03 \x01(\t\x12\x0f\n\x07program\x18\x04 \x01(\t\"X\n\x0e\x41ttachResponse\x12\x10\n\x06output\x18\x01 \x01(\x0cH\x00\x12)\n\x06\x65xited\x18\x02 \x01(\x0b\x32\x17.corral.v1.AttachExitedH\x00\x42\t\n\x07message\"!\n\x0c\x41ttachExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x32\xfa\x02\n\x0cShellService\x12\x46\n\tOpenShell\x12\x1b.corral.v1.OpenShellRequest\x1a\x1c.corral.v1.OpenShellResponse\x12I\n\nRunInShell\x12\x1c.corral.v1.RunInShellRequest\x1a\x1d.corral.v1.RunInShellResponse\x12I\n\nCloseShell\x12\x1c.corral.v1.CloseShellRequest\x1a\x1d.corral.v1.CloseShellResponse\x12I\n\nListShells\x12\x1c.corral.v1.ListShellsRequest\x1a\x1d.corral.v1.ListShellsResponse\x12\x41\n\x06\x41ttach\x12\x18.corral.v1.AttachRequest\x1a\x19.corral.v1.AttachResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63orral/v1/shell.proto\x12\tcorral.v1\"*\n\x0cTerminalSize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"[\n\tShellInfo\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\r\n\x05turns\x18\x04 \x01(\x04\x12\x10\n\x08restarts\x18\x05 \x01(\r\"\xe6\x01\n\x10OpenShellRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x31\n\x03\x65nv\x18\x03 \x03(\x0b\x32$.corral.v1.OpenShellRequest.EnvEntry\x12\x0b\n\x03\x63wd\x18\x04 \x01(\t\x12%\n\x04size\x18\x05 \x01(\x0b\x32\x17.corral.v1.TerminalSize\x12\x0f\n\x07program\x18\x06 \x01(\t\x12\x0c\n\x04user\x18\x07 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\x11OpenShellResponse\x12#\n\x05shell\x18\x01 \x01(\x0b\x32\x14.corral.v1.ShellInfo\"\xbc\x01\n\x11RunInShellRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\x12\x17\n\x0fidle_timeout_ms\x18\x05 \x01(\x04\x12\x1a\n\x12output_limit_bytes\x18\x06 \x01(\x04\x12\x12\n\nstrip_ansi\x18\x07 \x01(\x08\x12\x17\n\x0fseparate_stderr\x18\x08 \x01(\x08\"\xa7\x02\n\x12RunInShellResponse\x12\x0e\n\x06output\x18\x01 \x01(\x0c\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x16\n\x0etimeout_reason\x18\x04 \x01(\t\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x1a\n\x12output_total_bytes\x18\x06 \x01(\x04\x12\x13\n\x0b\x64uration_ms\x18\x07 \x01(\x04\x12\x17\n\x0fshell_restarted\x18\x08 \x01(\x08\x12\x19\n\x0coutput_plain\x18\t \x01(\x0cH\x00\x88\x01\x01\x12\x13\n\x06stderr\x18\n \x01(\x0cH\x01\x88\x01\x01\x12\x1a\n\x12stderr_total_bytes\x18\x0b \x01(\x04\x42\x0f\n\r_output_plainB\t\n\x07_stderr\"5\n\x11\x43loseShellRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x14\n\x12\x43loseShellResponse\"\'\n\x11ListShellsRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\":\n\x12ListShellsResponse\x12$\n\x06shells\x18\x01 \x03(\x0b\x32\x14.corral.v1.ShellInfo\"\x91\x01\n\rAttachRequest\x12\'\n\x05start\x18\x01 \x01(\x0b\x32\x16.corral.v1.AttachStartH\x00\x12\x0f\n\x05input\x18\x02 \x01(\x0cH\x00\x12)\n\x06resize\x18\x03 \x01(\x0b\x32\x17.corral.v1.TerminalSizeH\x00\x12\x10\n\x06signal\x18\x04 \x01(\x05H\x00\x42\t\n\x07message\"u\n\x0b\x41ttachStart\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12%\n\x04size\x18\x02 \x01(\x0b\x32\x17.corral.v1.TerminalSize\x12\x0c\n\x04term\x18\x03 \x01(\t\x12\x0f\n\x07program\x18\x04 \x01(\t\x12\x0c\n\x04user\x18\x05 \x01(\t\"X\n\x0e\x41ttachResponse\x12\x10\n\x06output\x18\x01 \x01(\x0cH\x00\x12)\n\x06\x65xited\x18\x02 \x01(\x0b\x32\x17.corral.v1.AttachExitedH\x00\x42\t\n\x07message\"!\n\x0c\x41ttachExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x32\xfa\x02\n\x0cShellService\x12\x46\n\tOpenShell\x12\x1b.corral.v1.OpenShellRequest\x1a\x1c.corral.v1.OpenShellResponse\x12I\n\nRunInShell\x12\x1c.corral.v1.RunInShellRequest\x1a\x1d.corral.v1.RunInShellResponse\x12I\n\nCloseShell\x12\x1c.corral.v1.CloseShellRequest\x1a\x1d.corral.v1.CloseShellResponse\x12I\n\nListShells\x12\x1c.corral.v1.ListShellsRequest\x1a\x1d.corral.v1.ListShellsResponse\x12\x41\n\x06\x41ttach\x12\x18.corral.v1.AttachRequest\x1a\x19.corral.v1.AttachResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,31 +38,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SHELLINFO']._serialized_start=80
   _globals['_SHELLINFO']._serialized_end=171
   _globals['_OPENSHELLREQUEST']._serialized_start=174
-  _globals['_OPENSHELLREQUEST']._serialized_end=390
-  _globals['_OPENSHELLREQUEST_ENVENTRY']._serialized_start=348
-  _globals['_OPENSHELLREQUEST_ENVENTRY']._serialized_end=390
-  _globals['_OPENSHELLRESPONSE']._serialized_start=392
-  _globals['_OPENSHELLRESPONSE']._serialized_end=448
-  _globals['_RUNINSHELLREQUEST']._serialized_start=451
-  _globals['_RUNINSHELLREQUEST']._serialized_end=639
-  _globals['_RUNINSHELLRESPONSE']._serialized_start=642
-  _globals['_RUNINSHELLRESPONSE']._serialized_end=937
-  _globals['_CLOSESHELLREQUEST']._serialized_start=939
-  _globals['_CLOSESHELLREQUEST']._serialized_end=992
-  _globals['_CLOSESHELLRESPONSE']._serialized_start=994
-  _globals['_CLOSESHELLRESPONSE']._serialized_end=1014
-  _globals['_LISTSHELLSREQUEST']._serialized_start=1016
-  _globals['_LISTSHELLSREQUEST']._serialized_end=1055
-  _globals['_LISTSHELLSRESPONSE']._serialized_start=1057
-  _globals['_LISTSHELLSRESPONSE']._serialized_end=1115
-  _globals['_ATTACHREQUEST']._serialized_start=1118
-  _globals['_ATTACHREQUEST']._serialized_end=1263
-  _globals['_ATTACHSTART']._serialized_start=1265
-  _globals['_ATTACHSTART']._serialized_end=1368
-  _globals['_ATTACHRESPONSE']._serialized_start=1370
-  _globals['_ATTACHRESPONSE']._serialized_end=1458
-  _globals['_ATTACHEXITED']._serialized_start=1460
-  _globals['_ATTACHEXITED']._serialized_end=1493
-  _globals['_SHELLSERVICE']._serialized_start=1496
-  _globals['_SHELLSERVICE']._serialized_end=1874
+  _globals['_OPENSHELLREQUEST']._serialized_end=404
+  _globals['_OPENSHELLREQUEST_ENVENTRY']._serialized_start=362
+  _globals['_OPENSHELLREQUEST_ENVENTRY']._serialized_end=404
+  _globals['_OPENSHELLRESPONSE']._serialized_start=406
+  _globals['_OPENSHELLRESPONSE']._serialized_end=462
+  _globals['_RUNINSHELLREQUEST']._serialized_start=465
+  _globals['_RUNINSHELLREQUEST']._serialized_end=653
+  _globals['_RUNINSHELLRESPONSE']._serialized_start=656
+  _globals['_RUNINSHELLRESPONSE']._serialized_end=951
+  _globals['_CLOSESHELLREQUEST']._serialized_start=953
+  _globals['_CLOSESHELLREQUEST']._serialized_end=1006
+  _globals['_CLOSESHELLRESPONSE']._serialized_start=1008
+  _globals['_CLOSESHELLRESPONSE']._serialized_end=1028
+  _globals['_LISTSHELLSREQUEST']._serialized_start=1030
+  _globals['_LISTSHELLSREQUEST']._serialized_end=1069
+  _globals['_LISTSHELLSRESPONSE']._serialized_start=1071
+  _globals['_LISTSHELLSRESPONSE']._serialized_end=1129
+  _globals['_ATTACHREQUEST']._serialized_start=1132
+  _globals['_ATTACHREQUEST']._serialized_end=1277
+  _globals['_ATTACHSTART']._serialized_start=1279
+  _globals['_ATTACHSTART']._serialized_end=1396
+  _globals['_ATTACHRESPONSE']._serialized_start=1398
+  _globals['_ATTACHRESPONSE']._serialized_end=1486
+  _globals['_ATTACHEXITED']._serialized_start=1488
+  _globals['_ATTACHEXITED']._serialized_end=1521
+  _globals['_SHELLSERVICE']._serialized_start=1524
+  _globals['_SHELLSERVICE']._serialized_end=1902
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ class ShellInfo(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., name: _Optional[str] = ..., pid: _Optional[int] = ..., turns: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class OpenShellRequest(_message.Message):
-    __slots__ = ("sandbox_id", "name", "env", "cwd", "size", "program")
+    __slots__ = ("sandbox_id", "name", "env", "cwd", "size", "program", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,13 +43,15 @@ class OpenShellRequest(_message.Message):
     CWD_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     name: str
     env: _containers.ScalarMap[str, str]
     cwd: str
     size: TerminalSize
     program: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., name: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., size: _Optional[_Union[TerminalSize, _Mapping]] = ..., program: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., name: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., size: _Optional[_Union[TerminalSize, _Mapping]] = ..., program: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class OpenShellResponse(_message.Message):
     __slots__ = ("shell",)
@@ -140,16 +142,18 @@ class AttachRequest(_message.Message):
     def __init__(self, start: _Optional[_Union[AttachStart, _Mapping]] = ..., input: _Optional[bytes] = ..., resize: _Optional[_Union[TerminalSize, _Mapping]] = ..., signal: _Optional[int] = ...) -> None: ...
 
 class AttachStart(_message.Message):
-    __slots__ = ("sandbox_id", "size", "term", "program")
+    __slots__ = ("sandbox_id", "size", "term", "program", "user")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     size: TerminalSize
     term: str
     program: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., size: _Optional[_Union[TerminalSize, _Mapping]] = ..., term: _Optional[str] = ..., program: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., size: _Optional[_Union[TerminalSize, _Mapping]] = ..., term: _Optional[str] = ..., program: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class AttachResponse(_message.Message):
     __slots__ = ("output", "exited")
