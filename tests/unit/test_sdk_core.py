@@ -244,6 +244,68 @@ def test_create_sandbox_request_defaults() -> None:
     assert request.idle_timeout_ms == 0
 
 
+def _create_request(**options: Any) -> pb.CreateSandboxRequest:
+    defaults: dict[str, Any] = dict(
+        image=None,
+        backend=None,
+        memory_bytes=None,
+        pids=None,
+        cpu_millicores=None,
+        disk_bytes=None,
+        network=False,
+        env=None,
+        labels=None,
+        idle_timeout=None,
+    )
+    return _core.build_create_sandbox_request(**{**defaults, **options})
+
+
+def test_create_sandbox_request_user_and_mounts() -> None:
+    request = _create_request(
+        user="1000:1000",
+        mounts=[sdk_types.Mount("/data/a", "/a"), ("/data/b", "/b"), ("/data/c", "/c", True)],
+    )
+    assert request.user == "1000:1000"
+    assert list(request.mounts) == [
+        pb.BindMount(host_path="/data/a", sandbox_path="/a", writable=False),
+        pb.BindMount(host_path="/data/b", sandbox_path="/b", writable=False),
+        pb.BindMount(host_path="/data/c", sandbox_path="/c", writable=True),
+    ]
+    assert _create_request().user == "" and not _create_request().mounts
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"user": 1000},
+        {"mounts": ["/data:/data"]},
+        {"mounts": [("/data",)]},
+        {"mounts": [("/data", "/data", "rw")]},
+        {"mounts": [sdk_types.Mount("/data", 5)]},  # type: ignore[arg-type]
+    ],
+)
+def test_create_sandbox_request_bad_user_or_mounts(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidArgument):
+        _create_request(**options)
+
+
+def test_user_on_exec_shell_attach_and_kernel_requests() -> None:
+    options: dict[str, Any] = dict(stdin=None, env=None, cwd=None, timeout=None, output_limit=None)
+    assert _core.build_exec_request("sb", ["id"], **options, user="root").command.user == "root"
+    assert _core.build_exec_request("sb", ["id"], **options).command.user == ""
+    stream = _core.build_exec_stream_request("sb", "id", **options, keepalive=None, user="7")
+    assert stream.command.user == "7"
+    shell = _core.build_open_shell_request(
+        "sb", "main", env=None, cwd=None, rows=None, cols=None, program=None, user="a"
+    )
+    assert shell.user == "a"
+    attach = _core.build_attach_start("sb", rows=None, cols=None, term=None, program=None, user="0:0")
+    assert attach.start.user == "0:0"
+    assert _core.build_start_kernel_request("sb", python=None, cwd=None, env=None, user="b").user == "b"
+    with pytest.raises(InvalidArgument, match="user must be a str"):
+        _core.build_exec_request("sb", ["id"], **options, user=0)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("name", "number"),
     [
@@ -399,6 +461,17 @@ def test_sandbox_info_from_proto() -> None:
     assert info.workdir == "/workspace"
     assert info.created_at == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=UTC)
     assert info.idle_timeout == 600.0
+    assert info.user == "" and info.mounts == ()
+
+
+def test_sandbox_info_user_and_mounts_from_proto() -> None:
+    message = sandbox_message()
+    message.user = "agent"
+    message.mounts.add(host_path="/data/a", sandbox_path="/a", writable=True)
+    message.mounts.add(host_path="/data/b", sandbox_path="/b")
+    info = _core.sandbox_info_from_proto(message)
+    assert info.user == "agent"
+    assert info.mounts == (sdk_types.Mount("/data/a", "/a", True), sdk_types.Mount("/data/b", "/b", False))
 
 
 def test_unknown_enum_value_reads_as_unknown() -> None:

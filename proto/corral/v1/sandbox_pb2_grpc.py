@@ -182,9 +182,9 @@ class SandboxServiceServicer:
         must carry `start`; every later one carries `chunk`: any other message fails the call at once
         with INVALID_ARGUMENT. The archive is unpacked into a hidden staging directory inside the
         destination and moved into place only once whole (files replaced, directories merged), so a
-        failed or cancelled upload leaves the destination as it was. INVALID_ARGUMENT for an archive
-        tar cannot unpack, or a destination that is a file; FAILED_PRECONDITION when the sandbox has
-        no tar.
+        failed or cancelled upload leaves the destination as it was. tar runs inside the sandbox as its
+        default user (CreateSandboxRequest.user). INVALID_ARGUMENT for an archive tar cannot unpack,
+        or a destination that is a file; FAILED_PRECONDITION when the sandbox has no tar.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,9 +192,9 @@ class SandboxServiceServicer:
 
     def Download(self, request, context):
         """Streams a tar archive of a file or directory inside the sandbox, made by tar inside the
-        sandbox as fast as the client reads it (the daemon buffers at most about 1 MiB). Symlinks are
-        stored as links, never followed; sparse files keep their holes (GNU sparse members) where the
-        sandbox's tar is GNU tar. NOT_FOUND for a missing path.
+        sandbox, as its default user, as fast as the client reads it (the daemon buffers at most about
+        1 MiB). Symlinks are stored as links, never followed; sparse files keep their holes (GNU
+        sparse members) where the sandbox's tar is GNU tar. NOT_FOUND for a missing path.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
