@@ -226,25 +226,8 @@ def test_create_sandbox_request() -> None:
     assert request.idle_timeout_ms == 90_000
 
 
-def test_create_sandbox_request_defaults() -> None:
-    request = _core.build_create_sandbox_request(
-        image="host",
-        backend=None,
-        memory_bytes=None,
-        pids=None,
-        cpu_millicores=None,
-        disk_bytes=None,
-        network=False,
-        env=None,
-        labels=None,
-        idle_timeout=None,
-    )
-    assert request.backend == pb.BACKEND_UNSPECIFIED
-    assert request.limits == pb.ResourceLimits()
-    assert request.idle_timeout_ms == 0
-
-
 def _create_request(**options: Any) -> pb.CreateSandboxRequest:
+    """A CreateSandboxRequest with every option the SDK's default but those given."""
     defaults: dict[str, Any] = dict(
         image=None,
         backend=None,
@@ -258,6 +241,13 @@ def _create_request(**options: Any) -> pb.CreateSandboxRequest:
         idle_timeout=None,
     )
     return _core.build_create_sandbox_request(**{**defaults, **options})
+
+
+def test_create_sandbox_request_defaults() -> None:
+    request = _create_request(image="host")
+    assert request.backend == pb.BACKEND_UNSPECIFIED
+    assert request.limits == pb.ResourceLimits()
+    assert request.idle_timeout_ms == 0
 
 
 def test_create_sandbox_request_user_and_mounts() -> None:
