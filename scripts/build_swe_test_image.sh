@@ -5,8 +5,9 @@
 #       (owned by root, the commit examples/swe/instances.jsonl names as base_commit), pytest,
 #       and a virtual environment at /opt/venv activated from /root/.bashrc
 #   the same image in Podman's storage (when podman is installed)
-#   $CACHE_DIR/swe-textkit-<suite>  its root filesystem, exported, for the local backend and for
-#       Apptainer (which runs a directory image as a sandbox)
+#   $CACHE_DIR/swe-textkit-<suite>-rootfs  its root filesystem, exported, for the local backend
+#   $CACHE_DIR/swe-textkit-<suite>-apptainer  the same as an Apptainer sandbox directory (when
+#       Apptainer is installed)
 # Cached by a key over this script, the repository's files and the python image's own key, so a
 # second run takes a second.
 set -euo pipefail
@@ -16,7 +17,7 @@ CACHE_DIR=${CACHE_DIR:-/var/cache/corral-test-images}
 here=$(cd "$(dirname "$0")" && pwd)
 data="$here/../examples/swe"
 image="corral-test/swe-textkit:$SUITE"
-rootfs_link="$CACHE_DIR/swe-textkit-$SUITE"
+prefix="$CACHE_DIR/swe-textkit-$SUITE"
 
 label() { "$@" -f '{{index .Config.Labels "io.corral.test-key"}}' 2>/dev/null || true; }
 base_key=$(label docker image inspect "corral-test/python:$SUITE")
@@ -42,7 +43,7 @@ fi
 if command -v podman >/dev/null 2>&1 && [[ "$(label podman image inspect "$image")" != "$key" ]]; then
   docker save "$image" | podman load -q >/dev/null
 fi
-rootfs="$rootfs_link-$key"
+rootfs="$prefix-rootfs-$key"
 if [[ ! -d "$rootfs" ]]; then
   container=$(docker create "$image" /bin/true)
   rm -rf "$rootfs.tmp" && mkdir -p "$rootfs.tmp"
@@ -52,7 +53,15 @@ if [[ ! -d "$rootfs" ]]; then
   chmod 755 "$rootfs.tmp"
   mv "$rootfs.tmp" "$rootfs"
 fi
-ln -sfn "$rootfs" "$rootfs_link"
-# Root filesystems exported under an older key are stale.
-find "$CACHE_DIR" -maxdepth 1 -type d -name "swe-textkit-$SUITE-*" ! -name "*-$key" -exec rm -rf {} +
-echo "swe image: $image$(command -v podman >/dev/null 2>&1 && echo ' (also in podman)'), rootfs $rootfs_link (key $key)"
+ln -sfn "$rootfs" "$prefix-rootfs"
+apptainer=$(command -v apptainer || command -v singularity || true)
+if [[ -n "$apptainer" && ! -d "$prefix-apptainer-$key" ]]; then
+  # From the exported directory (a local copy; a SIF would add a squashfs pass): Apptainer adds
+  # the metadata (/.singularity.d) its instances start from.
+  "$apptainer" build -F --sandbox "$prefix-apptainer-$key.tmp" "$rootfs" >/dev/null
+  mv "$prefix-apptainer-$key.tmp" "$prefix-apptainer-$key"
+fi
+[[ -d "$prefix-apptainer-$key" ]] && ln -sfn "$prefix-apptainer-$key" "$prefix-apptainer"
+# Directories made under an older key are stale.
+find "$CACHE_DIR" -maxdepth 1 -type d -name "swe-textkit-$SUITE-*-*" ! -name "*-$key" -exec rm -rf {} +
+echo "swe image: $image$(command -v podman >/dev/null 2>&1 && echo ' (also in podman)'), $prefix-rootfs${apptainer:+, $prefix-apptainer} (key $key)"

@@ -50,10 +50,14 @@ def require_trainer(name: str, module: str, extra: str) -> None:
 DOCKER_TEST_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
 SIF_TEST_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif")
 PODMAN_SOCKET = os.environ.get("CORRAL_TEST_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
-# The SWE-bench-style image (scripts/build_swe_test_image.sh): in the engines, and exported as a
-# root filesystem for the local backend and Apptainer; examples/swe/instances.jsonl describes it.
+# The SWE-bench-style image (scripts/build_swe_test_image.sh): in the engines, exported as a root
+# filesystem for the local backend, and as a sandbox directory for Apptainer;
+# examples/swe/instances.jsonl describes it.
 SWE_DOCKER_IMAGE = os.environ.get("CORRAL_TEST_SWE_IMAGE", "corral-test/swe-textkit:bookworm")
-SWE_ROOTFS_IMAGE = os.environ.get("CORRAL_TEST_SWE_ROOTFS", "/var/cache/corral-test-images/swe-textkit-bookworm")
+SWE_ROOTFS_IMAGE = os.environ.get("CORRAL_TEST_SWE_ROOTFS", "/var/cache/corral-test-images/swe-textkit-bookworm-rootfs")
+SWE_APPTAINER_IMAGE = os.environ.get(
+    "CORRAL_TEST_SWE_APPTAINER", "/var/cache/corral-test-images/swe-textkit-bookworm-apptainer"
+)
 # Podman raises nofile and nproc to 1048576 unless told otherwise, which root inside a user
 # namespace (these CI machines) may not do: explicit limits within this process's own (the
 # service is started alike), which also exercise `docker.ulimits`.
@@ -242,9 +246,11 @@ def swe_image(request, daemon) -> str:
     case's own test image)."""
     requirement = BACKEND_CASES[request.node.callspec.params["daemon"]][0]
     require_image(
-        requirement, docker_image=SWE_DOCKER_IMAGE, singularity_image=SWE_ROOTFS_IMAGE, local_image=SWE_ROOTFS_IMAGE
+        requirement, docker_image=SWE_DOCKER_IMAGE, singularity_image=SWE_APPTAINER_IMAGE, local_image=SWE_ROOTFS_IMAGE
     )
-    return SWE_DOCKER_IMAGE if requirement in ("docker", "podman") else SWE_ROOTFS_IMAGE
+    return {"docker": SWE_DOCKER_IMAGE, "podman": SWE_DOCKER_IMAGE, "singularity": SWE_APPTAINER_IMAGE}.get(
+        requirement, SWE_ROOTFS_IMAGE
+    )
 
 
 @pytest.fixture(scope="session")

@@ -175,21 +175,17 @@ async def test_the_converted_task_scores_the_gold_patch_1_and_no_or_a_wrong_patc
         results = {r.task_id.rsplit(" / ", 1)[1]: r async for r in aclient.rollouts.stream(tasks)}
     # For a failure: the status, reward, error, what the tools answered and the evaluation's output.
     outcome = {
-        name: (
-            r.status,
-            r.reward,
-            r.error,
-            [m["content"][-300:] for m in r.messages[2:]],
-            r.eval_output[-1500:].decode(),
-        )
+        name: f"{r.status} reward {r.reward} {r.error}\n"
+        + "".join(f"[{m['role']}] {m['content'][-400:]}\n" for m in r.messages[2:])
+        + f"[eval]\n{r.eval_output[-1500:].decode()}"
         for name, r in results.items()
     }
-    assert all(r.status == "completed" for r in results.values()), outcome
+    assert all(r.status == "completed" for r in results.values()), "\n".join(outcome.values())
     assert results["gold"].reward == 1.0, outcome["gold"]
     assert results["empty"].reward == 0.0, outcome["empty"]
     # The wrong patch passes 5 of the 6 tests: the instance is not resolved.
     assert results["wrong"].reward == 0.0, outcome["wrong"]
-    assert "1 failed, 5 passed" in outcome["wrong"][4], outcome["wrong"]
+    assert "1 failed, 5 passed" in outcome["wrong"], outcome["wrong"]
 
 
 def local_wheel() -> tuple[str, bytes]:
