@@ -196,16 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     source = sys.stdin if args.instances == "-" else open(args.instances, encoding="utf-8")
     with source:
         try:
-            tasks = convert(
-                source,
-                workdir=args.workdir,
-                image_pattern=args.image_pattern,
-                max_turns=args.max_turns,
-                backend=args.backend,
-                image_map=args.image_map,
-                activate=args.activate,
-                partial_credit=args.partial_credit,
-            )
+            # Every option but the two files is a keyword of instance_to_task, under its name.
+            options = {name: value for name, value in vars(args).items() if name not in ("instances", "out")}
+            tasks = convert(source, **options)
         except InvalidArgument as error:
             print(f"swebench: {error}", file=sys.stderr)
             return 2

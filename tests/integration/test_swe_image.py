@@ -29,8 +29,8 @@ from corral.rollout.evaluation import EVAL_ENV, junit_reward
 from corral.sdk import AsyncClient
 from corral.sdk.swebench import instance_to_task
 from corral.v1 import rollout_pb2 as pb
-from tests.conftest import SWE_DOCKER_IMAGE, SWE_ROOTFS_IMAGE, require_image
-from tests.rollout_tasks import call, replay_server
+from tests.conftest import SWE_DOCKER_IMAGE, SWE_ROOTFS_IMAGE, require_backend, require_image
+from tests.rollout_tasks import call, registered_replay_server
 
 INSTANCE = json.loads((Path(__file__).parents[2] / "examples" / "swe" / "instances.jsonl").read_text())
 FAIL_TO_PASS = json.loads(INSTANCE["FAIL_TO_PASS"])
@@ -50,13 +50,12 @@ OUTCOME_LINE = re.compile(r"^(PASSED|FAILED|ERROR) (\S+)", re.MULTILINE)
 async def aclient(daemon):
     async with AsyncClient(daemon.address) as client:
         yield client
-        for server in await client.rollouts.list_llms():  # the daemon is shared between tests
-            await client.rollouts.remove_llm(server.address)
 
 
 def test_the_image_and_its_record_agree() -> None:
     """Run as root in the engine, outside corral: the record's base commit is the image's, the
     tests it names fail and pass as it says, and /root/.bashrc activates the environment."""
+    require_backend("docker")
     require_image("docker", docker_image=SWE_DOCKER_IMAGE)
     script = f"""
 set -e
@@ -113,6 +112,7 @@ python -m pytest -q -rA -p no:cacheprovider || true
 def test_the_converted_tasks_evaluation_judges_the_image_as_swe_bench_does(patch: str, reward: float) -> None:
     """The task's evaluation commands and reward rule, run as root in the engine outside corral,
     with the evaluation's environment: resolved (every named test passes) is 1.0, anything else 0."""
+    require_backend("docker")
     require_image("docker", docker_image=SWE_DOCKER_IMAGE)
     task = instance_to_task(INSTANCE, activate=ACTIVATE)
     (test_patch,) = task.evaluation.files
@@ -170,8 +170,7 @@ async def test_the_converted_task_scores_the_gold_patch_1_and_no_or_a_wrong_patc
             ],
         ),
     ]
-    async with replay_server(tasks) as server:
-        await aclient.rollouts.register_llm(server.url)
+    async with registered_replay_server(aclient, tasks):
         results = {r.task_id.rsplit(" / ", 1)[1]: r async for r in aclient.rollouts.stream(tasks)}
     # For a failure: the status, reward, error, what the tools answered and the evaluation's output.
     outcome = {
@@ -182,8 +181,9 @@ async def test_the_converted_task_scores_the_gold_patch_1_and_no_or_a_wrong_patc
     }
     assert all(r.status == "completed" for r in results.values()), "\n".join(outcome.values())
     assert results["gold"].reward == 1.0, outcome["gold"]
+    # Left alone, FAIL_TO_PASS fails; the wrong patch passes 5 of the 6 tests: neither is resolved.
     assert results["empty"].reward == 0.0, outcome["empty"]
-    # The wrong patch passes 5 of the 6 tests: the instance is not resolved.
+    assert "2 failed, 4 passed" in outcome["empty"], outcome["empty"]
     assert results["wrong"].reward == 0.0, outcome["wrong"]
     assert "1 failed, 5 passed" in outcome["wrong"], outcome["wrong"]
 
