@@ -127,6 +127,16 @@ SIF_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-imag
 # "podman": the docker backend on Podman's Docker-compatible socket (a daemon of its own).
 BACKEND_IMAGES = {"local": "host", "docker": DOCKER_IMAGE, "podman": DOCKER_IMAGE, "singularity": SIF_IMAGE}
 BACKENDS = list(BACKEND_IMAGES)
+# The SWE-bench-style test image (scripts/build_swe_test_image.sh) as each backend runs it.
+SWE_DOCKER_IMAGE = os.environ.get("CORRAL_TEST_SWE_IMAGE", "corral-test/swe-textkit:bookworm")
+SWE_IMAGES = {
+    "local": os.environ.get("CORRAL_TEST_SWE_ROOTFS", "/var/cache/corral-test-images/swe-textkit-bookworm-rootfs"),
+    "docker": SWE_DOCKER_IMAGE,
+    "podman": SWE_DOCKER_IMAGE,
+    "singularity": os.environ.get(
+        "CORRAL_TEST_SWE_APPTAINER", "/var/cache/corral-test-images/swe-textkit-bookworm-apptainer"
+    ),
+}
 PODMAN_SOCKET = os.environ.get("CORRAL_TEST_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
 # Explicit rlimits, as the tests give Podman (tests/conftest.py): its defaults (1048576) cannot be
 # set where root lives in a user namespace.

@@ -27,6 +27,9 @@ and destroys it; the destruction is timed apart and reported in its own table):
                            --pwd /workspace instance://NAME true`; destroy: `apptainer instance
                            stop --signal SIGKILL NAME` (as the daemon stops its instances)
   raw_singularity_nsenter  the same instance, `instance list --json` for its pid, nsenter `true`
+  corral_<backend>_swe     as corral_<backend>, from the SWE-bench-style test image
+                           (scripts/build_swe_test_image.sh: the engine image, its exported root
+                           filesystem for local, an Apptainer sandbox directory for singularity)
 
 Usage: python bench/sandbox_start.py [--quick] [--json PATH] [--backends local,docker,podman,singularity]
 """
@@ -52,6 +55,7 @@ from _common import (
     PODMAN_SOCKET,
     PODMAN_ULIMITS,
     RUN_DIR_IN_SANDBOX,
+    SWE_IMAGES,
     WORKDIR,
     ApptainerInstance,
     Daemon,
@@ -80,6 +84,7 @@ RATIO_PAIRS = [
     ("corral_singularity", "raw_singularity"),
     ("corral_singularity", "raw_singularity_nsenter"),
     ("raw_singularity_nsenter", "raw_singularity"),
+    *((f"corral_{backend}_swe", f"corral_{backend}") for backend in SWE_IMAGES),
 ]
 RAW_VARIANTS = {
     "local": ["raw_bwrap"],
@@ -118,8 +123,8 @@ def check(ok: bool, what: str) -> None:
         raise RuntimeError(what)
 
 
-def corral_variant(client, backend: str) -> Callable[[], dict[str, float]]:
-    image = BACKEND_IMAGES[backend]
+def corral_variant(client, backend: str, image: str | None = None) -> Callable[[], dict[str, float]]:
+    image = image or BACKEND_IMAGES[backend]
     engine_backend = "docker" if backend == "podman" else backend
 
     def cycle() -> dict[str, float]:
@@ -278,15 +283,19 @@ def main() -> None:
                 closers.append(podman_client.close)
             for backend in backends:
                 if reason := backend_missing(backend):
-                    skipped.update(dict.fromkeys([f"corral_{backend}", *RAW_VARIANTS[backend]], reason))
+                    skipped.update(
+                        dict.fromkeys([f"corral_{backend}", f"corral_{backend}_swe", *RAW_VARIANTS[backend]], reason)
+                    )
                     continue
-                corral = corral_variant(podman_client if backend == "podman" else client, backend)
-                try:
-                    corral()  # a first sandbox: does the daemon have this backend at all?
-                except CorralError as err:
-                    skipped[f"corral_{backend}"] = f"the daemon cannot: {err}"
-                else:
-                    variants[f"corral_{backend}"] = corral
+                backend_client = podman_client if backend == "podman" else client
+                for name, image in ((f"corral_{backend}", None), (f"corral_{backend}_swe", SWE_IMAGES[backend])):
+                    corral = corral_variant(backend_client, backend, image)
+                    try:
+                        corral()  # a first sandbox: does the daemon have this backend and image at all?
+                    except CorralError as err:
+                        skipped[name] = f"the daemon cannot: {err}"
+                    else:
+                        variants[name] = corral
                 if backend == "local":
                     variants["raw_bwrap"] = raw_bwrap
                 elif backend in ("docker", "podman"):

@@ -260,7 +260,7 @@ async def _reward(sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, last: Ex
             report = await sandbox.read_file(evaluation.junit.report_path)
         except NotFound as error:
             raise NoVerdict(f"no JUnit report at {evaluation.junit.report_path}: {error}") from error
-        return junit_reward(report, evaluation.junit.tests)
+        return junit_reward(report, evaluation.junit.tests, all_must_pass=evaluation.junit.all_must_pass)
     if rule == "expected_observations":
         rule_pb = evaluation.expected_observations
         try:
@@ -278,14 +278,18 @@ def printed_number_reward(stdout: bytes) -> float:
     return float(numbers[-1])
 
 
-def junit_reward(report: bytes, tests: Iterable[str]) -> float:
+def junit_reward(report: bytes, tests: Iterable[str], *, all_must_pass: bool = False) -> float:
     """The fraction of `tests` (pytest ids) that passed in a JUnit XML report; all tests in the
-    report when `tests` is empty. A named test absent from the report counts as failed."""
+    report when `tests` is empty. A named test absent from the report counts as failed. With
+    `all_must_pass`, 1.0 when every one passed, else 0.0."""
     outcomes = junit_outcomes(report)
     wanted = list(tests) or list(outcomes)
     if not wanted:
         raise NoVerdict("the JUnit report has no tests")
-    return sum(outcomes.get(test_id, False) for test_id in wanted) / len(wanted)
+    passed = sum(outcomes.get(test_id, False) for test_id in wanted)
+    if all_must_pass:
+        return 1.0 if passed == len(wanted) else 0.0
+    return passed / len(wanted)
 
 
 def junit_outcomes(report: bytes) -> dict[str, bool]:

@@ -4,6 +4,7 @@
 #   corral-test/python:bookworm  base + python3, ipykernel, venv, procps, git (apt inside the build)
 #   $CACHE_DIR/python-<suite>-<key>.sif  the same image as a SIF for Apptainer (when installed)
 #   corral-test/python:bookworm in Podman's storage too (when podman is installed)
+#   corral-test/swe-textkit:bookworm and its root filesystem (scripts/build_swe_test_image.sh)
 # The root filesystem tarball is cached under $CACHE_DIR, keyed by this script's content, so a
 # second run on the same machine takes seconds; a fresh machine needs about two minutes.
 # Needs root, debootstrap and a running Docker engine.
@@ -62,3 +63,4 @@ if [[ -n "$apptainer" && ! -s "$sif" ]]; then
 fi
 [[ -s "$sif" ]] && ln -sf "$sif" "$CACHE_DIR/python-$SUITE.sif"
 echo "images: corral-test/base:$SUITE corral-test/python:$SUITE${apptainer:+ $CACHE_DIR/python-$SUITE.sif}$(command -v podman >/dev/null 2>&1 && echo ' (also in podman)') (key $key)"
+"$here/build_swe_test_image.sh"

@@ -4,13 +4,16 @@ An instance (one JSON object per line, as the SWE-bench datasets ship them) has 
 base_commit, patch (the gold fix), test_patch (the tests that check it), FAIL_TO_PASS and
 PASS_TO_PASS (pytest ids, as lists or JSON-encoded lists), problem_statement, and an image name
 (`image_name`, else `image`, else the SWE-bench naming scheme). The images hold the repository at
-`base_commit` in /testbed, with its environment ready.
+`base_commit` in /testbed, owned by root, with its environment ready (SWE-bench's: a conda
+environment `testbed`, activated from /root/.bashrc for the agent's shell).
 
-The task it becomes: a Docker sandbox from that image; the problem statement as the prompt; tools
-bash, editor and submit. The test patch is hidden until evaluation: it is copied in and applied
-only after the agent stops, then pytest runs FAIL_TO_PASS + PASS_TO_PASS with a JUnit report, and
-the reward is the fraction of them that pass (1.0 means resolved). The reference solution applies
-the gold patch, so the replay policy can check the whole path.
+The task it becomes: a sandbox from that image (Docker, or the image mapped to what another backend
+runs: a SIF or root filesystem path); the problem statement as the prompt; tools bash, editor and
+submit. The test patch is hidden until evaluation: it is copied in and applied only after the
+agent stops, then pytest runs FAIL_TO_PASS + PASS_TO_PASS with a JUnit report, in the environment
+the activation command sets up (named explicitly: evaluation reads no rc file). The reward is 1.0
+when all of them pass (resolved), else 0, or with partial credit the fraction that pass. The
+reference solution applies the gold patch, so the replay policy can check the whole path.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ from corral.v1 import sandbox_pb2
 
 DEFAULT_WORKDIR = "/testbed"
 DEFAULT_IMAGE_PATTERN = "swebench/sweb.eval.x86_64.{instance_id_lower}:latest"
+# What SWE-bench's own evaluation runs before the tests. Evaluation starts from a fresh
+# environment (rollout/evaluation.py), so the environment is activated by this command, never by
+# sourcing an rc file the agent may have edited.
+DEFAULT_ACTIVATE = ". /opt/miniconda3/bin/activate && conda activate testbed"
+# The image each backend gets: {image} is the instance's (Docker) image name, {image_file} its
+# last path component with ":" as "_" (how `apptainer pull` names a SIF), and {instance_id},
+# {instance_id_lower} as in the image pattern.
+DEFAULT_IMAGE_MAP = "{image}"
+BACKENDS = ("docker", "singularity", "local")
 TEST_PATCH_PATH = "/tmp/corral_eval/test.patch"
 GOLD_PATCH_PATH = "/tmp/corral_gold.patch"
 REPORT_PATH = "/tmp/corral_eval/report.xml"
@@ -52,30 +64,43 @@ def _test_ids(value: Any, field: str, instance_id: str) -> list[str]:
     return value
 
 
+def _fill(template: str, option: str, **names: str) -> str:
+    try:
+        return template.format(**names)
+    except (KeyError, IndexError, ValueError) as error:
+        fields = ", ".join(f"{{{name}}}" for name in names)
+        raise InvalidArgument(f"{option} {template!r} cannot be filled in ({error!r}); its fields: {fields}") from None
+
+
 def instance_to_task(
     instance: Mapping[str, Any],
     *,
     workdir: str = DEFAULT_WORKDIR,
     image_pattern: str = DEFAULT_IMAGE_PATTERN,
     max_turns: int = 50,
+    backend: str = "docker",
+    image_map: str = DEFAULT_IMAGE_MAP,
+    activate: str = DEFAULT_ACTIVATE,
+    partial_credit: bool = False,
 ) -> pb.Task:
-    """The corral task for one SWE-bench-style instance. InvalidArgument names what is missing."""
+    """The corral task for one SWE-bench-style instance, on `backend` with the image `image_map`
+    makes of the instance's. InvalidArgument names what is missing or wrong."""
+    if backend not in BACKENDS:
+        raise InvalidArgument(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     missing = [key for key in REQUIRED if key not in instance]
     if missing:
         raise InvalidArgument(f"{instance.get('instance_id', '<no instance_id>')}: missing {', '.join(missing)}")
     instance_id = str(instance["instance_id"])
     fail_to_pass = _test_ids(instance["FAIL_TO_PASS"], "FAIL_TO_PASS", instance_id)
     pass_to_pass = _test_ids(instance["PASS_TO_PASS"], "PASS_TO_PASS", instance_id)
-    image = (
-        instance.get("image_name")
-        or instance.get("image")
-        or image_pattern.format(instance_id=instance_id, instance_id_lower=instance_id.lower())
-    )
+    names = {"instance_id": instance_id, "instance_id_lower": instance_id.lower()}
+    image = str(instance.get("image_name") or instance.get("image") or _fill(image_pattern, "image pattern", **names))
+    image_file = image.rsplit("/", 1)[-1].replace(":", "_")
 
     task = pb.Task(
         task_id=instance_id,
-        backend=sandbox_pb2.BACKEND_DOCKER,
-        image=image,
+        backend=sandbox_pb2.Backend.Value(f"BACKEND_{backend.upper()}"),
+        image=_fill(image_map, "image map", image=image, image_file=image_file, **names),
         tools=["bash", "editor", "submit"],
         limits=pb.TaskLimits(max_turns=max_turns),
     )
@@ -99,13 +124,14 @@ def instance_to_task(
             f"cd {quoted_dir} && for f in $(git apply --numstat {TEST_PATCH_PATH} | cut -f3); do "
             f'git checkout -q {shlex.quote(str(instance["base_commit"]))} -- "$f" 2>/dev/null || rm -f "$f"; done '
             f"&& git apply {TEST_PATCH_PATH}",
-            f"cd {quoted_dir} && python -m pytest -q -rA --junitxml={REPORT_PATH} "
+            f"cd {quoted_dir} && {activate + ' && ' if activate else ''}python -m pytest -q -rA --junitxml={REPORT_PATH} "
             + " ".join(shlex.quote(test) for test in tests)
             + " || true",
         ]
     )
     task.evaluation.junit.report_path = REPORT_PATH
     task.evaluation.junit.tests.extend(tests)
+    task.evaluation.junit.all_must_pass = not partial_credit
     task.reference_solution.extend(
         [
             pb.ToolCall(
@@ -150,11 +176,29 @@ def main(argv: list[str] | None = None) -> int:
         help="image of instances that name none; {instance_id} and {instance_id_lower} are filled in",
     )
     parser.add_argument("--max-turns", type=int, default=50)
+    parser.add_argument("--backend", choices=BACKENDS, default="docker")
+    parser.add_argument(
+        "--image-map",
+        default=DEFAULT_IMAGE_MAP,
+        help="the image the backend runs, from the instance's: {image}, {image_file} (last path component, "
+        "':' as '_', as `apptainer pull` names a SIF), {instance_id}, {instance_id_lower}; "
+        "e.g. '/images/{image_file}.sif' for singularity",
+    )
+    parser.add_argument(
+        "--activate",
+        default=DEFAULT_ACTIVATE,
+        help="shell command that activates the test environment before pytest runs ('': none)",
+    )
+    parser.add_argument(
+        "--partial-credit", action="store_true", help="reward the fraction of the tests that pass, not all or nothing"
+    )
     args = parser.parse_args(argv)
     source = sys.stdin if args.instances == "-" else open(args.instances, encoding="utf-8")
     with source:
         try:
-            tasks = convert(source, workdir=args.workdir, image_pattern=args.image_pattern, max_turns=args.max_turns)
+            # Every option but the two files is a keyword of instance_to_task, under its name.
+            options = {name: value for name, value in vars(args).items() if name not in ("instances", "out")}
+            tasks = convert(source, **options)
         except InvalidArgument as error:
             print(f"swebench: {error}", file=sys.stderr)
             return 2

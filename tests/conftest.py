@@ -50,6 +50,14 @@ def require_trainer(name: str, module: str, extra: str) -> None:
 DOCKER_TEST_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
 SIF_TEST_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif")
 PODMAN_SOCKET = os.environ.get("CORRAL_TEST_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
+# The SWE-bench-style image (scripts/build_swe_test_image.sh): in the engines, exported as a root
+# filesystem for the local backend, and as a sandbox directory for Apptainer;
+# examples/swe/instances.jsonl describes it.
+SWE_DOCKER_IMAGE = os.environ.get("CORRAL_TEST_SWE_IMAGE", "corral-test/swe-textkit:bookworm")
+SWE_ROOTFS_IMAGE = os.environ.get("CORRAL_TEST_SWE_ROOTFS", "/var/cache/corral-test-images/swe-textkit-bookworm-rootfs")
+SWE_APPTAINER_IMAGE = os.environ.get(
+    "CORRAL_TEST_SWE_APPTAINER", "/var/cache/corral-test-images/swe-textkit-bookworm-apptainer"
+)
 # Podman raises nofile and nproc to 1048576 unless told otherwise, which root inside a user
 # namespace (these CI machines) may not do: explicit limits within this process's own (the
 # service is started alike), which also exercise `docker.ulimits`.
@@ -190,15 +198,23 @@ def shared_daemon_config(case_config: str) -> str:
     return "[daemon]\n" + SHARED_DAEMON_SETTINGS + case_config
 
 
-def require_image(name: str) -> None:
+def require_image(
+    name: str,
+    *,
+    docker_image: str = DOCKER_TEST_IMAGE,
+    singularity_image: str = SIF_TEST_IMAGE,
+    local_image: str | None = None,
+) -> None:
     """The test image a backend case needs (scripts/build_test_images.sh builds them); `name` as
-    for `require_backend`."""
+    for `require_backend`. The local backend needs none unless `local_image` names one."""
     if name in ("docker", "podman"):
         engine = [name] if name == "docker" else ["podman", "--url", PODMAN_SOCKET]
-        found = subprocess.run([*engine, "image", "inspect", DOCKER_TEST_IMAGE], capture_output=True).returncode == 0
-        image = DOCKER_TEST_IMAGE
+        found = subprocess.run([*engine, "image", "inspect", docker_image], capture_output=True).returncode == 0
+        image = docker_image
     elif name == "singularity":
-        found, image = os.path.exists(SIF_TEST_IMAGE), SIF_TEST_IMAGE
+        found, image = os.path.exists(singularity_image), singularity_image
+    elif local_image is not None:
+        found, image = os.path.isdir(local_image), local_image
     else:
         return
     if not found:
@@ -222,6 +238,19 @@ def daemon(request, tmp_path_factory) -> Iterator[DaemonProcess]:
     proc.backend = backend
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def swe_image(request, daemon) -> str:
+    """The SWE-bench-style image as the conformance case's backend names it (required like the
+    case's own test image)."""
+    requirement = BACKEND_CASES[request.node.callspec.params["daemon"]][0]
+    require_image(
+        requirement, docker_image=SWE_DOCKER_IMAGE, singularity_image=SWE_APPTAINER_IMAGE, local_image=SWE_ROOTFS_IMAGE
+    )
+    return {"docker": SWE_DOCKER_IMAGE, "podman": SWE_DOCKER_IMAGE, "singularity": SWE_APPTAINER_IMAGE}.get(
+        requirement, SWE_ROOTFS_IMAGE
+    )
 
 
 @pytest.fixture(scope="session")

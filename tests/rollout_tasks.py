@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterable
 
 from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
+from corral.sdk import AsyncClient
 from corral.v1 import rollout_pb2 as pb
 
 
@@ -53,3 +54,15 @@ async def replay_server(tasks: Iterable[pb.Task], *, latency_s: float = 0.0) -> 
         yield server
     finally:
         await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def registered_replay_server(client: AsyncClient, tasks: Iterable[pb.Task]) -> AsyncIterator[ReferenceServer]:
+    """replay_server for `tasks`, registered with `client`'s daemon while in use, and taken out
+    after (the daemons of the conformance cases are shared between tests)."""
+    async with replay_server(tasks) as server:
+        info = await client.rollouts.register_llm(server.url)
+        try:
+            yield server
+        finally:
+            await client.rollouts.remove_llm(info.address)

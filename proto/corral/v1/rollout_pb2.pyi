@@ -196,12 +196,14 @@ class PrintedNumberReward(_message.Message):
     def __init__(self) -> None: ...
 
 class JUnitReward(_message.Message):
-    __slots__ = ("report_path", "tests")
+    __slots__ = ("report_path", "tests", "all_must_pass")
     REPORT_PATH_FIELD_NUMBER: _ClassVar[int]
     TESTS_FIELD_NUMBER: _ClassVar[int]
+    ALL_MUST_PASS_FIELD_NUMBER: _ClassVar[int]
     report_path: str
     tests: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, report_path: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ...) -> None: ...
+    all_must_pass: bool
+    def __init__(self, report_path: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ..., all_must_pass: _Optional[bool] = ...) -> None: ...
 
 class ExpectedObservationsReward(_message.Message):
     __slots__ = ("expected", "partial_credit")

@@ -1,0 +1,9 @@
+from textkit.slug import slugify
+
+
+def test_words():
+    assert slugify("Hello World") == "hello-world"
+
+
+def test_empty():
+    assert slugify("") == ""
