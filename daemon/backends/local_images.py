@@ -412,7 +412,12 @@ async def _run_tool(argv: list[str], failure: str, work: Path) -> bytes:
             f"{argv[0]} is not installed: the local backend needs it for container images "
             f"(apt-get install {TOOL_PACKAGES[argv[0]]})"
         )
+    # setpriv: the tool dies with the daemon, whose next start removes what it left.
     proc = await asyncio.create_subprocess_exec(
+        "setpriv",
+        "--pdeathsig",
+        "KILL",
+        "--",
         tool,
         *argv[1:],
         stdin=subprocess.DEVNULL,
