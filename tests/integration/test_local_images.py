@@ -125,13 +125,14 @@ def write_oci_layout(path: Path, layers: list[bytes], *, env: list[str], label: 
         "config": {"Env": env, "WorkingDir": "/data", "User": "1234", "Cmd": ["/bin/sh"], "Labels": {"l": label}},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(x).hexdigest()}" for x in layers]},
     }
+    manifest_type = "application/vnd.oci.image.manifest.v1+json"
     manifest = {
         "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "mediaType": manifest_type,
         "config": blob(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"),
         "layers": [blob(x, "application/vnd.oci.image.layer.v1.tar") for x in layers],
     }
-    index = {"schemaVersion": 2, "manifests": [blob(json.dumps(manifest).encode(), manifest["mediaType"])]}
+    index = {"schemaVersion": 2, "manifests": [blob(json.dumps(manifest).encode(), manifest_type)]}
     (path / "index.json").write_text(json.dumps(index))
     (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     return path
