@@ -82,30 +82,25 @@ def base_layer() -> bytes:
     return BASE_LAYER
 
 
+def _file(name: str, data: bytes = b"", mode: int = 0o644, uid: int = 0, gid: int = 0) -> tuple:
+    return (name, "file", data, mode, uid, gid)
+
+
+def _dir(name: str, mode: int = 0o755) -> tuple:
+    return (name, "dir", b"", mode, 0, 0)
+
+
 DATA_LAYER = _tar(
-    [
-        ("data", "dir", b"", 0o755, 0, 0),
-        ("data/gone", "dir", b"", 0o755, 0, 0),
-        ("data/gone/file", "file", b"gone\n", 0o644, 0, 0),
-        ("data/deleted", "file", b"deleted\n", 0o644, 0, 0),
-        ("data/opaque", "dir", b"", 0o755, 0, 0),
-        ("data/opaque/old", "file", b"old\n", 0o644, 0, 0),
-        ("data/owned", "file", b"owned\n", 0o640, 1234, 5678),
-        ("data/setuid", "file", b"#!/bin/sh\n", 0o4755, 0, 0),
-    ]
+    [_dir("data"), _dir("data/gone"), _file("data/gone/file", b"gone\n"), _file("data/deleted", b"deleted\n")]
+    + [_dir("data/opaque"), _file("data/opaque/old", b"old\n"), _file("data/owned", b"owned\n", 0o640, 1234, 5678)]
+    + [_file("data/setuid", b"#!/bin/sh\n", 0o4755)]
 )
-# Removes what the data layer made (a directory, a file, a directory's old content) and adds a
-# pair of hard links.
+# Removes what the data layer made (a directory, a file, a directory's old content: whiteouts and
+# an opaque directory) and adds a pair of hard links.
 CHANGE_LAYER = _tar(
-    [
-        ("data/.wh.gone", "file", b"", 0o644, 0, 0),
-        ("data/.wh.deleted", "file", b"", 0o644, 0, 0),
-        ("data/opaque", "dir", b"", 0o775, 0, 0),
-        ("data/opaque/.wh..wh..opq", "file", b"", 0o644, 0, 0),
-        ("data/opaque/new", "file", b"new\n", 0o644, 0, 0),
-        ("data/link1", "file", b"linked\n", 0o644, 42, 43),
-        ("data/link2", "hard", "data/link1", 0o644, 42, 43),
-    ]
+    [_file("data/.wh.gone"), _file("data/.wh.deleted"), _dir("data/opaque", 0o775), _file("data/opaque/.wh..wh..opq")]
+    + [_file("data/opaque/new", b"new\n"), _file("data/link1", b"linked\n", 0o644, 42, 43)]
+    + [("data/link2", "hard", "data/link1", 0o644, 42, 43)]
 )
 
 

@@ -13,7 +13,6 @@ import pytest
 
 from corral.daemon.backends import local_images
 from corral.daemon.backends.local_images import ImageCache, ImageSource, image_config, parse_reference
-from corral.daemon.config import ConfigError, load_config
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
 
 
@@ -100,17 +99,3 @@ def test_a_missing_tool_names_its_package(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(local_images.shutil, "which", lambda *_a, **_k: None)
     with pytest.raises(FailedPrecondition, match=r"umoci is not installed.*apt-get install umoci"):
         asyncio.run(local_images._run_tool(["umoci", "raw", "unpack"], "cannot unpack", tmp_path))
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ('[local]\nimage_cache_dir = "relative"\n', "local.image_cache_dir must be an absolute path"),
-        ("[local]\nimage_cache_bytes = -1\n", "local.image_cache_bytes must be 0"),
-    ],
-)
-def test_bad_image_cache_settings_are_refused(tmp_path: Path, text: str, message: str):
-    config = tmp_path / "corral.toml"
-    config.write_text(text)
-    with pytest.raises(ConfigError, match=message):
-        load_config(config, environ={})
