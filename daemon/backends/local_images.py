@@ -68,6 +68,8 @@ TOOL_PACKAGES = {"skopeo": "skopeo", "umoci": "umoci"}
 # The tag the unpack gives the image in its own OCI layout.
 LAYOUT_TAG = "image"
 LOCK_POLL_S = 0.1
+GZIP_MAGIC = b"\x1f\x8b"
+OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 ENGINE_TIMEOUT_S = 30
 
 
@@ -354,15 +356,14 @@ class ImageCache:
             layout, image_dir = work / "layout", work / "image"
             image_dir.mkdir(mode=0o700)
             failure = f"cannot unpack image {source.reference}"
-            # Layers are compressed (umoci 0.4 reads gzip, and takes uncompressed layers only by their
-            # media type, which docker-archive manifests misstate): the fastest gzip level, for the
-            # layers Docker keeps uncompressed. The policy is for signatures of registry images;
-            # local sources have none, and a node's policy must not reject them.
-            copy = ["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-compress-format", "gzip"]
-            copy += ["--dest-compress-level", "1"]
+            # Layers are copied as they are: Docker's uncompressed ones are not compressed only for
+            # umoci to decompress them (half the CPU of an unpack). The policy is for signatures of
+            # registry images; local sources have none, and a node's policy must not reject them.
+            copy = ["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-oci-accept-uncompressed-layers"]
             if source.transport == ENGINE_TRANSPORT:
                 copy += ["--src-daemon-host", self.engine_address]
             await _run_tool([*copy, source.skopeo_name(engine_id), f"oci:{layout}:{LAYOUT_TAG}"], failure, work)
+            await asyncio.to_thread(_declare_uncompressed_layers, layout)
             rootfs = image_dir / "rootfs"
             await _run_tool(["umoci", "raw", "unpack", "--image", f"{layout}:{LAYOUT_TAG}", str(rootfs)], failure, work)
             (image_dir / "config.json").write_bytes(_layout_config(layout))
@@ -464,6 +465,29 @@ def _layout_config(layout: Path) -> bytes:
     index = json.loads((layout / "index.json").read_bytes())
     manifest = json.loads(blob(index["manifests"][0]["digest"]))
     return blob(manifest["config"]["digest"])
+
+
+def _declare_uncompressed_layers(layout: Path) -> None:
+    """Gives the uncompressed layers of a layout skopeo wrote the media type that says so. From a
+    Docker archive or engine, skopeo keeps the source manifest's gzip media type for layers it
+    copied uncompressed, and umoci reads a layer by its media type."""
+    index_path = layout / "index.json"
+    index = json.loads(index_path.read_bytes())
+    blobs = layout / "blobs" / "sha256"
+    manifest = json.loads((blobs / index["manifests"][0]["digest"].removeprefix("sha256:")).read_bytes())
+    changed = False
+    for layer in manifest["layers"]:
+        with open(blobs / layer["digest"].removeprefix("sha256:"), "rb") as blob:
+            magic = blob.read(4)
+        if layer["mediaType"].endswith("+gzip") and not magic.startswith(GZIP_MAGIC):
+            layer["mediaType"] = OCI_LAYER_TAR
+            changed = True
+    if changed:
+        data = json.dumps(manifest).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        index["manifests"][0].update(digest=f"sha256:{digest}", size=len(data))
+        index_path.write_text(json.dumps(index))
 
 
 def _key(digest: str) -> str:
