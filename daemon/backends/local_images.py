@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -169,7 +170,8 @@ class ImageCache:
         self._prepared: dict[str, str] = {}
         # Configuration digests of archives and layouts, by what their files were when inspected.
         self._digests: dict[tuple, str] = {}
-        self._unpacking: dict[str, asyncio.Lock] = {}
+        # Unpacks under way, by image: the requests for one image wait for one unpack.
+        self._unpacks: dict[str, asyncio.Task] = {}
 
     # -- use ----------------------------------------------------------------------------------------
 
@@ -180,11 +182,14 @@ class ImageCache:
         key = _key(engine_id or await self._digest(source))
         image_dir = self.root / key
         if not image_dir.is_dir():
-            lock = self._unpacking.setdefault(key, asyncio.Lock())
-            async with lock, self._unpack_lock(key):
-                if not image_dir.is_dir():
-                    await self._unpack(source, engine_id, key)
-            await self.prune(keep=(key,))
+            unpack = self._unpacks.get(key)
+            if unpack is None:
+                unpack = asyncio.create_task(self._unpack_once(source, engine_id, key))
+                self._unpacks[key] = unpack
+                unpack.add_done_callback(functools.partial(self._unpack_done, key))
+            # A request that gives up (its deadline) leaves the unpack going: a retry finds the
+            # image, or waits for the same unpack.
+            await asyncio.shield(unpack)
         # From here to the sandbox's hold (LocalSandbox.__init__) nothing awaits: no pruning in
         # this daemon can fall in between.
         _touch(image_dir)
@@ -348,6 +353,17 @@ class ImageCache:
             ) from None
 
     # -- unpacking ----------------------------------------------------------------------------------
+
+    async def _unpack_once(self, source: ImageSource, engine_id: str, key: str) -> None:
+        async with self._unpack_lock(key):  # (another daemon sharing the cache may be at it)
+            if not (self.root / key).is_dir():
+                await self._unpack(source, engine_id, key)
+        await self.prune(keep=(key,))
+
+    def _unpack_done(self, key: str, task: asyncio.Task) -> None:
+        self._unpacks.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("unpacking image %s failed: %s", key, task.exception())
 
     async def _unpack(self, source: ImageSource, engine_id: str, key: str) -> None:
         """skopeo copies the image into an OCI layout, umoci unpacks it; the result is renamed

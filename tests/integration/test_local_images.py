@@ -300,10 +300,7 @@ def test_bad_references_are_refused_clearly(tmp_path):
 
 
 def test_a_crash_during_an_unpack_leaves_no_half_image(tmp_path):
-    # Big enough layers that the unpack is still under way when the daemon dies.
-    layout = write_oci_layout(
-        tmp_path / "big", [base_layer(), _tar([("big", "file", os.urandom(64 << 20), 0o644, 0, 0)])], env=[]
-    )
+    layout = big_image(tmp_path / "big")  # still unpacking when the daemon dies
     with daemon(tmp_path) as (d, c, cache):
         starting = threading.Thread(target=lambda: _ignore_errors(c.create_sandbox, image=f"oci:{layout}"))
         starting.start()
@@ -317,6 +314,25 @@ def test_a_crash_during_an_unpack_leaves_no_half_image(tmp_path):
         assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
         with Client(d.address) as c2, c2.create_sandbox(image=f"oci:{layout}") as sb:
             sb.exec(["cat", "/bin/sh"], timeout=20).check()
+
+
+def test_an_unpack_goes_on_after_its_request_gives_up(tmp_path):
+    layout = big_image(tmp_path / "big")
+    with daemon(tmp_path) as (d, c, cache):
+        with pytest.raises(errors.DeadlineExceeded):
+            c.create_sandbox(image=f"oci:{layout}", timeout=0.5)
+        deadline = time.monotonic() + 60
+        while not cached_images(cache) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cached_images(cache), "the unpack ended with its request"
+        with c.create_sandbox(image=f"oci:{layout}") as sb:
+            sb.exec(["cat", "/bin/sh"], timeout=20).check()
+        assert unpacks(d) == 1
+
+
+def big_image(path: Path) -> Path:
+    """An image whose unpack takes a while (a layer of 64 MiB that does not compress)."""
+    return write_oci_layout(path, [base_layer(), _tar([_file("big", os.urandom(64 << 20))])], env=[])
 
 
 def _ignore_errors(fn, **kwargs) -> None:
