@@ -236,12 +236,15 @@ class ImageCache:
         """At daemon start: removes what interrupted unpacks and removals left, then prunes."""
         if not self.root.is_dir():
             return
-        self._make_root()
-        for entry in self.root.iterdir():
-            if entry.name.startswith(".trash-") or (entry.name.startswith(".tmp-") and self._abandoned(entry.name)):
-                log.info("removing leftover %s from the local image cache", entry)
-                await asyncio.to_thread(shutil.rmtree, entry, True)
-        await self.prune()
+        try:
+            self._make_root()
+            for entry in self.root.iterdir():
+                if entry.name.startswith(".trash-") or (entry.name.startswith(".tmp-") and self._abandoned(entry.name)):
+                    log.info("removing leftover %s from the local image cache", entry)
+                    await asyncio.to_thread(shutil.rmtree, entry, True)
+            await self.prune()
+        except OSError as err:  # (a daemon that is not root: the backend says it cannot work)
+            log.warning("cannot tidy the local image cache %s: %s", self.root, err)
 
     async def prune(self, keep: tuple[str, ...] = ()) -> None:
         """Removes least recently used images until the cache fits its limit, never one in use or
