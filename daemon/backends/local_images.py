@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator
@@ -461,7 +462,9 @@ async def _run_tool(argv: list[str], failure: str, work: Path) -> bytes:
 
 def _file_stamp(source: ImageSource) -> tuple[int, int, int, int]:
     """What identifies the version of an archive or layout (its index, for a layout); NOT_FOUND
-    when it is missing."""
+    when it is missing. The daemon reads it as root: like a directory image, it must be one that
+    any user could read on the host (FAILED_PRECONDITION otherwise), or a caller could run what
+    only root may read."""
     path = os.path.join(source.path, "index.json") if source.transport == "oci" else source.path
     try:
         st = os.stat(path)
@@ -471,7 +474,26 @@ def _file_stamp(source: ImageSource) -> tuple[int, int, int, int]:
         raise InvalidArgument(f"local image {source.reference}: {path}: {err.strerror}") from None
     if source.transport != "oci" and not os.path.isfile(path):
         raise InvalidArgument(f"local image {source.reference}: {path} is not a file")
+    if not _readable_by_anyone(path):
+        raise FailedPrecondition(
+            f"local image {source.reference} is not readable by other users: it and every directory above it "
+            "must be readable and searchable by any user (the daemon unpacks only what a sandbox's uid could read)"
+        )
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _readable_by_anyone(path: str) -> bool:
+    """Whether a user who is neither the owner nor in the group could read a file: read permission
+    for others on it, search permission on every directory above it."""
+    if not os.stat(path).st_mode & stat.S_IROTH:
+        return False
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
 
 
 def _layout_config(layout: Path) -> bytes:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -169,6 +170,18 @@ def daemon(tmp_path: Path, limit: int = 0) -> Iterator[tuple[DaemonProcess, Clie
         d.stop()
 
 
+@pytest.fixture
+def images() -> Iterator[Path]:
+    """Where the test's archives and layouts go: a directory any user may read (the daemon takes
+    only such images), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="corral-test-images-", dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def cached_images(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
 
@@ -180,9 +193,9 @@ def unpacks(d: DaemonProcess) -> int:
 # -- tests ------------------------------------------------------------------------------------------
 
 
-def test_layers_unpack_as_the_image_says(tmp_path):
-    layout = write_oci_layout(tmp_path / "layout", [base_layer(), DATA_LAYER, CHANGE_LAYER], env=["PATH=/bin", "A=b=c"])
-    archive = tmp_path / "image.tar"
+def test_layers_unpack_as_the_image_says(tmp_path, images):
+    layout = write_oci_layout(images / "layout", [base_layer(), DATA_LAYER, CHANGE_LAYER], env=["PATH=/bin", "A=b=c"])
+    archive = images / "image.tar"
     with tarfile.open(archive, "w") as tar:
         tar.add(layout, arcname=".")
     with daemon(tmp_path) as (d, c, cache):
@@ -218,8 +231,8 @@ def test_layers_unpack_as_the_image_says(tmp_path):
         assert cached_images(cache) == [key] and unpacks(d) == 1
 
 
-def test_concurrent_first_starts_unpack_once(tmp_path):
-    image = small_image(tmp_path, "concurrent")
+def test_concurrent_first_starts_unpack_once(tmp_path, images):
+    image = small_image(images, "concurrent")
     with daemon(tmp_path) as (d, c, cache):
         results: list = []
 
@@ -240,32 +253,32 @@ def test_concurrent_first_starts_unpack_once(tmp_path):
         assert not [p for p in cache.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
 
 
-def test_pruning_keeps_to_the_limit_and_spares_images_in_use(tmp_path):
-    images = {name: small_image(tmp_path, name) for name in ("a", "b", "c")}
+def test_pruning_keeps_to_the_limit_and_spares_images_in_use(tmp_path, images):
+    refs = {name: small_image(images, name) for name in ("a", "b", "c")}
     (tmp_path / "size").mkdir()
     (tmp_path / "d").mkdir()
     with daemon(tmp_path / "size") as (_, c, cache):
-        with c.create_sandbox(image=images["a"]):
+        with c.create_sandbox(image=refs["a"]):
             pass
         [key] = cached_images(cache)
         size = json.loads((cache / key / "image.json").read_text())["size_bytes"]
     # Room for one image and a half: every unpack past the first prunes.
     with daemon(tmp_path / "d", limit=size * 3 // 2) as (d, c, cache):
-        held = c.create_sandbox(image=images["a"])
-        with c.create_sandbox(image=images["b"]) as sb:
+        held = c.create_sandbox(image=refs["a"])
+        with c.create_sandbox(image=refs["b"]) as sb:
             sb.exec(["cat", "/bin/sh"], timeout=20).check()
         assert len(cached_images(cache)) == 2  # over the limit: a is in use, b was just unpacked
-        with c.create_sandbox(image=images["c"]):
+        with c.create_sandbox(image=refs["c"]):
             pass
         # b, unused and least recently used of the unused, went; a is in use still.
-        assert sorted(cached_images(cache)) == sorted(_keys(cache, images["a"], images["c"]))
+        assert sorted(cached_images(cache)) == sorted(_keys(cache, refs["a"], refs["c"]))
         assert held.exec(["cat", "/bin/sh"], timeout=20).exit_code == 0
         held.destroy()
     # At the next start the cache is pruned to its limit again: c goes, used less recently than a
     # (whose sandbox ended last).
     d.start()
     try:
-        assert cached_images(cache) == _keys(cache, images["a"])
+        assert cached_images(cache) == _keys(cache, refs["a"])
     finally:
         d.stop()
 
@@ -280,15 +293,22 @@ def _keys(cache: Path, *refs: str) -> list[str]:
     return sorted(by_ref[r] for r in refs)
 
 
-def test_bad_references_are_refused_clearly(tmp_path):
-    corrupt = tmp_path / "corrupt.tar"
+def test_bad_references_are_refused_clearly(tmp_path, images):
+    corrupt = images / "corrupt.tar"
     corrupt.write_bytes(b"this is not a tar archive" * 100)
-    (tmp_path / "empty-layout").mkdir()
+    corrupt.chmod(0o644)
+    private = images / "private.tar"
+    private.write_bytes(b"")
+    private.chmod(0o600)
+    (images / "empty-layout").mkdir()
     with daemon(tmp_path) as (_, c, cache):
         cases = [
             ("docker-archive:relative/image.tar", errors.InvalidArgument, "absolute path"),
             ("docker-archive:/nonexistent/image.tar", errors.NotFound, "/nonexistent/image.tar does not exist"),
-            (f"oci:{tmp_path}/empty-layout", errors.NotFound, "index.json does not exist"),
+            (f"oci:{images}/empty-layout", errors.NotFound, "index.json does not exist"),
+            (f"docker-archive:{private}", errors.FailedPrecondition, "not readable by other users"),
+            # Below the test's own directory, which only root may enter.
+            (small_image(tmp_path, "hidden"), errors.FailedPrecondition, "not readable by other users"),
             (f"docker-archive:{corrupt}", errors.FailedPrecondition, "cannot read image .*: skopeo: "),
             ("docker:", errors.InvalidArgument, "names an image"),
             ("nonsense", errors.InvalidArgument, "container image"),
@@ -299,8 +319,8 @@ def test_bad_references_are_refused_clearly(tmp_path):
         assert not cached_images(cache)
 
 
-def test_a_crash_during_an_unpack_leaves_no_half_image(tmp_path):
-    layout = big_image(tmp_path / "big")  # still unpacking when the daemon dies
+def test_a_crash_during_an_unpack_leaves_no_half_image(tmp_path, images):
+    layout = big_image(images / "big")  # still unpacking when the daemon dies
     with daemon(tmp_path) as (d, c, cache):
         starting = threading.Thread(target=lambda: _ignore_errors(c.create_sandbox, image=f"oci:{layout}"))
         starting.start()
@@ -316,8 +336,8 @@ def test_a_crash_during_an_unpack_leaves_no_half_image(tmp_path):
             sb.exec(["cat", "/bin/sh"], timeout=20).check()
 
 
-def test_an_unpack_goes_on_after_its_request_gives_up(tmp_path):
-    layout = big_image(tmp_path / "big")
+def test_an_unpack_goes_on_after_its_request_gives_up(tmp_path, images):
+    layout = big_image(images / "big")
     with daemon(tmp_path) as (d, c, cache):
         with pytest.raises(errors.DeadlineExceeded):
             c.create_sandbox(image=f"oci:{layout}", timeout=0.5)
@@ -362,9 +382,10 @@ def engine_image() -> Iterator[str]:
     yield tag
 
 
-def test_engine_image_first_start_unpacks_then_hits_the_cache(engine_image, tmp_path):
-    archive = tmp_path / "image.tar"
+def test_engine_image_first_start_unpacks_then_hits_the_cache(engine_image, tmp_path, images):
+    archive = images / "image.tar"
     subprocess.run(["docker", "save", "-o", str(archive), engine_image], check=True)
+    archive.chmod(0o644)  # (docker save writes it for its owner only)
     with daemon(tmp_path) as (d, c, cache):
         timings = {}
         for label, image in (
