@@ -99,3 +99,9 @@ def test_a_missing_tool_names_its_package(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(local_images.shutil, "which", lambda *_a, **_k: None)
     with pytest.raises(FailedPrecondition, match=r"umoci is not installed.*apt-get install umoci"):
         asyncio.run(local_images._run_tool(["umoci", "raw", "unpack"], "cannot unpack", tmp_path))
+
+
+def test_docker_references_without_an_engine_say_where_none_answers(tmp_path: Path):
+    images = ImageCache(tmp_path / "images", 0, f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(FailedPrecondition, match=r"none answers at unix://.*no-engine\.sock \(local\.engine_socket\)"):
+        asyncio.run(images.prepare(ImageSource("docker:debian", "docker-daemon", "", "debian")))
