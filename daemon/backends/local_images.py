@@ -460,6 +460,15 @@ async def _run_tool(argv: list[str], failure: str, work: Path) -> bytes:
     return out
 
 
+def image_tools(path: str = HOST_ENV["PATH"]) -> tuple[bool, str]:
+    """Whether this host has the tools container images need (`corral doctor`): (ok, what was
+    found)."""
+    missing = [tool for tool in TOOL_PACKAGES if shutil.which(tool, path=path) is None]
+    if missing:
+        return False, f"{' and '.join(missing)} not installed"
+    return True, f"{' and '.join(TOOL_PACKAGES)} installed"
+
+
 def _file_stamp(source: ImageSource) -> tuple[int, int, int, int]:
     """What identifies the version of an archive or layout (its index, for a layout); NOT_FOUND
     when it is missing. The daemon reads it as root: like a directory image, it must be one that

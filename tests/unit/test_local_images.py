@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from corral.daemon import doctor
 from corral.daemon.backends import local_images
 from corral.daemon.backends.local_images import ImageCache, ImageSource, image_config, parse_reference
+from corral.daemon.config import load_config
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
 
 
@@ -105,3 +107,15 @@ def test_docker_references_without_an_engine_say_where_none_answers(tmp_path: Pa
     images = ImageCache(tmp_path / "images", 0, f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(FailedPrecondition, match=r"none answers at unix://.*no-engine\.sock \(local\.engine_socket\)"):
         asyncio.run(images.prepare(ImageSource("docker:debian", "docker-daemon", "", "debian")))
+
+
+def test_doctor_says_whether_container_images_can_be_unpacked(tmp_path: Path, monkeypatch):
+    assert local_images.image_tools(str(tmp_path)) == (False, "skopeo and umoci not installed")
+    for tool in ("skopeo", "umoci"):
+        (tmp_path / tool).write_text("#!/bin/sh\n")
+        (tmp_path / tool).chmod(0o755)
+    assert local_images.image_tools(str(tmp_path)) == (True, "skopeo and umoci installed")
+    monkeypatch.setattr(doctor, "image_tools", lambda: (False, "umoci not installed"))
+    host = doctor.host_section(load_config(environ={}), "default settings")
+    i = host.index("  container images in local sandboxes: unavailable - umoci not installed")
+    assert host[i + 1] == "    fix: apt-get install skopeo umoci"
