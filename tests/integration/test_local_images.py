@@ -380,6 +380,7 @@ def engine_image() -> Iterator[str]:
         ["docker", "build", "-q", "-t", tag, "-"], input=dockerfile.encode(), check=True, capture_output=True
     )
     yield tag
+    subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
 
 
 def test_engine_image_first_start_unpacks_then_hits_the_cache(engine_image, tmp_path, images):
