@@ -30,6 +30,10 @@ and destroys it; the destruction is timed apart and reported in its own table):
   corral_<backend>_swe     as corral_<backend>, from the SWE-bench-style test image
                            (scripts/build_swe_test_image.sh: the engine image, its exported root
                            filesystem for local, an Apptainer sandbox directory for singularity)
+  local_image_first        with local: create_sandbox(image="docker:<test image>", backend="local")
+                           + sb.exec(["true"]) on an empty image cache (the engine's export and the
+                           unpack, docs/local-backend.md "Container images"); a few starts only
+  local_image_cache_hit    the same once the image is cached
 
 Usage: python bench/sandbox_start.py [--quick] [--json PATH] [--backends local,docker,podman,singularity]
 """
@@ -123,7 +127,7 @@ def check(ok: bool, what: str) -> None:
         raise RuntimeError(what)
 
 
-def corral_variant(client, backend: str, image: str | None = None) -> Callable[[], dict[str, float]]:
+def corral_variant(client, backend: str, image: str = "") -> Callable[[], dict[str, float]]:
     image = image or BACKEND_IMAGES[backend]
     engine_backend = "docker" if backend == "podman" else backend
 
@@ -254,6 +258,28 @@ class RawApptainer:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def local_image_starts(n_first: int, n_hit: int) -> dict[str, dict[str, list[float]]]:
+    """The local backend on the engine's test image: starts that export and unpack it into an empty
+    cache, then starts from the cache. Sequential: a first start takes seconds."""
+    from corral.sdk import Client
+
+    cache = Path(tempfile.mkdtemp(prefix="corral-bench-images-"))
+    samples: dict[str, dict[str, list[float]]] = {"local_image_first": {}, "local_image_cache_hit": {}}
+    try:
+        with Daemon(config=f'[local]\nimage_cache_dir = "{cache}"\n') as daemon, Client(daemon.address) as client:
+            cycle = corral_variant(client, "local", image=f"docker:{DOCKER_IMAGE}")
+            for name, n in (("local_image_first", n_first), ("local_image_cache_hit", n_hit)):
+                for _ in range(n):
+                    if name == "local_image_first":
+                        for image in cache.glob("sha256-*"):
+                            shutil.rmtree(image)
+                    for phase, ms in cycle().items():
+                        samples[name].setdefault(phase, []).append(ms)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return samples
+
+
 def main() -> None:
     args = parse_args(
         __doc__.split("\n")[0],
@@ -288,7 +314,7 @@ def main() -> None:
                     )
                     continue
                 backend_client = podman_client if backend == "podman" else client
-                for name, image in ((f"corral_{backend}", None), (f"corral_{backend}_swe", SWE_IMAGES[backend])):
+                for name, image in ((f"corral_{backend}", ""), (f"corral_{backend}_swe", SWE_IMAGES[backend])):
                     corral = corral_variant(backend_client, backend, image)
                     try:
                         corral()  # a first sandbox: does the daemon have this backend and image at all?
@@ -310,6 +336,10 @@ def main() -> None:
                     variants["raw_singularity"] = functools.partial(apptainer.cycle, nsenter=False)
                     variants["raw_singularity_nsenter"] = functools.partial(apptainer.cycle, nsenter=True)
             samples = interleaved_phases(variants, n, warmup, blocks=min(20, n))
+            if "corral_local" in variants and not backend_missing("docker"):
+                samples.update(local_image_starts(2 if args.quick else 5, n))
+            elif "local" in backends:
+                skipped["local_image_first"] = skipped["local_image_cache_hit"] = "needs docker and its test image"
         finally:
             for close in reversed(closers):
                 try:

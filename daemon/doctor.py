@@ -17,6 +17,7 @@ from corral.sdk.types import NodeInfo
 
 from .admission import GIB, node_memory_bytes
 from .backends.base import BackendStatus
+from .backends.local_images import TOOL_PACKAGES, image_tools
 from .cgroups import CgroupDriver
 from .commands import DEFAULT_PATH
 from .config import Config
@@ -41,6 +42,7 @@ FIX_CGROUPS = (
     "give the daemon writable cgroups: run it as root, under systemd with Delegate=yes (deploy/corral.service)"
 )
 FIX_IPYKERNEL = "apt-get install python3-ipykernel"
+FIX_IMAGE_TOOLS = f"apt-get install {' '.join(TOOL_PACKAGES.values())}"
 FIX_NO_DAEMON = "start one: `corral serve` (or systemctl start corral), or point --address / $CORRAL_ADDRESS at it"
 
 
@@ -172,6 +174,10 @@ def host_section(config: Config, config_source: str) -> list[str]:
         lines.append(f"  fix: {FIX_ROOT}")
     lines += backend_lines(host_backends(statuses), indent="  ")
     lines += protection_lines(config, has_capability(CAP_SYS_RESOURCE))
+    ok, found = image_tools()
+    lines.append(f"  container images in local sandboxes: {'ok' if ok else 'unavailable'} - {found}")
+    if not ok:
+        lines.append(f"    fix: {FIX_IMAGE_TOOLS}")
     ok, found = kernel_python()
     lines.append(f"  kernels in local host-image sandboxes: {'ok' if ok else 'unavailable'} - {found}")
     if not ok:

@@ -42,6 +42,9 @@ for tool in nsenter unshare setpriv setsid; do
   have "$tool" || need util-linux "$tool"
 done
 have chroot || need coreutils "chroot"
+# Container images (docker-archive:, oci:, docker: ...) are exported by skopeo and unpacked by umoci.
+have skopeo || need skopeo "skopeo"
+have umoci || need umoci "umoci"
 # Files go in and out of sandboxes as tar streams; the tests run ps and git inside "host" sandboxes.
 have tar || need tar "tar"
 have ps || need procps "ps"
@@ -70,7 +73,7 @@ elif ! has_modules "$PYTHON" venv ensurepip; then
 fi
 
 if ((${#packages[@]} == 0)); then
-  echo "system packages: all present (bubblewrap, util-linux, procps, git, python3-venv, python3-ipykernel)"
+  echo "system packages: all present (bubblewrap, util-linux, procps, git, python3-venv, python3-ipykernel, skopeo, umoci)"
   exit 0
 fi
 

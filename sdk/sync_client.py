@@ -84,7 +84,8 @@ class Client:
         """Creates a sandbox and waits until it can run commands, and returns its handle. Used as
         `with client.create_sandbox(...) as sandbox:`, it also destroys it after the block.
 
-        `image`: "host" or a root filesystem directory (local), an image name (docker), or None
+        `image`: "host", a root filesystem directory or a container image such as
+        "docker-archive:/path/image.tar" or "docker:NAME" (local), an image name (docker), or None
         for the daemon's default image of the backend. `backend`: "local", "docker",
         "singularity", or None for the daemon's default. Limits left
         None take the daemon's defaults; `disk_bytes` caps its writable space (ENOSPC inside past it). `idle_timeout`: seconds without calls before the daemon

@@ -6,6 +6,8 @@ Per sandbox the daemon keeps a directory with `workspace/` (mounted read-write a
 The root is a read-only tmpfs holding read-only binds of the image's top-level entries ("host":
 the host's operating system directories and the configured `local.host_paths`), with /proc, /dev
 (a private writable /dev/shm included) and /run private.
+A container image (an archive, an OCI layout, an engine's image) is unpacked once into a cached
+root filesystem directory first (local_images.py).
 The daemon's state directory and socket directory are hidden behind empty tmpfs mounts.
 
 A long-lived init process, root without capabilities (beyond the reach of the sandbox's uid),
@@ -37,6 +39,7 @@ from ..fsaccess import SandboxFiles
 from ..process import in_cgroup
 from ..seccomp import loader_argv, program, supported
 from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
+from .local_images import ImageCache, parse_reference
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
@@ -66,6 +69,13 @@ class LocalSettings:
     # "default": every process of a sandbox runs under daemon/seccomp.py's filter; "none": no
     # filter (docs/local-backend.md).
     seccomp: str = "default"
+    # Container images (docker-archive:, oci-archive:, oci:, docker: references) are unpacked once
+    # into this directory ("": <state_dir>/images), least recently used ones removed past
+    # image_cache_bytes (0: no limit); docker: names an image of the engine at engine_socket ("":
+    # $DOCKER_HOST, else unix:///var/run/docker.sock) (docs/local-backend.md, "Container images").
+    image_cache_dir: str = ""
+    image_cache_bytes: int = 20 << 30
+    engine_socket: str = ""
 
     def validate(self) -> None:
         if self.isolation not in ISOLATION_MODES:
@@ -79,6 +89,10 @@ class LocalSettings:
             raise ValueError("shm_bytes must be at least 1 MiB (1048576)")
         if self.seccomp not in SECCOMP_PROFILES:
             raise ValueError(f"seccomp must be one of {', '.join(SECCOMP_PROFILES)}")
+        if self.image_cache_dir and not os.path.isabs(self.image_cache_dir):
+            raise ValueError(f"image_cache_dir must be an absolute path, got {self.image_cache_dir!r}")
+        if self.image_cache_bytes < 0:
+            raise ValueError("image_cache_bytes must be 0 (no limit) or positive")
 
 
 ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
@@ -95,6 +109,8 @@ class LocalSandbox(ManagedSandbox):
     def __init__(self, backend: LocalBackend, spec, uid: int) -> None:
         super().__init__(backend, spec, uid)
         self.rootfs = backend.rootfs(spec.image)
+        # A cached container image stays in the cache while the sandbox lives (local_images.py).
+        self._image_hold = backend.images.hold(self.rootfs)
         self._launcher: subprocess.Popen | None = None
 
     async def launch(self) -> None:
@@ -106,7 +122,7 @@ class LocalSandbox(ManagedSandbox):
             self.run_dir_sandbox = self.run_dir_host
             self.files = SandboxFiles("/", self.workdir, self.uid, self.uid, self.context.max_file_bytes)
             return
-        if self.rootfs != "/":
+        if self.rootfs != "/" and self._image_hold is None:  # (cached images are the daemon's own)
             await self._check_image_readable()
         layout = root_layout(self.rootfs, backend.hidden_paths, backend.host_paths)
         shm_bytes = backend.settings.shm_bytes
@@ -186,6 +202,11 @@ class LocalSandbox(ManagedSandbox):
         _kill(launcher.pid)
         await asyncio.to_thread(launcher.wait)
 
+    async def destroy(self) -> None:
+        await super().destroy()
+        if self._image_hold is not None:
+            self._image_hold.release()
+
     def record_extra(self) -> dict:
         return {"launcher_pid": self._launcher.pid if self._launcher else 0}
 
@@ -223,6 +244,12 @@ class LocalBackend(Backend):
         self.nsenter = shutil.which("nsenter")
         self.unshare = shutil.which("unshare")
         self.launcher = ""
+        settings = context.settings
+        self.images = ImageCache(
+            Path(settings.image_cache_dir or context.state_dir / "images"),
+            settings.image_cache_bytes,
+            settings.engine_socket or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock",
+        )
         # The seccomp filter of sandboxes (empty: none) and the prefix that enters under it.
         self.seccomp_program = b""
         self.seccomp_prefix: list[str] = []
@@ -300,14 +327,20 @@ class LocalBackend(Backend):
         """The root filesystem directory of an image ("host": "/", of which root_layout shows the OS only)."""
         if image in ("", "host"):
             return "/"
+        if (source := parse_reference(image)) is not None:
+            return self.images.rootfs(source)  # as check_image prepared it
         if not os.path.isabs(image):
-            raise InvalidArgument(f'local image must be "host" or an absolute path to a root filesystem, got {image!r}')
+            raise InvalidArgument(
+                'local image must be "host", an absolute path to a root filesystem or a container image '
+                f"(docker-archive:PATH, oci-archive:PATH, oci:PATH, docker:NAME), got {image!r}"
+            )
         if not os.path.isdir(image):
             raise InvalidArgument(f"local image {image} is not a directory")
         return os.path.realpath(image)
 
     async def check_image(self, image: str) -> None:
-        rootfs = self.rootfs(image)
+        source = parse_reference(image)
+        rootfs = await self.images.prepare(source) if source else self.rootfs(image)
         if not os.path.exists(os.path.join(rootfs, "bin/sh")) and not os.path.islink(os.path.join(rootfs, "bin")):
             raise InvalidArgument(f"image {image} has no /bin/sh")
 
@@ -327,6 +360,7 @@ class LocalBackend(Backend):
                 for leftover in base.iterdir():
                     await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
+        await self.images.start()
 
     async def close(self) -> None:
         try:

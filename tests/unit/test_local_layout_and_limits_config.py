@@ -41,6 +41,8 @@ def test_directory_image_layout_is_its_top_level(tmp_path: Path):
         ('[local]\nhost_paths = ["relative/dir"]\n', "local.host_paths must hold absolute paths"),
         ('[local]\nhost_paths = ["/"]\n', "local.host_paths must hold absolute paths"),
         ("[local]\nshm_bytes = 1000\n", "local.shm_bytes must be at least 1 MiB"),
+        ('[local]\nimage_cache_dir = "relative"\n', "local.image_cache_dir must be an absolute path"),
+        ("[local]\nimage_cache_bytes = -1\n", "local.image_cache_bytes must be 0"),
         ("[daemon.tcp]\nmax_connections = 0\n", "daemon.tcp.max_connections must be at least 1"),
         ("[daemon.tcp]\nhandshake_timeout_s = 0\n", "daemon.tcp.max_connections must be at least 1"),
     ],
