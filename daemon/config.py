@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends.registry import BACKENDS
+from .users import INSIDE_ID_COUNT
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,10 @@ class SandboxConfig:
     """Settings every backend shares."""
 
     workdir: str = "/workspace"  # the writable working directory inside sandboxes
-    uid_base: int = 1_500_000  # host uids handed to sandboxes, one each: [uid_base, uid_base + uid_count)
-    uid_count: int = 65536
+    # Host ids handed to sandboxes, [uid_base, uid_base + uid_count): a block of 65536 each (ids
+    # 0..65535 inside its user namespace, daemon/uids.py), so 4096 sandboxes at once by default.
+    uid_base: int = 1_500_000
+    uid_count: int = 65536 * 4096
 
 
 @dataclass
@@ -278,6 +281,11 @@ def validate(config: Config) -> None:
         raise ConfigError(f"daemon.default_backend must be one of {', '.join(BACKENDS)}")
     if not config.sandbox.workdir.startswith("/"):
         raise ConfigError("sandbox.workdir must be an absolute path")
+    if config.sandbox.uid_count < INSIDE_ID_COUNT:
+        raise ConfigError(
+            f"sandbox.uid_count must be at least {INSIDE_ID_COUNT} (one sandbox's block of host ids), "
+            f"got {config.sandbox.uid_count}"
+        )
     for stage in ("init", "run", "eval"):
         if getattr(config.rollout, f"{stage}_workers") < 1:
             raise ConfigError(f"rollout.{stage}_workers must be at least 1")

@@ -100,6 +100,29 @@ def create_private_fifo(path: str | os.PathLike[str], mode: int) -> tuple[int, i
     return read_end, write_end
 
 
+PASSWD_MAX_BYTES = 1 << 20
+
+
+def read_passwd(root: str) -> str:
+    """The /etc/passwd of the root filesystem at `root` (a host directory), resolved inside it like
+    every path here ("" where it has none, or something other than a file of at most
+    PASSWD_MAX_BYTES)."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = openat2(root_fd, "etc/passwd", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    finally:
+        os.close(root_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > PASSWD_MAX_BYTES:
+            return ""
+        return os.pread(fd, PASSWD_MAX_BYTES, 0).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def _as_user(uid: int | None, gid: int | None) -> Iterator[None]:
     """Takes the sandbox user's identity in this thread only (euid/egid; saved ids stay root)."""

@@ -29,15 +29,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 
 from .. import diskcap
 from ..cgroups import LimitSupport
-from ..fsaccess import SandboxFiles
+from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
 from ..process import in_cgroup
 from ..seccomp import loader_argv, program, supported
+from ..users import ROOT, SandboxUser, resolve_user
 from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
+from .local_root import build_root, kernel_support, make_user_namespace, secrets, unmount_root
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,9 @@ SECCOMP_PROFILES = ("default", "none")
 class LocalSandbox(ManagedSandbox):
     isolation = "namespaces"
     extra_dirs = ("tmp",)  # mounted at /tmp
-    caps_disk = True  # workspace and /tmp are all it can write (besides its size-capped /dev/shm)
+    # Its root's writable layer, workspace and /tmp are all it can write (besides its
+    # size-capped /dev/shm).
+    caps_disk = True
 
     backend: LocalBackend
 
@@ -96,6 +100,27 @@ class LocalSandbox(ManagedSandbox):
         super().__init__(backend, spec, uid)
         self.rootfs = backend.rootfs(spec.image)
         self._launcher: subprocess.Popen | None = None
+        # The sandbox's user namespace (a file descriptor of the daemon's) and its default user.
+        self._userns_fd = -1
+        self.user = ROOT
+        if backend.launcher != "none":
+            self.user = resolve_user(spec.user or "root", read_passwd(self.rootfs))
+
+    def host_ids(self, user: SandboxUser) -> tuple[int, int]:
+        """The host uid and gid an inside user is (the sandbox's id block, daemon/uids.py)."""
+        return self.uid + user.uid, self.uid + user.gid
+
+    async def _make_dirs(self) -> None:
+        await super()._make_dirs()
+        if self.backend.launcher == "none":
+            return
+        # The workspace is the default user's; /tmp everyone's, as on any system.
+        host_uid, host_gid = self.host_ids(self.user)
+        os.chown(self.workspace, host_uid, host_gid)
+        os.chmod(self.workspace, 0o755)
+        os.chown(self.sandbox_dir / "tmp", self.uid, self.uid)
+        os.chmod(self.sandbox_dir / "tmp", 0o1777)
+        os.chown(self.run_dir, host_uid, host_gid)
 
     async def launch(self) -> None:
         backend = self.backend
@@ -108,9 +133,13 @@ class LocalSandbox(ManagedSandbox):
             return
         if self.rootfs != "/":
             await self._check_image_readable()
-        layout = root_layout(self.rootfs, backend.hidden_paths, backend.host_paths)
+        layout = root_layout(self.rootfs, backend.hidden_paths, backend.host_paths, backend.host_secrets)
+        self._userns_fd = await asyncio.to_thread(make_user_namespace, self.uid)
+        root = await asyncio.to_thread(
+            build_root, layout, self.sandbox_dir, self.uid, self._userns_fd, ("proc", "dev", "tmp", "run", self.workdir)
+        )
         shm_bytes = backend.settings.shm_bytes
-        launch_args = (layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes)
+        launch_args = (root, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes)
         if backend.launcher == "bwrap":
             assert backend.bwrap is not None  # the probe chose bwrap because it found it
             argv = bwrap_argv(backend.bwrap, *launch_args)
@@ -178,13 +207,31 @@ class LocalSandbox(ManagedSandbox):
 
     async def shutdown(self) -> None:
         launcher, self._launcher = self._launcher, None
-        if launcher is None:
-            return
-        for pipe in (launcher.stdin, launcher.stdout, launcher.stderr):
-            if pipe is not None:
-                pipe.close()
-        _kill(launcher.pid)
-        await asyncio.to_thread(launcher.wait)
+        if launcher is not None:
+            for pipe in (launcher.stdin, launcher.stdout, launcher.stderr):
+                if pipe is not None:
+                    pipe.close()
+            _kill(launcher.pid)
+            await asyncio.to_thread(launcher.wait)
+        await asyncio.to_thread(unmount_root, self.sandbox_dir)
+        if self._userns_fd >= 0:
+            os.close(self._userns_fd)
+            self._userns_fd = -1
+
+    def _passwd(self) -> str:
+        """The sandbox's /etc/passwd as it is now, read as its default user ("" if it has none)."""
+        try:
+            data, _, _ = self.file_access().read("/etc/passwd", 0, PASSWD_MAX_BYTES)
+        except (NotFound, InvalidArgument, PermissionDenied):
+            return ""
+        return data.decode(errors="replace")
+
+    def make_file_access(self) -> SandboxFiles:
+        """File access through the init's root, as the default user's host ids."""
+        host_uid, host_gid = self.host_ids(self.user)
+        return SandboxFiles(
+            f"/proc/{self.init_pid}/root", self.workdir, host_uid, host_gid, self.context.max_file_bytes
+        )
 
     def record_extra(self) -> dict:
         return {"launcher_pid": self._launcher.pid if self._launcher else 0}
@@ -205,7 +252,21 @@ class LocalSandbox(ManagedSandbox):
             drop = as_sandbox_user(self.uid)
             return EnterCommand([*filtered, *drop, *inside_env(argv, env)], cgroup, cwd or self.workdir, wrapped=False)
         assert self.backend.nsenter is not None
-        enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd, env)
+        who = self.user
+        if user:
+            # Against the sandbox's own passwd as it is now (read as the default user, in its root).
+            who = resolve_user(user, self._passwd())
+        enter = nsenter_argv(
+            self.backend.nsenter,
+            self.init_pid,
+            who.uid,
+            self.workdir,
+            argv,
+            cwd,
+            env,
+            gid=who.gid,
+            user_namespace=f"/proc/{os.getpid()}/fd/{self._userns_fd}",
+        )
         return EnterCommand([*filtered, *enter], cgroup, "/")
 
 
@@ -229,6 +290,8 @@ class LocalBackend(Backend):
         if context.settings.seccomp == "default" and not supported():
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
+        # What the host's /etc keeps from other users, covered in "host" sandboxes (local_root.py).
+        self.host_secrets: list[str] = []
         super().__init__(context)
 
     # -- capabilities ------------------------------------------------------------------------------
@@ -279,8 +342,13 @@ class LocalBackend(Backend):
                 if mode == "bwrap"
                 else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
             )
+        if not missing:
+            lacking = kernel_support()
+            if lacking:
+                missing.append(f"this kernel cannot give sandboxes a root of their own: {lacking}")
         if missing:
             return BackendStatus(False, "; ".join(missing), "none", limits)
+        self.host_secrets = secrets()
         return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "namespaces", limits)
 
     def _seccomp_detail(self) -> str:
@@ -317,6 +385,9 @@ class LocalBackend(Backend):
         pid = record.get("launcher_pid")
         if pid and _is_process(pid, ("bwrap", "unshare")):
             _kill(pid)
+        sandbox_dir = Path(record.get("sandbox_dir", ""))
+        if sandbox_dir.parent == self.context.sandboxes_dir:
+            await asyncio.to_thread(unmount_root, sandbox_dir)
 
     async def reap_orphans(self) -> None:
         for group in self.context.cgroups.existing_groups():
@@ -325,6 +396,7 @@ class LocalBackend(Backend):
         for base in (self.context.sandboxes_dir, self.context.run_base):
             if base.is_dir():
                 for leftover in base.iterdir():
+                    await asyncio.to_thread(unmount_root, leftover)
                     await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
 
