@@ -1,19 +1,21 @@
 """The local backend: a sandbox is a set of Linux namespaces on the host, made by bubblewrap (or,
 where it is missing, util-linux unshare + chroot; see local_launch.py).
 
-Per sandbox the daemon keeps a directory with `workspace/` (mounted read-write at the workdir) and
-`tmp/` (mounted at /tmp), on a size-capped filesystem of its own (limits.disk_bytes, diskcap.py).
-The root is a read-only tmpfs holding read-only binds of the image's top-level entries ("host":
-the host's operating system directories and the configured `local.host_paths`), with /proc, /dev
-(a private writable /dev/shm included) and /run private.
-The daemon's state directory and socket directory are hidden behind empty tmpfs mounts.
+Per sandbox the daemon keeps a directory on a size-capped filesystem of its own
+(limits.disk_bytes, diskcap.py) with `workspace/` (mounted read-write at the workdir), `tmp/`
+(mounted at /tmp) and the sandbox's root (local_root.py): the image through idmapped read-only
+mounts under a writable overlay, in a user namespace of the sandbox's own that maps ids 0-65535
+to its block of host ids (daemon/uids.py). /proc, /dev (a private writable /dev/shm included) and
+/run are private. The daemon's state directory and socket directory are hidden behind empty
+tmpfs mounts.
 
-A long-lived init process, root without capabilities (beyond the reach of the sandbox's uid),
-keeps the namespaces alive; commands enter them with nsenter as the sandbox's own unprivileged
-uid, in a leaf cgroup of the sandbox's cgroup. Every process of a sandbox runs under a seccomp
-filter (daemon/seccomp.py) unless local.seccomp = "none". If the daemon dies, the sandbox's pid 1 dies with it
-(bubblewrap: --die-with-parent; unshare: init's stdin, held by the daemon, closes) and the kernel
-kills every process of the sandbox.
+A long-lived init process, host root without capabilities outside the sandbox's user namespace
+(beyond the reach of everything inside), keeps the namespaces alive; commands enter them with
+nsenter, the user namespace last, as the sandbox's default user (root unless CreateSandbox's
+`user` says otherwise) or a call's `user`, in a leaf cgroup of the sandbox's cgroup. Every process
+of a sandbox runs under a seccomp filter (daemon/seccomp.py) unless local.seccomp = "none". If
+the daemon dies, the sandbox's pid 1 dies with it (bubblewrap: --die-with-parent; unshare: init's
+stdin, held by the daemon, closes) and the kernel kills every process of the sandbox.
 """
 
 from __future__ import annotations

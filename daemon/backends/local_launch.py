@@ -159,8 +159,9 @@ exec "$PY" -I -S -c "$INIT_CODE" "$R" "$WORKDIR"
 """
 
 # The sandbox's init under unshare, run by the daemon's own interpreter as pid 1 (outside the
-# chroot until it enters it). It makes every mount of the root nosuid and nodev, recursively, with
-# mount_setattr (Linux 5.12), which adds flags without clearing any (the read-only ones stay so);
+# chroot until it enters it). It makes every mount of the root nosuid and nodev (but the device
+# nodes of /dev), recursively, with mount_setattr (Linux 5.12), which adds flags without clearing
+# others (the read-only ones stay so);
 # then chroots into the root, drops every capability and, as root, holds the namespaces: the
 # sandbox's uid can neither kill nor stop it, and the kernel ignores SIGKILL sent to a pid
 # namespace's init from inside. It reaps orphans (a shell would not, and zombies count against
@@ -176,9 +177,11 @@ class MountAttr(ctypes.Structure):
 
 NOSUID, NODEV, AT_FDCWD, AT_RECURSIVE, SYS_MOUNT_SETATTR = 0x2, 0x4, -100, 0x8000, 442
 root, workdir = sys.argv[1:]
-attr = MountAttr(NOSUID | NODEV, 0, 0, 0)
-if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(root), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
-    sys.exit(f"cannot restrict the mounts of {root}: {os.strerror(ctypes.get_errno())} (mount_setattr needs Linux 5.12)")
+# Everything nosuid and nodev, but the device nodes bound into /dev (its tmpfs is root's).
+for path, add, clear in ((root, NOSUID | NODEV, 0), (root + "/dev", 0, NODEV), (root + "/dev/shm", NODEV, 0)):
+    attr = MountAttr(add, clear, 0, 0)
+    if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(path), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
+        sys.exit(f"cannot restrict the mounts of {path}: {os.strerror(ctypes.get_errno())} (mount_setattr needs Linux 5.12)")
 os.chroot(root)
 os.chdir(workdir)
 
