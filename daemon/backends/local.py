@@ -41,7 +41,7 @@ from ..seccomp import loader_argv, program, supported
 from ..users import ROOT, SandboxUser, resolve_user
 from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
-from .local_root import build_root, kernel_support, make_user_namespace, secrets, unmount_root
+from .local_root import RootMount, build_root, kernel_support, make_user_namespace, secrets, unmount_root
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class LocalSandbox(ManagedSandbox):
             return
         if self.rootfs != "/":
             await self._check_image_readable()
-        layout = root_layout(self.rootfs, backend.hidden_paths, backend.host_paths, backend.host_secrets)
+        layout = await asyncio.to_thread(self._layout)
         self._userns_fd = await asyncio.to_thread(make_user_namespace, self.uid)
         root = await asyncio.to_thread(
             build_root, layout, self.sandbox_dir, self.uid, self._userns_fd, ("proc", "dev", "tmp", "run", self.workdir)
@@ -183,6 +183,12 @@ class LocalSandbox(ManagedSandbox):
                 f"{err.decode(errors='replace').strip() or 'no error output'}"
             )
         self.init_pid = init_pid(self._launcher.pid)
+
+    def _layout(self) -> list[RootMount]:
+        """What the sandbox's root is made of (a "host" one: the first asks for the host's secrets)."""
+        backend = self.backend
+        covered = backend.host_secrets if self.rootfs == "/" else []
+        return root_layout(self.rootfs, backend.hidden_paths, backend.host_paths, covered)
 
     async def _check_image_readable(self) -> None:
         """The root binds the image's entries as root, which skips the search permission of the
@@ -292,8 +298,7 @@ class LocalBackend(Backend):
         if context.settings.seccomp == "default" and not supported():
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
-        # What the host's /etc keeps from other users, covered in "host" sandboxes (local_root.py).
-        self.host_secrets: list[str] = []
+        self._host_secrets: list[str] | None = None
         super().__init__(context)
 
     # -- capabilities ------------------------------------------------------------------------------
@@ -350,8 +355,15 @@ class LocalBackend(Backend):
                 missing.append(f"this kernel cannot give sandboxes a root of their own: {lacking}")
         if missing:
             return BackendStatus(False, "; ".join(missing), "none", limits)
-        self.host_secrets = secrets()
         return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "namespaces", limits)
+
+    @property
+    def host_secrets(self) -> list[str]:
+        """What the host's /etc keeps from other users, covered in "host" sandboxes (local_root.py):
+        looked for once, when the first sandbox starts."""
+        if self._host_secrets is None:
+            self._host_secrets = secrets()
+        return self._host_secrets
 
     def _seccomp_detail(self) -> str:
         """The seccomp filter as the backend's status reports it (doctor, GetNodeInfo)."""
