@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from corral.daemon.backends.base import Limits, SandboxSpec
-from corral.daemon.backends.local import LocalBackend
+from corral.daemon.backends.local import LocalBackend, LocalSandbox
 from corral.daemon.cgroups import CgroupDriver
 from corral.daemon.commands import DEFAULT_PATH
 from corral.daemon.config import load_config
@@ -66,6 +66,7 @@ def test_default_user_and_call_user(launcher, tmp_path):
         finally:
             await rooted.destroy()
         nobody = await backend.create(spec("nobody"))
+        assert isinstance(nobody, LocalSandbox)
         try:
             assert await output(nobody, ["id", "-u"]) == b"65534\n"
             # The workspace is the default user's, and the files API acts as that user's host id.
