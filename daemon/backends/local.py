@@ -221,7 +221,9 @@ class LocalSandbox(ManagedSandbox):
                     pipe.close()
             _kill(launcher.pid)
             await asyncio.to_thread(launcher.wait)
-        await asyncio.to_thread(unmount_root, self.sandbox_dir)
+        if not os.path.ismount(self.sandbox_dir):
+            # (On the sandbox's own filesystem, the root goes when destroy detaches that.)
+            await asyncio.to_thread(unmount_root, self.sandbox_dir)
         if self._userns_fd >= 0:
             os.close(self._userns_fd)
             self._userns_fd = -1
