@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,3 +215,31 @@ def test_setuid_binaries_in_the_image_do_not_escalate(client, image):
         uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
         assert uids == ["0"] * 4
         assert first != 0
+
+
+def mounts_under(path: Path) -> list[str]:
+    """The mount points at or below `path` (a directory of this test's) in this mount namespace."""
+    with open("/proc/self/mountinfo") as fh:
+        points = [line.split()[4] for line in fh]
+    return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("disk_bytes", [0, 32 << 20])  # 0: no capped filesystem, the root's mounts alone
+def test_destroy_and_a_crash_leave_no_mount_of_the_root(launcher, disk_bytes, tmp_path, image):
+    d = start_daemon(tmp_path, launcher, "")
+    (tmp_path / "corral.toml").write_text(f'[local]\nisolation = "{launcher}"\n[limits]\ndisk_bytes = {disk_bytes}\n')
+    d.stop()
+    d.start()
+    try:
+        with Client(d.address) as c:
+            with c.create_sandbox(image="host"), c.create_sandbox(image=str(image)):
+                assert mounts_under(d.state_dir)
+            assert mounts_under(d.state_dir) == []
+            c.create_sandbox(image="host")
+            c.create_sandbox(image=str(image))
+        d.stop(signal.SIGKILL)
+        d.start()  # reaps what the killed daemon left
+        assert mounts_under(d.state_dir) == []
+    finally:
+        d.stop()
