@@ -357,7 +357,8 @@ class LocalBackend(Backend):
                 missing.append(f"this kernel cannot give sandboxes a root of their own: {lacking}")
         if missing:
             return BackendStatus(False, "; ".join(missing), "none", limits)
-        return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "namespaces", limits)
+        users = f"root inside a user namespace of {self.context.uids.block} host ids per sandbox"
+        return BackendStatus(True, f"{detail}; {users}; {self._seccomp_detail()}", "namespaces", limits)
 
     @property
     def host_secrets(self) -> list[str]:
