@@ -21,6 +21,7 @@ stdin, held by the daemon, closes) and the kernel kills every process of the san
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
@@ -137,9 +138,22 @@ class LocalSandbox(ManagedSandbox):
             await self._check_image_readable()
         layout = await asyncio.to_thread(self._layout)
         self._userns_fd = await asyncio.to_thread(make_user_namespace, self.uid)
-        root = await asyncio.to_thread(
-            build_root, layout, self.sandbox_dir, self.uid, self._userns_fd, ("proc", "dev", "tmp", "run", self.workdir)
-        )
+        try:
+            root = await asyncio.to_thread(
+                build_root,
+                layout,
+                self.sandbox_dir,
+                self.uid,
+                self._userns_fd,
+                ("proc", "dev", "tmp", "run", self.workdir),
+            )
+        except OSError as err:
+            if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                raise  # the node's (see sandboxes.node_error)
+            raise FailedPrecondition(
+                f"cannot build the root of a sandbox of image {self.spec.image or 'host'}: {err} (the image must lie "
+                "on a filesystem that supports idmapped mounts and can be an overlayfs layer, e.g. ext4, xfs, btrfs)"
+            ) from err
         shm_bytes = backend.settings.shm_bytes
         launch_args = (root, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes)
         if backend.launcher == "bwrap":
@@ -177,10 +191,10 @@ class LocalSandbox(ManagedSandbox):
         assert self._launcher.stdout is not None and self._launcher.stderr is not None
         ready = await asyncio.wait_for(asyncio.to_thread(self._launcher.stdout.readline), START_TIMEOUT_S)
         if ready != INIT_READY:
-            err = await asyncio.to_thread(self._launcher.stderr.read)
+            said = await asyncio.to_thread(self._launcher.stderr.read)
             raise FailedPrecondition(
                 f"{backend.launcher} could not start the sandbox: "
-                f"{err.decode(errors='replace').strip() or 'no error output'}"
+                f"{said.decode(errors='replace').strip() or 'no error output'}"
             )
         self.init_pid = init_pid(self._launcher.pid)
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from corral.sdk import Client
+from corral.sdk import Client, errors
 from tests.integration.local_images import make_rootfs
 from tests.integration.test_local_isolation import LAUNCHERS, start_daemon
 
@@ -243,3 +244,27 @@ def test_destroy_and_a_crash_leave_no_mount_of_the_root(launcher, disk_bytes, tm
         assert mounts_under(d.state_dir) == []
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_an_image_on_a_filesystem_without_idmapped_mounts_is_failed_precondition(launcher, tmp_path):
+    # An overlayfs mount of this test's: the kernel cannot idmap it (nor use it as an overlay layer).
+    with tempfile.TemporaryDirectory(prefix="corral-test-", dir="/srv") as parent:
+        os.chmod(parent, 0o755)
+        base = Path(parent)
+        for sub in ("lower", "upper", "work", "merged"):
+            (base / sub).mkdir()
+        make_rootfs(base / "lower" / "image")
+        options = f"lowerdir={base}/lower,upperdir={base}/upper,workdir={base}/work"
+        subprocess.run(["mount", "-t", "overlay", "-o", options, "corral-test", str(base / "merged")], check=True)
+        try:
+            (base / "merged").chmod(0o755)
+            d = start_daemon(tmp_path, launcher)
+            try:
+                with Client(d.address) as c, pytest.raises(errors.FailedPrecondition, match="idmapped mounts"):
+                    c.create_sandbox(image=str(base / "merged" / "image"))
+                assert mounts_under(d.state_dir) == []
+            finally:
+                d.stop()
+        finally:
+            subprocess.run(["umount", "-l", str(base / "merged")], check=False)
