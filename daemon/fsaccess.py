@@ -5,7 +5,8 @@ Paths are resolved with openat2(RESOLVE_IN_ROOT) against a directory fd of the s
 inside the sandbox. While an operation runs, its thread takes the sandbox user's identity
 (per-thread setresuid/setresgid/setgroups through raw syscalls; glibc's wrappers would switch every
 thread), so the kernel applies the same permission checks as for a process in the sandbox: a
-sandbox cannot read /etc/shadow this way either, nor write to its read-only root.
+sandbox cannot read /etc/shadow this way either, nor write where its user may not (on the local
+backend, the user is the sandbox's default one, as its mapped host ids).
 """
 
 from __future__ import annotations
