@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends.registry import BACKENDS
+from .users import INSIDE_ID_COUNT
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,10 @@ class SandboxConfig:
     """Settings every backend shares."""
 
     workdir: str = "/workspace"  # the writable working directory inside sandboxes
-    uid_base: int = 1_500_000  # host uids handed to sandboxes, one each: [uid_base, uid_base + uid_count)
-    uid_count: int = 65536
+    # Host ids handed to sandboxes, [uid_base, uid_base + uid_count): a block of 65536 each (ids
+    # 0..65535 inside its user namespace, daemon/uids.py), so 4096 sandboxes at once by default.
+    uid_base: int = 1_500_000
+    uid_count: int = 65536 * 4096
     # Host directories under which CreateSandbox may bind-mount host paths (daemon/mounts.py);
     # empty: no bind mounts at all.
     bind_roots: list[str] = field(default_factory=list)
@@ -284,6 +287,11 @@ def validate(config: Config) -> None:
     for root in config.sandbox.bind_roots:
         if not isinstance(root, str) or not root.startswith("/") or "\0" in root:
             raise ConfigError(f"sandbox.bind_roots must hold absolute host paths, got {root!r}")
+    if config.sandbox.uid_count < INSIDE_ID_COUNT:
+        raise ConfigError(
+            f"sandbox.uid_count must be at least {INSIDE_ID_COUNT} (one sandbox's block of host ids), "
+            f"got {config.sandbox.uid_count}"
+        )
     for stage in ("init", "run", "eval"):
         if getattr(config.rollout, f"{stage}_workers") < 1:
             raise ConfigError(f"rollout.{stage}_workers must be at least 1")

@@ -5,7 +5,8 @@ Paths are resolved with openat2(RESOLVE_IN_ROOT) against a directory fd of the s
 inside the sandbox. While an operation runs, its thread takes the sandbox user's identity
 (per-thread setresuid/setresgid/setgroups through raw syscalls; glibc's wrappers would switch every
 thread), so the kernel applies the same permission checks as for a process in the sandbox: a
-sandbox cannot read /etc/shadow this way either, nor write to its read-only root.
+sandbox cannot read /etc/shadow this way either, nor write where its user may not (on the local
+backend, the user is the sandbox's default one, as its mapped host ids).
 """
 
 from __future__ import annotations
@@ -98,6 +99,29 @@ def create_private_fifo(path: str | os.PathLike[str], mode: int) -> tuple[int, i
         os.close(read_end)
         raise
     return read_end, write_end
+
+
+PASSWD_MAX_BYTES = 1 << 20
+
+
+def read_passwd(root: str) -> str:
+    """The /etc/passwd of the root filesystem at `root` (a host directory), resolved inside it like
+    every path here ("" where it has none, or something other than a file of at most
+    PASSWD_MAX_BYTES)."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = openat2(root_fd, "etc/passwd", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    finally:
+        os.close(root_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > PASSWD_MAX_BYTES:
+            return ""
+        return os.pread(fd, PASSWD_MAX_BYTES, 0).decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

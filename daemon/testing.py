@@ -60,7 +60,7 @@ class CallerUid(UidPool):
     """Every fake sandbox runs as the caller: the one uid there is, handed out any number of times."""
 
     def __init__(self) -> None:
-        super().__init__(os.getuid(), 1)
+        super().__init__(os.getuid(), 1, block=1)
 
     def take(self) -> int:
         return os.getuid()

@@ -1,26 +1,28 @@
 """The local backend: a sandbox is a set of Linux namespaces on the host, made by bubblewrap (or,
 where it is missing, util-linux unshare + chroot; see local_launch.py).
 
-Per sandbox the daemon keeps a directory with `workspace/` (mounted read-write at the workdir) and
-`tmp/` (mounted at /tmp), on a size-capped filesystem of its own (limits.disk_bytes, diskcap.py).
-The root is a read-only tmpfs holding read-only binds of the image's top-level entries ("host":
-the host's operating system directories and the configured `local.host_paths`), with /proc, /dev
-(a private writable /dev/shm included) and /run private.
-A container image (an archive, an OCI layout, an engine's image) is unpacked once into a cached
-root filesystem directory first (local_images.py).
-The daemon's state directory and socket directory are hidden behind empty tmpfs mounts.
+Per sandbox the daemon keeps a directory on a size-capped filesystem of its own
+(limits.disk_bytes, diskcap.py) with `workspace/` (mounted read-write at the workdir), `tmp/`
+(mounted at /tmp) and the sandbox's root (local_root.py): the image through idmapped read-only
+mounts under a writable overlay, in a user namespace of the sandbox's own that maps ids 0-65535
+to its block of host ids (daemon/uids.py). /proc, /dev (a private writable /dev/shm included) and
+/run are private. A container image (an archive, an OCI layout, an engine's image) is unpacked
+once into a cached root filesystem directory first (local_images.py). The daemon's state
+directory and socket directory are hidden behind empty tmpfs mounts.
 
-A long-lived init process, root without capabilities (beyond the reach of the sandbox's uid),
-keeps the namespaces alive; commands enter them with nsenter as the sandbox's own unprivileged
-uid, in a leaf cgroup of the sandbox's cgroup. Every process of a sandbox runs under a seccomp
-filter (daemon/seccomp.py) unless local.seccomp = "none". If the daemon dies, the sandbox's pid 1 dies with it
-(bubblewrap: --die-with-parent; unshare: init's stdin, held by the daemon, closes) and the kernel
-kills every process of the sandbox.
+A long-lived init process, host root without capabilities outside the sandbox's user namespace
+(beyond the reach of everything inside), keeps the namespaces alive; commands enter them with
+nsenter, the user namespace last, as the sandbox's default user (root unless CreateSandbox's
+`user` says otherwise) or a call's `user`, in a leaf cgroup of the sandbox's cgroup. Every process
+of a sandbox runs under a seccomp filter (daemon/seccomp.py) unless local.seccomp = "none". If
+the daemon dies, the sandbox's pid 1 dies with it (bubblewrap: --die-with-parent; unshare: init's
+stdin, held by the daemon, closes) and the kernel kills every process of the sandbox.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
@@ -31,16 +33,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 
 from .. import diskcap
 from ..cgroups import LimitSupport
-from ..fsaccess import SandboxFiles
+from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
 from ..process import in_cgroup
 from ..seccomp import loader_argv, program, supported
+from ..users import ROOT, SandboxUser, resolve_user
 from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
 from .local_images import ImageCache, parse_reference
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
+from .local_root import RootMount, build_root, kernel_support, make_user_namespace, secrets, unmount_root
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
 log = logging.getLogger(__name__)
@@ -102,7 +106,9 @@ SECCOMP_PROFILES = ("default", "none")
 class LocalSandbox(ManagedSandbox):
     isolation = "namespaces"
     extra_dirs = ("tmp",)  # mounted at /tmp
-    caps_disk = True  # workspace and /tmp are all it can write (besides its size-capped /dev/shm)
+    # Its root's writable layer, workspace and /tmp are all it can write (besides its
+    # size-capped /dev/shm).
+    caps_disk = True
 
     backend: LocalBackend
 
@@ -112,6 +118,27 @@ class LocalSandbox(ManagedSandbox):
         # A cached container image stays in the cache while the sandbox lives (local_images.py).
         self._image_hold = backend.images.hold(self.rootfs)
         self._launcher: subprocess.Popen | None = None
+        # The sandbox's user namespace (a file descriptor of the daemon's) and its default user.
+        self._userns_fd = -1
+        self.user = ROOT
+        if backend.launcher != "none":
+            self.user = resolve_user(spec.user or "root", read_passwd(self.rootfs))
+
+    def host_ids(self, user: SandboxUser) -> tuple[int, int]:
+        """The host uid and gid an inside user is (the sandbox's id block, daemon/uids.py)."""
+        return self.uid + user.uid, self.uid + user.gid
+
+    async def _make_dirs(self) -> None:
+        await super()._make_dirs()
+        if self.backend.launcher == "none":
+            return
+        # The workspace is the default user's; /tmp everyone's, as on any system.
+        host_uid, host_gid = self.host_ids(self.user)
+        os.chown(self.workspace, host_uid, host_gid)
+        os.chmod(self.workspace, 0o755)
+        os.chown(self.sandbox_dir / "tmp", self.uid, self.uid)
+        os.chmod(self.sandbox_dir / "tmp", 0o1777)
+        os.chown(self.run_dir, host_uid, host_gid)
 
     async def launch(self) -> None:
         backend = self.backend
@@ -124,9 +151,26 @@ class LocalSandbox(ManagedSandbox):
             return
         if self.rootfs != "/" and self._image_hold is None:  # (cached images are the daemon's own)
             await self._check_image_readable()
-        layout = root_layout(self.rootfs, backend.hidden_paths, backend.host_paths)
+        layout = await asyncio.to_thread(self._layout)
+        self._userns_fd = await asyncio.to_thread(make_user_namespace, self.uid)
+        try:
+            root = await asyncio.to_thread(
+                build_root,
+                layout,
+                self.sandbox_dir,
+                self.uid,
+                self._userns_fd,
+                ("proc", "dev", "tmp", "run", self.workdir),
+            )
+        except OSError as err:
+            if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                raise  # the node's (see sandboxes.node_error)
+            raise FailedPrecondition(
+                f"cannot build the root of a sandbox of image {self.spec.image or 'host'}: {err} (the image must lie "
+                "on a filesystem that supports idmapped mounts and can be an overlayfs layer, e.g. ext4, xfs, btrfs)"
+            ) from err
         shm_bytes = backend.settings.shm_bytes
-        launch_args = (layout, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes)
+        launch_args = (root, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes)
         if backend.launcher == "bwrap":
             assert backend.bwrap is not None  # the probe chose bwrap because it found it
             argv = bwrap_argv(backend.bwrap, *launch_args)
@@ -162,12 +206,18 @@ class LocalSandbox(ManagedSandbox):
         assert self._launcher.stdout is not None and self._launcher.stderr is not None
         ready = await asyncio.wait_for(asyncio.to_thread(self._launcher.stdout.readline), START_TIMEOUT_S)
         if ready != INIT_READY:
-            err = await asyncio.to_thread(self._launcher.stderr.read)
+            said = await asyncio.to_thread(self._launcher.stderr.read)
             raise FailedPrecondition(
                 f"{backend.launcher} could not start the sandbox: "
-                f"{err.decode(errors='replace').strip() or 'no error output'}"
+                f"{said.decode(errors='replace').strip() or 'no error output'}"
             )
         self.init_pid = init_pid(self._launcher.pid)
+
+    def _layout(self) -> list[RootMount]:
+        """What the sandbox's root is made of (a "host" one: the first asks for the host's secrets)."""
+        backend = self.backend
+        covered = backend.host_secrets if self.rootfs == "/" else []
+        return root_layout(self.rootfs, backend.hidden_paths, backend.host_paths, covered)
 
     async def _check_image_readable(self) -> None:
         """The root binds the image's entries as root, which skips the search permission of the
@@ -194,13 +244,33 @@ class LocalSandbox(ManagedSandbox):
 
     async def shutdown(self) -> None:
         launcher, self._launcher = self._launcher, None
-        if launcher is None:
-            return
-        for pipe in (launcher.stdin, launcher.stdout, launcher.stderr):
-            if pipe is not None:
-                pipe.close()
-        _kill(launcher.pid)
-        await asyncio.to_thread(launcher.wait)
+        if launcher is not None:
+            for pipe in (launcher.stdin, launcher.stdout, launcher.stderr):
+                if pipe is not None:
+                    pipe.close()
+            _kill(launcher.pid)
+            await asyncio.to_thread(launcher.wait)
+        if not os.path.ismount(self.sandbox_dir):
+            # (On the sandbox's own filesystem, the root goes when destroy detaches that.)
+            await asyncio.to_thread(unmount_root, self.sandbox_dir)
+        if self._userns_fd >= 0:
+            os.close(self._userns_fd)
+            self._userns_fd = -1
+
+    def _passwd(self) -> str:
+        """The sandbox's /etc/passwd as it is now, read as its default user ("" if it has none)."""
+        try:
+            data, _, _ = self.file_access().read("/etc/passwd", 0, PASSWD_MAX_BYTES)
+        except (NotFound, InvalidArgument, PermissionDenied):
+            return ""
+        return data.decode(errors="replace")
+
+    def make_file_access(self) -> SandboxFiles:
+        """File access through the init's root, as the default user's host ids."""
+        host_uid, host_gid = self.host_ids(self.user)
+        return SandboxFiles(
+            f"/proc/{self.init_pid}/root", self.workdir, host_uid, host_gid, self.context.max_file_bytes
+        )
 
     async def destroy(self) -> None:
         await super().destroy()
@@ -226,7 +296,21 @@ class LocalSandbox(ManagedSandbox):
             drop = as_sandbox_user(self.uid)
             return EnterCommand([*filtered, *drop, *inside_env(argv, env)], cgroup, cwd or self.workdir, wrapped=False)
         assert self.backend.nsenter is not None
-        enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd, env)
+        who = self.user
+        if user:
+            # Against the sandbox's own passwd as it is now (read as the default user, in its root).
+            who = resolve_user(user, self._passwd())
+        enter = nsenter_argv(
+            self.backend.nsenter,
+            self.init_pid,
+            who.uid,
+            self.workdir,
+            argv,
+            cwd,
+            env,
+            gid=who.gid,
+            user_namespace=f"/proc/{os.getpid()}/fd/{self._userns_fd}",
+        )
         return EnterCommand([*filtered, *enter], cgroup, "/")
 
 
@@ -256,6 +340,7 @@ class LocalBackend(Backend):
         if context.settings.seccomp == "default" and not supported():
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
+        self._host_secrets: list[str] | None = None
         super().__init__(context)
 
     # -- capabilities ------------------------------------------------------------------------------
@@ -306,9 +391,22 @@ class LocalBackend(Backend):
                 if mode == "bwrap"
                 else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
             )
+        if not missing:
+            lacking = kernel_support()
+            if lacking:
+                missing.append(f"this kernel cannot give sandboxes a root of their own: {lacking}")
         if missing:
             return BackendStatus(False, "; ".join(missing), "none", limits)
-        return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "namespaces", limits)
+        users = f"root inside a user namespace of {self.context.uids.block} host ids per sandbox"
+        return BackendStatus(True, f"{detail}; {users}; {self._seccomp_detail()}", "namespaces", limits)
+
+    @property
+    def host_secrets(self) -> list[str]:
+        """What the host's /etc keeps from other users, covered in "host" sandboxes (local_root.py):
+        looked for once, when the first sandbox starts."""
+        if self._host_secrets is None:
+            self._host_secrets = secrets()
+        return self._host_secrets
 
     def _seccomp_detail(self) -> str:
         """The seccomp filter as the backend's status reports it (doctor, GetNodeInfo)."""
@@ -350,6 +448,9 @@ class LocalBackend(Backend):
         pid = record.get("launcher_pid")
         if pid and _is_process(pid, ("bwrap", "unshare")):
             _kill(pid)
+        sandbox_dir = Path(record.get("sandbox_dir", ""))
+        if sandbox_dir.parent == self.context.sandboxes_dir:
+            await asyncio.to_thread(unmount_root, sandbox_dir)
 
     async def reap_orphans(self) -> None:
         for group in self.context.cgroups.existing_groups():
@@ -358,6 +459,7 @@ class LocalBackend(Backend):
         for base in (self.context.sandboxes_dir, self.context.run_base):
             if base.is_dir():
                 for leftover in base.iterdir():
+                    await asyncio.to_thread(unmount_root, leftover)
                     await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
         await self.images.start()

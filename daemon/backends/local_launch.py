@@ -1,19 +1,19 @@
-"""How the local backend builds a sandbox's root and starts its init: bubblewrap, or util-linux
-`unshare` + mount + chroot where bubblewrap is missing. Both follow one layout (`root_layout`), so
-the two cannot drift in what a sandbox sees."""
+"""How the local backend lays out a sandbox's root and starts its init: bubblewrap, or util-linux
+`unshare` + mount + chroot where bubblewrap is missing. The daemon builds the root itself
+(local_root.py, from `root_layout`); both launchers bind it at / and add the same private mounts,
+so the two cannot drift in what a sandbox sees."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..seccomp import LOAD_FUNCTION
 from .base import RUN_DIR_IN_SANDBOX
+from .local_root import RootMount
 
-SKIPPED_TOP_LEVEL = {"proc", "dev", "sys", "tmp", "run", "lost+found"}
 # What a sandbox on the "host" image sees of the host's root: the operating system, no data
 # (/home, /root, /srv, /opt, /var, /mnt... stay out unless listed in local.host_paths).
 HOST_OS_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr")
@@ -23,44 +23,36 @@ INIT_READY = b"corral-init-ready\n"
 INIT_SCRIPT = "printf 'corral-init-ready\\n'; read -r _"
 
 
-@dataclass(frozen=True)
-class Mount:
-    # "bind" (read-only), "link" (symlink: src is the target), "dir" (an empty directory, mode
-    # 0755, the parent of a bind) or "hide" (empty tmpfs)
-    kind: str
-    src: str
-    dst: str
-
-
-def root_layout(rootfs: str, hidden_paths: Sequence[str], host_paths: Sequence[str] = ()) -> list[Mount]:
-    """The read-only part of a sandbox root. A root filesystem directory: its top-level entries,
-    minus what must stay private. The host ("/"): its operating system only, the directories of
-    `host_paths` (absolute, symlinks resolved) at their own paths, and the daemon's own paths
-    covered wherever they fall inside what is shown."""
-    entries = HOST_OS_ENTRIES if rootfs == "/" else sorted(os.listdir(rootfs))
+def root_layout(
+    rootfs: str, hidden_paths: Sequence[str], host_paths: Sequence[str] = (), secrets: Sequence[str] = ()
+) -> list[RootMount]:
+    """How local_root.build_root makes a sandbox's root. A root filesystem directory: one writable
+    overlay of it. The host ("/"): a writable overlay of each operating-system directory, the
+    directories of `host_paths` (absolute, symlinks resolved) read-only at their own paths, the
+    daemon's own paths covered wherever they fall inside what is shown, and `secrets` (host files
+    other users may not read, local_root.secrets) masked."""
+    if rootfs != "/":
+        return [RootMount("overlay", rootfs, "/")]
     layout = []
-    for entry in entries:
-        if entry in SKIPPED_TOP_LEVEL:
-            continue
+    for entry in HOST_OS_ENTRIES:
         path = os.path.join(rootfs, entry)
         if os.path.islink(path):
-            layout.append(Mount("link", os.readlink(path), f"/{entry}"))
+            layout.append(RootMount("link", os.readlink(path), f"/{entry}"))
         elif os.path.isdir(path):
-            layout.append(Mount("bind", path, f"/{entry}"))
-    if rootfs != "/":
-        return layout
-    shown = [m.dst for m in layout if m.kind == "bind"]
+            layout.append(RootMount("overlay", path, f"/{entry}"))
+    shown = [m.dst for m in layout if m.kind == "overlay"]
     made: set[str] = set()
     for path in sorted(host_paths):  # parents first: a path inside one already shown is skipped
         if os.path.isdir(path) and not _inside(path, shown):
             parents = [p for p in _ancestors(path) if p not in made]
-            layout += [Mount("dir", "", p) for p in parents]
+            layout += [RootMount("dir", "", p) for p in parents]
             made.update(parents)
-            layout.append(Mount("bind", path, path))
+            layout.append(RootMount("bind", path, path))
             shown.append(path)
     for hidden in hidden_paths:
         if os.path.isdir(hidden) and _inside(hidden, shown):
-            layout.append(Mount("hide", "", hidden))
+            layout.append(RootMount("hide", "", hidden))
+    layout += [RootMount("mask", "", path) for path in secrets if _inside(path, shown)]
     return layout
 
 
@@ -75,7 +67,7 @@ def _inside(path: str, parents: Sequence[str]) -> bool:
 
 
 def bwrap_argv(
-    bwrap: str, layout: list[Mount], sandbox_dir: Path, run_dir: Path, workdir: str, network: bool, shm_bytes: int
+    bwrap: str, root: Path, sandbox_dir: Path, run_dir: Path, workdir: str, network: bool, shm_bytes: int
 ) -> list[str]:
     argv = [
         bwrap,
@@ -96,16 +88,11 @@ def bwrap_argv(
     ]
     if not network:
         argv.append("--unshare-net")
-    for m in layout:
-        if m.kind == "bind":
-            argv += ["--ro-bind", m.src, m.dst]
-        elif m.kind == "link":
-            argv += ["--symlink", m.src, m.dst]
-        elif m.kind == "dir":
-            argv += ["--perms", "0755", "--dir", m.dst]  # (not the daemon's umask)
-        else:
-            argv += ["--tmpfs", m.dst]
     return argv + [
+        # The root the daemon built (recursively, nosuid and nodev like every bwrap bind).
+        "--bind",
+        str(root),
+        "/",
         "--proc",
         "/proc",
         "--dev",
@@ -129,8 +116,6 @@ def bwrap_argv(
         "--bind",
         str(run_dir),
         RUN_DIR_IN_SANDBOX,
-        "--remount-ro",
-        "/",
         "--chdir",
         workdir,
         "--",
@@ -146,26 +131,15 @@ def bwrap_options(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[1:end], [argv[0], *argv[end:]]
 
 
-# Runs as root, pid 1 of fresh mount/pid/ipc/uts(/net) namespaces: builds the root under $R with
-# the same layout as bubblewrap, then becomes the sandbox's init (_UNSHARE_INIT). Every path comes
-# as its own argument (never parsed out of another program's output), so spaces and odd bytes in
-# host paths cannot break the mount steps; the mounts to restrict are collected in "$@".
+# Runs as root, pid 1 of fresh mount/pid/ipc/uts(/net) namespaces: binds the root the daemon
+# built at $R, adds the same private mounts as bubblewrap, then becomes the sandbox's init
+# (_UNSHARE_INIT). Every path comes as its own argument (never parsed out of another program's
+# output), so spaces and odd bytes in host paths cannot break the mount steps.
 _UNSHARE_SETUP = r"""
 set -eu
-R=$1 SANDBOX=$2 RUNDIR=$3 WORKDIR=$4 SHM_BYTES=$5 PY=$6 INIT_CODE=$7; shift 7
-mount -t tmpfs -o mode=0755 corral-root "$R"
-n=$(($# / 3))
-while [ "$n" -gt 0 ]; do
-  kind=$1 src=$2 dst=$3; shift 3; n=$((n - 1))
-  case $kind in
-    bind) mkdir -p "$R$dst"; mount --rbind "$src" "$R$dst"; set -- "$@" "ro:$R$dst" ;;
-    link) ln -s "$src" "$R$dst" ;;
-    dir) mkdir -m 0755 "$R$dst" ;;
-    hide) mount -t tmpfs -o mode=0755,size=4k corral-hidden "$R$dst" ;;
-  esac
-done
-mkdir -p "$R/proc" "$R/dev" "$R/tmp" "$R/run" "$R$WORKDIR"
-# hidepid: the sandbox user sees its own processes only, not the root-owned pid 1.
+ROOT=$1 R=$2 SANDBOX=$3 RUNDIR=$4 WORKDIR=$5 SHM_BYTES=$6 PY=$7 INIT_CODE=$8
+mount --rbind "$ROOT" "$R"
+# hidepid: the sandbox's users see their own processes only, not the root-owned pid 1.
 mount -t proc -o nosuid,nodev,noexec,hidepid=invisible proc "$R/proc" 2>/dev/null ||
   mount -t proc -o nosuid,nodev,noexec,hidepid=2 proc "$R/proc"
 mount -t tmpfs -o mode=0755,nosuid dev "$R/dev"
@@ -177,19 +151,17 @@ mount -t tmpfs -o mode=0755,nosuid,nodev run "$R/run"
 mount --bind "$SANDBOX/tmp" "$R/tmp"
 mount --bind "$SANDBOX/workspace" "$R$WORKDIR"
 mkdir -p "$R/run/corral" && mount --bind "$RUNDIR" "$R/run/corral"
-set -- "$@" "rw:$R/tmp" "rw:$R$WORKDIR" "rw:$R/run/corral"
-mount -o remount,ro,nosuid "$R"
 echo corral > /proc/sys/kernel/hostname
 # A fresh network namespace starts with loopback down (bubblewrap brings it up itself).
 if command -v ip >/dev/null; then ip link set lo up 2>/dev/null || true; fi
 cd "$R"
-exec "$PY" -I -S -c "$INIT_CODE" "$R" "$WORKDIR" "$@"
+exec "$PY" -I -S -c "$INIT_CODE" "$R" "$WORKDIR"
 """
 
 # The sandbox's init under unshare, run by the daemon's own interpreter as pid 1 (outside the
-# chroot until it enters it). It makes the image's binds read-only, nosuid and nodev and the
-# writable binds nosuid and nodev, recursively, with mount_setattr (Linux 5.12), which adds flags
-# without clearing any (a remount would have to repeat flags locked by an outer user namespace);
+# chroot until it enters it). It makes every mount of the root nosuid and nodev (but the device
+# nodes of /dev), recursively, with mount_setattr (Linux 5.12), which adds flags without clearing
+# others (the read-only ones stay so);
 # then chroots into the root, drops every capability and, as root, holds the namespaces: the
 # sandbox's uid can neither kill nor stop it, and the kernel ignores SIGKILL sent to a pid
 # namespace's init from inside. It reaps orphans (a shell would not, and zombies count against
@@ -203,13 +175,13 @@ libc = ctypes.CDLL(None, use_errno=True)
 class MountAttr(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
 
-RDONLY, NOSUID, NODEV, AT_FDCWD, AT_RECURSIVE, SYS_MOUNT_SETATTR = 0x1, 0x2, 0x4, -100, 0x8000, 442
-root, workdir, *mounts = sys.argv[1:]
-for spec in mounts:
-    kind, path = spec.split(":", 1)
-    attr = MountAttr((RDONLY if kind == "ro" else 0) | NOSUID | NODEV, 0, 0, 0)
+NOSUID, NODEV, AT_FDCWD, AT_RECURSIVE, SYS_MOUNT_SETATTR = 0x2, 0x4, -100, 0x8000, 442
+root, workdir = sys.argv[1:]
+# Everything nosuid and nodev, but the device nodes bound into /dev (its tmpfs is root's).
+for path, add, clear in ((root, NOSUID | NODEV, 0), (root + "/dev", 0, NODEV), (root + "/dev/shm", NODEV, 0)):
+    attr = MountAttr(add, clear, 0, 0)
     if libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, os.fsencode(path), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)):
-        sys.exit(f"cannot restrict the mount {path}: {os.strerror(ctypes.get_errno())} (mount_setattr needs Linux 5.12)")
+        sys.exit(f"cannot restrict the mounts of {path}: {os.strerror(ctypes.get_errno())} (mount_setattr needs Linux 5.12)")
 os.chroot(root)
 os.chdir(workdir)
 
@@ -239,7 +211,7 @@ while os.read(0, 4096):
 
 def unshare_argv(
     unshare: str,
-    layout: list[Mount],
+    root: Path,
     sandbox_dir: Path,
     run_dir: Path,
     workdir: str,
@@ -248,7 +220,7 @@ def unshare_argv(
     seccomp: bytes = b"",
 ) -> list[str]:
     """`seccomp`: the program of the sandbox's seccomp filter (none when empty)."""
-    (sandbox_dir / "root").mkdir(exist_ok=True)
+    (sandbox_dir / "mnt").mkdir(exist_ok=True)
     argv = [unshare, "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--propagation", "private"]
     if not network:
         argv.append("--net")
@@ -258,7 +230,8 @@ def unshare_argv(
         "-c",
         _UNSHARE_SETUP,
         "corral-setup",
-        str(sandbox_dir / "root"),
+        str(root),
+        str(sandbox_dir / "mnt"),
         str(sandbox_dir),
         str(run_dir),
         workdir,
@@ -266,8 +239,6 @@ def unshare_argv(
         sys.executable,
         f"SECCOMP = {seccomp.hex()!r}\n{LOAD_FUNCTION}{_UNSHARE_INIT}",
     ]
-    for m in layout:
-        argv += [m.kind, m.src or "-", m.dst]
     return argv
 
 

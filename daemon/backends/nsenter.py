@@ -22,28 +22,26 @@ def inside_env(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
 
 
 def nsenter_argv(
-    nsenter: str, target_pid: int, uid: int, workdir: str, argv: Sequence[str], cwd: str, env: Mapping[str, str]
+    nsenter: str,
+    target_pid: int,
+    uid: int,
+    workdir: str,
+    argv: Sequence[str],
+    cwd: str,
+    env: Mapping[str, str],
+    *,
+    gid: int | None = None,
+    user_namespace: str = "",
 ) -> list[str]:
-    """Runs argv as `uid` in the mount, pid, ipc, uts and net namespaces and the root of
-    `target_pid`, starting in `cwd` (default: the target's own cwd, which is `workdir`), with
-    environment `env`. Spawn it with HOST_ENV."""
-    enter = [
-        nsenter,
-        "-t",
-        str(target_pid),
-        "-m",
-        "-p",
-        "-i",
-        "-u",
-        "-n",
-        "-r",
-        "-w",
-        "-S",
-        str(uid),
-        "-G",
-        str(uid),
-        "--",
-    ]
+    """Runs argv as `uid` (and `gid`, default: the uid) in the mount, pid, ipc, uts and net
+    namespaces and the root of `target_pid`, starting in `cwd` (default: the target's own cwd,
+    which is `workdir`), with environment `env`. `user_namespace`: a path to a user namespace to
+    join last, whose ids uid and gid then are. Spawn it with HOST_ENV."""
+    enter = [nsenter, "-t", str(target_pid), "-m", "-p", "-i", "-u", "-n", "-r", "-w"]
+    if user_namespace:
+        # nsenter joins a user namespace after the others when that drops privileges.
+        enter.append(f"--user={user_namespace}")
+    enter += ["-S", str(uid), "-G", str(uid if gid is None else gid), "--"]
     if cwd and os.path.normpath(cwd) != workdir:
         # nsenter can only take the target's cwd; change directory once inside.
         enter += ["/bin/sh", "-c", 'cd -- "$1" || exit 126; shift; exec "$@"', "sh", cwd]

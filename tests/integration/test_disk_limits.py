@@ -57,7 +57,11 @@ def host_dir(daemon: DaemonProcess, sandbox_id: str) -> Path:
 def host_bytes(path: Path) -> tuple[int, int]:
     """(size of the filesystem at `path`, bytes its files take) as the host sees them."""
     fs = os.statvfs(path)
-    used = sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, _, files in os.walk(path) for f in files)
+    used = 0
+    for parent, dirs, files in os.walk(path):
+        # Not into the mounts of the sandbox's root (its image): only what lies on its own filesystem.
+        dirs[:] = [d for d in dirs if not os.path.ismount(os.path.join(parent, d))]
+        used += sum(os.lstat(os.path.join(parent, f)).st_blocks * 512 for f in files)
     return fs.f_blocks * fs.f_frsize, used
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 
 from corral.sdk import Client, errors
 from tests.conftest import DaemonProcess, alive_pids, require_backend, sandbox_pids
+from tests.integration.local_images import make_rootfs
 
 LAUNCHERS = ("bwrap", "unshare")
 
@@ -140,27 +140,19 @@ def test_kill_all_inside_leaves_the_sandbox_working(sb):
 
 @contextlib.contextmanager
 def rootfs_image(parent: Path) -> Iterator[Path]:
-    """A directory image under `parent`: the host's /usr (a bind mount of this test's) with the
-    merged-/usr links, and a data file any user may read."""
-    image = parent / "image"
-    image.mkdir(mode=0o755)
-    for link in ("bin", "sbin", "lib", "lib64"):
-        if os.path.exists(f"/usr/{link}"):
-            (image / link).symlink_to(f"usr/{link}")
-    (image / "usr").mkdir()
+    """A directory image under `parent` (tests/integration/local_images.py) with a data file any
+    user may read and one only root may."""
+    image = make_rootfs(parent / "image")
     (image / "data").mkdir(mode=0o755)
     (image / "data" / "readable.txt").write_text("image data\n")
     (image / "data" / "readable.txt").chmod(0o644)
     (image / "data" / "root-only.txt").write_text("root only\n")
     (image / "data" / "root-only.txt").chmod(0o600)
-    with bind_mount("/usr", image / "usr"):
-        yield image
+    yield image
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_directory_image_needs_what_the_sandbox_uid_could_read(launcher, tmp_path):
-    if not os.path.exists("/usr/bin/sh"):
-        pytest.skip("the host's /usr is not merged (no /usr/bin/sh) to build an image from")
     d = start_daemon(tmp_path, launcher)
     try:
         with Client(d.address) as c:
@@ -169,11 +161,14 @@ def test_directory_image_needs_what_the_sandbox_uid_could_read(launcher, tmp_pat
             with host_dir("/srv", 0o700) as hidden, rootfs_image(hidden) as image:
                 with pytest.raises(errors.FailedPrecondition, match="not readable by the sandbox's uid"):
                     c.create_sandbox(image=str(image))
-            # The same image where anyone may reach it works; root-only files in it stay so.
+            # The same image where anyone may reach it works; its root-only files are root's inside
+            # (the sandbox's root), no other user's.
             with host_dir("/srv", 0o755) as public, rootfs_image(public) as image:
                 with c.create_sandbox(image=str(image)) as sandbox:
                     assert sandbox.exec(["cat", "/data/readable.txt"], timeout=10).stdout == b"image data\n"
-                    r = sandbox.exec(["cat", "/data/root-only.txt"], timeout=10)
+                    assert sandbox.exec(["cat", "/data/root-only.txt"], timeout=10).stdout == b"root only\n"
+                    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+                    r = sandbox.exec([*as_nobody, "cat", "/data/root-only.txt"], timeout=10)
                     assert r.exit_code != 0 and b"Permission denied" in r.stderr
     finally:
         d.stop()

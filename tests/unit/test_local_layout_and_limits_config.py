@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.daemon.backends.local_launch import HOST_OS_ENTRIES, Mount, root_layout
+from corral.daemon.backends.local_launch import HOST_OS_ENTRIES, root_layout
+from corral.daemon.backends.local_root import RootMount as Mount
 from corral.daemon.config import ConfigError, load_config
 
 
@@ -17,22 +18,26 @@ def test_host_layout_is_the_os_and_the_allow_list_only(tmp_path: Path):
     (allowed / "inner").mkdir()
     hidden = allowed / "state"
     hidden.mkdir()
-    layout = root_layout("/", [str(hidden), "/nonexistent-state"], [str(allowed / "inner"), str(allowed)])
-    shown = {m.dst for m in layout if m.kind in ("bind", "link")}
+    secret = allowed / "secret"
+    layout = root_layout(
+        "/", [str(hidden), "/nonexistent-state"], [str(allowed / "inner"), str(allowed)], [str(secret), "/srv/x"]
+    )
+    shown = {m.dst for m in layout if m.kind in ("overlay", "bind", "link")}
     assert shown - {f"/{e}" for e in HOST_OS_ENTRIES} == {str(allowed)}  # inner: already inside
     assert not shown & {"/home", "/root", "/srv", "/opt", "/var", "/mnt", "/tmp", "/proc"}
     parents = [m.dst for m in layout if m.kind == "dir"]
     assert parents == [str(p) for p in reversed(allowed.parents) if str(p) != "/"]
     assert Mount("hide", "", str(hidden)) in layout  # hidden where it falls inside what is shown
     assert layout.index(Mount("bind", str(allowed), str(allowed))) > layout.index(Mount("dir", "", parents[-1]))
+    # The OS directories are writable overlays; a secret is masked where it is shown, else left out.
+    assert {m.dst for m in layout if m.kind == "overlay"} <= {f"/{e}" for e in HOST_OS_ENTRIES}
+    assert [m.dst for m in layout if m.kind == "mask"] == [str(secret)]
 
 
-def test_directory_image_layout_is_its_top_level(tmp_path: Path):
-    for entry in ("usr", "etc", "proc", "home"):
-        (tmp_path / entry).mkdir()
-    (tmp_path / "bin").symlink_to("usr/bin")
-    layout = root_layout(str(tmp_path), [], ["/ignored-for-images"])
-    assert sorted(m.dst for m in layout) == ["/bin", "/etc", "/home", "/usr"]
+def test_directory_image_layout_is_one_writable_overlay(tmp_path: Path):
+    (tmp_path / "usr").mkdir()
+    layout = root_layout(str(tmp_path), ["/hidden"], ["/ignored-for-images"], ["/etc/shadow"])
+    assert layout == [Mount("overlay", str(tmp_path), "/")]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,272 @@
+"""A local sandbox's user namespace and writable root filesystem, made by the daemon (as root, in the
+host's mount namespace, under the sandbox's directory) before the launcher starts; the launcher
+binds the finished root at / and adds /proc, /dev, /run, /tmp and the workdir.
+
+- The user namespace maps ids 0 .. INSIDE_ID_COUNT - 1 inside to the sandbox's own block of host
+  ids (daemon/uids.py). Only commands join it (nsenter --user): the mount, pid, ipc, uts, net and
+  cgroup namespaces are created by root on the host, so they stay owned by the initial user
+  namespace, and root inside, with capabilities in its own user namespace only, can neither mount,
+  unmount nor remount anything, nor configure the network.
+- The image's files are shown through idmapped mounts of that user namespace (read-only): what
+  host root owns, root inside owns. Over them lies an overlay whose upper and work directories are
+  on the sandbox's size-capped filesystem (diskcap.py): every path is writable inside, copies
+  count against limits.disk_bytes, and the image never changes.
+- A root filesystem directory is one overlay at /. The "host" image is a directory of the
+  sandbox's own holding one overlay per operating-system directory (/usr, /etc, ...), the
+  symlinks between them, read-only binds of `local.host_paths` (not idmapped: host root's files
+  there are nobody's inside), empty covers over the daemon's own paths and over what the host's
+  /etc keeps from other users (SecretScan), so that root inside reads no more of the host than
+  any user could.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..users import INSIDE_ID_COUNT
+
+_libc = ctypes.CDLL(None, use_errno=True)
+# x86-64 and aarch64 share the numbers of the new mount API.
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
+_AT_FDCWD, _AT_EMPTY_PATH, _AT_RECURSIVE = -100, 0x1000, 0x8000
+_OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 0x1, 0x80000
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_IDMAP = 0x1, 0x2, 0x4, 0x100000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_PRIVATE = 0x1, 0x2, 0x4, 1 << 18
+_MNT_DETACH = 2
+# What the host's "etc" keeps from other users (shadow, private keys) is covered in "host" sandboxes.
+SECRET_DIRS = ("/etc",)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
+
+
+def _check(result: int, what: str, path: str | os.PathLike[str] = "") -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}", os.fspath(path) if path else None)
+    return result
+
+
+@dataclass(frozen=True)
+class RootMount:
+    """One step of building a sandbox root. kind: "overlay" (src's tree, idmapped, under a writable
+    layer of the sandbox's own), "bind" (src read-only, as the host owns it), "link" (a symlink to
+    src), "dir" (an empty directory, 0755, for a bind below it), "hide" (an empty read-only tmpfs)
+    or "mask" (an empty file or directory that nobody inside may read, over a host secret)."""
+
+    kind: str
+    src: str
+    dst: str
+
+
+# -- the user namespace ---------------------------------------------------------------------------
+
+
+def make_user_namespace(first_id: int, count: int = INSIDE_ID_COUNT) -> int:
+    """A new user namespace mapping ids 0 .. count - 1 to first_id .. first_id + count - 1 (uids
+    and gids), as a file descriptor (which keeps it alive) for nsenter and idmapped mounts. The
+    process that makes it (unshare: a multithreaded daemon may not) exits once it is mapped."""
+    maker = subprocess.Popen(
+        ["unshare", "--user", "--", "/bin/sh", "-c", "echo ready; read -r _"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        cwd="/",
+    )
+    assert maker.stdin is not None and maker.stdout is not None and maker.stderr is not None
+    try:
+        if maker.stdout.readline() != b"ready\n":
+            said = maker.stderr.read().decode(errors="replace").strip()
+            raise OSError(errno.EPERM, f"cannot make a user namespace: {said or 'unshare --user failed'}")
+        for kind in ("uid", "gid"):
+            with open(f"/proc/{maker.pid}/{kind}_map", "w") as fh:
+                fh.write(f"0 {first_id} {count}\n")
+        return os.open(f"/proc/{maker.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        maker.stdin.close()
+        maker.wait()
+        maker.stdout.close()
+        maker.stderr.close()
+
+
+# -- the root --------------------------------------------------------------------------------------
+
+
+def _detached_tree(src: str, attr_set: int, userns_fd: int = 0) -> int:
+    """A private recursive copy of the mount tree at `src`, not attached anywhere yet, with
+    `attr_set` (MOUNT_ATTR_*) on every mount of it."""
+    tree = _check(
+        _libc.syscall(
+            _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(src), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE
+        ),
+        "open_tree",
+        src,
+    )
+    try:
+        attr = _MountAttr(attr_set, 0, 0, userns_fd)
+        _check(
+            _libc.syscall(
+                _SYS_MOUNT_SETATTR,
+                tree,
+                b"",
+                _AT_EMPTY_PATH | _AT_RECURSIVE,
+                ctypes.byref(attr),
+                ctypes.c_size_t(ctypes.sizeof(attr)),
+            ),
+            "mount_setattr",
+            src,
+        )
+    except BaseException:
+        os.close(tree)
+        raise
+    return tree
+
+
+def _attach(tree: int, dst: Path) -> None:
+    _check(
+        _libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, os.fsencode(dst), _MOVE_MOUNT_F_EMPTY_PATH),
+        "move_mount",
+        dst,
+    )
+
+
+def _mount(source: str, target: Path, fstype: str, flags: int, options: str) -> None:
+    _check(
+        _libc.mount(source.encode(), os.fsencode(target), fstype.encode(), flags, options.encode() or None),
+        f"mount {fstype}",
+        target,
+    )
+
+
+def _inside_id(host_id: int) -> int:
+    """The id a host id of the image shows as inside (the idmapped view: unmapped ones are nobody)."""
+    return host_id if host_id < INSIDE_ID_COUNT else 65534
+
+
+def _overlay(src: str, dst: Path, layers: Path, name: str, first_id: int, userns_fd: int) -> None:
+    """src's tree at dst, read-only and idmapped, under a writable layer in layers/name."""
+    upper, work = layers / "upper" / name, layers / "work" / name
+    upper.mkdir(parents=True)
+    work.mkdir(parents=True)
+    # The overlay's top directory shows the upper directory's owner and mode: the image's own.
+    top = os.stat(src)
+    os.chown(upper, first_id + _inside_id(top.st_uid), first_id + _inside_id(top.st_gid))
+    os.chmod(upper, stat.S_IMODE(top.st_mode))
+    lower = _detached_tree(src, _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY, userns_fd)
+    try:
+        options = f"lowerdir=/proc/self/fd/{lower},upperdir={upper},workdir={work}"
+        _mount("corral-root", dst, "overlay", _MS_NOSUID | _MS_NODEV, options)
+    finally:
+        os.close(lower)
+
+
+def _bind_read_only(src: str, dst: Path) -> None:
+    tree = _detached_tree(src, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)
+    try:
+        _attach(tree, dst)
+    finally:
+        os.close(tree)
+
+
+def build_root(
+    layout: Sequence[RootMount], sandbox_dir: Path, first_id: int, userns_fd: int, mountpoints: Sequence[str]
+) -> Path:
+    """Builds the sandbox's root at sandbox_dir/root from `layout` (local_launch.root_layout) and
+    returns it; `mountpoints` are made for the launcher. Undone by unmount_root."""
+    if os.path.ismount(sandbox_dir):
+        # The sandbox's own filesystem: nothing mounted below it reaches other mount namespaces.
+        _mount("none", sandbox_dir, "", _MS_PRIVATE, "")
+    root, layers = sandbox_dir / "root", sandbox_dir / "layers"
+    root.mkdir()
+    layers.mkdir(mode=0o700)
+    os.chown(root, first_id, first_id)  # root inside owns / (a "host" image's; an overlay shows its own)
+    root.chmod(0o755)
+    empty_dir, empty_file = layers / "empty-dir", layers / "empty-file"
+    for n, m in enumerate(layout):
+        dst = root / m.dst.lstrip("/")
+        if m.kind == "overlay":
+            dst.mkdir(exist_ok=True)
+            _overlay(m.src, dst, layers, str(n), first_id, userns_fd)
+        elif m.kind == "link":
+            dst.symlink_to(m.src)
+        elif m.kind == "dir":
+            dst.mkdir(mode=0o755)
+            os.chown(dst, first_id, first_id)
+        elif m.kind == "bind":
+            dst.mkdir(exist_ok=True)
+            _bind_read_only(m.src, dst)
+        elif m.kind == "hide":
+            _mount("corral-hidden", dst, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "mode=0755,size=4k")
+        elif m.kind == "mask":
+            cover = empty_dir if os.path.isdir(dst) else empty_file
+            if not cover.exists():
+                cover.mkdir(mode=0) if cover is empty_dir else cover.touch(mode=0)
+            _bind_read_only(str(cover), dst)
+    for path in mountpoints:
+        target = root / path.lstrip("/")
+        if not target.exists():
+            target.mkdir(parents=True)
+            os.chown(target, first_id, first_id)
+    return root
+
+
+def unmount_root(sandbox_dir: Path) -> None:
+    """Detaches a sandbox's root and everything mounted in it (nothing when there is none)."""
+    root = sandbox_dir / "root"
+    if os.path.ismount(root):
+        _check(_libc.umount2(os.fsencode(root), _MNT_DETACH), "umount", root)
+    elif root.is_dir():
+        # A "host" image's root is a directory holding the mounts.
+        for entry in root.iterdir():
+            if os.path.ismount(entry):
+                _check(_libc.umount2(os.fsencode(entry), _MNT_DETACH), "umount", entry)
+
+
+def secrets(dirs: Sequence[str] = SECRET_DIRS) -> list[str]:
+    """The entries under `dirs` that other users may not read (a directory: list): what a
+    "host" sandbox's root must not read either. Directories others cannot enter are not descended."""
+    found = []
+    for top in dirs:
+        for parent, subdirs, files in os.walk(top):
+            for name in [*subdirs, *files]:
+                path = os.path.join(parent, name)
+                try:
+                    mode = os.lstat(path).st_mode
+                except OSError:
+                    continue
+                if not stat.S_ISLNK(mode) and not mode & stat.S_IROTH:
+                    found.append(path)
+            subdirs[:] = [d for d in subdirs if os.path.join(parent, d) not in found]
+    return found
+
+
+def kernel_support() -> str:
+    """ "" when this kernel can build sandbox roots (user namespaces, idmapped mounts, overlayfs
+    over an idmapped layer), else why not."""
+    with tempfile.TemporaryDirectory(prefix="corral-idmap-probe-") as scratch:
+        lower, merged, layers = (Path(scratch) / n for n in ("lower", "merged", "layers"))
+        lower.mkdir()
+        merged.mkdir()
+        try:
+            userns = make_user_namespace(0, 1)
+        except OSError as err:
+            return f"no user namespaces ({err.strerror or err})"
+        try:
+            _overlay(str(lower), merged, layers, "0", 0, userns)
+            _check(_libc.umount2(os.fsencode(merged), _MNT_DETACH), "umount", merged)
+        except OSError as err:
+            return f"no overlayfs over idmapped mounts (Linux 5.19 or later): {err}"
+        finally:
+            os.close(userns)
+    return ""
