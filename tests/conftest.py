@@ -31,19 +31,30 @@ from corral.v1 import shell_pb2, shell_pb2_grpc
 
 REQUIRED = {b.strip() for b in os.environ.get("CORRAL_REQUIRE_BACKENDS", "").split(",") if b.strip()}
 REQUIRED_TRAINERS = {t.strip() for t in os.environ.get("CORRAL_REQUIRE_TRAINERS", "").split(",") if t.strip()}
+REQUIRED_HARNESSES = {h.strip() for h in os.environ.get("CORRAL_REQUIRE_HARNESSES", "").split(",") if h.strip()}
 
 
 def require_trainer(name: str, module: str, extra: str) -> None:
     """Skips (or, when CORRAL_REQUIRE_TRAINERS names the trainer, fails) if its package is not
     installed: the adapter tests run against the real trainer packages (extras verl, tunix).
     Call it at the top of a test module, before importing the adapter."""
+    _require_package("CORRAL_REQUIRE_TRAINERS", REQUIRED_TRAINERS, name, module, extra)
+
+
+def require_harness(name: str, module: str, extra: str) -> None:
+    """require_trainer's twin for the agent harnesses of corral.integrations (extra minisweagent),
+    required by CORRAL_REQUIRE_HARNESSES."""
+    _require_package("CORRAL_REQUIRE_HARNESSES", REQUIRED_HARNESSES, name, module, extra)
+
+
+def _require_package(variable: str, required: set[str], name: str, module: str, extra: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is not None:
         return
     reason = f"{name} is not installed (pip install 'corral[{extra}]')"
-    if name in REQUIRED_TRAINERS:
-        pytest.fail(f"{reason} (CORRAL_REQUIRE_TRAINERS={os.environ['CORRAL_REQUIRE_TRAINERS']})", pytrace=False)
+    if name in required:
+        pytest.fail(f"{reason} ({variable}={os.environ[variable]})", pytrace=False)
     pytest.skip(reason, allow_module_level=True)
 
 
