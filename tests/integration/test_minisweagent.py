@@ -50,12 +50,6 @@ SANDBOXES = {
 }
 MODES = {"exec": False, "shell": True}
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-# Until sandboxes can give their commands root and a writable root filesystem, a command runs as an
-# unprivileged uid on a read-only root: mini's check that the sandbox is writable outside /tmp
-# (test_singularity.py's `touch /usr/testfile`) fails for that reason alone.
-NEEDS_WRITABLE_ROOT = pytest.mark.xfail(
-    reason="commands run as an unprivileged uid on a read-only root filesystem", strict=True
-)
 
 MakeEnv = Callable[..., CorralEnvironment]
 
@@ -234,7 +228,6 @@ def test_writable_tmp(make_env):
     assert result["output"] == "test content\n"
 
 
-@NEEDS_WRITABLE_ROOT
 def test_writable_root_filesystem(make_env):
     result = make_env().execute({"command": "touch /usr/testfile && ls /usr/testfile"})
     assert result["returncode"] == 0
