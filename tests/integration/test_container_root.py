@@ -72,7 +72,7 @@ print("mount", errno_of(165, b"none", b"/mnt", b"tmpfs", 0, None))
 print("finit_module", errno_of(313, os.open("/etc/hostname", os.O_RDONLY), b"", 0))
 print("unshare-user", errno_of(272, 0x10000000))
 print("unshare-mount", errno_of(272, 0x00020000))
-print("setns", errno_of(308, os.open("/proc/1/ns/mnt", os.O_RDONLY), 0))
+print("setns", errno_of(308, os.open("/proc/self/ns/mnt", os.O_RDONLY), 0))
 print("keyctl", errno_of(250, 0, -3, 0, 0, 0))
 print("mknod", errno_of(133, b"/tmp/sda", 0o60600, os.makedev(8, 0)))
 """
@@ -83,7 +83,7 @@ print("mknod", errno_of(133, b"/tmp/sda", 0o60600, os.makedev(8, 0)))
 
 def test_kernel_settings_are_read_only(root_sandbox):
     """Host uid 0 may write most of /proc/sys and /sys by file mode alone: they must be read-only."""
-    for path in ("/proc/sys/vm/swappiness", "/proc/sys/kernel/core_pattern", "/sys/kernel/uevent_helper"):
+    for path in ("/proc/sys/vm/swappiness", "/proc/sys/kernel/core_pattern", "/sys/kernel/mm/ksm/run"):
         r = root_sandbox.exec(f"cat {path} > /tmp/v && cat /tmp/v > {path}", timeout=10)
         assert r.exit_code != 0 and b"Read-only file system" in r.stderr, (path, r)
 
@@ -169,7 +169,7 @@ def test_bind_mounts_and_users(case, tmp_path):
     require_image(requirement)
     shared, scratch = tmp_path / "shared", tmp_path / "scratch"
     shared.mkdir()
-    (shared / "data.txt").write_text("host data")
+    (shared / "data.txt").write_text("host data\n")
     scratch.mkdir(mode=0o777)
     scratch.chmod(0o777)
     before = _tree_digest(shared)
