@@ -60,13 +60,9 @@ CAPABILITIES = {
 }
 CAPABILITY_MASK = sum(1 << bit for bit in CAPABILITIES.values())
 
-# argv: pid, uid, gid, capability mask, join devices cgroup (0/1), cwd, seccomp program (hex),
-# count of environment entries, the entries, then the program's argv.
-ENTER = (
-    LOAD_FUNCTION
-    + r"""
-# Everything is imported before the root changes: the interpreter's library is the host's.
-import _ctypes, os, signal, struct, sys, warnings  # noqa: F401 (os.execvpe needs warnings)
+# What both programs below start with: libc functions by name, and how they fail.
+LIBC_CALLS = r"""
+import _ctypes, os, sys
 
 class c_long(_ctypes._SimpleCData):
     _type_ = "l"
@@ -76,13 +72,23 @@ class Function(_ctypes.CFuncPtr):
     _flags_, _restype_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO, c_long
 
 def fail(what, code=126):
-    sys.stderr.write(f"corral: cannot enter the sandbox: {what}\n")
+    sys.stderr.write(f"corral: {what}\n")
     sys.stderr.flush()
     os._exit(code)
 
 def call(name, *args):
     if Function((name, Libc()))(*args) == -1:
         fail(f"{name}: {os.strerror(_ctypes.get_errno())}")
+"""
+
+# argv: pid, uid, gid, capability mask, join devices cgroup (0/1), cwd, seccomp program (hex),
+# count of environment entries, the entries, then the program's argv.
+ENTER = (
+    LOAD_FUNCTION
+    + LIBC_CALLS
+    + r"""
+# Everything is imported before the root changes: the interpreter's library is the host's.
+import signal, struct, warnings  # noqa: F401 (os.execvpe needs warnings)
 
 def prctl(*args):
     call("prctl", *(c_long(a) for a in (*args, 0, 0, 0, 0)[:5]))
@@ -113,13 +119,19 @@ os.chroot(".")
 child = os.fork()
 if child:
     # Outside, the parent of the program (the pid namespace takes effect for children): its exit
-    # is the program's, a death by signal included.
+    # is the program's, a death by signal included. An interrupt is the program's to handle, as
+    # for a shell's foreground child.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
     status = os.waitpid(child, 0)[1]
     if os.WIFSIGNALED(status):
         if os.WTERMSIG(status) != signal.SIGKILL:  # (whose disposition cannot be set)
             signal.signal(os.WTERMSIG(status), signal.SIG_DFL)  # Python ignores SIGPIPE, handles SIGINT
         os.kill(os.getpid(), os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+# Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec.
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 for cap in range(last_cap + 1):
     if not caps >> cap & 1:
@@ -157,20 +169,9 @@ except OSError as err:
 READ_ONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger", "/sys")
 
 # argv: pid, then the paths. Binds each path onto itself read-only in the mount namespace of pid.
-MAKE_READ_ONLY = r"""
-import _ctypes, os, sys
-
-class c_long(_ctypes._SimpleCData):
-    _type_ = "l"
-class Libc:
-    _handle = _ctypes.dlopen(None, os.RTLD_NOW)
-class Function(_ctypes.CFuncPtr):
-    _flags_, _restype_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO, c_long
-
-def call(name, *args):
-    if Function((name, Libc()))(*args) == -1:
-        sys.exit(f"{name} {args[:2]}: {os.strerror(_ctypes.get_errno())}")
-
+MAKE_READ_ONLY = (
+    LIBC_CALLS
+    + r"""
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 root = os.open(f"/proc/{sys.argv[1]}/root", os.O_RDONLY | os.O_DIRECTORY)
 call("setns", os.open(f"/proc/{sys.argv[1]}/ns/mnt", os.O_RDONLY), 0x00020000)
@@ -183,6 +184,7 @@ for path in sys.argv[2:]:
         flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
         call("mount", None, target, None, c_long(flags), None)
 """
+)
 
 
 def read_only_argv(target_pid: int, python: str = sys.executable) -> list[str]:

@@ -49,6 +49,12 @@ def test_root_by_default_with_dockers_capabilities_only(root_sandbox):
     assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
 
 
+def test_programs_get_default_signal_dispositions(root_sandbox):
+    """The entering step is a Python program, which ignores SIGPIPE: the program must not."""
+    r = root_sandbox.exec("yes | head -n 1; grep -E '^SigIgn:' /proc/self/status", timeout=10)
+    assert r.stdout == b"y\nSigIgn:\t0000000000000000\n" and r.stderr == b"", r
+
+
 def test_root_writes_anywhere_and_it_vanishes_with_the_sandbox(client, root_sandbox):
     r = root_sandbox.exec(
         "touch /usr/x && echo ok && echo edited >> /etc/debian_version && cat /root/.bashrc >/dev/null"
