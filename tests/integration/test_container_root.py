@@ -20,6 +20,7 @@ from corral.daemon.commands import DEFAULT_PATH
 from corral.daemon.config import load_config
 from corral.daemon.node import make_backends
 from corral.daemon.process import in_cgroup
+from corral.sdk import errors
 from tests.conftest import BACKEND_CASES, DOCKER_TEST_IMAGE, ROOT_INSIDE, SIF_TEST_IMAGE, require_backend, require_image
 
 CONTAINER_CASES = [case for case, (_, backend, _) in BACKEND_CASES.items() if backend in ROOT_INSIDE]
@@ -168,53 +169,84 @@ async def _run_in(sandbox, script: str, user: str = "") -> subprocess.CompletedP
     )
 
 
-@pytest.mark.parametrize("case", CONTAINER_CASES)
-def test_bind_mounts_and_users(case, tmp_path):
+def _in_backend_sandbox(case: str, tmp_path: Path, scenario, image: str = "", **spec) -> None:
+    """Runs `await scenario(sandbox)` in a sandbox made by the case's backend itself, in this
+    process, from SandboxSpec fields the API does not pass yet; destroys it whatever happens."""
     requirement, name, config_text = BACKEND_CASES[case]
     require_backend(requirement)
     require_image(requirement)
+    config_file = tmp_path / "corral.toml"
+    config_file.write_text(config_text)
+    config = load_config(config_file, state_dir=str(tmp_path / "state"))
+    daemon_id = uuid.uuid4().hex[:8]
+    backend = make_backends(config, CgroupDriver(daemon_id), daemon_id)[name]
+    sandbox_spec = SandboxSpec(f"sb-{daemon_id}", image or backend.default_image(), Limits(), network=False, **spec)
+
+    async def run() -> None:
+        try:
+            sandbox = await backend.create(sandbox_spec)
+            try:
+                await scenario(sandbox)
+            finally:
+                await sandbox.destroy()
+        finally:
+            await backend.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("case", CONTAINER_CASES)
+def test_bind_mounts_and_users(case, tmp_path):
     shared, scratch = tmp_path / "shared", tmp_path / "scratch"
     shared.mkdir()
     (shared / "data.txt").write_text("host data\n")
     scratch.mkdir(mode=0o777)
     scratch.chmod(0o777)
     before = _tree_digest(shared)
-    config_file = tmp_path / "corral.toml"
-    config_file.write_text(config_text)
-    config = load_config(config_file, state_dir=str(tmp_path / "state"))
-    daemon_id = uuid.uuid4().hex[:8]
-    backend = make_backends(config, CgroupDriver(daemon_id), daemon_id)[name]
-    spec = SandboxSpec(
-        sandbox_id=f"sb-{daemon_id}",
-        image=backend.default_image(),
-        limits=Limits(),
-        network=False,
-        user="nobody",
-        mounts=(BindMount(str(shared), "/mnt/shared"), BindMount(str(scratch), "/mnt/scratch", read_only=False)),
-    )
 
-    async def scenario() -> None:
-        sandbox = await backend.create(spec)
-        try:
-            r = await _run_in(sandbox, "id -un; cat /mnt/shared/data.txt; touch /workspace/w && echo workspace")
-            assert r.stdout == b"nobody\nhost data\nworkspace\n", r.stderr
-            r = await _run_in(
-                sandbox,
-                "echo x > /mnt/shared/data.txt; rm -f /mnt/shared/data.txt; touch /mnt/shared/new; "
-                "chmod 777 /mnt/shared; touch /mnt/scratch/by-root; id -u",
-                user="root",
-            )
-            assert r.stdout == b"0\n" and r.stderr.count(b"Read-only file system") == 4, r.stderr
-            r = await _run_in(sandbox, "touch /mnt/scratch/by-nobody && echo ok", user="65534:65534")
-            assert r.stdout == b"ok\n", r.stderr
-            assert sandbox.file_access().kind("/workspace/w")
-        finally:
-            await sandbox.destroy()
-            await backend.close()
+    async def scenario(sandbox) -> None:
+        r = await _run_in(sandbox, "id -un; cat /mnt/shared/data.txt; touch /workspace/w && echo workspace")
+        assert r.stdout == b"nobody\nhost data\nworkspace\n", r.stderr
+        r = await _run_in(
+            sandbox,
+            "echo x > /mnt/shared/data.txt; rm -f /mnt/shared/data.txt; touch /mnt/shared/new; "
+            "chmod 777 /mnt/shared; touch /mnt/scratch/by-root; id -u",
+            user="root",
+        )
+        assert r.stdout == b"0\n" and r.stderr.count(b"Read-only file system") == 4, r.stderr
+        r = await _run_in(sandbox, "touch /mnt/scratch/by-nobody && echo ok", user="65534:65534")
+        assert r.stdout == b"ok\n", r.stderr
 
-    asyncio.run(scenario())
+    mounts = (BindMount(str(shared), "/mnt/shared"), BindMount(str(scratch), "/mnt/scratch", read_only=False))
+    _in_backend_sandbox(case, tmp_path, scenario, user="nobody", mounts=mounts)
     assert _tree_digest(shared) == before
     # Without a user namespace the host sees the inside ids: root's files are host uid 0, which
     # is why bind mounts are read-only unless asked otherwise (docs/backends.md).
     assert (scratch / "by-root").stat().st_uid == 0
     assert (scratch / "by-nobody").stat().st_uid == 65534
+
+
+def test_the_images_user_is_the_default_for_programs_and_files(tmp_path):
+    require_backend("docker")
+    require_image("docker")
+    image = "corral-test/python-as-nobody:test"
+    dockerfile = f"FROM {DOCKER_TEST_IMAGE}\nUSER nobody:nogroup\n"
+    subprocess.run(
+        ["docker", "build", "-q", "-t", image, "-"], input=dockerfile.encode(), check=True, capture_output=True
+    )
+
+    async def scenario(sandbox) -> None:
+        r = await _run_in(sandbox, "id -u; id -g; stat -c %u:%g /workspace; touch /usr/x")
+        assert r.stdout == b"65534\n65534\n65534:65534\n" and b"Permission denied" in r.stderr, r
+        files = sandbox.file_access()
+        await asyncio.to_thread(files.write, "/workspace/by-files", b"x", 0o644, False)
+        r = await _run_in(sandbox, "stat -c %u:%g /workspace/by-files")
+        assert r.stdout == b"65534:65534\n"
+        with pytest.raises(errors.PermissionDenied):
+            await asyncio.to_thread(files.write, "/usr/by-files", b"x", 0o644, False)
+        assert (await _run_in(sandbox, "id -un", user="root")).stdout == b"root\n"
+
+    try:
+        _in_backend_sandbox("docker", tmp_path, scenario, image=image)
+    finally:
+        subprocess.run(["docker", "image", "rm", image], capture_output=True)
