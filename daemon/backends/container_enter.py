@@ -59,6 +59,11 @@ CAPABILITIES = {
     "CAP_SETFCAP": 31,
 }
 CAPABILITY_MASK = sum(1 << bit for bit in CAPABILITIES.values())
+# Less what acts on a network namespace: for sandboxes that share the host's (raw sockets would
+# see the node's traffic; privileged ports are the node's services').
+HOST_NETWORK_CAPABILITY_MASK = CAPABILITY_MASK & ~(
+    1 << CAPABILITIES["CAP_NET_RAW"] | 1 << CAPABILITIES["CAP_NET_BIND_SERVICE"]
+)
 
 # What both programs below start with: libc functions by name, and how they fail.
 LIBC_CALLS = r"""
@@ -201,11 +206,13 @@ def enter_argv(
     cwd: str,
     env: Mapping[str, str],
     *,
+    capabilities: int,
     join_devices_cgroup: bool,
     python: str = sys.executable,
 ) -> list[str]:
     """The host command that runs argv in the container of `target_pid` as uid:gid (see the module
-    docstring), in `cwd`, with exactly `env`. Spawn it with nsenter.HOST_ENV."""
+    docstring), with `capabilities` (a mask) for root, in `cwd`, with exactly `env`. Spawn it with
+    nsenter.HOST_ENV."""
     return [
         python,
         "-I",
@@ -215,7 +222,7 @@ def enter_argv(
         str(target_pid),
         str(uid),
         str(gid),
-        str(CAPABILITY_MASK),
+        str(capabilities),
         "1" if join_devices_cgroup else "0",
         cwd,
         _seccomp_hex(),
@@ -274,6 +281,11 @@ class ImageUserSandbox(ManagedSandbox):
     # The default user, known once the container runs (adopt_user).
     user: SandboxUser = ROOT
 
+    @property
+    def capabilities(self) -> int:
+        """Root's capabilities inside (a mask of CAPABILITIES)."""
+        return CAPABILITY_MASK
+
     def adopt_user(self, image_user: str) -> None:
         """Takes the request's user, else `image_user` (the image's, "" = root), as the default,
         and gives it the workspace and the run directory (where kernels make their sockets)."""
@@ -293,6 +305,7 @@ class ImageUserSandbox(ManagedSandbox):
             argv,
             cwd or self.workdir,
             env,
+            capabilities=self.capabilities,
             join_devices_cgroup=self.join_devices_cgroup,
         )
         return EnterCommand(enter, cgroup, "/")

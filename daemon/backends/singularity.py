@@ -28,7 +28,7 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 from ..cgroups import CgroupGroup, LimitSupport
 from ..process import in_cgroup
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
-from .container_enter import ImageUserSandbox, read_only_argv
+from .container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
 from .nsenter import HOST_ENV
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,11 @@ class SingularitySandbox(ImageUserSandbox):
     # gives /tmp and /var/tmp in-memory tmpfs mounts (charged to the sandbox's memory cgroup): all
     # it can write to the host's disk is on the sandbox's own filesystem.
     caps_disk = True
+
+    @property
+    def capabilities(self) -> int:
+        # Without --net the instance shares the host's network namespace.
+        return HOST_NETWORK_CAPABILITY_MASK if self.spec.network else CAPABILITY_MASK
 
     @property
     def overlay(self) -> str:

@@ -50,6 +50,18 @@ def test_root_by_default_with_dockers_capabilities_only(root_sandbox):
     assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
 
 
+def test_no_raw_sockets_in_the_hosts_network(daemon, client):
+    """Apptainer's networked instances share the host's network namespace: root there gets no
+    raw sockets (which would see the node's traffic) and no privileged ports."""
+    if daemon.backend != "singularity":
+        pytest.skip("a networked sandbox has a network namespace of its own on this backend")
+    with client.create_sandbox(network=True) as sb:
+        r = _python(sb, "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)")
+        assert r.exit_code != 0 and b"PermissionError" in r.stderr
+        r = _python(sb, "import socket; socket.socket().bind(('127.0.0.1', 80))")
+        assert r.exit_code != 0 and b"PermissionError" in r.stderr
+
+
 def test_programs_get_default_signal_dispositions(root_sandbox):
     """The entering step is a Python program, which ignores SIGPIPE: the program must not."""
     r = root_sandbox.exec("yes | head -n 1; grep -E '^SigIgn:' /proc/self/status", timeout=10)
