@@ -228,6 +228,10 @@ def test_bind_mounts_and_users(case, tmp_path):
         assert r.stdout == b"0\n" and r.stderr.count(b"Read-only file system") == 4, r.stderr
         r = await _run_in(sandbox, "touch /mnt/scratch/by-nobody && echo ok", user="65534:65534")
         assert r.stdout == b"ok\n", r.stderr
+        with pytest.raises(errors.FailedPrecondition, match="no user 'no-such-user'"):
+            await _run_in(sandbox, "true", user="no-such-user")
+        with pytest.raises(errors.InvalidArgument):
+            await _run_in(sandbox, "true", user="not a user")
 
     mounts = (BindMount(str(shared), "/mnt/shared"), BindMount(str(scratch), "/mnt/scratch", read_only=False))
     _in_backend_sandbox(case, tmp_path, scenario, user="nobody", mounts=mounts)
