@@ -34,7 +34,7 @@ from corral.sdk.errors import FailedPrecondition
 
 from ..fsaccess import SandboxFiles, openat2
 from ..seccomp import LOAD_FUNCTION, program, supported
-from ..users import ROOT, SandboxUser, resolve_user
+from ..users import ROOT, SandboxUser, check_user_spec, resolve_user
 from .base import EnterCommand, ManagedSandbox
 
 # /etc/passwd and /etc/group are read up to this size.
@@ -243,9 +243,11 @@ def resolve_in_image(init_pid: int, spec: str) -> SandboxUser:
     """The user `spec` names (a name, uid, uid:gid, or name:group as an image's USER may say),
     against the /etc/passwd and /etc/group the container of `init_pid` has, read within its root."""
     user, _, group = spec.partition(":")
-    if not group or group.isdigit():
+    if not group or (user.isdigit() and group.isdigit()):
         return resolve_user(spec, _image_file(init_pid, "/etc/passwd"))
     found = resolve_user(user, _image_file(init_pid, "/etc/passwd"))
+    if group.isdigit():
+        return replace(found, gid=int(check_user_spec(group)))
     for line in _image_file(init_pid, "/etc/group").splitlines():
         fields = line.split(":")
         if len(fields) >= 3 and fields[0] == group and fields[2].isdigit():

@@ -261,6 +261,8 @@ def test_the_images_user_is_the_default_for_programs_and_files(tmp_path):
         with pytest.raises(errors.PermissionDenied):
             await asyncio.to_thread(files.write, "/usr/by-files", b"x", 0o644, False)
         assert (await _run_in(sandbox, "id -un", user="root")).stdout == b"root\n"
+        for spec, ids in (("nobody:0", b"65534 0"), ("root:nogroup", b"0 65534"), ("7:7", b"7 7")):
+            assert (await _run_in(sandbox, "echo $(id -u) $(id -g)", user=spec)).stdout == ids + b"\n"
 
     try:
         _in_backend_sandbox("docker", tmp_path, scenario, image=image)
