@@ -1,13 +1,15 @@
 """The Docker backend: a sandbox is a container made by the engine (image, limits, network,
-init), entered from the host like a local sandbox.
+init, writable layer), entered from the host like a local sandbox.
 
 The engine creates and destroys containers through the docker SDK (blocking calls run in a small
 thread pool). Commands, shells and kernels do not go through `docker exec` (about 100 ms each
-here): the daemon enters the container's namespaces with nsenter (about 3 ms), as the sandbox's
-own uid, inside a leaf cgroup created under the container's cgroup, so the engine's memory, pids
-and CPU limits still apply and a timeout can kill the whole tree. Files use the same in-root
-openat2 access as local sandboxes, through /proc/<container init>/root. That is why this backend
-needs the daemon on the engine's host, as root; a remote engine is not supported.
+here): the daemon enters the container's namespaces itself (container_enter.py), as the image's
+user (root for most images) with Docker's default capabilities for root less CAP_MKNOD,
+no_new_privs and a seccomp filter, inside a leaf cgroup created under the container's cgroup (and
+its devices cgroup), so the engine's memory, pids, CPU and device limits still apply and a
+timeout can kill the whole tree. Files use the same in-root openat2 access as local sandboxes,
+through /proc/<container init>/root, as the same user. That is why this backend needs the daemon
+on the engine's host, as root; a remote engine is not supported.
 
 Containers carry labels naming the daemon and the sandbox, so a restarted daemon finds and
 removes whatever a crashed one left.
@@ -19,8 +21,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
-from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, ManagedSandbox
-from .nsenter import nsenter_argv
+from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
+from .container_enter import ImageUserSandbox
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -87,11 +87,12 @@ def parse_ulimit(entry: str) -> tuple[str, int, int]:
     return parsed
 
 
-class DockerSandbox(ManagedSandbox):
+class DockerSandbox(ImageUserSandbox):
     isolation = "container"
     owns_cgroup = False  # the engine's container cgroup: the daemon only adds leaves to it
-    # The workspace stays listable for the container's own root (`docker exec` as root has no
-    # capabilities here, so no DAC override), as it always was on this backend.
+    join_devices_cgroup = True
+    leaf_prefix = "corral-"
+    # The workspace stays listable for users of the image other than its owner.
     dir_mode = 0o755
 
     backend: DockerBackend
@@ -119,9 +120,17 @@ class DockerSandbox(ManagedSandbox):
             },
             working_dir=self.workdir,
             environment=self.spec.env,
+            # The init (sleep) needs nothing; what corral runs is entered with its own capabilities.
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
         )
+        if self.spec.mounts:
+            mount = _docker().types.Mount
+            kwargs.update(
+                mounts=[
+                    mount(m.sandbox_path, m.host_path, type="bind", read_only=m.read_only) for m in self.spec.mounts
+                ]
+            )
         if settings.ulimits:
             ulimit = _docker().types.Ulimit
             kwargs.update(
@@ -154,6 +163,7 @@ class DockerSandbox(ManagedSandbox):
         if not self.init_pid:
             raise FailedPrecondition(f"container of {self.spec.image!r} is not running: {container.status}")
         self.cgroup = self.context.cgroups.group_of(self.init_pid)
+        self.adopt_user(container.attrs["Config"].get("User") or "")
 
     async def kill_processes(self) -> None:
         # Only our leaves: the engine removes the container's own cgroup, which it refuses to do
@@ -174,14 +184,6 @@ class DockerSandbox(ManagedSandbox):
 
     def record_extra(self) -> dict:
         return {"container_id": self.container.id if self.container else ""}
-
-    def enter_command(
-        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
-    ) -> EnterCommand:
-        cgroup = self.cgroup.leaf(f"corral-{leaf}") if self.cgroup else None
-        assert self.backend.nsenter is not None
-        enter = nsenter_argv(self.backend.nsenter, self.init_pid, self.uid, self.workdir, argv, cwd, env)
-        return EnterCommand(enter, cgroup, "/")
 
     def _our_leaves(self) -> list[CgroupGroup]:
         assert self.cgroup is not None
@@ -219,7 +221,6 @@ class DockerBackend(Backend):
     settings: DockerSettings
 
     def __init__(self, context) -> None:
-        self.nsenter = shutil.which("nsenter")
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="docker-engine")
         self.client: DockerClient | None = None
         self._unreachable = False
@@ -254,9 +255,7 @@ class DockerBackend(Backend):
         problems = []
         self._unreachable = False
         if os.geteuid() != 0:
-            problems.append("the daemon is not root: it enters containers with nsenter")
-        if not self.nsenter:
-            problems.append("nsenter is not installed (apt-get install util-linux)")
+            problems.append("the daemon is not root: it enters containers' namespaces itself")
         try:
             client = docker.DockerClient(base_url=self.address, timeout=60)
             self.client = client

@@ -1,12 +1,15 @@
 """The Singularity/Apptainer backend: a sandbox is an instance (`instance start`) of a SIF file or
 sandbox directory, entered from the host like a local sandbox.
 
-`apptainer instance start --containall --no-home --net --network none` makes the namespaces
-(mount, pid, ipc, net) and the root; the daemon starts it inside the sandbox's cgroup, so its
-limits hold for everything the instance runs, and enters the instance's namespaces with nsenter
-as the sandbox's own uid for commands, shells and kernels (the instance's init stays root, as
-apptainer runs it). Files go through /proc/<instance init>/root, as for the other backends.
-Instance names carry the daemon's id, so a restarted daemon finds and stops leftovers.
+`apptainer instance start --containall --no-home --overlay DIR --net --network none` makes the
+namespaces (mount, pid, ipc, net), the root (the image under a writable overlay of the sandbox's
+own, in its disk-capped directory) and the mounts; the daemon starts it inside the sandbox's
+cgroup, so its limits hold for everything the instance runs, makes the kernel's settings under
+/proc and /sys read-only in it as Docker does, and enters the instance's namespaces
+(container_enter.py) as root inside, or the user a request names, for commands, shells and
+kernels, with Docker's default capabilities for root, no_new_privs and a seccomp filter. Files go
+through /proc/<instance init>/root, as for the other backends. Instance names carry the daemon's
+id, so a restarted daemon finds and stops leftovers.
 Works with either binary name, `apptainer` or `singularity`.
 """
 
@@ -18,22 +21,21 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ..cgroups import CgroupGroup, LimitSupport
 from ..process import in_cgroup
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, ManagedSandbox
-from .nsenter import HOST_ENV, nsenter_argv
+from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
+from .container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
+from .nsenter import HOST_ENV
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0
-# The working directory apptainer gives an instance's init (the one nsenter -w would inherit);
-# commands always change to their own cwd, by default the sandbox's workdir.
-INSTANCE_CWD = "/root"
+# Characters apptainer's --bind syntax (src:dst:opts, comma-separated) cannot carry in a path.
+BIND_SEPARATORS = (":", ",")
 
 
 async def _run(argv: list[str], timeout: float, cgroup: CgroupGroup | None = None) -> tuple[int, str]:
@@ -65,11 +67,22 @@ class SingularitySettings:
             raise ValueError("default_image must be an absolute path")
 
 
-class SingularitySandbox(ManagedSandbox):
+class SingularitySandbox(ImageUserSandbox):
     isolation = "container"
-    # The image is read-only and --containall gives /tmp and /var/tmp in-memory tmpfs mounts (charged
-    # to the sandbox's memory cgroup): the workspace is all it can write to the host's disk.
+    # The image's writable overlay and the workspace are in the sandbox directory, and --containall
+    # gives /tmp and /var/tmp in-memory tmpfs mounts (charged to the sandbox's memory cgroup): all
+    # it can write to the host's disk is on the sandbox's own filesystem.
     caps_disk = True
+
+    @property
+    def capabilities(self) -> int:
+        # Without --net the instance shares the host's network namespace.
+        return HOST_NETWORK_CAPABILITY_MASK if self.spec.network else CAPABILITY_MASK
+
+    @property
+    def overlay(self) -> str:
+        """The directory of the image's writable overlay (apptainer makes `upper` and `work` in it)."""
+        return str(self.sandbox_dir / "overlay")
 
     backend: SingularityBackend
 
@@ -81,6 +94,7 @@ class SingularitySandbox(ManagedSandbox):
     async def launch(self) -> None:
         binary = self.backend.binary
         assert binary is not None
+        os.mkdir(self.overlay, 0o700)
         argv = [
             binary,
             "instance",
@@ -93,7 +107,19 @@ class SingularitySandbox(ManagedSandbox):
             f"{self.workspace}:{self.workdir}",
             "--bind",
             f"{self.run_dir}:{RUN_DIR_IN_SANDBOX}",
+            "--overlay",
+            self.overlay,
+            # The site's `bind path` entries (by default the host's /etc/localtime, read-write):
+            # root inside is host uid 0, so it gets only the binds corral makes.
+            "--no-mount",
+            "bind-paths",
         ]
+        for mount in self.spec.mounts:
+            if any(c in path for path in (mount.host_path, mount.sandbox_path) for c in BIND_SEPARATORS):
+                raise InvalidArgument(
+                    f"mount {mount.host_path} -> {mount.sandbox_path}: apptainer cannot bind a path with ':' or ','"
+                )
+            argv += ["--bind", f"{mount.host_path}:{mount.sandbox_path}:{'ro' if mount.read_only else 'rw'}"]
         if not self.spec.network:
             argv += ["--net", "--network", "none"]
         argv += [self.spec.image, self.name]
@@ -105,6 +131,10 @@ class SingularitySandbox(ManagedSandbox):
         if not found or not found[0].get("pid"):
             raise FailedPrecondition(f"instance {self.name} started but is not listed: {out}")
         self.init_pid = int(found[0]["pid"])
+        code, out = await _run(read_only_argv(self.init_pid), START_TIMEOUT_S)
+        if code != 0:
+            raise FailedPrecondition(f"cannot make the kernel's settings read-only in instance {self.name}: {out}")
+        self.adopt_user("")
 
     async def shutdown(self) -> None:
         if self._started:
@@ -113,16 +143,6 @@ class SingularitySandbox(ManagedSandbox):
 
     def record_extra(self) -> dict:
         return {"instance": self.name}
-
-    def enter_command(
-        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
-    ) -> EnterCommand:
-        cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
-        assert self.backend.nsenter is not None
-        enter = nsenter_argv(
-            self.backend.nsenter, self.init_pid, self.uid, INSTANCE_CWD, argv, cwd or self.workdir, env
-        )
-        return EnterCommand(enter, cgroup, "/")
 
 
 class SingularityBackend(Backend):
@@ -134,7 +154,6 @@ class SingularityBackend(Backend):
 
     def __init__(self, context) -> None:
         self.binary = shutil.which("apptainer") or shutil.which("singularity")
-        self.nsenter = shutil.which("nsenter")
         super().__init__(context)
 
     def probe(self) -> BackendStatus:
@@ -155,10 +174,8 @@ class SingularityBackend(Backend):
         problems = []
         if not self.binary:
             problems.append("neither apptainer nor singularity is installed")
-        if not self.nsenter:
-            problems.append("nsenter is not installed (apt-get install util-linux)")
         if os.geteuid() != 0:
-            problems.append("the daemon is not root: it enters instances with nsenter")
+            problems.append("the daemon is not root: it enters instances' namespaces itself")
         version = ""
         if self.binary:
             try:

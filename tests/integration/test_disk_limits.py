@@ -134,13 +134,14 @@ def test_destroy_and_crash_leave_no_mount(tmp_path):
         daemon.stop()
 
 
-def test_singularity_workspace_is_capped(tmp_path):
+@pytest.mark.parametrize("where", ["/workspace", "/usr/local"])  # the workspace, the image's overlay
+def test_singularity_workspace_and_overlay_are_capped(tmp_path, where):
     require_backend("singularity")
     require_image("singularity")
     config = f'[daemon]\ndefault_backend = "singularity"\n[singularity]\ndefault_image = "{SIF_TEST_IMAGE}"\n'
     with own_daemon(tmp_path, config) as daemon, Client(daemon.address) as c, c.create_sandbox(disk_bytes=CAP) as sb:
         assert next(s for s in sb.info.limit_status if s.kind == "disk").enforced
-        assert b"No space left on device" in sb.exec(FILL.format(dir="/workspace"), timeout=60).stdout
+        assert b"No space left on device" in sb.exec(FILL.format(dir=where), timeout=60).stdout
         assert host_bytes(host_dir(daemon, sb.id))[0] <= CAP
         assert sb.exec(["echo", "alive"], timeout=20).stdout == b"alive\n"
 
