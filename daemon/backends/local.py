@@ -44,7 +44,15 @@ from ..users import ROOT, SandboxUser, resolve_user
 from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
 from .local_images import ImageCache, parse_reference
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
-from .local_root import RootMount, build_root, kernel_support, make_user_namespace, secrets, unmount_root
+from .local_root import (
+    RootMount,
+    build_root,
+    kernel_support,
+    make_mount_points,
+    make_user_namespace,
+    secrets,
+    unmount_root,
+)
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
 log = logging.getLogger(__name__)
@@ -148,6 +156,8 @@ class LocalSandbox(ManagedSandbox):
             self.workdir = str(self.workspace)
             self.run_dir_sandbox = self.run_dir_host
             self.files = SandboxFiles("/", self.workdir, self.uid, self.uid, self.context.max_file_bytes)
+            if self.spec.mounts:
+                raise FailedPrecondition('host bind mounts need namespaces: local.isolation = "none" has none')
             return
         if self.rootfs != "/" and self._image_hold is None:  # (cached images are the daemon's own)
             await self._check_image_readable()
@@ -170,7 +180,10 @@ class LocalSandbox(ManagedSandbox):
                 "on a filesystem that supports idmapped mounts and can be an overlayfs layer, e.g. ext4, xfs, btrfs)"
             ) from err
         shm_bytes = backend.settings.shm_bytes
-        launch_args = (root, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes)
+        mounts = self.spec.mounts
+        points = [(m.sandbox_path, os.path.isdir(m.host_path)) for m in mounts]
+        await asyncio.to_thread(make_mount_points, root, points, self.uid)
+        launch_args = (root, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes, mounts)
         if backend.launcher == "bwrap":
             assert backend.bwrap is not None  # the probe chose bwrap because it found it
             argv = bwrap_argv(backend.bwrap, *launch_args)

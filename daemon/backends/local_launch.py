@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..seccomp import LOAD_FUNCTION
-from .base import RUN_DIR_IN_SANDBOX
+from .base import RUN_DIR_IN_SANDBOX, BindMount
 from .local_root import RootMount
 
 # What a sandbox on the "host" image sees of the host's root: the operating system, no data
@@ -67,7 +67,14 @@ def _inside(path: str, parents: Sequence[str]) -> bool:
 
 
 def bwrap_argv(
-    bwrap: str, root: Path, sandbox_dir: Path, run_dir: Path, workdir: str, network: bool, shm_bytes: int
+    bwrap: str,
+    root: Path,
+    sandbox_dir: Path,
+    run_dir: Path,
+    workdir: str,
+    network: bool,
+    shm_bytes: int,
+    mounts: Sequence[BindMount] = (),
 ) -> list[str]:
     argv = [
         bwrap,
@@ -116,6 +123,7 @@ def bwrap_argv(
         "--bind",
         str(run_dir),
         RUN_DIR_IN_SANDBOX,
+        *host_binds(mounts),
         "--chdir",
         workdir,
         "--",
@@ -123,6 +131,15 @@ def bwrap_argv(
         "-c",
         INIT_SCRIPT,
     ]
+
+
+def host_binds(mounts: Sequence[BindMount]) -> list[str]:
+    """bubblewrap's options for CreateSandbox's host bind mounts (checked by the daemon, parents
+    first); bwrap makes their mount points in the sandbox's writable root."""
+    argv: list[str] = []
+    for mount in mounts:
+        argv += ["--ro-bind" if mount.read_only else "--bind", mount.host_path, mount.sandbox_path]
+    return argv
 
 
 def bwrap_options(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -151,6 +168,15 @@ mount -t tmpfs -o mode=0755,nosuid,nodev run "$R/run"
 mount --bind "$SANDBOX/tmp" "$R/tmp"
 mount --bind "$SANDBOX/workspace" "$R$WORKDIR"
 mkdir -p "$R/run/corral" && mount --bind "$RUNDIR" "$R/run/corral"
+shift 8
+# CreateSandbox's host bind mounts, parents first: "ro|rw" host path, sandbox path. Not recursive
+# (what is mounted below the host path stays out); the init makes them nosuid and nodev too.
+while [ $# -ge 3 ]; do
+  mode=$1 src=$2 dst=$3; shift 3
+  if [ -d "$src" ]; then mkdir -p "$R$dst"; else mkdir -p "$(dirname "$R$dst")"; touch "$R$dst"; fi
+  mount --bind "$src" "$R$dst"
+  if [ "$mode" = ro ]; then mount -o remount,bind,ro "$R$dst"; fi
+done
 echo corral > /proc/sys/kernel/hostname
 # A fresh network namespace starts with loopback down (bubblewrap brings it up itself).
 if command -v ip >/dev/null; then ip link set lo up 2>/dev/null || true; fi
@@ -217,6 +243,7 @@ def unshare_argv(
     workdir: str,
     network: bool,
     shm_bytes: int,
+    mounts: Sequence[BindMount] = (),
     seccomp: bytes = b"",
 ) -> list[str]:
     """`seccomp`: the program of the sandbox's seccomp filter (none when empty)."""
@@ -239,6 +266,8 @@ def unshare_argv(
         sys.executable,
         f"SECCOMP = {seccomp.hex()!r}\n{LOAD_FUNCTION}{_UNSHARE_INIT}",
     ]
+    for mount in mounts:
+        argv += ["ro" if mount.read_only else "rw", mount.host_path, mount.sandbox_path]
     return argv
 
 

@@ -221,6 +221,23 @@ def build_root(
     return root
 
 
+def make_mount_points(root: Path, mounts: Sequence[tuple[str, bool]], first_id: int) -> None:
+    """Makes each (sandbox path, is a directory) missing from the root, with its missing parents,
+    as root inside owns them (mode 0755): a launcher would make them host root's, which root
+    inside cannot enter."""
+    for path, is_dir in mounts:
+        target = root / path.lstrip("/")
+        missing = [p for p in (*reversed(target.parents), target) if p.is_relative_to(root) and p != root]
+        for part in missing:
+            if part.exists() or part.is_symlink():
+                continue
+            if part == target and not is_dir:
+                part.touch(mode=0o644)
+            else:
+                part.mkdir(mode=0o755)
+            os.chown(part, first_id, first_id, follow_symlinks=False)
+
+
 def unmount_root(sandbox_dir: Path) -> None:
     """Detaches a sandbox's root and everything mounted in it (nothing when there is none)."""
     root = sandbox_dir / "root"
