@@ -205,7 +205,11 @@ def load_seccomp(program):
 LOADER = (
     LOAD_FUNCTION
     + r"""
-import os, sys
+import os, signal, sys
+# Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec: the program
+# must get them as any program does (`yes | head -n1` dies quietly of SIGPIPE).
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
 load_seccomp(bytes.fromhex(sys.argv[1]))
 os.execvp(sys.argv[2], sys.argv[2:])
 """

@@ -90,6 +90,13 @@ def test_ordinary_work_is_unaffected(sb):
     assert r.stdout.decode().split("\n")[:4] == ["thread", "fork 7", "subprocess", "pool [1, 2]"], r.stdout
 
 
+def test_programs_get_default_signal_dispositions(sb):
+    """The filter's loader is a Python step, and Python ignores SIGPIPE and SIGXFSZ: the program
+    it starts must not inherit that (`yes | head -n1` would print "Broken pipe")."""
+    r = sb.exec("grep ^SigIgn: /proc/self/status; yes | head -n1", timeout=10)
+    assert r.stdout == b"SigIgn:\t0000000000000000\ny\n" and r.stderr == b"", (r.stdout, r.stderr)
+
+
 def test_node_info_says_whether_sandboxes_have_the_filter(daemon):
     d, profile = daemon
     with Client(d.address) as c:
