@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import time
 from collections.abc import AsyncGenerator
@@ -143,8 +144,10 @@ class KernelFiles:
     sandbox_prefix: str
 
     @classmethod
-    def of(cls, runtime: SandboxRuntime, name: str) -> KernelFiles:
-        files = cls(f"{runtime.run_dir_host}/{name}", f"{runtime.run_dir_sandbox}/{name}")
+    def of(cls, runtime: SandboxRuntime, name: str, user: str = "") -> KernelFiles:
+        """In a directory of the run directory that is the kernel's user's alone."""
+        host_dir, sandbox_dir = runtime.private_dir(name, user)
+        files = cls(f"{host_dir}/k", f"{sandbox_dir}/k")
         longest = max(len(f"{p}-{max(PORTS.values())}".encode()) for p in (files.host_prefix, files.sandbox_prefix))
         if longest > UNIX_PATH_MAX:
             raise FailedPrecondition(
@@ -598,8 +601,9 @@ class KernelManager:
         runtime = sandbox.runtime
         assert runtime is not None  # a running sandbox (SandboxManager.using)
         defaults = {
-            # IPython's profile and history belong with the daemon's files, not in the workspace.
-            "IPYTHONDIR": f"{runtime.run_dir_sandbox}/ipython",
+            # IPython's profile and history belong with the daemon's files, not in the workspace:
+            # in the kernel's own directory (KernelFiles.of), which its user may write.
+            "IPYTHONDIR": f"{runtime.run_dir_sandbox}/{kernel.name}/ipython",
             "JUPYTER_PLATFORM_DIRS": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         }
@@ -639,7 +643,7 @@ class KernelManager:
             env=self._environment(sandbox, kernel),
             cwd=kernel.cwd,
             leaf=kernel.name,
-            files=KernelFiles.of(runtime, kernel.name),
+            files=KernelFiles.of(runtime, kernel.name, kernel.user),
             context=self._context(),
             late=late or LateBuffer(self.config.exec.default_output_limit_bytes),
             user=kernel.user,
@@ -663,6 +667,10 @@ class KernelManager:
         kernel = self._get(sandbox_id, kernel_id)
         self._kernels[sandbox_id].pop(kernel_id, None)
         await self._stop(kernel)
+        if kernel.process is not None:
+            # Its directory too (IPython's profile): rmtree unlinks symlinks the user left there
+            # and never follows them.
+            await asyncio.to_thread(shutil.rmtree, os.path.dirname(kernel.process.files.host_prefix), True)
 
     async def _stop(self, kernel: Kernel) -> None:
         async with kernel.lifecycle_lock:

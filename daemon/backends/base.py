@@ -191,6 +191,21 @@ class SandboxRuntime(abc.ABC):
         self._leaf_counter = getattr(self, "_leaf_counter", 0) + 1
         return f"{prefix}{self._leaf_counter}"
 
+    def user_host_ids(self, user: str) -> tuple[int, int] | None:
+        """The host uid and gid that inside `user` ("" = the default user) is, as files show it;
+        None where the daemon cannot give files away (an unprivileged test backend)."""
+        return None
+
+    def private_dir(self, name: str, user: str) -> tuple[str, str]:
+        """A directory of the run directory that only `user` may use (mode 0700), made or taken
+        back: (its host path, its path in the sandbox). Kernels keep their connection file and
+        sockets in one of their own."""
+        host = Path(self.run_dir_host) / name
+        host.mkdir(mode=0o700, exist_ok=True)
+        if (ids := self.user_host_ids(user)) is not None:
+            os.chown(host, *ids, follow_symlinks=False)
+        return str(host), f"{self.run_dir_sandbox}/{name}"
+
     def file_access(self) -> SandboxFiles:
         """The sandbox's file access (it exists from the end of creation to destruction)."""
         if self.files is None:
@@ -286,10 +301,11 @@ class ManagedSandbox(SandboxRuntime):
             os.chmod(path, self.dir_mode)
         os.chmod(self.sandbox_dir, self.dir_mode)
         self.sandbox_dir.parent.chmod(0o711)
-        # The run directory holds kernel sockets: the sandbox user's alone.
+        # The run directory: the default user's, searchable (not listable) by the sandbox's other
+        # users, whose shells read their files there and whose kernels have private_dir()s in it.
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chown(self.run_dir, self.uid, self.gid)
-        os.chmod(self.run_dir, 0o700)
+        os.chmod(self.run_dir, 0o711)
 
     async def destroy(self) -> None:
         await self.kill_processes()

@@ -295,6 +295,10 @@ class ImageUserSandbox(ManagedSandbox):
         for path in (self.workspace, self.run_dir):
             os.chown(path, self.user.uid, self.user.gid)
 
+    def user_host_ids(self, user: str) -> tuple[int, int] | None:
+        who = resolve_in_image(self.init_pid, user) if user else self.user
+        return who.uid, who.gid  # no user namespace: the ids inside are the host's
+
     def enter_command(
         self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
     ) -> EnterCommand:

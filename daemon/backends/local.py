@@ -132,6 +132,11 @@ class LocalSandbox(ManagedSandbox):
         if backend.launcher != "none":
             self.user = resolve_user(spec.user or "root", read_passwd(self.rootfs))
 
+    def user_host_ids(self, user: str) -> tuple[int, int] | None:
+        if self.isolation == "none":
+            return self.uid, self.uid
+        return self.host_ids(resolve_user(user, self._passwd()) if user else self.user)
+
     def host_ids(self, user: SandboxUser) -> tuple[int, int]:
         """The host uid and gid an inside user is (the sandbox's id block, daemon/uids.py)."""
         return self.uid + user.uid, self.uid + user.gid

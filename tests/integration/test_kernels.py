@@ -293,7 +293,7 @@ def test_kernel_talks_over_unix_sockets_in_the_run_dir(daemon, stub, sandbox, ke
             "-c",
             (
                 "import json, os, stat, glob\n"
-                "(path,) = glob.glob('/run/corral/k*.json')\n"
+                "(path,) = glob.glob('/run/corral/k*/k.json')\n"
                 "info = json.load(open(path))\n"
                 "ports = [info[k] for k in ('shell_port', 'iopub_port', 'stdin_port', 'control_port', 'hb_port')]\n"
                 "socks = [stat.S_ISSOCK(os.stat(f\"{info['ip']}-{p}\").st_mode) for p in ports]\n"
