@@ -76,9 +76,10 @@ PODMAN_ULIMITS = (f"nofile={min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 6
 # (A TOML array of strings is written like a JSON one.)
 PODMAN_CONFIG = f'[docker]\nsocket = "{PODMAN_SOCKET}"\nulimits = {json.dumps(list(PODMAN_ULIMITS))}\n'
 
-# Backends whose sandboxes run as the image's user, root for the test images, by default
-# (docs/backends.md, "Users inside").
-ROOT_INSIDE = {"local", "docker", "singularity"}
+# Container backends whose sandboxes run as the image's user, root for the test images, by default,
+# with Docker's capabilities (docs/backends.md, "Users inside"); local sandboxes are root in a user
+# namespace of their own (docs/local-backend.md).
+ROOT_INSIDE = {"docker", "singularity"}
 
 
 def require_backend(name: str) -> None:
