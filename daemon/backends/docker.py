@@ -87,6 +87,9 @@ def parse_ulimit(entry: str) -> tuple[str, int, int]:
     return parsed
 
 
+PID1_LOOP = "trap '' HUP INT TERM; while :; do sleep 2147483647 & wait; done"
+
+
 class DockerSandbox(ImageUserSandbox):
     isolation = "container"
     owns_cgroup = False  # the engine's container cgroup: the daemon only adds leaves to it
@@ -107,9 +110,13 @@ class DockerSandbox(ImageUserSandbox):
         settings = backend.settings
         lim = self.spec.limits
         kwargs = dict(
-            command=["sleep", "infinity"],
+            # pid 1 is this shell itself, not an init whose child keeps the container up: root
+            # inside may `kill -9 -1` (the evaluation does), which spares only pid 1, and the
+            # kernel ignores SIGKILL sent to a pid namespace's init from inside. Its `wait`
+            # reaps orphans (waitpid(-1)) while its sleep lasts; a killed sleep is replaced.
+            command=["/bin/sh", "-c", PID1_LOOP],
             detach=True,
-            init=True,  # an init that reaps orphans as pid 1
+            init=False,
             name=self.container_name,
             hostname="corral",
             labels={LABEL_DAEMON: self.context.daemon_id, LABEL_SANDBOX: self.spec.sandbox_id},
