@@ -22,6 +22,9 @@ from pathlib import Path
 from .cgroups import CgroupGroup
 from .process import READ_CHUNK, in_cgroup, write_all
 
+# How long close() waits for the killed child's exit before leaving it to a reaping thread.
+EXIT_GRACE_S = 5.0
+
 
 def set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
@@ -191,9 +194,11 @@ class Terminal:
             await asyncio.to_thread(self.cgroup.kill)
         if not self.exited.done():  # the pidfd reader is still on: it reaps the wrapper
             try:
-                await asyncio.wait_for(asyncio.shield(self.exited), 5)
+                await asyncio.wait_for(asyncio.shield(self.exited), EXIT_GRACE_S)
             except TimeoutError:
-                pass
+                # Still not dead (stuck in the kernel on a loaded node): a thread reaps it whenever
+                # it goes, so that no zombie outlives the closed pidfd.
+                asyncio.get_running_loop().run_in_executor(None, self._popen.wait)
         loop = asyncio.get_running_loop()
         for fd in self._readers:
             loop.remove_reader(fd)
