@@ -221,16 +221,7 @@ class ProcessManager:
                 env=sandbox_environment(runtime.workdir, sandbox.env, {"TERM": term or "dumb", **env}),
                 user=user,
             )
-            terminal = Terminal(
-                enter.argv,
-                env=enter.env,
-                cwd=enter.cwd,
-                rows=rows,
-                cols=cols,
-                cgroup=enter.cgroup,
-                wrapped=enter.wrapped,
-                interactive=interactive,
-            )
+            terminal = Terminal.entering(enter, rows=rows, cols=cols, interactive=interactive)
             process_id = f"p{next(self._ids)}-{secrets.token_hex(4)}"
             process = BackgroundProcess(process_id, sandbox_id, list(command), terminal, capacity)
             processes[process_id] = process

@@ -18,9 +18,13 @@ import termios
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .cgroups import CgroupGroup
 from .process import READ_CHUNK, in_cgroup, write_all
+
+if TYPE_CHECKING:
+    from .backends.base import EnterCommand
 
 # How long close() waits for the killed child's exit before leaving it to a reaping thread.
 EXIT_GRACE_S = 5.0
@@ -94,6 +98,20 @@ class Terminal:
         self._pidfd = os.pidfd_open(self.pid)
         self.exited: asyncio.Future = asyncio.get_running_loop().create_future()
         self._readers: list[int] = []
+
+    @classmethod
+    def entering(cls, enter: EnterCommand, *, rows: int, cols: int, interactive: bool) -> Terminal:
+        """A terminal running a backend's "enter the sandbox" command line."""
+        return cls(
+            enter.argv,
+            env=enter.env,
+            cwd=enter.cwd,
+            rows=rows,
+            cols=cols,
+            cgroup=enter.cgroup,
+            wrapped=enter.wrapped,
+            interactive=interactive,
+        )
 
     def attach(self, on_output: Callable[[bytes], None]) -> None:
         """Starts delivering output. Called once."""

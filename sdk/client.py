@@ -16,7 +16,7 @@ import posixpath
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Generic, Self
+from typing import Any, Generic, Self
 
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
@@ -354,8 +354,7 @@ class AsyncSandbox:
         "dumb"). `interactive`: an ordinary terminal that echoes input and shows \\n as \\r\\n
         (False: output as written, no echo). `buffer_size`: bytes of output the daemon keeps
         (None: 1 MiB; older output is dropped and counted in `dropped_bytes`)."""
-        request = build_start_process_request(
-            self.id,
+        info = await self._start_process(
             cmd,
             env=env,
             cwd=cwd,
@@ -366,8 +365,7 @@ class AsyncSandbox:
             interactive=interactive,
             buffer_size=buffer_size,
         )
-        response = await self._transport.unary(self._transport.shell_service.StartProcess, request)
-        return AsyncProcess(self._transport, process_info_from_proto(response.process))
+        return AsyncProcess(self._transport, info)
 
     async def terminal(
         self,
@@ -384,20 +382,15 @@ class AsyncSandbox:
         terminal, driven by keys (`AsyncTerminal.send_keys`) and read as text (`screen()`,
         `expect`). Close it (or leave its `async with` block) to kill it."""
         argv = [program] if isinstance(program, str) else list(program)
-        request = build_start_process_request(
-            self.id,
-            argv,
-            env=env,
-            cwd=cwd,
-            user=user,
-            rows=rows,
-            cols=cols,
-            term=term,
-            interactive=True,
-            buffer_size=None,
+        info = await self._start_process(
+            argv, env=env, cwd=cwd, user=user, rows=rows, cols=cols, term=term, interactive=True, buffer_size=None
         )
+        return AsyncTerminal(self._transport, info, rows)
+
+    async def _start_process(self, cmd: Command, **options: Any) -> ProcessInfo:
+        request = build_start_process_request(self.id, cmd, **options)
         response = await self._transport.unary(self._transport.shell_service.StartProcess, request)
-        return AsyncTerminal(self._transport, process_info_from_proto(response.process), rows)
+        return process_info_from_proto(response.process)
 
     async def list_processes(self) -> list[ProcessInfo]:
         """The sandbox's background processes, running and finished (until closed), oldest first."""

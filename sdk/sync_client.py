@@ -13,7 +13,7 @@ import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Generic, Self
+from typing import Any, Generic, Self
 
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
@@ -345,8 +345,7 @@ class Sandbox:
         "dumb"). `interactive`: an ordinary terminal that echoes input and shows \\n as \\r\\n
         (False: output as written, no echo). `buffer_size`: bytes of output the daemon keeps
         (None: 1 MiB; older output is dropped and counted in `dropped_bytes`)."""
-        request = build_start_process_request(
-            self.id,
+        info = self._start_process(
             cmd,
             env=env,
             cwd=cwd,
@@ -357,8 +356,7 @@ class Sandbox:
             interactive=interactive,
             buffer_size=buffer_size,
         )
-        response = self._transport.unary(self._transport.shell_service.StartProcess, request)
-        return Process(self._transport, process_info_from_proto(response.process))
+        return Process(self._transport, info)
 
     def terminal(
         self,
@@ -375,20 +373,15 @@ class Sandbox:
         terminal, driven by keys (`Terminal.send_keys`) and read as text (`screen()`,
         `expect`). Close it (or leave its `with` block) to kill it."""
         argv = [program] if isinstance(program, str) else list(program)
-        request = build_start_process_request(
-            self.id,
-            argv,
-            env=env,
-            cwd=cwd,
-            user=user,
-            rows=rows,
-            cols=cols,
-            term=term,
-            interactive=True,
-            buffer_size=None,
+        info = self._start_process(
+            argv, env=env, cwd=cwd, user=user, rows=rows, cols=cols, term=term, interactive=True, buffer_size=None
         )
+        return Terminal(self._transport, info, rows)
+
+    def _start_process(self, cmd: Command, **options: Any) -> ProcessInfo:
+        request = build_start_process_request(self.id, cmd, **options)
         response = self._transport.unary(self._transport.shell_service.StartProcess, request)
-        return Terminal(self._transport, process_info_from_proto(response.process), rows)
+        return process_info_from_proto(response.process)
 
     def list_processes(self) -> list[ProcessInfo]:
         """The sandbox's background processes, running and finished (until closed), oldest first."""
