@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from corral.sdk import _core
@@ -126,13 +126,23 @@ def wait_deadline(seconds: float | None) -> float:
     return min(seconds or 0.0, WAIT_SLICE_S) + WAIT_MARGIN_S
 
 
-def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
-    """A str is matched literally; a compiled regular expression as it is."""
-    if isinstance(pattern, re.Pattern):
-        return pattern
-    if isinstance(pattern, str) and pattern:
-        return re.compile(re.escape(pattern))
-    raise InvalidArgument(f"a pattern is a non-empty str or a compiled re.Pattern, got {pattern!r}")
+Pattern = str | re.Pattern[str]
+
+
+def compile_patterns(patterns: Pattern | Sequence[Pattern]) -> list[re.Pattern[str]]:
+    """One pattern or several; a str is matched literally, a compiled regular expression as it is."""
+    items = [patterns] if isinstance(patterns, (str, re.Pattern)) else list(patterns)
+    if not items:
+        raise InvalidArgument("expect needs at least one pattern")
+    compiled = []
+    for pattern in items:
+        if isinstance(pattern, re.Pattern):
+            compiled.append(pattern)
+        elif isinstance(pattern, str) and pattern:
+            compiled.append(re.compile(re.escape(pattern)))
+        else:
+            raise InvalidArgument(f"a pattern is a non-empty str or a compiled re.Pattern, got {pattern!r}")
+    return compiled
 
 
 class ExpectBuffer:
@@ -145,12 +155,15 @@ class ExpectBuffer:
     def feed(self, data: bytes) -> None:
         self.text = (self.text + self._decoder.decode(data))[-EXPECT_WINDOW_CHARS:]
 
-    def match(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
-        """The first match, with the text up to its end consumed."""
-        found = pattern.search(self.text)
-        if found is not None:
-            self.text = self.text[found.end() :]
-        return found
+    def match(self, patterns: list[re.Pattern[str]]) -> re.Match[str] | None:
+        """The match that ends first among `patterns` (the earlier pattern on a tie), with the
+        text up to its end consumed."""
+        found = [match for pattern in patterns if (match := pattern.search(self.text)) is not None]
+        if not found:
+            return None
+        first = min(found, key=lambda match: match.end())
+        self.text = self.text[first.end() :]
+        return first
 
 
 class Screen:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import signal
 import time
+from collections.abc import Sequence
 from types import TracebackType
 
 from corral.sdk import _core, _process_core
 from corral.sdk._async_transport import AsyncTransport
-from corral.sdk._process_core import ExpectBuffer, ExpectFailed, ProcessInfo, ProcessOutput, Screen
+from corral.sdk._process_core import ExpectBuffer, ExpectFailed, Pattern, ProcessInfo, ProcessOutput, Screen
 from corral.sdk.errors import NotFound
 from corral.v1 import shell_pb2 as shell_pb
 
@@ -69,28 +70,28 @@ class AsyncProcess:
         self._expect.feed(output.data)
         return output
 
-    async def expect(self, pattern: str | re.Pattern[str], *, timeout: float) -> re.Match[str]:
-        """Reads until `pattern` (a str: literally; a compiled re.Pattern: as a regular expression)
-        appears in the output, decoded as UTF-8, and returns the match; the text up to its end is
-        consumed, so the next `expect` looks after it. ExpectFailed when `timeout` seconds pass
-        or the process ends first."""
-        compiled = _process_core.compile_pattern(pattern)
+    async def expect(self, pattern: Pattern | Sequence[Pattern], *, timeout: float) -> re.Match[str]:
+        """Reads until `pattern` (a str: literally; a compiled re.Pattern: as a regular expression;
+        or a list of them, the first to match winning: `match.re` says which) appears in the
+        output, decoded as UTF-8, and returns the match; the text up to its end is consumed, so
+        the next `expect` looks after it. ExpectFailed when `timeout` seconds pass or the process
+        ends first."""
+        patterns = _process_core.compile_patterns(pattern)
+        wanted = " or ".join(repr(p.pattern) for p in patterns)
         deadline = time.monotonic() + timeout
         while True:
-            found = self._expect.match(compiled)
+            found = self._expect.match(patterns)
             if found is not None:
                 return found
             left = deadline - time.monotonic()
             if not self._info.running and self._offset >= self._info.output_end:
                 raise ExpectFailed(
-                    f"process {self.id} ended (exit code {self._info.exit_code}) before {compiled.pattern!r} appeared",
+                    f"process {self.id} ended (exit code {self._info.exit_code}) before {wanted} appeared",
                     text=self._expect.text,
                     ended=True,
                 )
             if left <= 0:
-                raise ExpectFailed(
-                    f"{compiled.pattern!r} did not appear within {timeout:g} s", text=self._expect.text, ended=False
-                )
+                raise ExpectFailed(f"{wanted} did not appear within {timeout:g} s", text=self._expect.text, ended=False)
             await self.read(wait=left)
 
     async def write(self, data: bytes | str) -> None:

@@ -239,3 +239,13 @@ async def test_a_terminal_child_that_dies_late_is_still_reaped(monkeypatch) -> N
             break
         await asyncio.sleep(0.05)
     assert not os.path.exists(f"/proc/{terminal.pid}")
+
+
+async def test_expect_takes_several_patterns_and_the_first_to_match_wins(sandbox) -> None:
+    async with await sandbox.start_process("echo 'warming up'; echo 'ready on 8080'; echo error") as process:
+        ready, failed = re.compile(r"ready on (\d+)"), "error"
+        found = await process.expect([failed, ready], timeout=10)
+        assert found.re is ready and found.group(1) == "8080"
+        assert (await process.expect([failed, ready], timeout=10)).group(0) == "error"
+        with pytest.raises(InvalidArgument):
+            await process.expect([], timeout=1)
