@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 # How long close() waits for the killed child's exit before leaving it to a reaping thread.
 EXIT_GRACE_S = 5.0
+# How soon to look again for an exit the pidfd reported before it could be collected.
+EXIT_RETRY_S = 0.01
 
 
 def set_size(fd: int, rows: int, cols: int) -> None:
@@ -98,6 +100,7 @@ class Terminal:
         self._pidfd = os.pidfd_open(self.pid)
         self.exited: asyncio.Future = asyncio.get_running_loop().create_future()
         self._readers: list[int] = []
+        self._exit_retry: asyncio.TimerHandle | None = None
 
     @classmethod
     def entering(cls, enter: EnterCommand, *, rows: int, cols: int, interactive: bool) -> Terminal:
@@ -145,9 +148,16 @@ class Terminal:
 
     def _on_exit(self) -> None:
         asyncio.get_running_loop().remove_reader(self._pidfd)
+        self._collect_exit()
+
+    def _collect_exit(self) -> None:
+        self._exit_retry = None
         pid, status = os.waitpid(self.pid, os.WNOHANG)
         if pid == 0:
-            return  # not dead after all (only reachable from close(), after SIGKILL)
+            # The pidfd can report the exit a moment before the kernel lets it be collected:
+            # look again shortly, or the exit would never be seen.
+            self._exit_retry = asyncio.get_running_loop().call_later(EXIT_RETRY_S, self._collect_exit)
+            return
         self._popen.returncode = status
         code = os.waitstatus_to_exitcode(status)
         if not self.exited.done():
@@ -217,6 +227,8 @@ class Terminal:
                 # Still not dead (stuck in the kernel on a loaded node): a thread reaps it whenever
                 # it goes, so that no zombie outlives the closed pidfd.
                 asyncio.get_running_loop().run_in_executor(None, self._popen.wait)
+        if self._exit_retry is not None:
+            self._exit_retry.cancel()
         loop = asyncio.get_running_loop()
         for fd in self._readers:
             loop.remove_reader(fd)

@@ -251,3 +251,22 @@ async def test_expect_takes_several_patterns_and_the_first_to_match_wins(sandbox
         assert (await process.expect([failed, ready], timeout=10)).group(0) == "error"
         with pytest.raises(InvalidArgument):
             await process.expect([], timeout=1)
+
+
+async def test_an_exit_reported_before_it_can_be_collected_is_still_seen(monkeypatch) -> None:
+    # The pidfd can be readable a moment before waitpid can collect the exit (seen on a loaded
+    # node): the first waitpid answering "not yet" must not lose the exit.
+    real_waitpid, answers = os.waitpid, []
+
+    def waitpid_not_yet_once(pid: int, options: int) -> tuple[int, int]:
+        answers.append(pid)
+        return (0, 0) if len(answers) == 1 else real_waitpid(pid, options)
+
+    monkeypatch.setattr(pty.os, "waitpid", waitpid_not_yet_once)
+    terminal = pty.Terminal(["sh", "-c", "exit 7"], env=dict(os.environ), cwd="/", rows=24, cols=80, cgroup=None)
+    terminal.attach(lambda data: None)
+    try:
+        assert await asyncio.wait_for(terminal.exited, 5) == 7
+        assert len(answers) >= 2
+    finally:
+        await terminal.close()
