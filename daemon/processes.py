@@ -211,7 +211,7 @@ class ProcessManager:
         capacity = capacity or DEFAULT_BUFFER_BYTES
         with self.sandboxes.using(sandbox_id) as sandbox:
             processes = self._processes.setdefault(sandbox_id, {})
-            await self._make_room(sandbox_id, processes, capacity)
+            self._make_room(sandbox_id, processes, capacity)
             runtime = sandbox.runtime
             command = argv or runtime.shell_argv(shell)
             enter = runtime.enter_command(
@@ -227,7 +227,7 @@ class ProcessManager:
             processes[process_id] = process
             return process
 
-    async def _make_room(self, sandbox_id: str, processes: dict[str, BackgroundProcess], capacity: int) -> None:
+    def _make_room(self, sandbox_id: str, processes: dict[str, BackgroundProcess], capacity: int) -> None:
         """Forgets finished processes, oldest first, until a new one with `capacity` fits."""
 
         def fits() -> bool:
