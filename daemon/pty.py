@@ -18,9 +18,18 @@ import termios
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .cgroups import CgroupGroup
 from .process import READ_CHUNK, in_cgroup, write_all
+
+if TYPE_CHECKING:
+    from .backends.base import EnterCommand
+
+# How long close() waits for the killed child's exit before leaving it to a reaping thread.
+EXIT_GRACE_S = 5.0
+# How soon to look again for an exit the pidfd reported before it could be collected.
+EXIT_RETRY_S = 0.01
 
 
 def set_size(fd: int, rows: int, cols: int) -> None:
@@ -91,6 +100,21 @@ class Terminal:
         self._pidfd = os.pidfd_open(self.pid)
         self.exited: asyncio.Future = asyncio.get_running_loop().create_future()
         self._readers: list[int] = []
+        self._exit_retry: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def entering(cls, enter: EnterCommand, *, rows: int, cols: int, interactive: bool) -> Terminal:
+        """A terminal running a backend's "enter the sandbox" command line."""
+        return cls(
+            enter.argv,
+            env=enter.env,
+            cwd=enter.cwd,
+            rows=rows,
+            cols=cols,
+            cgroup=enter.cgroup,
+            wrapped=enter.wrapped,
+            interactive=interactive,
+        )
 
     def attach(self, on_output: Callable[[bytes], None]) -> None:
         """Starts delivering output. Called once."""
@@ -124,9 +148,16 @@ class Terminal:
 
     def _on_exit(self) -> None:
         asyncio.get_running_loop().remove_reader(self._pidfd)
+        self._collect_exit()
+
+    def _collect_exit(self) -> None:
+        self._exit_retry = None
         pid, status = os.waitpid(self.pid, os.WNOHANG)
         if pid == 0:
-            return  # not dead after all (only reachable from close(), after SIGKILL)
+            # The pidfd can report the exit a moment before the kernel lets it be collected:
+            # look again shortly, or the exit would never be seen.
+            self._exit_retry = asyncio.get_running_loop().call_later(EXIT_RETRY_S, self._collect_exit)
+            return
         self._popen.returncode = status
         code = os.waitstatus_to_exitcode(status)
         if not self.exited.done():
@@ -191,9 +222,13 @@ class Terminal:
             await asyncio.to_thread(self.cgroup.kill)
         if not self.exited.done():  # the pidfd reader is still on: it reaps the wrapper
             try:
-                await asyncio.wait_for(asyncio.shield(self.exited), 5)
+                await asyncio.wait_for(asyncio.shield(self.exited), EXIT_GRACE_S)
             except TimeoutError:
-                pass
+                # Still not dead (stuck in the kernel on a loaded node): a thread reaps it whenever
+                # it goes, so that no zombie outlives the closed pidfd.
+                asyncio.get_running_loop().run_in_executor(None, self._popen.wait)
+        if self._exit_retry is not None:
+            self._exit_retry.cancel()
         loop = asyncio.get_running_loop()
         for fd in self._readers:
             loop.remove_reader(fd)

@@ -42,6 +42,7 @@ from .kernels import KernelManager
 from .metrics import Metrics
 from .node import NodeInfo, make_backends, version
 from .notify import sd_notify
+from .processes import ProcessManager
 from .rollout_runtime import RolloutRuntime
 from .sandboxes import SandboxManager
 from .services.kernel import KernelServicer
@@ -153,13 +154,14 @@ class Daemon:
         self.metrics.watch_cgroups(self.cgroups.held)
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
         self.shells = ShellManager(config, self.manager)
+        self.processes = ProcessManager(config, self.manager)
         self.kernels = KernelManager(config, self.manager)
         self.rollouts = RolloutRuntime(config.rollout, self.socket_path)
         self.health = health.aio.HealthServicer()
         self.servicers = {
             "kernel": KernelServicer(self.kernels),
             "rollout": RolloutServicer(self.rollouts.pipeline, self.rollouts.llms),
-            "shell": ShellServicer(self.shells),
+            "shell": ShellServicer(self.shells, self.processes),
             "sandbox": SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager)),
         }
         self.server: grpc.aio.Server | None = None  # the Unix socket's
@@ -238,6 +240,7 @@ class Daemon:
             *(server.stop(self.config.daemon.grace_period_s) for server in (self.server, self.tcp_server) if server)
         )
         await self.shells.close()
+        await self.processes.close()
         await self.kernels.close()
         await self.manager.close()
         for backend in self.backends.values():

@@ -185,16 +185,7 @@ class ShellManager:
             enter = runtime.enter_command(
                 [self._terminal_program(runtime, program)], cwd="", leaf=runtime.next_leaf("at"), env=env, user=user
             )
-            terminal = Terminal(
-                enter.argv,
-                env=enter.env,
-                cwd=enter.cwd,
-                rows=rows,
-                cols=cols,
-                cgroup=enter.cgroup,
-                wrapped=enter.wrapped,
-                interactive=True,
-            )
+            terminal = Terminal.entering(enter, rows=rows, cols=cols, interactive=True)
             queue: asyncio.Queue[bytes] = asyncio.Queue()
             terminal.attach(queue.put_nowait)
 

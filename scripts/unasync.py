@@ -37,6 +37,11 @@ FILES = {
         "The blocking client: `Client`, `Sandbox`, `ExecStream`, `Shell`, `Kernel` and\n"
         "`KernelExecuteStream`, the twins of client.py's asyncio classes.",
     ),
+    "processes.py": (
+        "sync_processes.py",
+        "The blocking background processes and terminals: `Process` and `Terminal`, the twins of\n"
+        "processes.py's asyncio classes.",
+    ),
     "rollouts.py": (
         "sync_rollouts.py",
         "The blocking rollout API: `Client.rollouts` (`Rollouts`) and `RolloutStream`, the\n"
@@ -57,6 +62,8 @@ NAMES = {
     "AsyncSandbox": "Sandbox",
     "AsyncShell": "Shell",
     "AsyncKernel": "Kernel",
+    "AsyncProcess": "Process",
+    "AsyncTerminal": "Terminal",
     "AsyncIterable": "Iterable",
     "AsyncIterator": "Iterator",
     "StopAsyncIteration": "StopIteration",
@@ -66,6 +73,7 @@ NAMES = {
     "__anext__": "__next__",
     "corral.sdk._async_transport": "corral.sdk._sync_transport",
     "corral.sdk.rollouts": "corral.sdk.sync_rollouts",
+    "corral.sdk.processes": "corral.sdk.sync_processes",
 }
 
 # Then, in order: regular expressions over the whole text.

@@ -45,8 +45,10 @@ from corral.sdk.errors import (
     Unavailable,
     Unimplemented,
 )
+from corral.sdk.processes import AsyncProcess, AsyncTerminal, ExpectFailed, ProcessInfo, ProcessOutput
 from corral.sdk.rollouts import AsyncRollouts, AsyncRolloutStream
 from corral.sdk.sync_client import Client, ExecStream, Kernel, KernelExecuteStream, Sandbox, Shell
+from corral.sdk.sync_processes import Process, Terminal
 from corral.sdk.sync_rollouts import Rollouts, RolloutStream
 from corral.sdk.tasks import load_tasks, task_from
 from corral.sdk.types import (
@@ -88,10 +90,12 @@ __all__ = [
     "AsyncExecStream",
     "AsyncKernel",
     "AsyncKernelExecuteStream",
+    "AsyncProcess",
     "AsyncRolloutStream",
     "AsyncRollouts",
     "AsyncSandbox",
     "AsyncShell",
+    "AsyncTerminal",
     "BackendStatus",
     "Cancelled",
     "Client",
@@ -105,6 +109,7 @@ __all__ = [
     "ExecResult",
     "ExecStarted",
     "ExecStream",
+    "ExpectFailed",
     "FailedPrecondition",
     "FileEntry",
     "Internal",
@@ -127,6 +132,9 @@ __all__ = [
     "NodeInfo",
     "NotFound",
     "PermissionDenied",
+    "Process",
+    "ProcessInfo",
+    "ProcessOutput",
     "ProtocolError",
     "ResourceExhausted",
     "ResourceLimits",
@@ -142,6 +150,7 @@ __all__ = [
     "ShellInfo",
     "ShellResult",
     "StageStats",
+    "Terminal",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",

@@ -16,14 +16,16 @@ import posixpath
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Generic, Self
+from typing import Any, Generic, Self
 
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
 from corral.sdk._async_transport import AsyncResponseStream, AsyncTransport, AwaitableContext
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, Command, EventT, MountSpec
+from corral.sdk._process_core import ProcessInfo, build_start_process_request, process_info_from_proto
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
+from corral.sdk.processes import AsyncProcess, AsyncTerminal
 from corral.sdk.rollouts import AsyncRollouts
 from corral.sdk.types import (
     ExecEvent,
@@ -39,6 +41,7 @@ from corral.sdk.types import (
 )
 from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import sandbox_pb2 as pb
+from corral.v1 import shell_pb2 as shell_pb
 
 _log = logging.getLogger(__name__)
 
@@ -328,6 +331,73 @@ class AsyncSandbox:
             self._transport.shell_service.ListShells, _core.build_list_shells_request(self.id)
         )
         return [_core.shell_info_from_proto(shell) for shell in response.shells]
+
+    async def start_process(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        rows: int | None = None,
+        cols: int | None = None,
+        term: str | None = None,
+        interactive: bool = False,
+        buffer_size: int | None = None,
+    ) -> AsyncProcess:
+        """Starts a command under a pty of its own and returns at once, with a handle to read its
+        output, type input, signal it and wait for it (`AsyncProcess`). It runs until it exits,
+        `close()`, or the sandbox's end; what it leaves running is killed when it exits.
+
+        `cmd`: a list of str runs as argv; a str runs under the sandbox's shell. `cwd`: absolute
+        (None: the workdir). `rows`, `cols`: terminal size (None: 24x80); `term`: $TERM (None:
+        "dumb"). `interactive`: an ordinary terminal that echoes input and shows \\n as \\r\\n
+        (False: output as written, no echo). `buffer_size`: bytes of output the daemon keeps
+        (None: 1 MiB; older output is dropped and counted in `dropped_bytes`)."""
+        info = await self._start_process(
+            cmd,
+            env=env,
+            cwd=cwd,
+            user=user,
+            rows=rows,
+            cols=cols,
+            term=term,
+            interactive=interactive,
+            buffer_size=buffer_size,
+        )
+        return AsyncProcess(self._transport, info)
+
+    async def terminal(
+        self,
+        program: str | Sequence[str] = "bash",
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "dumb",
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+    ) -> AsyncTerminal:
+        """An interactive program (argv, or a program name; default: bash) on an ordinary
+        terminal, driven by keys (`AsyncTerminal.send_keys`) and read as text (`screen()`,
+        `expect`). Close it (or leave its `async with` block) to kill it."""
+        argv = [program] if isinstance(program, str) else list(program)
+        info = await self._start_process(
+            argv, env=env, cwd=cwd, user=user, rows=rows, cols=cols, term=term, interactive=True, buffer_size=None
+        )
+        return AsyncTerminal(self._transport, info, rows)
+
+    async def _start_process(self, cmd: Command, **options: Any) -> ProcessInfo:
+        request = build_start_process_request(self.id, cmd, **options)
+        response = await self._transport.unary(self._transport.shell_service.StartProcess, request)
+        return process_info_from_proto(response.process)
+
+    async def list_processes(self) -> list[ProcessInfo]:
+        """The sandbox's background processes, running and finished (until closed), oldest first."""
+        response = await self._transport.unary(
+            self._transport.shell_service.ListProcesses, shell_pb.ListProcessesRequest(sandbox_id=self.id)
+        )
+        return [process_info_from_proto(info) for info in response.processes]
 
     async def kernel(
         self,

@@ -13,14 +13,16 @@ import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Generic, Self
+from typing import Any, Generic, Self
 
 from corral.sdk import _core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._archive import archive_name, download_spool, extract_archive, tar_chunks
 from corral.sdk._core import DEFAULT_CALL_TIMEOUT_S, Command, EventT, MountSpec
+from corral.sdk._process_core import ProcessInfo, build_start_process_request, process_info_from_proto
 from corral.sdk._sync_transport import ResponseStream, SyncTransport
 from corral.sdk.errors import AlreadyExists, CorralError, NotFound
+from corral.sdk.sync_processes import Process, Terminal
 from corral.sdk.sync_rollouts import Rollouts
 from corral.sdk.types import (
     ExecEvent,
@@ -36,6 +38,7 @@ from corral.sdk.types import (
 )
 from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import sandbox_pb2 as pb
+from corral.v1 import shell_pb2 as shell_pb
 
 _log = logging.getLogger(__name__)
 
@@ -319,6 +322,73 @@ class Sandbox:
             self._transport.shell_service.ListShells, _core.build_list_shells_request(self.id)
         )
         return [_core.shell_info_from_proto(shell) for shell in response.shells]
+
+    def start_process(
+        self,
+        cmd: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        rows: int | None = None,
+        cols: int | None = None,
+        term: str | None = None,
+        interactive: bool = False,
+        buffer_size: int | None = None,
+    ) -> Process:
+        """Starts a command under a pty of its own and returns at once, with a handle to read its
+        output, type input, signal it and wait for it (`Process`). It runs until it exits,
+        `close()`, or the sandbox's end; what it leaves running is killed when it exits.
+
+        `cmd`: a list of str runs as argv; a str runs under the sandbox's shell. `cwd`: absolute
+        (None: the workdir). `rows`, `cols`: terminal size (None: 24x80); `term`: $TERM (None:
+        "dumb"). `interactive`: an ordinary terminal that echoes input and shows \\n as \\r\\n
+        (False: output as written, no echo). `buffer_size`: bytes of output the daemon keeps
+        (None: 1 MiB; older output is dropped and counted in `dropped_bytes`)."""
+        info = self._start_process(
+            cmd,
+            env=env,
+            cwd=cwd,
+            user=user,
+            rows=rows,
+            cols=cols,
+            term=term,
+            interactive=interactive,
+            buffer_size=buffer_size,
+        )
+        return Process(self._transport, info)
+
+    def terminal(
+        self,
+        program: str | Sequence[str] = "bash",
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "dumb",
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+    ) -> Terminal:
+        """An interactive program (argv, or a program name; default: bash) on an ordinary
+        terminal, driven by keys (`Terminal.send_keys`) and read as text (`screen()`,
+        `expect`). Close it (or leave its `with` block) to kill it."""
+        argv = [program] if isinstance(program, str) else list(program)
+        info = self._start_process(
+            argv, env=env, cwd=cwd, user=user, rows=rows, cols=cols, term=term, interactive=True, buffer_size=None
+        )
+        return Terminal(self._transport, info, rows)
+
+    def _start_process(self, cmd: Command, **options: Any) -> ProcessInfo:
+        request = build_start_process_request(self.id, cmd, **options)
+        response = self._transport.unary(self._transport.shell_service.StartProcess, request)
+        return process_info_from_proto(response.process)
+
+    def list_processes(self) -> list[ProcessInfo]:
+        """The sandbox's background processes, running and finished (until closed), oldest first."""
+        response = self._transport.unary(
+            self._transport.shell_service.ListProcesses, shell_pb.ListProcessesRequest(sandbox_id=self.id)
+        )
+        return [process_info_from_proto(info) for info in response.processes]
 
     def kernel(
         self,

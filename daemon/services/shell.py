@@ -8,6 +8,7 @@ from corral.sdk.errors import FailedPrecondition
 from corral.v1 import shell_pb2 as pb
 from corral.v1 import shell_pb2_grpc
 
+from ..processes import ProcessManager, ProcessSnapshot
 from ..shell_session import ShellSession
 from ..shells import AttachExited, AttachOutput, ShellManager
 
@@ -22,9 +23,23 @@ def _size(size: pb.TerminalSize, has: bool) -> tuple[int, int] | None:
     return (size.rows, size.cols) if has else None
 
 
+def process_info(process: ProcessSnapshot) -> pb.ProcessInfo:
+    return pb.ProcessInfo(
+        sandbox_id=process.sandbox_id,
+        process_id=process.process_id,
+        argv=process.argv,
+        pid=process.pid,
+        running=process.running,
+        exit_code=process.exit_code,
+        output_end=process.output_end,
+        output_start=process.output_start,
+    )
+
+
 class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
-    def __init__(self, shells: ShellManager) -> None:
+    def __init__(self, shells: ShellManager, processes: ProcessManager) -> None:
         self.shells = shells
+        self.processes = processes
 
     async def OpenShell(self, request: pb.OpenShellRequest, context) -> pb.OpenShellResponse:
         session = await self.shells.open(
@@ -107,3 +122,55 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
                     yield pb.AttachResponse(exited=pb.AttachExited(exit_code=event.exit_code))
         finally:
             await events.aclose()
+
+    # -- background processes ----------------------------------------------------------------------
+
+    async def StartProcess(self, request: pb.StartProcessRequest, context) -> pb.StartProcessResponse:
+        process = await self.processes.start(
+            request.sandbox_id,
+            argv=list(request.argv),
+            shell=request.shell,
+            env=dict(request.env),
+            cwd=request.cwd,
+            user=request.user,
+            size=_size(request.size, request.HasField("size")),
+            term=request.term,
+            interactive=request.interactive,
+            buffer_bytes=request.buffer_bytes,
+        )
+        return pb.StartProcessResponse(process=process_info(process.snapshot()))
+
+    async def ReadProcessOutput(self, request: pb.ReadProcessOutputRequest, context) -> pb.ReadProcessOutputResponse:
+        start, data, process = await self.processes.read(
+            request.sandbox_id,
+            request.process_id,
+            offset=request.offset,
+            max_bytes=request.max_bytes,
+            wait_ms=request.wait_ms,
+        )
+        return pb.ReadProcessOutputResponse(
+            data=data,
+            offset=start,
+            dropped_bytes=start - request.offset,
+            next_offset=start + len(data),
+            process=process_info(process),
+        )
+
+    async def WriteProcessInput(self, request: pb.WriteProcessInputRequest, context) -> pb.WriteProcessInputResponse:
+        await self.processes.write(request.sandbox_id, request.process_id, request.data)
+        return pb.WriteProcessInputResponse()
+
+    async def SignalProcess(self, request: pb.SignalProcessRequest, context) -> pb.SignalProcessResponse:
+        process = self.processes.signal(request.sandbox_id, request.process_id, request.signal)
+        return pb.SignalProcessResponse(process=process_info(process))
+
+    async def WaitProcess(self, request: pb.WaitProcessRequest, context) -> pb.WaitProcessResponse:
+        process = await self.processes.wait(request.sandbox_id, request.process_id, request.timeout_ms)
+        return pb.WaitProcessResponse(process=process_info(process))
+
+    async def CloseProcess(self, request: pb.CloseProcessRequest, context) -> pb.CloseProcessResponse:
+        await self.processes.close_process(request.sandbox_id, request.process_id)
+        return pb.CloseProcessResponse()
+
+    async def ListProcesses(self, request: pb.ListProcessesRequest, context) -> pb.ListProcessesResponse:
+        return pb.ListProcessesResponse(processes=[process_info(p) for p in self.processes.list(request.sandbox_id)])

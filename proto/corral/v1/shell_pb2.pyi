@@ -168,3 +168,158 @@ class AttachExited(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     exit_code: int
     def __init__(self, exit_code: _Optional[int] = ...) -> None: ...
+
+class ProcessInfo(_message.Message):
+    __slots__ = ("sandbox_id", "process_id", "argv", "pid", "running", "exit_code", "output_end", "output_start")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_END_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_START_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    process_id: str
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    pid: int
+    running: bool
+    exit_code: int
+    output_end: int
+    output_start: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., process_id: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., pid: _Optional[int] = ..., running: _Optional[bool] = ..., exit_code: _Optional[int] = ..., output_end: _Optional[int] = ..., output_start: _Optional[int] = ...) -> None: ...
+
+class StartProcessRequest(_message.Message):
+    __slots__ = ("sandbox_id", "argv", "shell", "env", "cwd", "user", "size", "term", "interactive", "buffer_bytes")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    SHELL_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    INTERACTIVE_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    shell: str
+    env: _containers.ScalarMap[str, str]
+    cwd: str
+    user: str
+    size: TerminalSize
+    term: str
+    interactive: bool
+    buffer_bytes: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., shell: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., user: _Optional[str] = ..., size: _Optional[_Union[TerminalSize, _Mapping]] = ..., term: _Optional[str] = ..., interactive: _Optional[bool] = ..., buffer_bytes: _Optional[int] = ...) -> None: ...
+
+class StartProcessResponse(_message.Message):
+    __slots__ = ("process",)
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    process: ProcessInfo
+    def __init__(self, process: _Optional[_Union[ProcessInfo, _Mapping]] = ...) -> None: ...
+
+class ReadProcessOutputRequest(_message.Message):
+    __slots__ = ("sandbox_id", "process_id", "offset", "max_bytes", "wait_ms")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    process_id: str
+    offset: int
+    max_bytes: int
+    wait_ms: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., process_id: _Optional[str] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class ReadProcessOutputResponse(_message.Message):
+    __slots__ = ("data", "offset", "dropped_bytes", "next_offset", "process")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    dropped_bytes: int
+    next_offset: int
+    process: ProcessInfo
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., dropped_bytes: _Optional[int] = ..., next_offset: _Optional[int] = ..., process: _Optional[_Union[ProcessInfo, _Mapping]] = ...) -> None: ...
+
+class WriteProcessInputRequest(_message.Message):
+    __slots__ = ("sandbox_id", "process_id", "data")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    process_id: str
+    data: bytes
+    def __init__(self, sandbox_id: _Optional[str] = ..., process_id: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WriteProcessInputResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SignalProcessRequest(_message.Message):
+    __slots__ = ("sandbox_id", "process_id", "signal")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    process_id: str
+    signal: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., process_id: _Optional[str] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class SignalProcessResponse(_message.Message):
+    __slots__ = ("process",)
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    process: ProcessInfo
+    def __init__(self, process: _Optional[_Union[ProcessInfo, _Mapping]] = ...) -> None: ...
+
+class WaitProcessRequest(_message.Message):
+    __slots__ = ("sandbox_id", "process_id", "timeout_ms")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    process_id: str
+    timeout_ms: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., process_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class WaitProcessResponse(_message.Message):
+    __slots__ = ("process",)
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    process: ProcessInfo
+    def __init__(self, process: _Optional[_Union[ProcessInfo, _Mapping]] = ...) -> None: ...
+
+class CloseProcessRequest(_message.Message):
+    __slots__ = ("sandbox_id", "process_id")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    process_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., process_id: _Optional[str] = ...) -> None: ...
+
+class CloseProcessResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListProcessesRequest(_message.Message):
+    __slots__ = ("sandbox_id",)
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ...) -> None: ...
+
+class ListProcessesResponse(_message.Message):
+    __slots__ = ("processes",)
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessInfo]
+    def __init__(self, processes: _Optional[_Iterable[_Union[ProcessInfo, _Mapping]]] = ...) -> None: ...

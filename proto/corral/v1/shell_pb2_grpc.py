@@ -62,6 +62,41 @@ class ShellServiceStub:
                 request_serializer=corral_dot_v1_dot_shell__pb2.AttachRequest.SerializeToString,
                 response_deserializer=corral_dot_v1_dot_shell__pb2.AttachResponse.FromString,
                 _registered_method=True)
+        self.StartProcess = channel.unary_unary(
+                '/corral.v1.ShellService/StartProcess',
+                request_serializer=corral_dot_v1_dot_shell__pb2.StartProcessRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_shell__pb2.StartProcessResponse.FromString,
+                _registered_method=True)
+        self.ReadProcessOutput = channel.unary_unary(
+                '/corral.v1.ShellService/ReadProcessOutput',
+                request_serializer=corral_dot_v1_dot_shell__pb2.ReadProcessOutputRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_shell__pb2.ReadProcessOutputResponse.FromString,
+                _registered_method=True)
+        self.WriteProcessInput = channel.unary_unary(
+                '/corral.v1.ShellService/WriteProcessInput',
+                request_serializer=corral_dot_v1_dot_shell__pb2.WriteProcessInputRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_shell__pb2.WriteProcessInputResponse.FromString,
+                _registered_method=True)
+        self.SignalProcess = channel.unary_unary(
+                '/corral.v1.ShellService/SignalProcess',
+                request_serializer=corral_dot_v1_dot_shell__pb2.SignalProcessRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_shell__pb2.SignalProcessResponse.FromString,
+                _registered_method=True)
+        self.WaitProcess = channel.unary_unary(
+                '/corral.v1.ShellService/WaitProcess',
+                request_serializer=corral_dot_v1_dot_shell__pb2.WaitProcessRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_shell__pb2.WaitProcessResponse.FromString,
+                _registered_method=True)
+        self.CloseProcess = channel.unary_unary(
+                '/corral.v1.ShellService/CloseProcess',
+                request_serializer=corral_dot_v1_dot_shell__pb2.CloseProcessRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_shell__pb2.CloseProcessResponse.FromString,
+                _registered_method=True)
+        self.ListProcesses = channel.unary_unary(
+                '/corral.v1.ShellService/ListProcesses',
+                request_serializer=corral_dot_v1_dot_shell__pb2.ListProcessesRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_shell__pb2.ListProcessesResponse.FromString,
+                _registered_method=True)
 
 
 class ShellServiceServicer:
@@ -110,6 +145,64 @@ class ShellServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartProcess(self, request, context):
+        """Background processes (docs/shells.md): a command started without waiting for it, under a
+        pty of its own, whose output the daemon keeps in a ring buffer of the process while callers
+        read it by offset, type input, send signals and wait. They run until they exit, CloseProcess,
+        or the sandbox's end. Unknown process: NOT_FOUND.
+
+        Starts a process and returns at once. RESOURCE_EXHAUSTED when the sandbox already has as many
+        running processes (or buffered output) as a sandbox may; finished ones make room for new ones,
+        the oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadProcessOutput(self, request, context):
+        """The output from an offset on, at once or once there is some (wait_ms), with whether the
+        process still runs. An offset past what the process has written: INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteProcessInput(self, request, context):
+        """Types bytes on the process's terminal. FAILED_PRECONDITION once the process has ended;
+        RESOURCE_EXHAUSTED when it does not read its input for 10 seconds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignalProcess(self, request, context):
+        """Sends a signal to the process and everything it started (nothing once it has ended).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitProcess(self, request, context):
+        """Waits until the process ends or the timeout passes; says which.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseProcess(self, request, context):
+        """Kills the process and everything it started (if still running) and forgets it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProcesses(self, request, context):
+        """The background processes of a sandbox, running and finished, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShellServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +230,41 @@ def add_ShellServiceServicer_to_server(servicer, server):
                     servicer.Attach,
                     request_deserializer=corral_dot_v1_dot_shell__pb2.AttachRequest.FromString,
                     response_serializer=corral_dot_v1_dot_shell__pb2.AttachResponse.SerializeToString,
+            ),
+            'StartProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartProcess,
+                    request_deserializer=corral_dot_v1_dot_shell__pb2.StartProcessRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_shell__pb2.StartProcessResponse.SerializeToString,
+            ),
+            'ReadProcessOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadProcessOutput,
+                    request_deserializer=corral_dot_v1_dot_shell__pb2.ReadProcessOutputRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_shell__pb2.ReadProcessOutputResponse.SerializeToString,
+            ),
+            'WriteProcessInput': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteProcessInput,
+                    request_deserializer=corral_dot_v1_dot_shell__pb2.WriteProcessInputRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_shell__pb2.WriteProcessInputResponse.SerializeToString,
+            ),
+            'SignalProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignalProcess,
+                    request_deserializer=corral_dot_v1_dot_shell__pb2.SignalProcessRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_shell__pb2.SignalProcessResponse.SerializeToString,
+            ),
+            'WaitProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitProcess,
+                    request_deserializer=corral_dot_v1_dot_shell__pb2.WaitProcessRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_shell__pb2.WaitProcessResponse.SerializeToString,
+            ),
+            'CloseProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseProcess,
+                    request_deserializer=corral_dot_v1_dot_shell__pb2.CloseProcessRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_shell__pb2.CloseProcessResponse.SerializeToString,
+            ),
+            'ListProcesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProcesses,
+                    request_deserializer=corral_dot_v1_dot_shell__pb2.ListProcessesRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_shell__pb2.ListProcessesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -277,6 +405,195 @@ class ShellService:
             '/corral.v1.ShellService/Attach',
             corral_dot_v1_dot_shell__pb2.AttachRequest.SerializeToString,
             corral_dot_v1_dot_shell__pb2.AttachResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.ShellService/StartProcess',
+            corral_dot_v1_dot_shell__pb2.StartProcessRequest.SerializeToString,
+            corral_dot_v1_dot_shell__pb2.StartProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadProcessOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.ShellService/ReadProcessOutput',
+            corral_dot_v1_dot_shell__pb2.ReadProcessOutputRequest.SerializeToString,
+            corral_dot_v1_dot_shell__pb2.ReadProcessOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteProcessInput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.ShellService/WriteProcessInput',
+            corral_dot_v1_dot_shell__pb2.WriteProcessInputRequest.SerializeToString,
+            corral_dot_v1_dot_shell__pb2.WriteProcessInputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignalProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.ShellService/SignalProcess',
+            corral_dot_v1_dot_shell__pb2.SignalProcessRequest.SerializeToString,
+            corral_dot_v1_dot_shell__pb2.SignalProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.ShellService/WaitProcess',
+            corral_dot_v1_dot_shell__pb2.WaitProcessRequest.SerializeToString,
+            corral_dot_v1_dot_shell__pb2.WaitProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.ShellService/CloseProcess',
+            corral_dot_v1_dot_shell__pb2.CloseProcessRequest.SerializeToString,
+            corral_dot_v1_dot_shell__pb2.CloseProcessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProcesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.ShellService/ListProcesses',
+            corral_dot_v1_dot_shell__pb2.ListProcessesRequest.SerializeToString,
+            corral_dot_v1_dot_shell__pb2.ListProcessesResponse.FromString,
             options,
             channel_credentials,
             insecure,
