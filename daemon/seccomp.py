@@ -202,14 +202,24 @@ def load_seccomp(program):
     ):
         raise SystemExit(f"cannot load the seccomp filter: {os.strerror(_ctypes.get_errno())}")
 """
+# The program must get every signal as any program does: Python ignores SIGPIPE and SIGXFSZ (else
+# `yes | head -n1` prints "Broken pipe"), whoever started the daemon may have left others ignored
+# (a background job's SIGINT and SIGQUIT, nohup's SIGHUP), and an ignored signal stays ignored
+# across exec, as the signal mask stays.
+RESET_SIGNALS_FUNCTION = r"""
+import signal
+def reset_signals():
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+"""
 LOADER = (
     LOAD_FUNCTION
+    + RESET_SIGNALS_FUNCTION
     + r"""
-import os, signal, sys
-# Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec: the program
-# must get them as any program does (`yes | head -n1` dies quietly of SIGPIPE).
-signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+import os, sys
+reset_signals()
 load_seccomp(bytes.fromhex(sys.argv[1]))
 os.execvp(sys.argv[2], sys.argv[2:])
 """

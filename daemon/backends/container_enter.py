@@ -33,7 +33,7 @@ from typing import ClassVar
 from corral.sdk.errors import FailedPrecondition
 
 from ..fsaccess import SandboxFiles, openat2
-from ..seccomp import LOAD_FUNCTION, program, supported
+from ..seccomp import LOAD_FUNCTION, RESET_SIGNALS_FUNCTION, program, supported
 from ..users import ROOT, SandboxUser, check_user_spec, resolve_user
 from .base import EnterCommand, ManagedSandbox
 
@@ -90,6 +90,7 @@ def call(name, *args):
 # count of environment entries, the entries, then the program's argv.
 ENTER = (
     LOAD_FUNCTION
+    + RESET_SIGNALS_FUNCTION
     + LIBC_CALLS
     + r"""
 # Everything is imported before the root changes: the interpreter's library is the host's.
@@ -134,9 +135,7 @@ if child:
             signal.signal(os.WTERMSIG(status), signal.SIG_DFL)  # Python ignores SIGPIPE, handles SIGINT
         os.kill(os.getpid(), os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-# Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec.
-signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+reset_signals()  # (see seccomp.RESET_SIGNALS_FUNCTION)
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 for cap in range(last_cap + 1):
     if not caps >> cap & 1:
