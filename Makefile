@@ -60,7 +60,7 @@ system-deps:
 # The packages first, then the venv (which may need python3-venv), in that order even under -j.
 test: system-deps
 	@$(MAKE) --no-print-directory venv
-	$(VENV_PY) -m pytest -q
+	$(VENV_PY) -m pytest -q --durations=40
 
 test-unit: venv
 	$(VENV_PY) -m pytest -q tests/unit
