@@ -202,16 +202,15 @@ def load_seccomp(program):
     ):
         raise SystemExit(f"cannot load the seccomp filter: {os.strerror(_ctypes.get_errno())}")
 """
-# The program must get every signal as any program does: Python ignores SIGPIPE and SIGXFSZ (else
-# `yes | head -n1` prints "Broken pipe"), whoever started the daemon may have left others ignored
-# (a background job's SIGINT and SIGQUIT, nohup's SIGHUP), and an ignored signal stays ignored
-# across exec, as the signal mask stays.
+# The program must get every signal as any program does. Python ignores SIGPIPE and SIGXFSZ (else
+# `yes | head -n1` prints "Broken pipe"), an ignored signal stays ignored across exec, and the
+# signal mask stays too. (What the daemon's own launcher ignored, the daemon reset at its start:
+# server.reset_inherited_signals. A SIGINT the kernel launcher ignores on purpose stays ignored.)
 RESET_SIGNALS_FUNCTION = r"""
 import signal
 def reset_signals():
-    for sig in signal.valid_signals():
-        if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) is signal.SIG_IGN:
-            signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
 """
 LOADER = (

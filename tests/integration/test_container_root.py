@@ -63,8 +63,8 @@ def test_no_raw_sockets_in_the_hosts_network(daemon, client):
 
 
 def test_programs_get_default_signal_dispositions(root_sandbox):
-    """The entering step is a Python program, which ignores SIGPIPE, run by a daemon whose own
-    launcher may have ignored or blocked others: the program must get every signal as usual."""
+    """The entering step is a Python program, which ignores SIGPIPE and SIGXFSZ: the program must
+    get every signal as usual, none ignored and none blocked."""
     r = root_sandbox.exec("yes | head -n 1; grep -E '^Sig(Ign|Blk):' /proc/self/status", timeout=10)
     assert r.stdout == b"y\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n" and r.stderr == b"", r
 
