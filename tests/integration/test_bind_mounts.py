@@ -116,7 +116,9 @@ def test_files_on_bind_mounts_belong_to_the_sandboxs_own_host_ids(bind_daemon, t
     (first / "user-1000.txt").chmod(0o600)
     with Client(daemon.address) as client:
         a = client.create_sandbox(mounts=[Mount(str(first), "/data", writable=True)], timeout=120)
-        b = client.create_sandbox(mounts=[Mount(str(second), "/data", writable=True)], timeout=120)
+        b = client.create_sandbox(
+            mounts=[Mount(str(second), "/data", writable=True), Mount(str(host_root), "/etc/task.txt")], timeout=120
+        )
         with a, b:
             r = a.exec(
                 "id -u; touch /data/by-root; stat -c %u:%g /data/by-root /data/host /data/host/host-root.txt "
@@ -130,11 +132,12 @@ def test_files_on_bind_mounts_belong_to_the_sandboxs_own_host_ids(bind_daemon, t
             ), r
             r = a.exec("touch /data/by-1000 && echo ok", user="1000", timeout=30)
             assert r.stdout == b"ok\n", r.stderr
-            assert b.exec("touch /data/by-root && echo ok", timeout=30).stdout == b"ok\n"
+            r = b.exec("touch /data/by-root && stat -c %u /etc/task.txt && cat /etc/task.txt", timeout=30)
+            assert r.stdout == b"65534\nhost root's\n", r
             if backend != "local":
                 # The engine binds a staging mount of the daemon's, idmapped, under its state directory.
                 staged = mounts_under(daemon.state_dir / "binds")
-                assert len(staged) == 2 and all("idmapped" in options.split(",") for _, options in staged), staged
+                assert len(staged) == 3 and all("idmapped" in options.split(",") for _, options in staged), staged
         owners = {
             name: ((path).stat().st_uid, path.stat().st_gid)
             for name, path in (
