@@ -242,3 +242,23 @@ def test_a_filesystem_that_cannot_be_idmapped_is_refused_and_nothing_is_left(tmp
     finally:
         with contextlib.suppress(subprocess.CalledProcessError):
             subprocess.run(["umount", str(ramfs)], check=True)
+
+
+@as_root
+def test_a_mount_that_does_not_show_the_host_path_through_the_sandboxs_ids_is_refused(tmp_path: Path) -> None:
+    # This process's own root stands in for a container's: the staging mount shows the host
+    # directory through the ids, the host directory itself does not, an empty directory is another.
+    host, other = tmp_path / "host", tmp_path / "other"
+    host.mkdir()
+    other.mkdir()
+    staging = tmp_path / "state" / "binds" / "docker" / "sb-1"
+    (staged,) = idmapped_binds.stage((BindMount(str(host), "/data"),), FIRST_ID, staging)
+    try:
+        idmapped_binds.check_shown((BindMount(str(host), staged.host_path),), FIRST_ID, os.getpid())
+        for seen in (str(host), str(other)):
+            with pytest.raises(FailedPrecondition, match="does not show .* through the sandbox's ids"):
+                idmapped_binds.check_shown((BindMount(str(host), seen),), FIRST_ID, os.getpid())
+        with pytest.raises(FailedPrecondition, match="is missing in the container"):
+            idmapped_binds.check_shown((BindMount(str(host), str(tmp_path / "nowhere")),), FIRST_ID, os.getpid())
+    finally:
+        idmapped_binds.unstage(staging)
