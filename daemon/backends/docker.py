@@ -30,6 +30,7 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Una
 from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
 from .container_enter import ImageUserSandbox
+from .idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -104,6 +105,7 @@ class DockerSandbox(ImageUserSandbox):
         super().__init__(backend, spec, uid)
         self.container: Container | None = None
         self.container_name = f"corral-{self.context.daemon_id}-{spec.sandbox_id}"
+        self.bind_staging = staging_dir(self.context.state_dir, backend.name, spec.sandbox_id)
 
     async def launch(self) -> None:
         backend = self.backend
@@ -132,11 +134,11 @@ class DockerSandbox(ImageUserSandbox):
             security_opt=["no-new-privileges"],
         )
         if self.spec.mounts:
+            # The engine binds idmapped staging mounts of the host paths (idmapped_binds.py).
+            staged = await asyncio.to_thread(stage, self.spec.mounts, self.uid, self.bind_staging)
             mount = _docker().types.Mount
             kwargs.update(
-                mounts=[
-                    mount(m.sandbox_path, m.host_path, type="bind", read_only=m.read_only) for m in self.spec.mounts
-                ]
+                mounts=[mount(m.sandbox_path, m.host_path, type="bind", read_only=m.read_only) for m in staged]
             )
         if settings.ulimits:
             ulimit = _docker().types.Ulimit
@@ -170,6 +172,7 @@ class DockerSandbox(ImageUserSandbox):
         if not self.init_pid:
             raise FailedPrecondition(f"container of {self.spec.image!r} is not running: {container.status}")
         self.cgroup = self.context.cgroups.group_of(self.init_pid)
+        await asyncio.to_thread(check_shown, self.spec.mounts, self.uid, self.init_pid)
         self.adopt_user(container.attrs["Config"].get("User") or "")
 
     async def kill_processes(self) -> None:
@@ -182,12 +185,12 @@ class DockerSandbox(ImageUserSandbox):
 
     async def shutdown(self) -> None:
         container, self.container = self.container, None
-        if container is None:
-            return
-        try:
-            await self.backend.engine(container.remove, force=True)
-        except (NotFound, FailedPrecondition, Unavailable) as err:
-            log.warning("could not remove container of %s: %s", self.spec.sandbox_id, err)
+        if container is not None:
+            try:
+                await self.backend.engine(container.remove, force=True)
+            except (NotFound, FailedPrecondition, Unavailable) as err:
+                log.warning("could not remove container of %s: %s", self.spec.sandbox_id, err)
+        await asyncio.to_thread(unstage, self.bind_staging)
 
     def record_extra(self) -> dict:
         return {"container_id": self.container.id if self.container else ""}
@@ -321,10 +324,12 @@ class DockerBackend(Backend):
 
     async def release(self, record: dict) -> None:
         await self._remove_containers({LABEL_SANDBOX: record.get("sandbox_id", "")})
+        await asyncio.to_thread(release_staging, self.context.state_dir, self.name, record)
 
     async def reap_orphans(self) -> None:
         if self._status.available:
             await self._remove_containers({})
+        await asyncio.to_thread(unstage_all, staging_root(self.context.state_dir, self.name))
 
     async def _remove_containers(self, labels: dict[str, str]) -> None:
         if self.client is None:

@@ -21,40 +21,30 @@ binds the finished root at / and adds /proc, /dev, /run, /tmp and the workdir.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import stat
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..users import INSIDE_ID_COUNT
+from .mount_api import (
+    MOUNT_ATTR_IDMAP,
+    MOUNT_ATTR_NODEV,
+    MOUNT_ATTR_NOSUID,
+    MOUNT_ATTR_RDONLY,
+    attach_tree,
+    check,
+    detach,
+    detached_tree,
+    libc,
+    make_user_namespace,
+)
 
-_libc = ctypes.CDLL(None, use_errno=True)
-# x86-64 and aarch64 share the numbers of the new mount API.
-_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
-_AT_FDCWD, _AT_EMPTY_PATH, _AT_RECURSIVE = -100, 0x1000, 0x8000
-_OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 0x1, 0x80000
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_IDMAP = 0x1, 0x2, 0x4, 0x100000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_PRIVATE = 0x1, 0x2, 0x4, 1 << 18
-_MNT_DETACH = 2
 # What the host's "etc" keeps from other users (shadow, private keys) is covered in "host" sandboxes.
 SECRET_DIRS = ("/etc",)
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in ("attr_set", "attr_clr", "propagation", "userns_fd")]
-
-
-def _check(result: int, what: str, path: str | os.PathLike[str] = "") -> int:
-    if result < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}", os.fspath(path) if path else None)
-    return result
 
 
 @dataclass(frozen=True)
@@ -69,81 +59,12 @@ class RootMount:
     dst: str
 
 
-# -- the user namespace ---------------------------------------------------------------------------
-
-
-def make_user_namespace(first_id: int, count: int = INSIDE_ID_COUNT) -> int:
-    """A new user namespace mapping ids 0 .. count - 1 to first_id .. first_id + count - 1 (uids
-    and gids), as a file descriptor (which keeps it alive) for nsenter and idmapped mounts. The
-    process that makes it (unshare: a multithreaded daemon may not) exits once it is mapped."""
-    maker = subprocess.Popen(
-        ["unshare", "--user", "--", "/bin/sh", "-c", "echo ready; read -r _"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-        cwd="/",
-    )
-    assert maker.stdin is not None and maker.stdout is not None and maker.stderr is not None
-    try:
-        if maker.stdout.readline() != b"ready\n":
-            said = maker.stderr.read().decode(errors="replace").strip()
-            raise OSError(errno.EPERM, f"cannot make a user namespace: {said or 'unshare --user failed'}")
-        for kind in ("uid", "gid"):
-            with open(f"/proc/{maker.pid}/{kind}_map", "w") as fh:
-                fh.write(f"0 {first_id} {count}\n")
-        return os.open(f"/proc/{maker.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    finally:
-        maker.stdin.close()
-        maker.wait()
-        maker.stdout.close()
-        maker.stderr.close()
-
-
 # -- the root --------------------------------------------------------------------------------------
 
 
-def _detached_tree(src: str, attr_set: int, userns_fd: int = 0) -> int:
-    """A private recursive copy of the mount tree at `src`, not attached anywhere yet, with
-    `attr_set` (MOUNT_ATTR_*) on every mount of it."""
-    tree = _check(
-        _libc.syscall(
-            _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(src), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE
-        ),
-        "open_tree",
-        src,
-    )
-    try:
-        attr = _MountAttr(attr_set, 0, 0, userns_fd)
-        _check(
-            _libc.syscall(
-                _SYS_MOUNT_SETATTR,
-                tree,
-                b"",
-                _AT_EMPTY_PATH | _AT_RECURSIVE,
-                ctypes.byref(attr),
-                ctypes.c_size_t(ctypes.sizeof(attr)),
-            ),
-            "mount_setattr",
-            src,
-        )
-    except BaseException:
-        os.close(tree)
-        raise
-    return tree
-
-
-def _attach(tree: int, dst: Path) -> None:
-    _check(
-        _libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, os.fsencode(dst), _MOVE_MOUNT_F_EMPTY_PATH),
-        "move_mount",
-        dst,
-    )
-
-
 def _mount(source: str, target: Path, fstype: str, flags: int, options: str) -> None:
-    _check(
-        _libc.mount(source.encode(), os.fsencode(target), fstype.encode(), flags, options.encode() or None),
+    check(
+        libc.mount(source.encode(), os.fsencode(target), fstype.encode(), flags, options.encode() or None),
         f"mount {fstype}",
         target,
     )
@@ -163,7 +84,7 @@ def _overlay(src: str, dst: Path, layers: Path, name: str, first_id: int, userns
     top = os.stat(src)
     os.chown(upper, first_id + _inside_id(top.st_uid), first_id + _inside_id(top.st_gid))
     os.chmod(upper, stat.S_IMODE(top.st_mode))
-    lower = _detached_tree(src, _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY, userns_fd)
+    lower = detached_tree(src, MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY, userns_fd)
     try:
         options = f"lowerdir=/proc/self/fd/{lower},upperdir={upper},workdir={work}"
         _mount("corral-root", dst, "overlay", _MS_NOSUID | _MS_NODEV, options)
@@ -172,9 +93,9 @@ def _overlay(src: str, dst: Path, layers: Path, name: str, first_id: int, userns
 
 
 def _bind_read_only(src: str, dst: Path) -> None:
-    tree = _detached_tree(src, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)
+    tree = detached_tree(src, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
     try:
-        _attach(tree, dst)
+        attach_tree(tree, dst)
     finally:
         os.close(tree)
 
@@ -242,12 +163,12 @@ def unmount_root(sandbox_dir: Path) -> None:
     """Detaches a sandbox's root and everything mounted in it (nothing when there is none)."""
     root = sandbox_dir / "root"
     if os.path.ismount(root):
-        _check(_libc.umount2(os.fsencode(root), _MNT_DETACH), "umount", root)
+        detach(root)
     elif root.is_dir():
         # A "host" image's root is a directory holding the mounts.
         for entry in root.iterdir():
             if os.path.ismount(entry):
-                _check(_libc.umount2(os.fsencode(entry), _MNT_DETACH), "umount", entry)
+                detach(entry)
 
 
 def secrets(dirs: Sequence[str] = SECRET_DIRS) -> list[str]:
@@ -281,7 +202,7 @@ def kernel_support() -> str:
             return f"no user namespaces ({err.strerror or err})"
         try:
             _overlay(str(lower), merged, layers, "0", 0, userns)
-            _check(_libc.umount2(os.fsencode(merged), _MNT_DETACH), "umount", merged)
+            detach(merged)
         except OSError as err:
             return f"no overlayfs over idmapped mounts (Linux 5.19 or later): {err}"
         finally:

@@ -29,6 +29,7 @@ from ..cgroups import CgroupGroup, LimitSupport
 from ..process import in_cgroup
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
 from .container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
+from .idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
 from .nsenter import HOST_ENV
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class SingularitySandbox(ImageUserSandbox):
     def __init__(self, backend: SingularityBackend, spec, uid: int) -> None:
         super().__init__(backend, spec, uid)
         self.name = backend.instance_name(spec.sandbox_id)
+        self.bind_staging = staging_dir(self.context.state_dir, backend.name, spec.sandbox_id)
         self._started = False
 
     async def launch(self) -> None:
@@ -115,10 +117,11 @@ class SingularitySandbox(ImageUserSandbox):
             "bind-paths",
         ]
         for mount in self.spec.mounts:
-            if any(c in path for path in (mount.host_path, mount.sandbox_path) for c in BIND_SEPARATORS):
-                raise InvalidArgument(
-                    f"mount {mount.host_path} -> {mount.sandbox_path}: apptainer cannot bind a path with ':' or ','"
-                )
+            if any(c in mount.sandbox_path for c in BIND_SEPARATORS):
+                raise InvalidArgument(f"mount {mount.sandbox_path}: apptainer cannot bind a path with ':' or ','")
+        # Apptainer binds idmapped staging mounts of the host paths (idmapped_binds.py), whose
+        # paths are the daemon's own (a host path with ':' or ',' is fine).
+        for mount in await asyncio.to_thread(stage, self.spec.mounts, self.uid, self.bind_staging):
             argv += ["--bind", f"{mount.host_path}:{mount.sandbox_path}:{'ro' if mount.read_only else 'rw'}"]
         if not self.spec.network:
             argv += ["--net", "--network", "none"]
@@ -134,12 +137,14 @@ class SingularitySandbox(ImageUserSandbox):
         code, out = await _run(read_only_argv(self.init_pid), START_TIMEOUT_S)
         if code != 0:
             raise FailedPrecondition(f"cannot make the kernel's settings read-only in instance {self.name}: {out}")
+        await asyncio.to_thread(check_shown, self.spec.mounts, self.uid, self.init_pid)
         self.adopt_user("")
 
     async def shutdown(self) -> None:
         if self._started:
             self._started = False
             await self.backend.stop_instance(self.name)  # removes apptainer's own instance record
+        await asyncio.to_thread(unstage, self.bind_staging)
 
     def record_extra(self) -> dict:
         return {"instance": self.name}
@@ -217,12 +222,13 @@ class SingularityBackend(Backend):
     async def release(self, record: dict) -> None:
         if self.binary and record.get("instance"):
             await self.stop_instance(record["instance"])
+        await asyncio.to_thread(release_staging, self.context.state_dir, self.name, record)
 
     async def reap_orphans(self) -> None:
-        if not self._status.available:
-            return
-        prefix = f"corral-{self.context.daemon_id}-"
-        for instance in await self.instances():
-            if instance.get("instance", "").startswith(prefix):
-                log.info("stopping leftover instance %s", instance["instance"])
-                await self.stop_instance(instance["instance"])
+        if self._status.available:
+            prefix = f"corral-{self.context.daemon_id}-"
+            for instance in await self.instances():
+                if instance.get("instance", "").startswith(prefix):
+                    log.info("stopping leftover instance %s", instance["instance"])
+                    await self.stop_instance(instance["instance"])
+        await asyncio.to_thread(unstage_all, staging_root(self.context.state_dir, self.name))

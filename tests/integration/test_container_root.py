@@ -17,7 +17,7 @@ from corral.daemon.backends.base import BindMount, Limits, SandboxSpec
 from corral.daemon.backends.container_enter import CAPABILITY_MASK
 from corral.daemon.cgroups import CgroupDriver
 from corral.daemon.commands import DEFAULT_PATH
-from corral.daemon.config import load_config
+from corral.daemon.config import SandboxConfig, load_config
 from corral.daemon.node import make_backends
 from corral.daemon.process import in_cgroup
 from corral.sdk import errors
@@ -215,6 +215,9 @@ def test_bind_mounts_and_users(case, tmp_path):
     (shared / "data.txt").write_text("host data\n")
     scratch.mkdir(mode=0o777)
     scratch.chmod(0o777)
+    # The sandbox's root's: the first block of host ids of a fresh backend (daemon/uids.py).
+    first_id = SandboxConfig().uid_base
+    os.chown(scratch, first_id, first_id)
     before = _tree_digest(shared)
 
     async def scenario(sandbox) -> None:
@@ -237,10 +240,10 @@ def test_bind_mounts_and_users(case, tmp_path):
     mounts = (BindMount(str(shared), "/mnt/shared"), BindMount(str(scratch), "/mnt/scratch", read_only=False))
     _in_backend_sandbox(case, tmp_path, scenario, user="nobody", mounts=mounts)
     assert _tree_digest(shared) == before
-    # Without a user namespace the host sees the inside ids: root's files are host uid 0, which
-    # is why bind mounts are read-only unless asked otherwise (docs/backends.md).
-    assert (scratch / "by-root").stat().st_uid == 0
-    assert (scratch / "by-nobody").stat().st_uid == 65534
+    # Bind mounts are idmapped onto the sandbox's block of host ids (docs/backends.md): root's
+    # files are its first id's on the host, nobody's (65534 inside) first + 65534's.
+    assert (scratch / "by-root").stat().st_uid == first_id
+    assert (scratch / "by-nobody").stat().st_uid == first_id + 65534
 
 
 def test_the_images_user_is_the_default_for_programs_and_files(tmp_path):

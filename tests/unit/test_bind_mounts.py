@@ -1,19 +1,24 @@
 """CreateSandbox's host bind mounts, checked before any sandbox exists (daemon/mounts.py): only host
 paths under the configured roots, judged after symlinks are resolved, and a path outside them is
-refused before the daemon looks at it; sandbox paths clear of what the daemon reserves."""
+refused before the daemon looks at it; sandbox paths clear of what the daemon reserves. And the
+idmapped staging mounts container backends bind instead of the host paths
+(daemon/backends/idmapped_binds.py), made and removed in this process (as root)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from corral.daemon import mounts
+from corral.daemon.backends import idmapped_binds
 from corral.daemon.backends.base import BindMount
 from corral.daemon.config import ConfigError, load_config
 from corral.daemon.mounts import MAX_MOUNTS, MountRequest, bind_mounts
-from corral.sdk.errors import InvalidArgument, NotFound, PermissionDenied
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 
 WORKDIR = "/workspace"
 
@@ -161,3 +166,99 @@ def test_bind_roots_come_from_the_config_file_and_must_be_absolute(tmp_path: Pat
         path.write_text(f"[sandbox]\nbind_roots = {bad}\n")
         with pytest.raises(ConfigError, match="sandbox.bind_roots"):
             load_config(path, environ={})
+
+
+# -- idmapped staging mounts ------------------------------------------------------------------------
+
+FIRST_ID = 5_000_000
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="idmapped mounts need root")
+
+
+def test_shown_ids_are_the_blocks_read_backwards_and_nobody_outside_it() -> None:
+    shown = idmapped_binds.shown_id
+    assert [shown(FIRST_ID, FIRST_ID), shown(FIRST_ID + 65535, FIRST_ID)] == [0, 65535]
+    assert [shown(0, FIRST_ID), shown(FIRST_ID - 1, FIRST_ID), shown(FIRST_ID + 65536, FIRST_ID)] == [65534] * 3
+
+
+@as_root
+def test_a_staging_mount_shows_the_host_path_through_the_sandboxs_ids(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    os.chown(host, FIRST_ID, FIRST_ID)
+    (host / "root.txt").write_text("host root's")
+    (host / "task.txt").write_text("task")
+    staging = tmp_path / "state" / "binds" / "docker" / "sb-1"
+    mounts = (BindMount(str(host), "/data", read_only=False), BindMount(str(host / "task.txt"), "/task.txt"))
+    staged = idmapped_binds.stage(mounts, FIRST_ID, staging)
+    try:
+        assert staged == (
+            BindMount(str(staging / "0"), "/data", read_only=False),
+            BindMount(str(staging / "1"), "/task.txt", read_only=True),
+        )
+        # This process is host root, as root inside a container is: what it creates is the
+        # block's first id's, host root's file is nobody's and out of its reach.
+        (staging / "0" / "made").write_text("x")
+        assert ((host / "made").stat().st_uid, (host / "made").stat().st_gid) == (FIRST_ID, FIRST_ID)
+        assert os.stat(staging / "0" / "root.txt").st_uid == 65534
+        assert (staging / "0" / "root.txt").read_text() == "host root's"
+        with pytest.raises(PermissionError):
+            (staging / "0" / "root.txt").write_text("changed")
+        with pytest.raises(OSError, match="Read-only file system"):
+            (staging / "1").write_text("changed")
+    finally:
+        idmapped_binds.unstage(staging)
+    assert not staging.exists() and staging.parent.is_dir()
+    assert sorted(p.name for p in host.iterdir()) == ["made", "root.txt", "task.txt"]
+    assert (host / "task.txt").read_text() == "task" and (host / "root.txt").read_text() == "host root's"
+
+
+@as_root
+def test_a_restarted_daemon_unstages_what_was_left_without_deleting_through_it(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "kept.txt").write_text("kept")
+    root = idmapped_binds.staging_root(tmp_path / "state", "singularity")
+    for sandbox_id in ("sb-1", "sb-2"):
+        idmapped_binds.stage((BindMount(str(host), "/data"),), FIRST_ID, root / sandbox_id)
+    idmapped_binds.release_staging(tmp_path / "state", "singularity", {"sandbox_id": "sb-1"})
+    idmapped_binds.release_staging(tmp_path / "state", "singularity", {"sandbox_id": ".."})  # ignored
+    assert [p.name for p in root.iterdir()] == ["sb-2"]
+    idmapped_binds.unstage_all(root)
+    assert list(root.iterdir()) == []
+    assert [p.name for p in host.iterdir()] == ["kept.txt"]
+
+
+@as_root
+def test_a_filesystem_that_cannot_be_idmapped_is_refused_and_nothing_is_left(tmp_path: Path) -> None:
+    ramfs = tmp_path / "ramfs"
+    ramfs.mkdir()
+    subprocess.run(["mount", "-t", "ramfs", "corral-test", str(ramfs)], check=True)
+    try:
+        staging = tmp_path / "state" / "binds" / "docker" / "sb-1"
+        mounts = (BindMount(str(tmp_path), "/ok"), BindMount(str(ramfs), "/data", read_only=False))
+        with pytest.raises(FailedPrecondition, match="does not support idmapped mounts"):
+            idmapped_binds.stage(mounts, FIRST_ID, staging)
+        assert not staging.exists()
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            subprocess.run(["umount", str(ramfs)], check=True)
+
+
+@as_root
+def test_a_mount_that_does_not_show_the_host_path_through_the_sandboxs_ids_is_refused(tmp_path: Path) -> None:
+    # This process's own root stands in for a container's: the staging mount shows the host
+    # directory through the ids, the host directory itself does not, an empty directory is another.
+    host, other = tmp_path / "host", tmp_path / "other"
+    host.mkdir()
+    other.mkdir()
+    staging = tmp_path / "state" / "binds" / "docker" / "sb-1"
+    (staged,) = idmapped_binds.stage((BindMount(str(host), "/data"),), FIRST_ID, staging)
+    try:
+        idmapped_binds.check_shown((BindMount(str(host), staged.host_path),), FIRST_ID, os.getpid())
+        for seen in (str(host), str(other)):
+            with pytest.raises(FailedPrecondition, match="does not show .* through the sandbox's ids"):
+                idmapped_binds.check_shown((BindMount(str(host), seen),), FIRST_ID, os.getpid())
+        with pytest.raises(FailedPrecondition, match="is missing in the container"):
+            idmapped_binds.check_shown((BindMount(str(host), str(tmp_path / "nowhere")),), FIRST_ID, os.getpid())
+    finally:
+        idmapped_binds.unstage(staging)
