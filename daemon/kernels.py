@@ -607,7 +607,7 @@ class KernelManager:
             "JUPYTER_PLATFORM_DIRS": "1",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         }
-        return sandbox_environment(runtime.workdir, sandbox.env, {**defaults, **kernel.env})
+        return sandbox_environment(runtime.home(kernel.user), sandbox.env, {**defaults, **kernel.env})
 
     async def _probe(self, runtime: SandboxRuntime, kernel: Kernel, env: dict[str, str]) -> None:
         """FAILED_PRECONDITION, saying what is missing, unless `python` runs and has ipykernel.

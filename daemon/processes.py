@@ -218,7 +218,7 @@ class ProcessManager:
                 command,
                 cwd=cwd,
                 leaf=runtime.next_leaf("bg"),
-                env=sandbox_environment(runtime.workdir, sandbox.env, {"TERM": term or "dumb", **env}),
+                env=sandbox_environment(runtime.home(user), sandbox.env, {"TERM": term or "dumb", **env}),
                 user=user,
             )
             terminal = Terminal.entering(enter, rows=rows, cols=cols, interactive=interactive)

@@ -322,7 +322,7 @@ class SandboxManager:
         runtime = sandbox.runtime
         assert runtime is not None  # a running sandbox (SandboxManager.using)
         argv = spec.argv if spec.argv is not None else runtime.shell_argv(spec.shell or "")
-        env = sandbox_environment(runtime.workdir, sandbox.env, spec.env)
+        env = sandbox_environment(runtime.home(spec.user), sandbox.env, spec.env)
         self.metrics.execs.labels(sandbox.backend).inc()
         return runtime.start_process(argv, env=env, cwd=spec.cwd, stdin=spec.stdin, user=spec.user)
 

@@ -85,7 +85,7 @@ class ShellManager:
             session = ShellSession(
                 runtime,
                 name,
-                env=sandbox_environment(runtime.workdir, sandbox.env, env),
+                env=sandbox_environment(runtime.home(user), sandbox.env, env),
                 cwd=cwd,
                 rows=rows,
                 cols=cols,
@@ -178,7 +178,7 @@ class ShellManager:
         user = rules.user(user)
         with self.sandboxes.using(sandbox_id) as sandbox:
             runtime = sandbox.runtime
-            env = sandbox_environment(runtime.workdir, sandbox.env, {"TERM": term or "xterm-256color"})
+            env = sandbox_environment(runtime.home(user), sandbox.env, {"TERM": term or "xterm-256color"})
             env.pop("PAGER", None)
             env.pop("GIT_PAGER", None)
             rows, cols = size or ATTACH_SIZE

@@ -28,6 +28,11 @@ class SandboxUser:
     name: str  # "" for a uid the image's passwd does not name
     home: str  # "/" when the image says none
 
+    def home_or(self, fallback: str) -> str:
+        """The home a call as this user gets: its own, or `fallback` for a uid the image does not
+        name or a home of "/" (where a user could not write its dotfiles)."""
+        return self.home if self.name and self.home not in ("", "/") else fallback
+
 
 ROOT = SandboxUser(0, 0, "root", "/root")
 

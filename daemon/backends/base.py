@@ -196,6 +196,12 @@ class SandboxRuntime(abc.ABC):
         None where the daemon cannot give files away (an unprivileged test backend)."""
         return None
 
+    def home(self, user: str) -> str:
+        """HOME for a call as `user` ("" = the default user): the user's home in the image's
+        passwd, as `docker exec` sets it (so a SWE image's /root/.bashrc is ~/.bashrc), else the
+        workdir (a uid the image does not name, or a home of "/")."""
+        return self.workdir
+
     def private_dir(self, name: str, user: str) -> tuple[str, str]:
         """A directory of the run directory that only `user` may use (mode 0700), made or taken
         back: (its host path, its path in the sandbox). Kernels keep their connection file and

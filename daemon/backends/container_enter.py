@@ -298,6 +298,9 @@ class ImageUserSandbox(ManagedSandbox):
         who = resolve_in_image(self.init_pid, user) if user else self.user
         return who.uid, who.gid  # no user namespace: the ids inside are the host's
 
+    def home(self, user: str) -> str:
+        return (resolve_in_image(self.init_pid, user) if user else self.user).home_or(self.workdir)
+
     def enter_command(
         self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
     ) -> EnterCommand:

@@ -137,6 +137,11 @@ class LocalSandbox(ManagedSandbox):
             return self.uid, self.uid
         return self.host_ids(resolve_user(user, self._passwd()) if user else self.user)
 
+    def home(self, user: str) -> str:
+        if self.isolation == "none":
+            return self.workdir
+        return (resolve_user(user, self._passwd()) if user else self.user).home_or(self.workdir)
+
     def host_ids(self, user: SandboxUser) -> tuple[int, int]:
         """The host uid and gid an inside user is (the sandbox's id block, daemon/uids.py)."""
         return self.uid + user.uid, self.uid + user.gid

@@ -30,7 +30,7 @@ def root_layout(
     overlay of it. The host ("/"): a writable overlay of each operating-system directory, the
     directories of `host_paths` (absolute, symlinks resolved) read-only at their own paths, the
     daemon's own paths covered wherever they fall inside what is shown, and `secrets` (host files
-    other users may not read, local_root.secrets) masked."""
+    other users may not read, local_root.secrets) masked, and an empty /root."""
     if rootfs != "/":
         return [RootMount("overlay", rootfs, "/")]
     layout = []
@@ -41,7 +41,9 @@ def root_layout(
         elif os.path.isdir(path):
             layout.append(RootMount("overlay", path, f"/{entry}"))
     shown = [m.dst for m in layout if m.kind == "overlay"]
-    made: set[str] = set()
+    # Root's home, empty and its own (HOME for root: SandboxRuntime.home); the host's stays out.
+    layout.append(RootMount("dir", "", "/root"))
+    made = {"/root"}
     for path in sorted(host_paths):  # parents first: a path inside one already shown is skipped
         if os.path.isdir(path) and not _inside(path, shown):
             parents = [p for p in _ancestors(path) if p not in made]

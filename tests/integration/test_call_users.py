@@ -32,3 +32,16 @@ def test_an_unknown_user_is_refused_on_every_call(sandbox):
         sandbox.exec("true", user="no-such-user", timeout=30)
     with pytest.raises(errors.FailedPrecondition):
         sandbox.kernel(user="no-such-user")
+
+
+def test_home_is_the_home_of_the_user_a_call_runs_as(sandbox):
+    """As `docker exec` sets it: the user's home from the image's passwd (a SWE image's
+    /root/.bashrc is then ~/.bashrc), the workdir for a uid the image does not name."""
+    workdir = sandbox.exec("pwd", timeout=30).stdout
+    assert sandbox.exec("echo $HOME", timeout=30).stdout == b"/root\n"
+    assert sandbox.exec("echo $HOME", user="nobody", timeout=30).stdout == b"/nonexistent\n"
+    assert sandbox.exec("echo $HOME", user="4242", timeout=30).stdout == workdir
+    with sandbox.shell() as shell:
+        assert shell.run("cd && pwd", timeout=30).output == b"/root\n"
+    kernel = sandbox.kernel()
+    assert kernel.execute("import os; os.environ['HOME']").result == {"text/plain": b"'/root'"}

@@ -26,7 +26,8 @@ def test_host_layout_is_the_os_and_the_allow_list_only(tmp_path: Path):
     assert shown - {f"/{e}" for e in HOST_OS_ENTRIES} == {str(allowed)}  # inner: already inside
     assert not shown & {"/home", "/root", "/srv", "/opt", "/var", "/mnt", "/tmp", "/proc"}
     parents = [m.dst for m in layout if m.kind == "dir"]
-    assert parents == [str(p) for p in reversed(allowed.parents) if str(p) != "/"]
+    # An empty home for root (not the host's), then the directories the allowed path needs.
+    assert parents == ["/root", *(str(p) for p in reversed(allowed.parents) if str(p) != "/")]
     assert Mount("hide", "", str(hidden)) in layout  # hidden where it falls inside what is shown
     assert layout.index(Mount("bind", str(allowed), str(allowed))) > layout.index(Mount("dir", "", parents[-1]))
     # The OS directories are writable overlays; a secret is masked where it is shown, else left out.
