@@ -25,6 +25,10 @@ STDOUT = 1
 STDERR = 2
 READ_CHUNK = 1 << 16
 KILL_WAIT_S = 5.0
+# The pidfd can report an exit a moment before the kernel lets it be collected: how often and how
+# long to look again before taking the process for one stuck in the kernel.
+COLLECT_RETRY_S = 0.005
+COLLECT_RETRIES = 200
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,8 @@ class HostProcess:
                 loop.remove_reader(fd)
             if stdin_task:
                 stdin_task.cancel()
+            if exited.done():
+                await self._collect_exit()
             self._reap()
         for fd, stream in pipes.items():
             self._drain(fd, stream, on_output)
@@ -251,6 +257,23 @@ class HostProcess:
         if self.cgroup:
             await asyncio.to_thread(self.cgroup.kill)
 
+    async def _collect_exit(self) -> None:
+        """The pidfd said the process ended: collect its status, looking again while the kernel
+        does not yet let it be collected (else a normal exit would read as SIGKILL, 137)."""
+        for _ in range(COLLECT_RETRIES):
+            if self._exited:
+                return
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self._set_status(status)
+                return
+            await asyncio.sleep(COLLECT_RETRY_S)
+
+    def _set_status(self, status: int) -> None:
+        self._status = status
+        self._exited = True
+        self._popen.returncode = _decode_wait_status(status)[0]  # so Popen never waits again
+
     def _reap(self) -> None:
         if self._exited:
             return
@@ -259,9 +282,7 @@ class HostProcess:
             self._status, self._exited = signal.SIGKILL, True
             self._popen.returncode = None
             return
-        self._status = status
-        self._exited = True
-        self._popen.returncode = _decode_wait_status(status)[0]  # so Popen never waits again
+        self._set_status(status)
 
     def _close(self) -> None:
         os.close(self._pidfd)
