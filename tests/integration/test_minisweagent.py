@@ -1,12 +1,12 @@
 """corral.integrations.minisweagent against the real mini-swe-agent package: mini's environment
 contract as its own tests state it (tests/environments/test_docker.py, test_local.py and
 test_singularity.py of mini-swe-agent 2.4.6, restated here against CorralEnvironment), mini's
-DefaultAgent driven by its DeterministicModel (its tests/agents/test_default.py), and the `mini`
-command reading the environment from YAML by class path, on the local and docker backends, in
-one-exec-per-action and persistent-shell modes.
+DefaultAgent driven by its DeterministicModel (its tests/agents/test_default.py), a whole episode
+fixing a bug, and the `mini` command reading the environment from YAML by class path, on the local
+and docker backends, in one-exec-per-action and persistent-shell modes.
 
 With CORRAL_MINISWEAGENT_TESTS pointing at a checkout of mini-swe-agent, its own test modules also
-run unchanged against corral (minisweagent_plugin.py beside this file).
+run unchanged against corral (minisweagent_plugin.py and README-harness-tests.md beside this file).
 """
 
 from __future__ import annotations
@@ -98,39 +98,63 @@ def make_exec_env(local_daemon, backend) -> Iterator[MakeEnv]:
         env.cleanup()
 
 
+@pytest.fixture(scope="module")
+def shared_envs() -> Iterator[dict[tuple[str, str, str], CorralEnvironment]]:
+    """The module's shared environments, by backend, mode and options; destroyed after the module."""
+    envs: dict[tuple[str, str, str], CorralEnvironment] = {}
+    yield envs
+    for env in envs.values():
+        env.cleanup()
+
+
+def shared(envs: dict, address: str, backend: str, mode: str, options: dict) -> CorralEnvironment:
+    key = (backend, mode, json.dumps(options, sort_keys=True))
+    if key not in envs:
+        options = {"address": address, "persistent_shell": MODES[mode], **SANDBOXES[backend], **options}
+        envs[key] = CorralEnvironment(**options)
+    return envs[key]
+
+
+@pytest.fixture
+def shared_env(shared_envs, local_daemon, backend, mode) -> MakeEnv:
+    """An environment with these options on the case's backend and mode, made by the first test
+    that asks and shared with the next ones (a sandbox costs a second or two to make and destroy).
+    For tests that leave nothing another test reads: no `cd`, exported variable or cwd argument
+    (in shell mode they outlive the action), files under names of their own."""
+    return lambda **options: shared(shared_envs, local_daemon.address, backend, mode, options)
+
+
+@pytest.fixture
+def shared_exec_env(shared_envs, local_daemon, backend) -> MakeEnv:
+    """shared_env in the default mode (one exec per action) only."""
+    return lambda **options: shared(shared_envs, local_daemon.address, backend, "exec", options)
+
+
 # mini's environment tests (test_docker.py, test_local.py, test_singularity.py), restated.
 
 
-def test_basic_execution(make_env):
-    result = make_env().execute({"command": "echo 'hello world'"})
+def test_basic_execution(shared_env):
+    result = shared_env().execute({"command": "echo 'hello world'"})
     assert result == {"output": "hello world\n", "returncode": 0, "exception_info": ""}
 
 
-def test_env_variables(make_env):
-    env = make_env(env={"TEST_VAR": "test_value", "ANOTHER_VAR": "another_value"})
-    assert env.execute({"command": "echo $TEST_VAR $ANOTHER_VAR"})["output"] == "test_value another_value\n"
-
-
-def test_forward_env_variables(make_env):
-    with patch.dict(os.environ, {"HOST_VAR": "host_value", "ANOTHER_HOST_VAR": "another_host_value"}):
-        env = make_env(forward_env=["HOST_VAR", "ANOTHER_HOST_VAR"])
-        assert (
-            env.execute({"command": "echo $HOST_VAR $ANOTHER_HOST_VAR"})["output"] == "host_value another_host_value\n"
-        )
-
-
-def test_forward_env_variable_unset_on_the_host_stays_unset(make_env):
+def test_env_and_forward_env(make_env):
+    """`env` is set, `forward_env` passes on the host's variables that are set (an unset one stays
+    unset), and `env` wins over a forwarded variable of the same name."""
     os.environ.pop("CORRAL_TEST_NONEXISTENT_VAR", None)
-    env = make_env(forward_env=["CORRAL_TEST_NONEXISTENT_VAR"])
-    assert env.execute({"command": 'echo "[${CORRAL_TEST_NONEXISTENT_VAR-unset}]"'})["output"] == "[unset]\n"
-
-
-def test_env_and_forward_env_together_env_wins(make_env):
-    with patch.dict(os.environ, {"HOST_VAR": "from_host", "CONFLICT_VAR": "from_host"}):
-        env = make_env(env={"SET_VAR": "from_config", "CONFLICT_VAR": "from_config"}, forward_env=["HOST_VAR"])
-        assert env.execute({"command": "echo $SET_VAR $HOST_VAR $CONFLICT_VAR"})["output"] == (
-            "from_config from_host from_config\n"
+    host = {"HOST_VAR": "host_value", "ANOTHER_HOST_VAR": "another_host_value", "CONFLICT_VAR": "from_host"}
+    with patch.dict(os.environ, host):
+        env = make_env(
+            env={"TEST_VAR": "test_value", "ANOTHER_VAR": "another_value", "CONFLICT_VAR": "from_config"},
+            forward_env=["HOST_VAR", "ANOTHER_HOST_VAR", "CONFLICT_VAR", "CORRAL_TEST_NONEXISTENT_VAR"],
         )
+        result = env.execute(
+            {
+                "command": "echo $TEST_VAR $ANOTHER_VAR; echo $HOST_VAR $ANOTHER_HOST_VAR; echo $CONFLICT_VAR; "
+                'echo "[${CORRAL_TEST_NONEXISTENT_VAR-unset}]"'
+            }
+        )
+    assert result["output"] == "test_value another_value\nhost_value another_host_value\nfrom_config\n[unset]\n"
 
 
 def test_custom_cwd_and_cwd_parameter_override(make_env):
@@ -139,29 +163,27 @@ def test_custom_cwd_and_cwd_parameter_override(make_env):
     assert env.execute({"command": "pwd"}, cwd="/")["output"] == "/\n"
 
 
-def test_default_cwd_is_the_sandbox_workdir(make_env):
-    env = make_env()
+def test_default_cwd_is_the_sandbox_workdir(shared_env):
+    env = shared_env()
     assert env.execute({"command": "pwd"})["output"] == f"{env.sandbox.info.workdir}\n"
 
 
-@pytest.mark.parametrize(("command", "returncode"), [("echo test", 0), ("exit 1", 1), ("exit 42", 42)])
-def test_return_codes(make_env, command, returncode):
-    assert make_env().execute({"command": command})["returncode"] == returncode
-
-
-def test_nonexistent_command(make_env):
-    result = make_env().execute({"command": "nonexistent_command_12345"})
+def test_return_codes_and_a_nonexistent_command(shared_env):
+    env = shared_env()
+    for command, returncode in [("echo test", 0), ("exit 1", 1), ("exit 42", 42)]:
+        assert env.execute({"command": command})["returncode"] == returncode, command
+    result = env.execute({"command": "nonexistent_command_12345"})
     assert result["returncode"] == 127
     assert "nonexistent_command_12345" in result["output"]
 
 
-def test_stdout_and_stderr_merged_in_the_order_written(make_env):
-    result = make_env().execute({"command": "echo one; echo two >&2; echo three; echo four >&2"})
+def test_stdout_and_stderr_merged_in_the_order_written(shared_env):
+    result = shared_env().execute({"command": "echo one; echo two >&2; echo three; echo four >&2"})
     assert result["output"] == "one\ntwo\nthree\nfour\n"
 
 
-def test_multiline_output_pipes_and_substitution(make_env):
-    env = make_env()
+def test_multiline_output_pipes_and_substitution(shared_env):
+    env = shared_env()
     assert env.execute({"command": "printf 'line1\\nline2\\nline3\\n'"})["output"].splitlines() == [
         "line1",
         "line2",
@@ -171,35 +193,29 @@ def test_multiline_output_pipes_and_substitution(make_env):
     assert env.execute({"command": "echo $(echo nested)"})["output"] == "nested\n"
 
 
-def test_file_operations_in_the_workdir(make_env):
-    env = make_env()
+def test_file_operations_in_the_workdir(shared_env):
+    env = shared_env()
     assert env.execute({"command": "echo 'test content' > test.txt"})["returncode"] == 0
     assert env.execute({"command": "cat test.txt"})["output"] == "test content\n"
     # mini's test reads the file from the host; here it is the sandbox's own.
     assert env.sandbox.read_file("test.txt") == b"test content\n"
 
 
-def test_timeout_gives_mini_timeout_shape_with_partial_output(make_env):
-    env = make_env(timeout=1)
-    result = env.execute({"command": "echo $((111*9)); sleep 10"})
+# The config's timeout of the timeout tests: long enough for a loaded machine to start the action
+# and let it write its first output (a `docker exec` under load takes most of a second).
+TIMEOUT = 2
+
+
+def test_timeout_gives_mini_timeout_shape_with_partial_output_and_kills_the_action_s_children(shared_env):
+    env = shared_env(timeout=TIMEOUT)
+    result = env.execute({"command": "echo $((111*9)); (sleep 300 & echo $! > /tmp/child.pid; wait)"})
     assert result["returncode"] == -1
     assert result["output"] == "999\n"
-    assert "timed out after 1 seconds" in result["exception_info"]
+    assert f"timed out after {TIMEOUT} seconds" in result["exception_info"]
     assert result["exception_info"].startswith("An error occurred while executing the command: ")
     assert result["extra"]["exception_type"] == "TimeoutExpired"
-    # The environment goes on after a timeout (in shell mode: the same session).
-    assert env.execute({"command": "echo after"})["output"] == "after\n"
-
-
-def test_timeout_argument_overrides_the_config(make_env):
-    result = make_env(timeout=30).execute({"command": "sleep 10"}, timeout=1)
-    assert result["returncode"] == -1 and "timed out after 1 seconds" in result["exception_info"]
-
-
-def test_timeout_kills_the_action_s_children(make_env):
-    env = make_env(timeout=1)
-    result = env.execute({"command": "(sleep 300 & echo $! > /tmp/child.pid; wait)"})
-    assert result["returncode"] == -1
+    # The environment goes on after a timeout (in shell mode: the same session), and the action's
+    # whole process tree is gone, its subshell's child included.
     child = env.execute({"command": "cat /tmp/child.pid"})["output"].strip()
     assert child.isdigit()
     deadline = time.monotonic() + 10
@@ -208,8 +224,13 @@ def test_timeout_kills_the_action_s_children(make_env):
         time.sleep(0.2)
 
 
-def test_submitted_raised_on_the_marker_with_exit_0(make_env):
-    env = make_env()
+def test_timeout_argument_overrides_the_config(shared_env):
+    result = shared_env().execute({"command": "sleep 10"}, timeout=1)
+    assert result["returncode"] == -1 and "timed out after 1 seconds" in result["exception_info"]
+
+
+def test_submitted_raised_on_the_marker_with_exit_0(shared_env):
+    env = shared_env()
     with pytest.raises(Submitted) as raised:
         env.execute({"command": f"{SUBMIT}; echo 'the diff'"})
     (message,) = raised.value.messages
@@ -223,13 +244,11 @@ def test_submitted_raised_on_the_marker_with_exit_0(make_env):
     assert env.execute({"command": f"echo first; {SUBMIT}"})["returncode"] == 0
 
 
-def test_writable_tmp(make_env):
-    result = make_env().execute({"command": "echo 'test content' > /tmp/test_file.txt && cat /tmp/test_file.txt"})
+def test_writable_tmp_and_root_filesystem(shared_env):
+    env = shared_env()
+    result = env.execute({"command": "echo 'test content' > /tmp/test_file.txt && cat /tmp/test_file.txt"})
     assert result["output"] == "test content\n"
-
-
-def test_writable_root_filesystem(make_env):
-    result = make_env().execute({"command": "touch /usr/testfile && ls /usr/testfile"})
+    result = env.execute({"command": "touch /usr/testfile && ls /usr/testfile"})
     assert result["returncode"] == 0
     assert "/usr/testfile" in result["output"]
 
@@ -248,8 +267,8 @@ def test_template_vars_and_serialize(make_exec_env):
     json.dumps(env.serialize())  # a saved trajectory is JSON
 
 
-def test_failed_call_gives_mini_exception_shape(make_exec_env):
-    result = make_exec_env().execute({"command": "pwd"}, cwd="/no/such/dir")
+def test_failed_call_gives_mini_exception_shape(shared_exec_env):
+    result = shared_exec_env().execute({"command": "pwd"}, cwd="/no/such/dir")
     assert result["returncode"] == -1
     assert "/no/such/dir" in result["exception_info"]
     assert result["extra"]["exception_type"] == "FailedPrecondition"
@@ -267,8 +286,8 @@ def test_long_output_is_truncated_and_says_so(make_exec_env):
     assert result["extra"] == {"truncated": True, "output_total_bytes": 100000}
 
 
-def test_exec_mode_runs_each_action_in_a_fresh_shell(make_exec_env):
-    env = make_exec_env()
+def test_exec_mode_runs_each_action_in_a_fresh_shell(shared_exec_env):
+    env = shared_exec_env()
     env.execute({"command": "cd /tmp; export KEPT=yes"})
     assert env.execute({"command": "pwd; echo ${KEPT-no}"})["output"] == f"{env.sandbox.info.workdir}\nno\n"
 
@@ -350,9 +369,9 @@ def observations(agent: DefaultAgent) -> list[str]:
     return [m["content"] for m in agent.messages[3::2] if m["role"] == "user"]
 
 
-def test_agent_runs_to_submission(make_env):
+def test_agent_runs_to_submission(shared_env):
     agent = default_agent(
-        make_env(),
+        shared_env(),
         [
             ("Step 1", "echo first"),
             ("Step 2", "echo second >&2"),
@@ -369,9 +388,9 @@ def test_agent_runs_to_submission(make_env):
     assert "<returncode>0</returncode>" in seen[0]
 
 
-def test_agent_recovers_from_a_timeout_with_partial_output(make_env):
+def test_agent_recovers_from_a_timeout_with_partial_output(shared_env):
     agent = default_agent(
-        make_env(timeout=1),
+        shared_env(timeout=TIMEOUT),
         [("Output then sleep", "echo $((111*9)); sleep 10"), ("Finish", f"{SUBMIT}\necho recovered")],
     )
     info = agent.run("Test timeout with partial output")
@@ -381,12 +400,82 @@ def test_agent_recovers_from_a_timeout_with_partial_output(make_env):
     assert "999" in timed_out and "<returncode>-1</returncode>" in timed_out
 
 
-def test_agent_saves_the_environment_in_its_trajectory(make_exec_env, tmp_path):
-    agent = default_agent(make_exec_env(), [("Finish", f"{SUBMIT}\necho done")], output_path=tmp_path / "t.json")
+def test_agent_saves_the_environment_in_its_trajectory(shared_exec_env, tmp_path):
+    agent = default_agent(shared_exec_env(), [("Finish", f"{SUBMIT}\necho done")], output_path=tmp_path / "t.json")
     agent.run("Save")
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["info"]["config"]["environment_type"] == CLASS_PATH
     assert saved["info"]["submission"] == "done\n"
+
+
+# A whole episode: a repository with a bug and a failing test, fixed by the scripted agent.
+
+BUGGY_REPO = {
+    "calc.py": "def add(a, b):\n    return a - b\n",
+    "test_calc.py": textwrap.dedent(
+        """\
+        import unittest
+
+        from calc import add
+
+
+        class AddTest(unittest.TestCase):
+            def test_add(self):
+                self.assertEqual(add(2, 3), 5)
+
+
+        if __name__ == "__main__":
+            unittest.main()
+        """
+    ),
+}
+# -B: no bytecode cache, whose timestamp check (to the second, and the size) would miss a fix
+# made in the same second as the failing run that wrote it.
+RUN_TESTS = "python3 -B -m unittest -q test_calc"
+# mini's default.yaml asks for the submission this way.
+SUBMIT_DIFF = f"{SUBMIT} && git add -A && git diff --cached"
+
+
+def run_tests_in(repo: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-B", "-m", "unittest", "-q", "test_calc"], cwd=repo, capture_output=True)
+
+
+def test_default_agent_fixes_a_bug_and_submits_the_diff(make_exec_env, tmp_path):
+    """mini's DefaultAgent with its default config and a scripted DeterministicModel: the task's
+    test fails in the sandbox, the agent fixes the bug, the test passes, and the diff it submits
+    fixes a fresh copy of the repository outside the sandbox."""
+    env = make_exec_env(cwd="repo")
+    for name, text in BUGGY_REPO.items():
+        env.sandbox.write_file(f"repo/{name}", text)
+    setup = "git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm buggy"
+    env.sandbox.exec(["sh", "-c", setup], cwd="repo", check=True)
+    agent = default_agent(
+        env,
+        [
+            ("Run the tests", RUN_TESTS),
+            ("Fix add()", "sed -i 's/return a - b/return a + b/' calc.py"),
+            ("Run them again", RUN_TESTS),
+            ("Submit", SUBMIT_DIFF),
+        ],
+        cost_limit=10.0,
+    )
+    info = agent.run("add(2, 3) returns -1; make test_calc pass")
+    assert info["exit_status"] == "Submitted"
+    before, _, after = observations(agent)
+    assert "<returncode>1</returncode>" in before and "FAILED" in before
+    assert "<returncode>0</returncode>" in after and "OK" in after
+    diff = info["submission"]
+    # The fix, and only the fix: the test is as it was.
+    assert [line for line in diff.splitlines() if line.startswith("diff ")] == ["diff --git a/calc.py b/calc.py"]
+    assert "-    return a - b\n+    return a + b\n" in diff
+    # The submitted diff fixes the buggy repository where it was not made.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name, text in BUGGY_REPO.items():
+        (repo / name).write_text(text)
+    assert run_tests_in(repo).returncode == 1
+    subprocess.run(["git", "apply", "-"], input=diff.encode(), cwd=repo, check=True)
+    assert run_tests_in(repo).returncode == 0
 
 
 # mini's own entry points: get_environment by class path, and the `mini` command with a YAML config.
@@ -401,9 +490,12 @@ def test_get_environment_by_class_path(local_daemon):
         env.cleanup()
 
 
-def test_mini_command_with_yaml_config(local_daemon, backend, tmp_path):
+def test_mini_command_with_yaml_config(local_daemon, tmp_path):
     """`mini -c default.yaml -c corral.yaml`: the environment by class path from YAML, a scripted
-    model fixing a file in the sandbox and submitting its diff."""
+    model fixing a file in the sandbox and submitting its diff. On the local backend only: the YAML's
+    backend and image are passed on as any option is, and the episode above runs on both."""
+    backend = "local"
+    require_backend(backend)
     steps = [
         ("Write the buggy file", "printf 'def add(a, b):\\n    return a - b\\n' > calc.py && cp calc.py calc.py.orig"),
         ("Fix it", "sed -i 's/a - b/a + b/' calc.py && python3 -c 'import calc; assert calc.add(2, 3) == 5'"),
@@ -435,35 +527,25 @@ def test_mini_command_with_yaml_config(local_daemon, backend, tmp_path):
     assert info["config"]["environment_type"] == CLASS_PATH
 
 
-# mini-swe-agent's own test modules, unchanged, when a checkout of it is at hand.
+# mini-swe-agent's own test modules, unchanged, when a checkout of it is at hand (its releases on
+# PyPI carry no tests: see README-harness-tests.md beside this file).
 
 MINI_TESTS = os.environ.get("CORRAL_MINISWEAGENT_TESTS", "")
-MINI_TEST_MODULES = (
-    "tests/environments/test_docker.py",
-    "tests/environments/test_local.py",
-    "tests/agents/test_default.py",
-)
-# What fails there, and why: each inspects the host, or mini's own engine, instead of the sandbox.
-MINI_HOST_TESTS = {
-    # they make a directory on the host and expect the sandbox to be in it
-    "test_local_environment_custom_cwd": "host temp dir as cwd",
-    "test_local_environment_cwd_parameter_override": "host temp dir as cwd",
-    "test_local_environment_file_operations": "host temp dir as cwd, file read on the host",
-    "test_local_environment_timeout_kills_child_process": "host script and host pid",
-    # the host's os.getcwd() and os.environ are not the sandbox's
-    "test_local_environment_default_cwd": "expects the host's cwd",
-    "test_local_environment_existing_env_variables": "expects the host's environment",
-    # DockerEnvironment's container_id and `docker exec` into it
-    "test_docker_environment_custom_container_timeout": "reads env.container_id",
-}
+MINI_ENVIRONMENT_MODULES = ("tests/environments/test_docker.py", "tests/environments/test_local.py")
+# The agent's tests make an environment each (48 of them) and are about the agent, not the sandbox:
+# on the local backend only, where a sandbox is cheaper than a container.
+MINI_AGENT_MODULES = ("tests/agents/test_default.py",)
 
 
 @pytest.mark.skipif(not MINI_TESTS, reason="CORRAL_MINISWEAGENT_TESTS (a checkout of mini-swe-agent) is not set")
 def test_mini_swe_agent_own_test_modules(local_daemon, backend, mode, tmp_path):
+    """The modules pass, but for the tests that inspect the host, which the plugin marks as strict
+    expected failures (minisweagent_plugin.HOST_TESTS): a new failure fails this test."""
     report = tmp_path / "junit.xml"
+    modules = MINI_ENVIRONMENT_MODULES + (MINI_AGENT_MODULES if backend == "local" else ())
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "minisweagent_plugin"]
-        + ["--junitxml", str(report), *MINI_TEST_MODULES],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "minisweagent_plugin", "-rfxX"]
+        + ["--junitxml", str(report), *modules],
         capture_output=True,
         text=True,
         timeout=600,
@@ -479,12 +561,12 @@ def test_mini_swe_agent_own_test_modules(local_daemon, backend, mode, tmp_path):
         },
     )
     cases = list(ElementTree.parse(report).iter("testcase"))
-    failed = sorted(
-        case.get("name", "") for case in cases if case.find("failure") is not None or case.find("error") is not None
+    failed = [case for case in cases if case.find("failure") is not None or case.find("error") is not None]
+    skipped = [skip.get("type") for case in cases if (skip := case.find("skipped")) is not None]
+    expected = skipped.count("pytest.xfail")
+    print(
+        f"mini-swe-agent's tests on {backend}/{mode}: {len(cases)} run, {len(cases) - len(failed) - len(skipped)} "
+        f"passed, {expected} expected failures, {len(skipped) - expected} skipped, {len(failed)} failed"
     )
-    skipped = [case for case in cases if case.find("skipped") is not None]
-    print(f"mini-swe-agent's tests on {backend}/{mode}: {len(cases)} run, {len(failed)} failed, {len(skipped)} skipped")
-    print("\n".join(f"  failed: {name} ({MINI_HOST_TESTS.get(name.split('[')[0], 'unexpected')})" for name in failed))
-    assert len(cases) > 50, run.stdout[-5000:]  # the modules were found and collected
-    unexpected = [name for name in failed if name.split("[")[0] not in MINI_HOST_TESTS]
-    assert not unexpected, run.stdout[-5000:]
+    assert len(cases) >= 30, run.stdout[-5000:]  # the modules were found and collected
+    assert run.returncode == 0, run.stdout[-5000:]
