@@ -5,7 +5,7 @@ sandbox unchanged. `corral swerex-serve` runs it.
 The protocol, as SWE-ReX's server speaks it: JSON bodies of SWE-ReX's request models on POST
 /create_session, /run_in_session, /close_session, /execute, /read_file, /write_file, /close; GET
 /is_alive and /; POST /upload as multipart form data (`file`, `target_path`, `unzip`: a zipped
-directory); the token in the X-API-Key header (401 when wrong); an X-Request-ID header makes a
+directory); the token in the X-API-Key header (403 without it, 401 when wrong); an X-Request-ID header makes a
 retried request get the answer of the first one; an exception of the runtime comes back as status
 511 with {"swerexception": {message, class_path, traceback, extra_info}}, which RemoteRuntime
 raises again as the same class; a body that is not a valid request: 422.
@@ -117,8 +117,13 @@ class _Server:
 def _authenticate(auth_token: str) -> Any:
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if auth_token and not hmac.compare_digest(request.headers.get(API_KEY_HEADER, ""), auth_token):
-            return web.json_response({"detail": "Invalid API Key"}, status=401)
+        if auth_token:
+            # As SWE-ReX's server answers: 403 without the header, 401 with a wrong token.
+            given = request.headers.get(API_KEY_HEADER)
+            if given is None:
+                return web.json_response({"detail": "Not authenticated"}, status=403)
+            if not hmac.compare_digest(given.encode(), auth_token.encode()):
+                return web.json_response({"detail": "Invalid API Key"}, status=401)
         return await handler(request)
 
     return authenticate

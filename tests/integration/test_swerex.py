@@ -21,6 +21,7 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import xml.etree.ElementTree as ElementTree  # noqa: E402
 from collections.abc import AsyncIterator, Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -56,6 +57,24 @@ SANDBOXES: dict[str, dict[str, Any]] = {
     "docker": {"backend": "docker", "image": DOCKER_TEST_IMAGE},
 }
 TOKEN = "swerex-test-token"
+# SWE-ReX's own test modules (its source distribution's tests/), run by
+# test_swe_rex_own_test_modules when set.
+SWEREX_TESTS = os.environ.get("CORRAL_SWEREX_TESTS", "")
+# Those about a runtime (the others test its LocalRuntime's helpers, its docker, modal, fargate and
+# daytona deployments).
+SWEREX_TEST_MODULES = ("test_execution.py", "test_server.py", "test_remote_deployment.py")
+# SWE-ReX's tests that cannot pass on a sandbox, and why.
+SWEREX_HOST_TESTS = {
+    "test_read_write_file": "reads the file back on the host (path.read_text()) instead of in the sandbox",
+    "test_read_large_file": "writes the file on the host and reads it through the runtime",
+    "test_interrupt_pager": "wants the word 'kill' from LocalRuntime's ^Z + kill -9 fallback; corral's timeout "
+    "already stopped the pager, so the interrupt has nothing to kill",
+    # Image contents: the test images (the host's /usr/bin for local, corral-test/python) have
+    # python3 but no `python`.
+    "test_bash_multiline_command_eof": "runs `python`, which the test images lack",
+    "test_run_in_shell_interactive_command_timeout": "starts `python`, which the test images lack: it ends at "
+    "once instead of running into the timeout (it passes when the 0.1 s timeout comes first)",
+}
 A = BashAction
 
 
@@ -314,3 +333,42 @@ def test_server_destroys_its_sandbox_at_exit(local_daemon):
 
 def _sandbox_options(backend: str) -> list[str]:
     return ["--backend", SANDBOXES[backend]["backend"], "--image", SANDBOXES[backend]["image"]]
+
+
+@pytest.mark.skipif(not SWEREX_TESTS, reason="CORRAL_SWEREX_TESTS (SWE-ReX's tests/ directory) is not set")
+@pytest.mark.parametrize("via", ["remote", "corral"])
+def test_swe_rex_own_test_modules(local_daemon, backend, via, tmp_path):
+    """SWE-ReX's test modules, unchanged, with their conftest's fixtures on corral."""
+    package = tmp_path / "tests"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "conftest.py").write_text("from swerex_plugin import *  # noqa: F403\n")
+    for name in SWEREX_TEST_MODULES:
+        (package / name).symlink_to(Path(SWEREX_TESTS, name).resolve())
+    report = tmp_path / "junit.xml"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(report)]
+        + ["-o", "asyncio_mode=auto", "-o", "asyncio_default_fixture_loop_scope=function", "tests"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).parent),
+            "CORRAL_ADDRESS": local_daemon.address,
+            "CORRAL_SWEREX_BACKEND": SANDBOXES[backend]["backend"],
+            "CORRAL_SWEREX_IMAGE": SANDBOXES[backend]["image"],
+            "CORRAL_SWEREX_VIA": via,
+        },
+    )
+    cases = list(ElementTree.parse(report).iter("testcase"))
+    failed = sorted(
+        case.get("name", "") for case in cases if case.find("failure") is not None or case.find("error") is not None
+    )
+    skipped = [case for case in cases if case.find("skipped") is not None]
+    print(f"SWE-ReX's tests on {backend}/{via}: {len(cases)} run, {len(failed)} failed, {len(skipped)} skipped")
+    print("\n".join(f"  failed: {name} ({SWEREX_HOST_TESTS.get(name, 'unexpected')})" for name in failed))
+    assert len(cases) > 40, run.stdout[-5000:]  # the modules were found and collected
+    unexpected = [name for name in failed if name not in SWEREX_HOST_TESTS]
+    assert not unexpected, run.stdout[-5000:]
