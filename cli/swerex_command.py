@@ -32,6 +32,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--backend", help="local, docker or singularity (default: the daemon's)")
     serve.add_argument("--network", action="store_true", help="give the sandbox a network")
     serve.add_argument("--memory-bytes", type=int, help="memory limit of the sandbox")
+    serve.add_argument("--user", help="who commands run as in the new sandbox (default: the sandbox's default user)")
     serve.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="a variable of the sandbox")
     serve.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="a label of the sandbox")
     serve.add_argument(
@@ -79,6 +80,7 @@ async def _serve(args: argparse.Namespace, *, env: dict[str, str], labels: dict[
             backend=args.backend,
             network=args.network,
             memory_bytes=args.memory_bytes,
+            user=args.user,
             env=env,
             labels=labels,
             idle_timeout=args.idle_timeout,

@@ -346,6 +346,9 @@ class CorralDeploymentConfig(BaseModel):
     """Give the sandbox a network (corral's default is none: loopback only)."""
     env: dict[str, str] = {}
     """Variables of every command, session and program of the sandbox."""
+    user: str | None = None
+    """Who commands, sessions and programs run as: a user name of the image, a uid or "uid:gid";
+    None: the sandbox's default (docs/backends.md)."""
     labels: dict[str, str] = {}
     """More labels for the sandbox, beside corral.harness=swe-rex."""
     idle_timeout: float = 1800.0
@@ -413,6 +416,7 @@ class CorralDeployment(AbstractDeployment):
                 disk_bytes=config.disk_bytes,
                 network=config.network,
                 env=config.env,
+                user=config.user,
                 labels={**config.labels, HARNESS_LABEL: HARNESS_NAME},
                 idle_timeout=config.idle_timeout or None,
                 timeout=config.startup_timeout,

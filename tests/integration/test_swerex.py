@@ -27,6 +27,7 @@ from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import aiohttp  # noqa: E402
 import pytest  # noqa: E402
 from swerex.exceptions import (  # noqa: E402
     BashIncorrectSyntaxError,
@@ -321,6 +322,30 @@ async def test_remote_protocol_auth_and_exception_transfer(server):
     assert await remote.is_alive()
     with pytest.raises(SessionDoesNotExistError):
         await remote.run_in_session(A(command="true", session="nope"))
+    async with aiohttp.ClientSession(server.url) as http:
+        # SWE-ReX's server: 403 without the key, 401 with a wrong one, 422 for a body that is no request.
+        async with http.get("/is_alive") as response:
+            assert response.status == 403
+        async with http.get("/is_alive", headers={"X-API-Key": "wrong"}) as response:
+            assert response.status == 401
+        async with http.post("/execute", json={"no": "command"}, headers={"X-API-Key": TOKEN}) as response:
+            assert response.status == 422
+
+
+async def test_remote_retry_with_the_same_request_id_runs_once(server):
+    """A retried request (same X-Request-ID) gets the first answer again, as from SWE-ReX's server."""
+    remote = server.runtime()
+    await remote.create_session(CreateBashSessionRequest(session="counter"))
+    headers = {"X-API-Key": TOKEN, "X-Request-ID": "retried-1"}
+    action = A(command="n=$((${n:-0} + 1)); echo $n", session="counter").model_dump()
+    async with aiohttp.ClientSession(server.url) as http:
+        answers = []
+        for _ in range(2):
+            async with http.post("/run_in_session", json=action, headers=headers) as response:
+                answers.append((await response.json())["output"])
+    assert answers == ["1\n", "1\n"]
+    assert (await remote.run_in_session(A(command="echo $n", session="counter"))).output == "1\n"
+    await remote.close()
 
 
 def test_server_destroys_its_sandbox_at_exit(local_daemon):
