@@ -7,8 +7,8 @@ in a temporary directory: links to SWE-ReX's modules and a conftest.py that star
 module, so that `from .conftest import _Action` and `from tests.conftest import RemoteServer` in
 them find these names. `remote_server` is `corral swerex-serve` (a CorralRuntime on a sandbox of
 CORRAL_SWEREX_BACKEND / CORRAL_SWEREX_IMAGE at CORRAL_ADDRESS); with CORRAL_SWEREX_VIA=corral,
-`remote_runtime` is a CorralRuntime called directly (on its own sandbox) instead of SWE-ReX's
-RemoteRuntime talking to that server.
+`remote_runtime` is a CorralRuntime called directly (on one sandbox of its own for the run, as the
+server has one) instead of SWE-ReX's RemoteRuntime talking to that server.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from swerex.runtime.abstract import (
 )
 from swerex.runtime.remote import RemoteRuntime
 
-from corral.integrations.swerex import CorralDeployment
+from corral.integrations.swerex import CorralRuntime
+from corral.sdk import AsyncClient, Client
 
 TEST_API_KEY = "corral-swerex-test-key"
 
@@ -65,13 +66,21 @@ def remote_server() -> Iterator[RemoteServer]:
     proc.wait(30)
 
 
+@pytest.fixture(scope="session")
+def corral_sandbox_id() -> Iterator[str]:
+    """One sandbox for the whole run, as the server has (each test gets a runtime of its own)."""
+    with Client() as client, client.create_sandbox(**_sandbox_options(), idle_timeout=600) as sandbox:
+        yield sandbox.id
+
+
 @pytest.fixture
 async def remote_runtime(request: pytest.FixtureRequest) -> AsyncIterator[AbstractRuntime]:
     if os.environ.get("CORRAL_SWEREX_VIA") == "corral":
-        deployment = CorralDeployment(**_sandbox_options())
-        await deployment.start()
-        yield deployment.runtime
-        await deployment.stop()
+        client = AsyncClient()
+        runtime = CorralRuntime(await client.get_sandbox(request.getfixturevalue("corral_sandbox_id")))
+        yield runtime
+        await runtime.close()
+        await client.close()
         return
     server = request.getfixturevalue("remote_server")
     runtime = RemoteRuntime(host="http://127.0.0.1", port=server.port, auth_token=TEST_API_KEY, timeout=10)
@@ -101,6 +110,7 @@ __all__ = [
     "RemoteServer",
     "_Action",
     "_Command",
+    "corral_sandbox_id",
     "remote_runtime",
     "remote_server",
     "runtime_with_default_session",

@@ -4,8 +4,9 @@ CorralRuntime called directly and, unchanged, through SWE-ReX's own RemoteRuntim
 interrupts, interactive programs driven by expect (a python REPL), execute, files at exact paths,
 is_alive, close; and CorralDeployment's sandbox (labels, stop).
 
-With CORRAL_SWEREX_TESTS pointing at the tests/ directory of SWE-ReX's source distribution, its
-own runtime test module also runs against corral (swerex_plugin.py beside this file).
+With CORRAL_SWEREX_TESTS pointing at the tests/ directory of SWE-ReX's source distribution (or
+set to "pypi": that of the installed version, downloaded with pip), its own runtime test modules
+also run against corral (swerex_plugin.py beside this file).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tarfile  # noqa: E402
 import time  # noqa: E402
 import xml.etree.ElementTree as ElementTree  # noqa: E402
 from collections.abc import AsyncIterator, Iterator  # noqa: E402
@@ -360,16 +362,37 @@ def _sandbox_options(backend: str) -> list[str]:
     return ["--backend", SANDBOXES[backend]["backend"], "--image", SANDBOXES[backend]["image"]]
 
 
+@pytest.fixture(scope="module")
+def swerex_tests(tmp_path_factory) -> Path:
+    """SWE-ReX's tests/ directory: CORRAL_SWEREX_TESTS, or with "pypi" the one in the source
+    distribution of the installed swe-rex, downloaded (its wheel has no tests)."""
+    if SWEREX_TESTS != "pypi":
+        return Path(SWEREX_TESTS)
+    import swerex
+
+    into = tmp_path_factory.mktemp("swe-rex-sdist")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+        + [f"swe-rex=={swerex.__version__}", "-d", str(into)],
+        check=True,
+        timeout=300,
+    )
+    (archive,) = into.glob("swe_rex-*.tar.gz")
+    with tarfile.open(archive) as sdist:
+        sdist.extractall(into, filter="data")
+    return into / archive.name.removesuffix(".tar.gz") / "tests"
+
+
 @pytest.mark.skipif(not SWEREX_TESTS, reason="CORRAL_SWEREX_TESTS (SWE-ReX's tests/ directory) is not set")
 @pytest.mark.parametrize("via", ["remote", "corral"])
-def test_swe_rex_own_test_modules(local_daemon, backend, via, tmp_path):
+def test_swe_rex_own_test_modules(local_daemon, backend, via, swerex_tests, tmp_path):
     """SWE-ReX's test modules, unchanged, with their conftest's fixtures on corral."""
     package = tmp_path / "tests"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "conftest.py").write_text("from swerex_plugin import *  # noqa: F403\n")
     for name in SWEREX_TEST_MODULES:
-        (package / name).symlink_to(Path(SWEREX_TESTS, name).resolve())
+        (package / name).symlink_to((swerex_tests / name).resolve())
     report = tmp_path / "junit.xml"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(report)]
