@@ -77,15 +77,15 @@ def corral_sandbox_id() -> Iterator[str]:
 async def remote_runtime(request: pytest.FixtureRequest) -> AsyncIterator[AbstractRuntime]:
     if os.environ.get("CORRAL_SWEREX_VIA") == "corral":
         client = AsyncClient()
-        runtime = CorralRuntime(await client.get_sandbox(request.getfixturevalue("corral_sandbox_id")))
-        yield runtime
-        await runtime.close()
+        direct = CorralRuntime(await client.get_sandbox(request.getfixturevalue("corral_sandbox_id")))
+        yield direct
+        await direct.close()
         await client.close()
         return
     server = request.getfixturevalue("remote_server")
-    runtime = RemoteRuntime(host="http://127.0.0.1", port=server.port, auth_token=TEST_API_KEY, timeout=10)
-    yield runtime
-    await runtime.close()
+    remote = RemoteRuntime(host="http://127.0.0.1", port=server.port, auth_token=TEST_API_KEY, timeout=10)
+    yield remote
+    await remote.close()
 
 
 @pytest.fixture
