@@ -93,6 +93,12 @@ NO_TIMEOUT_S = 24 * 3600.0
 INTERNAL_TURN_S = 30.0
 # Runs the rest of argv with stderr on stdout's pipe (`merge_output_streams`).
 _MERGED_OUTPUT = ("sh", "-c", 'exec 2>&1; exec "$@"', "sh")
+# Moves an upload from its staging directory ($3) to the exact path asked for: $1 to $2, merged
+# into $2 when both are directories (as an upload under the same name merges), then drops $3.
+_MOVE_STAGED = (
+    'if [ -d "$1" ] && [ -d "$2" ]; then cp -a -- "$1"/. "$2"/; '
+    'else mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2"; fi; s=$?; rm -rf -- "$3"; exit $s'
+)
 # Matches nothing: an interactive action without patterns waits for the program's end alone.
 _NEVER = re.compile(r"(?!)")
 # Where the staging copies of `upload` and the saved state of a session go inside the sandbox.
@@ -191,7 +197,7 @@ class CorralRuntime(AbstractRuntime):
 
     async def upload(self, request: UploadRequest) -> UploadResponse:
         """Copies a host file or directory to exactly `target_path` in the sandbox (its parents
-        created), as `shutil.copy` / `copytree` would."""
+        created); a directory onto an existing directory merges into it."""
         source = Path(request.source_path)
         if not source.exists():
             raise FileNotFoundError(f"{source} does not exist")
@@ -203,9 +209,7 @@ class CorralRuntime(AbstractRuntime):
         staging = f"{_SCRATCH}/.corral-swerex-upload-{secrets.token_hex(8)}"
         staged = await self._sandbox.upload(source, staging)
         moved = await self._sandbox.exec(
-            ["sh", "-c", 'mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2"; s=$?; rm -rf -- "$3"; exit $s', "sh"]
-            + [staged, target, staging],
-            timeout=INTERNAL_TURN_S,
+            ["sh", "-c", _MOVE_STAGED, "sh", staged, target, staging], timeout=INTERNAL_TURN_S
         )
         if not moved.ok:
             raise OSError(f"upload to {target} failed: {_text(moved.stdout + moved.stderr).strip()}")

@@ -97,7 +97,9 @@ class _Server:
             return web.json_response({"detail": "upload needs the form fields file and target_path"}, status=422)
         unzip = str(form.get("unzip", "false")).lower() == "true"
         with tempfile.TemporaryDirectory(prefix="corral-swerex-upload-") as temp_dir:
-            source = Path(temp_dir) / Path(target_path).name
+            # Under the target's own name when it has one, so the runtime copies it in one step.
+            name = Path(target_path).name
+            source = Path(temp_dir) / (name if name not in ("", ".", "..") else "upload")
             if unzip:
                 source.mkdir()
                 with zipfile.ZipFile(file.file) as archive:

@@ -293,6 +293,11 @@ async def test_files_go_to_exact_sandbox_paths(runtime, tmp_path: Path):
     await runtime.upload(UploadRequest(source_path=str(tree), target_path="/tmp/swerex/target_dir"))
     found = await runtime.execute(Command(command="cd /tmp/swerex/target_dir && find . -type f | sort", shell=True))
     assert found.stdout == "./a.txt\n./sub/b.txt\n"
+    # Again onto the existing directory, with a file more: merged.
+    (tree / "c.txt").write_text("c")
+    await runtime.upload(UploadRequest(source_path=str(tree), target_path="/tmp/swerex/target_dir"))
+    found = await runtime.execute(Command(command="cd /tmp/swerex/target_dir && find . -type f | sort", shell=True))
+    assert found.stdout == "./a.txt\n./c.txt\n./sub/b.txt\n"
 
 
 async def test_is_alive_and_close(runtime):
