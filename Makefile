@@ -29,7 +29,7 @@ BUF_AGAINST ?=
 
 .PHONY: venv test test-unit demo lint format typecheck sync-client protos lint-protos clean system-deps
 
-# Extras installed into .venv; CI adds the trainer and harness packages: make test EXTRAS=dev,verl,tunix,minisweagent
+# Extras installed into .venv; CI adds the trainer and harness packages: make test EXTRAS=dev,verl,tunix,minisweagent,swerex
 EXTRAS ?= dev
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,

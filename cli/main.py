@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from corral.cli import daemon_commands, run, sandbox_commands
+from corral.cli import daemon_commands, run, sandbox_commands, swerex_command
 from corral.sdk.errors import CorralError, Unavailable
 
 UNAVAILABLE_HINT = (
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     daemon_commands.add_parsers(sub)
     sandbox_commands.add_parsers(sub)
     run.add_parsers(sub)
+    swerex_command.add_parsers(sub)
     # --address also after the subcommand (`corral run TASKS --address ...`); SUPPRESS keeps the
     # value given before it when it is not repeated there.
     for name, subparser in sub.choices.items():
