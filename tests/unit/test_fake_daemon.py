@@ -179,6 +179,10 @@ async def test_destroy_closes_sessions_first_then_kills_every_process_and_remove
     await sandbox.exec("setsid sleep 1001 >/dev/null 2>&1 &", timeout=10)
     workspace = Path(sandbox.info.workdir)
     await sandbox.write_file("kept.txt", "x")
+    # The shell and both sleeps; the setsid one may still be on its way (setsid forks first).
+    deadline = time.monotonic() + 10
+    while len(marked_pids(sandbox.id)) < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert (workspace / "kept.txt").exists() and len(marked_pids(sandbox.id)) >= 3
 
     seen: list[tuple[str, bool, int]] = []
