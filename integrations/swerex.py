@@ -177,7 +177,7 @@ class CorralRuntime(AbstractRuntime):
         )
         if result.timed_out:
             error = CommandTimeoutError(f"Timeout ({command.timeout}s) exceeded while running command")
-            error.extra_info = {"stdout": response.stdout, "stderr": response.stderr}  # type: ignore[attr-defined]
+            error.extra_info = {"stdout": response.stdout, "stderr": response.stderr}  # type: ignore[attr-defined, unused-ignore]
             raise error
         if command.check and result.exit_code != 0:
             message = (
@@ -282,7 +282,7 @@ class _Session:
             try:
                 text, matched = await self._expect(action.expect, action.timeout, "^C")
             except CommandTimeoutError as error:
-                output += error.extra_info["output"]  # type: ignore[attr-defined]
+                output += error.extra_info["output"]  # type: ignore[attr-defined, unused-ignore]
                 continue
             return BashObservation(output=(output + text).strip(), exit_code=0, expect_string=matched)
         # The program ignores ^C: killed, as SWE-ReX's session kills the job it puts in the background.
@@ -504,7 +504,7 @@ def _timeout(message: str, output: str) -> CommandTimeoutError:
     """SWE-ReX's timeout error, carrying the output written until then in `extra_info["output"]`
     (a remote client gets `extra_info` too)."""
     error = CommandTimeoutError(message)
-    error.extra_info = {"output": output}  # type: ignore[attr-defined]
+    error.extra_info = {"output": output}  # type: ignore[attr-defined, unused-ignore]
     return error
 
 
