@@ -2,7 +2,8 @@
 CorralRuntime called directly and, unchanged, through SWE-ReX's own RemoteRuntime talking to
 `corral swerex-serve` (a subprocess): sessions and `check` modes, timeouts with partial output,
 interrupts, interactive programs driven by expect (a python REPL), execute, files at exact paths,
-is_alive, close; and CorralDeployment's sandbox (labels, stop).
+is_alive, close; CorralDeployment's sandbox (labels, stop); and a whole episode on SWE-agent's path
+(a scripted model fixing a bug and submitting the diff through swerex-serve).
 
 With CORRAL_SWEREX_TESTS pointing at the tests/ directory of SWE-ReX's source distribution (or
 set to "pypi": that of the installed version, downloaded with pip), its own runtime test modules
