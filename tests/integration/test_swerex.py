@@ -2,7 +2,8 @@
 CorralRuntime called directly and, unchanged, through SWE-ReX's own RemoteRuntime talking to
 `corral swerex-serve` (a subprocess): sessions and `check` modes, timeouts with partial output,
 interrupts, interactive programs driven by expect (a python REPL), execute, files at exact paths,
-is_alive, close; and CorralDeployment's sandbox (labels, stop).
+is_alive, close; CorralDeployment's sandbox (labels, stop); and a whole episode on SWE-agent's path
+(a scripted model fixing a bug and submitting the diff through swerex-serve).
 
 With CORRAL_SWEREX_TESTS pointing at the tests/ directory of SWE-ReX's source distribution (or
 set to "pypi": that of the installed version, downloaded with pip), its own runtime test modules
@@ -27,7 +28,7 @@ import xml.etree.ElementTree as ElementTree  # noqa: E402
 from collections.abc import AsyncIterator, Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, Literal  # noqa: E402
 
 import aiohttp  # noqa: E402
 import pytest  # noqa: E402
@@ -42,6 +43,7 @@ from swerex.runtime.abstract import (  # noqa: E402
     AbstractRuntime,
     BashAction,
     BashInterruptAction,
+    BashObservation,
     CloseBashSessionRequest,
     Command,
     CreateBashSessionRequest,
@@ -361,6 +363,129 @@ def test_server_destroys_its_sandbox_at_exit(local_daemon):
         assert server.sandbox_id in {sandbox.id for sandbox in client.list_sandboxes()}
         assert server.stop() == 0
         assert server.sandbox_id not in {sandbox.id for sandbox in client.list_sandboxes()}
+
+
+# SWE-agent's path, `deployment: remote` against `corral swerex-serve`, for a whole episode.
+
+# The task: a repository with a bug and the test that shows it.
+PARITY_REPO = {
+    "parity.py": "def is_even(n):\n    return n % 2 == 1\n",
+    "test_parity.py": (
+        "import unittest\n\nfrom parity import is_even\n\n\n"
+        "class ParityTest(unittest.TestCase):\n"
+        "    def test_is_even(self):\n"
+        "        self.assertTrue(is_even(4))\n"
+        "        self.assertFalse(is_even(7))\n"
+    ),
+}
+PARITY_TESTS = "python3 -B -m unittest -q test_parity"
+# Tool bundles laid out as SWE-agent's (bin/ holds the commands the model calls), uploaded to
+# /root/tools/<bundle>: an editor that replaces one exact occurrence in a file, and `submit`,
+# which leaves the staged diff of the repository at /root/model.patch for the harness to read.
+TOOL_BUNDLES = {
+    "edit_replace/bin/str_replace": (
+        "#!/usr/bin/env python3\n"
+        "import sys\n"
+        "path, old, new = sys.argv[1:4]\n"
+        "text = open(path).read()\n"
+        "if text.count(old) != 1:\n"
+        "    sys.exit(f'{old!r} occurs {text.count(old)} times in {path}, not once')\n"
+        "open(path, 'w').write(text.replace(old, new))\n"
+        "print(f'{path} edited')\n"
+    ),
+    "submit/bin/submit": (
+        '#!/bin/sh\ncd "$ROOT" && git add -A && git diff --cached > /root/model.patch\n'
+        "echo '<<SWE_AGENT_SUBMISSION>>'\n"
+    ),
+}
+SUBMISSION_MARKER = "<<SWE_AGENT_SUBMISSION>>"
+# A scripted stand-in for SWE-agent's model: the actions it would answer with, in order.
+SCRIPTED_ACTIONS = [
+    PARITY_TESTS,
+    "str_replace parity.py 'n % 2 == 1' 'n % 2 == 0'",
+    PARITY_TESTS,
+    "submit",
+]
+
+
+@dataclass
+class SweAgentEpisode:
+    observations: list[BashObservation]
+    patch: str
+
+
+def make_parity_repo(repo: Path) -> None:
+    """The buggy repository, committed, at `repo` on the host."""
+    repo.mkdir(parents=True)
+    for name, text in PARITY_REPO.items():
+        (repo / name).write_text(text)
+    commit = "git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm buggy"
+    subprocess.run(["sh", "-c", commit], cwd=repo, check=True)
+
+
+async def swe_agent_episode(runtime: AbstractRuntime, workdir: Path) -> SweAgentEpisode:
+    """One episode in the order SWE-agent's environment and tool handler drive SWE-ReX: a bash
+    session sourcing /root/.bashrc, the repository and the tool bundles uploaded, the bundles'
+    bin/ on PATH, the task's variables exported, `cd` to the repository; then each of the
+    scripted model's actions as a session turn with a timeout (errors are observations, not
+    exceptions), until `submit` says it is done and the patch is read back."""
+    make_parity_repo(workdir / "repo")
+    for name, text in TOOL_BUNDLES.items():
+        (workdir / "tools" / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / "tools" / name).write_text(text)
+    # The images SWE-agent runs have a /root/.bashrc; the test images have none.
+    await runtime.write_file(WriteFileRequest(path="/root/.bashrc", content="export HISTFILE=/dev/null\n"))
+    await runtime.create_session(CreateBashSessionRequest(startup_source=["/root/.bashrc"], startup_timeout=30))
+    await runtime.upload(UploadRequest(source_path=str(workdir / "repo"), target_path="/repo"))
+    await asyncio.gather(
+        *(
+            runtime.upload(UploadRequest(source_path=str(bundle), target_path=f"/root/tools/{bundle.name}"))
+            for bundle in (workdir / "tools").iterdir()
+        )
+    )
+
+    async def communicate(command: str, check: Literal["silent", "raise"] = "raise") -> BashObservation:
+        return await runtime.run_in_session(A(command=command, timeout=30, check=check))
+
+    await communicate("export ROOT=/repo PAGER=cat GIT_PAGER=cat LANG=C.UTF-8")
+    for bundle in sorted((workdir / "tools").iterdir()):
+        await communicate(
+            f"export PATH=/root/tools/{bundle.name}/bin:$PATH && chmod +x /root/tools/{bundle.name}/bin/*"
+        )
+    await communicate("cd /repo && git status --short && git reset -q --hard && git clean -fdq")
+    observations = []
+    for action in SCRIPTED_ACTIONS:
+        observations.append(await communicate(action, check="silent"))
+        if SUBMISSION_MARKER in observations[-1].output:
+            break
+    patch = (await runtime.read_file(ReadFileRequest(path="/root/model.patch"))).content
+    return SweAgentEpisode(observations, patch)
+
+
+async def test_swe_agent_path_fixes_a_bug_and_submits_the_diff(server, tmp_path: Path):
+    """SWE-ReX's RemoteRuntime, as SWE-agent's `deployment: remote` uses it, against `corral
+    swerex-serve`: the failing test, the fix through an uploaded tool, the passing test, and the
+    submitted patch fixing a fresh copy of the repository on the host."""
+    remote = server.runtime()
+    try:
+        episode = await swe_agent_episode(remote, tmp_path / "episode")
+    finally:
+        await remote.close()
+    before, edited, after, submitted = episode.observations
+    assert before.exit_code == 1 and "FAILED" in before.output
+    assert edited.exit_code == 0 and edited.output == "parity.py edited\n"
+    assert after.exit_code == 0 and "OK" in after.output
+    assert submitted.exit_code == 0 and SUBMISSION_MARKER in submitted.output
+    # The fix, and only the fix.
+    diffs = [line for line in episode.patch.splitlines() if line.startswith("diff ")]
+    assert diffs == ["diff --git a/parity.py b/parity.py"]
+    assert "-    return n % 2 == 1\n+    return n % 2 == 0\n" in episode.patch
+    fresh = tmp_path / "fresh"
+    make_parity_repo(fresh)
+    tests = [sys.executable, "-B", "-m", "unittest", "-q", "test_parity"]
+    assert subprocess.run(tests, cwd=fresh, capture_output=True).returncode == 1
+    subprocess.run(["git", "apply", "-"], input=episode.patch.encode(), cwd=fresh, check=True)
+    assert subprocess.run(tests, cwd=fresh, capture_output=True).returncode == 0
 
 
 def _sandbox_options(backend: str) -> list[str]:
