@@ -13,11 +13,18 @@ Choosing a server for a call of rollout R:
 
 Failures (see client.LLMServerError): connection errors, timeouts, 5xx and malformed answers
 take the server out of rotation for `cooldown_s` and count a failure; 408/429 only count one. All
-of those are retried, on a server this call has not tried when there is one, at most
-`max_attempts` attempts per call, sleeping `backoff_s` doubling up to `max_backoff_s` before a
-retry that cannot go to a fresh server. Then LLMUnavailable. Any other 4xx raises
-LLMRequestRejected (a subclass of LLMUnavailable) at once: the request would fail anywhere.
-No server registered: LLMUnavailable at once.
+of those are retried, on a server this call has not tried when there is one, sleeping `backoff_s`
+doubling up to `max_backoff_s` before a retry that cannot go to a fresh server. A call makes
+`max_attempts` requests (attempts are requests, also with a single server) before it raises
+LLMUnavailable. Any other 4xx raises LLMRequestRejected (a subclass of LLMUnavailable) at once:
+the request would fail anywhere. No server registered: LLMUnavailable at once.
+
+Waiting out a restart: when every server is out of rotation, a call does not spend its attempts
+on servers known to be down. It polls their health endpoints (GET /health, one probe per server
+every `health_interval_s` whoever waits) and goes on as soon as one answers, which ends that
+server's cool-down early; it waits so at most `unavailable_wait_s` in all, then makes its
+remaining attempts anyway. So a restart of the only server costs the rollouts waiting on it the
+restart's time, not their sample.
 
 `pool.generate` has GenerateFn's signature, so the agent loop can take it directly.
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -82,6 +90,9 @@ class _Server:
         self.requests = 0
         self.failures = 0
         self.removed = False
+        # The health probe in flight or last done (shared by every call waiting on the server).
+        self.health_probe: asyncio.Task[bool] | None = None
+        self.health_probed_at = -math.inf
 
     @property
     def load(self) -> float:
@@ -140,6 +151,8 @@ class LLMPool:
         max_backoff_s: float = 4.0,
         overload_factor: float = 2.0,
         cooldown_s: float = 15.0,
+        unavailable_wait_s: float = 60.0,
+        health_interval_s: float = 0.5,
         session: aiohttp.ClientSession | None = None,
         max_sticky: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
@@ -152,6 +165,8 @@ class LLMPool:
         self.max_backoff_s = max_backoff_s
         self.overload_factor = overload_factor
         self.cooldown_s = cooldown_s
+        self.unavailable_wait_s = unavailable_wait_s
+        self.health_interval_s = health_interval_s
         self.max_sticky = max_sticky
         self._clock = clock
         self._servers: dict[str, _Server] = {}
@@ -209,15 +224,18 @@ class LLMPool:
         tried: set[str] = set()
         last_error = "no LLM server is available"
         backoff = self.backoff_s
-        for _ in range(self.max_attempts):
+        wait_deadline = self._clock() + self.unavailable_wait_s
+        for attempt in range(self.max_attempts):
             server = self._choose(rollout_id, tried)
-            if server is None or server.address in tried:
-                # Nothing fresh to try: back off, then take whatever is available by then.
+            if attempt and (server is None or server.address in tried):
+                # Nothing fresh to try: back off first.
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.max_backoff_s)
                 server = self._choose(rollout_id, tried)
-                if server is None:
-                    continue
+            if server is None:
+                server = await self._wait_for_server(rollout_id, tried, wait_deadline)
+            if server is None:
+                raise LLMUnavailable("no LLM server is registered")
             tried.add(server.address)
             try:
                 with routed(rollout_id):
@@ -230,6 +248,34 @@ class LLMPool:
             self._stick(rollout_id, server.address)
             return generation
         raise LLMUnavailable(f"no LLM server could generate after {self.max_attempts} attempts: {last_error}")
+
+    async def _wait_for_server(self, rollout_id: str, tried: set[str], deadline: float) -> _Server | None:
+        """Every server is out of rotation: polls their health endpoints until one answers (its
+        cool-down ends) or `deadline` passes; then the server for the attempt: a candidate, else
+        (past the deadline) the one whose cool-down ends first. None when none is registered."""
+        while True:
+            server = self._choose(rollout_id, tried)
+            if server is not None or not self._servers:
+                return server
+            if self._clock() >= deadline:
+                return min(self._servers.values(), key=lambda s: (s.in_flight, s.down_until, s.order))
+            for waiting in list(self._servers.values()):
+                if not waiting.healthy and await self._healthy(waiting):
+                    waiting.down_until = min(waiting.down_until, self._clock())
+            if self._choose(rollout_id, tried) is None:
+                await asyncio.sleep(max(0.0, min(self.health_interval_s, deadline - self._clock())))
+
+    async def _healthy(self, server: _Server) -> bool:
+        """The server's health endpoint answers (one probe at a time and at most one per
+        `health_interval_s`, shared by every call that asks)."""
+        probe = server.health_probe
+        if probe is None or (probe.done() and self._clock() - server.health_probed_at >= self.health_interval_s):
+            server.health_probed_at = self._clock()
+            probe = server.health_probe = asyncio.create_task(self._client(server).health())
+        try:
+            return await asyncio.shield(probe)
+        except Exception:  # noqa: BLE001 - a probe that fails says "not healthy", whatever the cause
+            return False
 
     async def _call(self, server: _Server, prompt_ids: list[int], sampling: SamplingOptions) -> Generation:
         client = self._client(server)
@@ -297,6 +343,9 @@ class LLMPool:
     async def close(self) -> None:
         """Closes the shared session (when the pool created it). Registered servers stay."""
         for server in self._servers.values():
+            if server.health_probe is not None:
+                server.health_probe.cancel()
+                server.health_probe = None
             server.client = None
         if self._owns_session and self._session is not None:
             await self._session.close()

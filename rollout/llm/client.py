@@ -60,6 +60,10 @@ class LLMClient(Protocol):
         """Raises LLMServerError."""
         ...
 
+    async def health(self) -> bool:
+        """The server's health endpoint answers 200 (False for any failure)."""
+        ...
+
     async def close(self) -> None: ...
 
 

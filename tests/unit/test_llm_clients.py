@@ -310,7 +310,9 @@ async def servers():
 
 @pytest.fixture
 async def pool():
-    pool = LLMPool(timeout_s=10, backoff_s=0.01, max_backoff_s=0.05, cooldown_s=0.5)
+    pool = LLMPool(
+        timeout_s=10, backoff_s=0.01, max_backoff_s=0.05, cooldown_s=0.5, unavailable_wait_s=0.3, health_interval_s=0.05
+    )
     yield pool
     await pool.close()
 
@@ -447,7 +449,45 @@ async def test_pool_raises_llm_unavailable_when_everything_is_down(servers, pool
     assert time.monotonic() - started < 2
     snapshot = stats(pool)
     assert all(not s.healthy and s.failures >= 1 and s.in_flight == 0 for s in snapshot.values())
-    assert sum(s.requests for s in snapshot.values()) <= pool.max_attempts
+    assert sum(s.requests for s in snapshot.values()) == pool.max_attempts
+
+
+async def test_pool_makes_all_its_attempts_on_a_single_dead_server(servers, pool):
+    """N attempts mean N requests, also when the only server is down: the retries do
+    not fall through while it cools down (they wait out unavailable_wait_s, then go anyway)."""
+    a = await servers.start()
+    pool.register(a.url)
+    await a.stop()
+    started = time.monotonic()
+    with pytest.raises(LLMUnavailable, match=f"after {pool.max_attempts} attempts"):
+        await pool.generate(PROMPT, SHORT, "r")
+    assert time.monotonic() - started >= pool.unavailable_wait_s
+    assert stats(pool)[a.url].requests == pool.max_attempts
+
+
+async def test_pool_waits_out_a_restart_of_its_only_server(servers):
+    """A restart of the only server does not filter the rollouts waiting on it: the pool polls
+    the server's health endpoint (within unavailable_wait_s) and goes on once it is back, long
+    before its cool-down would have ended."""
+    pool = LLMPool(timeout_s=10, backoff_s=0.01, max_backoff_s=0.05, cooldown_s=60, unavailable_wait_s=20)
+    try:
+        a = await servers.start()
+        pool.register(a.url)
+        assert (await pool.generate(PROMPT, SHORT, "r0")).server == a.url
+        await a.stop()
+        started = time.monotonic()
+        waiting = [asyncio.create_task(pool.generate(PROMPT, SHORT, f"r{i}")) for i in range(4)]
+        await asyncio.sleep(2.5)
+        assert not any(task.done() for task in waiting)
+        a_again = await servers.start(port=a.port)
+        generations = await asyncio.gather(*waiting)
+        assert all(g.server == a.url for g in generations)
+        assert 2.5 <= time.monotonic() - started < 10
+        assert a_again.requests_served == 4 and stats(pool)[a.url].healthy
+        # Each waiting call failed once at most; the rest of the wait was health probes.
+        assert stats(pool)[a.url].requests <= 1 + 4 + 4
+    finally:
+        await pool.close()
 
 
 async def test_pool_does_not_retry_a_rejected_request(pool):
