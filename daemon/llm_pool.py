@@ -26,7 +26,8 @@ server's cool-down early; it waits so at most `unavailable_wait_s` in all, then 
 remaining attempts anyway. So a restart of the only server costs the rollouts waiting on it the
 restart's time, not their sample.
 
-`pool.generate` has GenerateFn's signature, so the agent loop can take it directly.
+`pool.generate` has GenerateFn's signature, so the agent loop can take it directly, and
+`pool.context_length` is the agent loop's context window (the smallest the servers report).
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ class _Server:
         # The health probe in flight or last done (shared by every call waiting on the server).
         self.health_probe: asyncio.Task[bool] | None = None
         self.health_probed_at = -math.inf
+        # The server's context window once it said (None: it reports none); unknown until then.
+        self.context_length: int | None = None
+        self.context_known = False
 
     @property
     def load(self) -> float:
@@ -211,6 +215,23 @@ class LLMPool:
 
     def snapshot(self) -> list[ServerStats]:
         return [server.stats() for server in self._servers.values()]
+
+    async def context_length(self) -> int | None:
+        """The smallest context window the registered servers report (GET /v1/models'
+        max_model_len), so that a request fits whichever server takes it; None when none reports
+        one. Each server is asked until it answers once; one that cannot be reached now is left
+        out this time."""
+        lengths: list[int] = []
+        for server in list(self._servers.values()):
+            if not server.context_known:
+                try:
+                    server.context_length = await asyncio.wait_for(self._client(server).context_length(), 5)
+                except (LLMServerError, TimeoutError):
+                    continue
+                server.context_known = True
+            if server.context_length is not None:
+                lengths.append(server.context_length)
+        return min(lengths) if lengths else None
 
     def forget(self, rollout_id: str) -> None:
         """Drops the rollout's stickiness (call when the rollout ends)."""

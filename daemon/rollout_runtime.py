@@ -39,6 +39,7 @@ class RolloutRuntime:
             settings=pipeline_settings(config),
             has_llm=lambda: len(self.llms) > 0,
             forget_rollout=self.llms.forget,
+            context_length=self.llms.context_length,
         )
 
     def start(self) -> None:

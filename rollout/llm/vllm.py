@@ -13,7 +13,8 @@ vLLM's token ids keep the token generation stopped on; should a server drop it a
 (finish "stop", an int stop_reason that is not the last id), the client appends it with logprob
 0.0 (unknown). vLLM reports no weight version: Generation.weight_version is None.
 
-The model name: the one given, else the first of GET /v1/models (asked once).
+The model name: the one given, else the first of GET /v1/models (asked once). The context window:
+that entry's "max_model_len" (`context_length`), which the agent loop keeps every request within.
 """
 
 from __future__ import annotations
@@ -53,9 +54,8 @@ class VLLMClient(HTTPClientBase):
             return self.model
         async with self._model_lock:
             if not self.model:
-                data = await self._request("GET", "/v1/models", timeout_s=30)
-                models = data.get("data") if isinstance(data, dict) else None
-                if not models or not isinstance(models[0], dict) or not models[0].get("id"):
+                models = await self.models()
+                if not models or not models[0].get("id"):
                     raise protocol_error(self.base_url, "GET /v1/models lists no model")
                 self.model = str(models[0]["id"])
         return self.model

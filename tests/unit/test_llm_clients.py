@@ -12,6 +12,7 @@ import pytest
 from aiohttp import ClientSession, web
 
 from corral.daemon.llm_pool import LLMPool, ServerAlreadyRegistered, UnknownServer
+from corral.rollout.agent_loop import AgentLimits, AgentLoop
 from corral.rollout.llm.client import LLMRequestRejected, LLMServerError
 from corral.rollout.llm.routing import ROUTING_KEY_HEADER
 from corral.rollout.llm.sglang import SGLangClient
@@ -21,7 +22,8 @@ from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
 from corral.rollout.reference.tiny import TinyPolicy
 from corral.rollout.tokenizer import ByteChatTokenizer
-from corral.rollout.types import LLMUnavailable, SamplingOptions
+from corral.rollout.tool_calls import ToolCallFormat
+from corral.rollout.types import FinishReason, LLMUnavailable, SamplingOptions
 from corral.sdk.errors import InvalidArgument
 from corral.v1 import rollout_pb2 as pb
 
@@ -135,11 +137,13 @@ class VLLMStandIn:
     GET /v1/models and POST /v1/completions with a token-id prompt, shaped as vLLM answers
     (choices[0].token_ids with return_token_ids, logprobs.tokens as "token_id:<id>",
     finish_reason and stop_reason), generating with the tiny policy. With `old=True` it answers
-    like vLLM before 0.10.2 (no token_ids field)."""
+    like vLLM before 0.10.2 (no token_ids field). Its context window is `max_model_len`, kept as
+    vLLM keeps it: max_tokens is cut to the room left, a prompt that fills it is refused (400)."""
 
-    def __init__(self, old: bool = False) -> None:
+    def __init__(self, old: bool = False, max_model_len: int = 1 << 16) -> None:
         self.policy = TinyPolicy(seed=1)
         self.old = old
+        self.max_model_len = max_model_len
         self.bodies: list[dict] = []
         self.models_asked = 0
         self.runner: web.AppRunner | None = None
@@ -159,15 +163,20 @@ class VLLMStandIn:
 
     async def models(self, request: web.Request) -> web.Response:
         self.models_asked += 1
-        return web.json_response({"object": "list", "data": [{"id": "tiny-byte-lm", "object": "model"}]})
+        entry = {"id": "tiny-byte-lm", "object": "model", "max_model_len": self.max_model_len}
+        return web.json_response({"object": "list", "data": [entry]})
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
         if body.get("model") != "tiny-byte-lm":
             return web.json_response({"object": "error", "message": "model not found", "code": 404}, status=404)
+        room = self.max_model_len - len(body["prompt"])
+        if room < 1:
+            message = f"The decoder prompt (length {len(body['prompt'])}) is longer than the maximum model length"
+            return web.json_response({"object": "error", "message": message, "code": 400}, status=400)
         params = GenerateParams(
-            max_new_tokens=body["max_tokens"],
+            max_new_tokens=min(body["max_tokens"], room),
             temperature=body.get("temperature", 1.0),
             top_p=body.get("top_p", 1.0),
             top_k=body.get("top_k", -1),
@@ -537,6 +546,67 @@ async def test_pool_speaks_vllm_too(pool):
         generation = await pool.generate(PROMPT, SHORT, "r")
         assert generation.server == url and len(generation.output_ids) == len(generation.logprobs) > 0
         assert stand_in.models_asked == 0  # the registered model name is used
+    finally:
+        await stand_in.stop()
+
+
+async def test_pool_reports_the_smallest_context_window_its_servers_report(servers, pool):
+    assert await pool.context_length() is None  # no server
+    reference = await servers.start()  # no /v1/models: reports none
+    wide, narrow = VLLMStandIn(max_model_len=4096), VLLMStandIn(max_model_len=700)
+    urls = [await wide.start(), await narrow.start()]
+    try:
+        pool.register(reference.url)
+        assert await pool.context_length() is None
+        for url in urls:
+            pool.register(url, protocol="vllm")
+        assert await pool.context_length() == 700
+        assert await pool.context_length() == 700 and narrow.models_asked == 1  # asked once
+    finally:
+        await wide.stop()
+        await narrow.stop()
+
+
+class NoTools:
+    """A toolbox for loops whose replies never hold a tool call (the tiny policy's noise)."""
+
+    tools = frozenset({"bash", "submit"})
+
+    async def call(self, call, timeout_s):
+        raise AssertionError(f"no tool call expected, got {call}")
+
+
+async def test_a_rollout_ends_as_context_full_before_vllm_refuses_its_prompt(pool):
+    """The server's max_model_len (much smaller than the task's max_total_tokens) bounds the
+    rollout: each request fits it, and the loop ends as CONTEXT_FULL (the rollout is evaluated)
+    instead of meeting vLLM's 400 (which the pool raises as LLMRequestRejected: filtered)."""
+    stand_in = VLLMStandIn(max_model_len=1600)  # the prompt (tool instructions) is about 1100 bytes
+    url = await stand_in.start()
+    try:
+        pool.register(url, protocol="vllm")
+        loop = AgentLoop(
+            TOK,
+            pool.generate,
+            NoTools(),
+            limits=AgentLimits(
+                max_turns=50,
+                max_new_tokens_per_turn=160,
+                max_total_tokens=100_000,
+                action_timeout_s=5,
+                max_consecutive_format_errors=50,
+            ),
+            tool_call_format=ToolCallFormat.HERMES,
+            sampling=SamplingOptions(max_new_tokens=1),
+            rollout_id="r",
+            policy_version=lambda: 0,
+            context_length=pool.context_length,
+        )
+        trajectory = await loop.run([{"role": "user", "content": "Fix the bug."}])
+        assert trajectory.finish_reason is FinishReason.CONTEXT_FULL
+        assert len(trajectory.turns) >= 2
+        assert len(trajectory.prompt_ids) + len(trajectory.response_ids) <= 1600
+        for body in stand_in.bodies:
+            assert len(body["prompt"]) + body["max_tokens"] <= 1600
     finally:
         await stand_in.stop()
 
