@@ -2,9 +2,11 @@
 load-balanced, sticky per rollout, with failover.
 
 Choosing a server for a call of rollout R:
-- Candidates: registered servers that are healthy, plus servers whose cool-down after a failure
-  has run out and that have nothing in flight (one probe request at a time; the first success
-  makes them healthy again, a failure starts a new cool-down).
+- Candidates: registered servers that are healthy, plus servers out of rotation that have
+  nothing in flight and whose health endpoint (GET /health) answered since they failed: it is
+  asked once their cool-down after the failure has run out (or earlier, see "Waiting out a
+  restart"). They get one probe request at a time; the first success makes them healthy again, a
+  failure starts a new cool-down.
 - Sticky: R goes to the server its previous call went to (its prefix is cached there) unless that
   server is no candidate or is overloaded: in_flight/weight > overload_factor * (the least loaded
   candidate's in_flight/weight) + 1. Otherwise (and for R's first call) the least loaded
@@ -94,6 +96,8 @@ class _Server:
         # The health probe in flight or last done (shared by every call waiting on the server).
         self.health_probe: asyncio.Task[bool] | None = None
         self.health_probed_at = -math.inf
+        # Out of rotation, and its health endpoint answered since: it may take a probe request.
+        self.confirmed = False
         # The server's context window once it said (None: it reports none); unknown until then.
         self.context_length: int | None = None
         self.context_known = False
@@ -102,8 +106,8 @@ class _Server:
     def load(self) -> float:
         return self.in_flight / self.weight
 
-    def is_candidate(self, now: float) -> bool:
-        return self.healthy or (now >= self.down_until and self.in_flight == 0)
+    def is_candidate(self) -> bool:
+        return self.healthy or (self.confirmed and self.in_flight == 0)
 
     def stats(self) -> ServerStats:
         return ServerStats(
@@ -247,6 +251,7 @@ class LLMPool:
         backoff = self.backoff_s
         wait_deadline = self._clock() + self.unavailable_wait_s
         for attempt in range(self.max_attempts):
+            await self._confirm_cooled_down()
             server = self._choose(rollout_id, tried)
             if attempt and (server is None or server.address in tried):
                 # Nothing fresh to try: back off first.
@@ -281,10 +286,18 @@ class LLMPool:
             if self._clock() >= deadline:
                 return min(self._servers.values(), key=lambda s: (s.in_flight, s.down_until, s.order))
             for waiting in list(self._servers.values()):
-                if not waiting.healthy and await self._healthy(waiting):
-                    waiting.down_until = min(waiting.down_until, self._clock())
+                if not waiting.healthy and not waiting.confirmed:
+                    waiting.confirmed = await self._healthy(waiting)
             if self._choose(rollout_id, tried) is None:
                 await asyncio.sleep(max(0.0, min(self.health_interval_s, deadline - self._clock())))
+
+    async def _confirm_cooled_down(self) -> None:
+        """Asks the health endpoint of each server whose cool-down has run out whether it may
+        take a probe request."""
+        now = self._clock()
+        for server in list(self._servers.values()):
+            if not server.healthy and not server.confirmed and now >= server.down_until:
+                server.confirmed = await self._healthy(server)
 
     async def _healthy(self, server: _Server) -> bool:
         """The server's health endpoint answers (one probe at a time and at most one per
@@ -312,6 +325,7 @@ class LLMPool:
                         "LLM server %s taken out of rotation for %.0f s: %s", server.address, self.cooldown_s, error
                     )
                 server.healthy = False
+                server.confirmed = False
                 server.down_until = self._clock() + self.cooldown_s
             raise
         finally:
@@ -324,8 +338,7 @@ class LLMPool:
     def _choose(self, rollout_id: str, tried: set[str]) -> _Server | None:
         """The server for the next attempt (see the module docstring); one already tried only when
         no untried candidate is left; None when no server is a candidate."""
-        now = self._clock()
-        candidates = [s for s in self._servers.values() if s.is_candidate(now)]
+        candidates = [s for s in self._servers.values() if s.is_candidate()]
         if not candidates:
             return None
         fresh = [s for s in candidates if s.address not in tried]

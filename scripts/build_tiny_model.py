@@ -4,7 +4,7 @@ transformers) load, made offline in seconds, for tests that need a real inferenc
 
     python scripts/build_tiny_model.py OUT_DIR
 
-Deterministic: the same inputs (this script, the prompts, the corpus) give the same files. OUT_DIR
+Deterministic: the same inputs (this script and its training text) give the same files. OUT_DIR
 keeps the content hash of those inputs in BUILD_HASH; a directory whose hash matches is kept as it
 is (the cache), any other content is replaced. Prints OUT_DIR.
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROMPTS = REPO / "examples" / "tasks" / "repair.jsonl"
 HASH_FILE = "BUILD_HASH"
 SEED = 0
-VOCAB_SIZE = 1024
+VOCAB_SIZE = 1024  # more than the corpus fills: every word of it becomes one token
 HIDDEN_SIZE = 128
 LAYERS = 2
 HEADS = 2  # head size 64: one every CPU attention backend supports
@@ -56,8 +56,14 @@ EXTRA_CORPUS = [
 
 
 def corpus() -> list[str]:
-    """The training text: every message of the bundled tasks, then the tool-call shapes."""
+    """The training text: every message of the bundled tasks, the agent loop's tool instructions
+    and format reminders, then the tool-call shapes."""
+    from corral.rollout.tool_calls import ToolCallFormat
+    from corral.rollout.tools import TOOL_SPECS, format_reminder, tool_instructions
+
     texts: list[str] = []
+    for fmt in ToolCallFormat:
+        texts += [tool_instructions(TOOL_SPECS, fmt), format_reminder(fmt)]
     for line in PROMPTS.read_text().splitlines():
         if line.strip():
             task = json.loads(line)
@@ -70,10 +76,10 @@ def corpus() -> list[str]:
     return texts + EXTRA_CORPUS
 
 
-def content_hash() -> str:
+def content_hash(texts: list[str]) -> str:
     digest = hashlib.sha256()
     digest.update(Path(__file__).read_bytes())
-    digest.update(PROMPTS.read_bytes())
+    digest.update("\0".join(texts).encode())
     return digest.hexdigest()[:16]
 
 
@@ -125,14 +131,15 @@ def build_model(tokenizer, out: Path) -> None:
 
 
 def build(out: Path) -> Path:
-    wanted = content_hash()
+    texts = corpus()
+    wanted = content_hash(texts)
     hash_file = out / HASH_FILE
     if hash_file.is_file() and hash_file.read_text().strip() == wanted:
         return out
     staging = out.with_name(out.name + ".building")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    tokenizer = train_tokenizer(corpus())
+    tokenizer = train_tokenizer(texts)
     tokenizer.save_pretrained(staging)
     build_model(tokenizer, staging)
     (staging / HASH_FILE).write_text(wanted + "\n")

@@ -190,3 +190,16 @@ def optional_sampling_fields(sampling: SamplingOptions) -> dict[str, Any]:
     if sampling.stop_token_ids:
         fields["stop_token_ids"] = list(sampling.stop_token_ids)
     return fields
+
+
+def weight_version(meta: dict[str, Any]) -> int | None:
+    """The weight version of a generation: the oldest of the "weight_versions" spans when the
+    server reports spans ([{"version", "start", "end"}]: weights changed mid-generation; the
+    oldest is what staleness is measured by), else "weight_version"; None unless it is an integer
+    (vLLM's unlabelled weights are "default")."""
+    spans = meta.get("weight_versions")
+    if isinstance(spans, list) and spans:
+        versions = [int_or_none(span.get("version")) for span in spans if isinstance(span, dict)]
+        if versions and all(v is not None for v in versions):
+            return min(v for v in versions if v is not None)
+    return int_or_none(meta.get("weight_version"))
