@@ -192,6 +192,8 @@ class Exchange:
     logprobs: list[float]
     finish_reason: str
     stop_reason: object
+    # The weight-version labels of the output (/inference/v1/generate only).
+    weight_versions: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -205,6 +207,8 @@ class RecordingProxy:
     target: str
     scale_out: bool = True
     exchanges: dict[str, list[Exchange]] = field(default_factory=dict)
+    # Generation requests forwarded so far, per rollout (answered or not).
+    started: dict[str, int] = field(default_factory=dict)
     probes: int = 0
     runner: web.AppRunner | None = None
     url: str = ""
@@ -222,6 +226,9 @@ class RecordingProxy:
         if request.path == "/inference/v1/generate" and not self.scale_out:
             return web.json_response({"detail": "Not Found"}, status=404)
         body = await request.read()
+        if request.path == "/inference/v1/generate":
+            key = request.headers.get(ROUTING_KEY_HEADER, "")
+            self.started[key] = self.started.get(key, 0) + 1
         try:
             async with self.session.request(
                 request.method, self.target + request.path_qs, data=body, headers={"Content-Type": "application/json"}
@@ -242,7 +249,14 @@ class RecordingProxy:
             prompt, logprobs = sent["prompt"], choice["logprobs"]["token_logprobs"]
         else:
             prompt, logprobs = sent["token_ids"], [entry["logprob"] for entry in choice["logprobs"]["content"]]
-        exchange = Exchange(prompt, choice["token_ids"], logprobs, choice["finish_reason"], choice["stop_reason"])
+        exchange = Exchange(
+            prompt,
+            choice["token_ids"],
+            logprobs,
+            choice["finish_reason"],
+            choice["stop_reason"],
+            [span["version"] for span in choice.get("weight_versions") or []],
+        )
         self.exchanges.setdefault(request.headers.get(ROUTING_KEY_HEADER, ""), []).append(exchange)
 
 
@@ -356,22 +370,41 @@ async def test_noise_rollouts_are_token_exact_with_the_engines_logprobs(client, 
     assert {v for v, mask in zip(result.weight_versions, result.response_mask) if mask} == {0}
 
 
-async def test_weight_versions_come_from_the_engines_label(client, proxy, engine):
-    """A trainer labels the engine's weights (vLLM's /update_weight_version, as after a weight
-    update); /inference/v1/generate reports the label per token, and the trajectory carries it
-    instead of the daemon's policy version."""
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{engine.url}/update_weight_version", json={"new_version": "7"}) as answer:
+async def test_weight_versions_come_from_the_engines_labels_across_a_paused_update(client, proxy, engine):
+    """A trainer labels the engine's weights (vLLM's /update_weight_version) and updates them
+    between /pause (keeping requests in flight) and /resume; /inference/v1/generate reports the
+    label of every token, and each turn carries the oldest of its labels, not the daemon's policy
+    version: the turn the update cut through is 7, the next one 8."""
+
+    async def post(session: aiohttp.ClientSession, path: str, **json_body: str) -> None:
+        async with session.post(f"{engine.url}{path}", json=json_body or None) as answer:
             assert answer.status == 200, await answer.text()
+
+    async with aiohttp.ClientSession() as session:
+        await post(session, "/update_weight_version", new_version="7")
         try:
-            result = await client.rollouts.run(noisy_task("labelled", max_new_tokens=16))
+            running = asyncio.create_task(client.rollouts.run(noisy_task("labelled", max_new_tokens=400)))
+            deadline = time.monotonic() + 120
+            while not any(key.startswith("labelled/") and n >= 2 for key, n in proxy.started.items()):
+                assert time.monotonic() < deadline and not running.done(), "the second turn did not start"
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # the second turn has generated a few tokens
+            await post(session, "/pause?mode=keep")
+            await post(session, "/update_weight_version", new_version="8")
+            await post(session, "/resume")
+            result = await asyncio.wait_for(running, 180)
         finally:
-            async with session.post(f"{engine.url}/update_weight_version", json={"new_version": "default"}):
-                pass
+            await post(session, "/update_weight_version", new_version="default")
     assert result.status == "completed", result.error
-    assert {v for v, mask in zip(result.weight_versions, result.response_mask) if mask} == {7}
-    assert [turn.weight_version for turn in result.turns] == [7] * len(result.turns)
-    assert_matches_the_engine(result, proxy.exchanges[result.rollout_id])
+    exchanges = proxy.exchanges[result.rollout_id]
+    assert [e.finish_reason for e in exchanges[:2]] == ["length", "length"], "a turn ended before the update"
+    assert [e.weight_versions for e in exchanges] == [["7"], ["7", "8"], ["8"]]
+    assert [turn.weight_version for turn in result.turns] == [7, 7, 8]
+    offset = 0
+    for turn in result.turns:  # every generated token carries its turn's version
+        assert set(result.weight_versions[offset : offset + len(turn.generated_ids)]) == {turn.weight_version}
+        offset += len(turn.generated_ids) + len(turn.observation_ids)
+    assert_matches_the_engine(result, exchanges)
 
 
 async def test_stop_strings_end_a_turn_on_the_token_that_completes_them(client, proxy, tokenizer):
