@@ -302,11 +302,11 @@ class LLMPool:
     async def _healthy(self, server: _Server) -> bool:
         """The server's health endpoint answers (one probe at a time and at most one per
         `health_interval_s`, shared by every call that asks)."""
-        probe = server.health_probe
-        if probe is None or (probe.done() and self._clock() - server.health_probed_at >= self.health_interval_s):
-            server.health_probed_at = self._clock()
-            probe = server.health_probe = asyncio.create_task(self._client(server).health())
         try:
+            probe = server.health_probe
+            if probe is None or (probe.done() and self._clock() - server.health_probed_at >= self.health_interval_s):
+                server.health_probed_at = self._clock()
+                probe = server.health_probe = asyncio.create_task(self._client(server).health())
             return await asyncio.shield(probe)
         except Exception:  # noqa: BLE001 - a probe that fails says "not healthy", whatever the cause
             return False
