@@ -266,12 +266,12 @@ class RecordingProxy:
         self.exchanges.setdefault(request.headers.get(ROUTING_KEY_HEADER, ""), []).append(exchange)
 
 
-@pytest.fixture(params=[True], ids=["generate"])
+@pytest.fixture
 async def proxy(engine, request) -> AsyncIterator[RecordingProxy]:
-    """The recording proxy, speaking /inference/v1/generate unless the test's parameter says
-    scale_out=False (then the client falls back to /v1/completions)."""
+    """The recording proxy, speaking /inference/v1/generate unless the test's (indirect)
+    parameter is False (then the client falls back to /v1/completions)."""
     async with aiohttp.ClientSession() as session:
-        recorder = RecordingProxy(engine.url, scale_out=request.param)
+        recorder = RecordingProxy(engine.url, scale_out=getattr(request, "param", True))
         await recorder.start(session)
         yield recorder
         assert recorder.runner is not None
