@@ -119,6 +119,9 @@ class RolloutConfig:
     # One LLM request: its timeout and how many servers to try before the rollout is filtered.
     llm_timeout_s: float = 600.0
     llm_attempts: int = 3
+    # How long one LLM request waits, in all, for a server to come back when every server is out
+    # of rotation (a restart), before it spends its remaining attempts anyway.
+    llm_unavailable_wait_s: float = 60.0
 
 
 @dataclass

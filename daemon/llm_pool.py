@@ -2,9 +2,11 @@
 load-balanced, sticky per rollout, with failover.
 
 Choosing a server for a call of rollout R:
-- Candidates: registered servers that are healthy, plus servers whose cool-down after a failure
-  has run out and that have nothing in flight (one probe request at a time; the first success
-  makes them healthy again, a failure starts a new cool-down).
+- Candidates: registered servers that are healthy, plus servers out of rotation that have
+  nothing in flight and whose health endpoint (GET /health) answered since they failed: it is
+  asked once their cool-down after the failure has run out (or earlier, see "Waiting out a
+  restart"). They get one probe request at a time; the first success makes them healthy again, a
+  failure starts a new cool-down.
 - Sticky: R goes to the server its previous call went to (its prefix is cached there) unless that
   server is no candidate or is overloaded: in_flight/weight > overload_factor * (the least loaded
   candidate's in_flight/weight) + 1. Otherwise (and for R's first call) the least loaded
@@ -13,19 +15,28 @@ Choosing a server for a call of rollout R:
 
 Failures (see client.LLMServerError): connection errors, timeouts, 5xx and malformed answers
 take the server out of rotation for `cooldown_s` and count a failure; 408/429 only count one. All
-of those are retried, on a server this call has not tried when there is one, at most
-`max_attempts` attempts per call, sleeping `backoff_s` doubling up to `max_backoff_s` before a
-retry that cannot go to a fresh server. Then LLMUnavailable. Any other 4xx raises
-LLMRequestRejected (a subclass of LLMUnavailable) at once: the request would fail anywhere.
-No server registered: LLMUnavailable at once.
+of those are retried, on a server this call has not tried when there is one, sleeping `backoff_s`
+doubling up to `max_backoff_s` before a retry that cannot go to a fresh server. A call makes
+`max_attempts` requests (attempts are requests, also with a single server) before it raises
+LLMUnavailable. Any other 4xx raises LLMRequestRejected (a subclass of LLMUnavailable) at once:
+the request would fail anywhere. No server registered: LLMUnavailable at once.
 
-`pool.generate` has GenerateFn's signature, so the agent loop can take it directly.
+Waiting out a restart: when every server is out of rotation, a call does not spend its attempts
+on servers known to be down. It polls their health endpoints (GET /health, one probe per server
+every `health_interval_s` whoever waits) and goes on as soon as one answers, which ends that
+server's cool-down early; it waits so at most `unavailable_wait_s` in all, then makes its
+remaining attempts anyway. So a restart of the only server costs the rollouts waiting on it the
+restart's time, not their sample.
+
+`pool.generate` has GenerateFn's signature, so the agent loop can take it directly, and
+`pool.context_length` is the agent loop's context window (the smallest the servers report).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -82,13 +93,21 @@ class _Server:
         self.requests = 0
         self.failures = 0
         self.removed = False
+        # The health probe in flight or last done (shared by every call waiting on the server).
+        self.health_probe: asyncio.Task[bool] | None = None
+        self.health_probed_at = -math.inf
+        # Out of rotation, and its health endpoint answered since: it may take a probe request.
+        self.confirmed = False
+        # The server's context window once it said (None: it reports none); unknown until then.
+        self.context_length: int | None = None
+        self.context_known = False
 
     @property
     def load(self) -> float:
         return self.in_flight / self.weight
 
-    def is_candidate(self, now: float) -> bool:
-        return self.healthy or (now >= self.down_until and self.in_flight == 0)
+    def is_candidate(self) -> bool:
+        return self.healthy or (self.confirmed and self.in_flight == 0)
 
     def stats(self) -> ServerStats:
         return ServerStats(
@@ -140,6 +159,8 @@ class LLMPool:
         max_backoff_s: float = 4.0,
         overload_factor: float = 2.0,
         cooldown_s: float = 15.0,
+        unavailable_wait_s: float = 60.0,
+        health_interval_s: float = 0.5,
         session: aiohttp.ClientSession | None = None,
         max_sticky: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
@@ -152,6 +173,8 @@ class LLMPool:
         self.max_backoff_s = max_backoff_s
         self.overload_factor = overload_factor
         self.cooldown_s = cooldown_s
+        self.unavailable_wait_s = unavailable_wait_s
+        self.health_interval_s = health_interval_s
         self.max_sticky = max_sticky
         self._clock = clock
         self._servers: dict[str, _Server] = {}
@@ -197,6 +220,23 @@ class LLMPool:
     def snapshot(self) -> list[ServerStats]:
         return [server.stats() for server in self._servers.values()]
 
+    async def context_length(self) -> int | None:
+        """The smallest context window the registered servers report (GET /v1/models'
+        max_model_len), so that a request fits whichever server takes it; None when none reports
+        one. Each server is asked until it answers once; one that cannot be reached now is left
+        out this time."""
+        lengths: list[int] = []
+        for server in list(self._servers.values()):
+            if not server.context_known:
+                try:
+                    server.context_length = await asyncio.wait_for(self._client(server).context_length(), 5)
+                except (LLMServerError, TimeoutError):
+                    continue
+                server.context_known = True
+            if server.context_length is not None:
+                lengths.append(server.context_length)
+        return min(lengths) if lengths else None
+
     def forget(self, rollout_id: str) -> None:
         """Drops the rollout's stickiness (call when the rollout ends)."""
         self._sticky.pop(rollout_id, None)
@@ -209,15 +249,19 @@ class LLMPool:
         tried: set[str] = set()
         last_error = "no LLM server is available"
         backoff = self.backoff_s
-        for _ in range(self.max_attempts):
+        wait_deadline = self._clock() + self.unavailable_wait_s
+        for attempt in range(self.max_attempts):
+            await self._confirm_cooled_down()
             server = self._choose(rollout_id, tried)
-            if server is None or server.address in tried:
-                # Nothing fresh to try: back off, then take whatever is available by then.
+            if attempt and (server is None or server.address in tried):
+                # Nothing fresh to try: back off first.
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.max_backoff_s)
                 server = self._choose(rollout_id, tried)
-                if server is None:
-                    continue
+            if server is None:
+                server = await self._wait_for_server(rollout_id, tried, wait_deadline)
+            if server is None:
+                raise LLMUnavailable("no LLM server is registered")
             tried.add(server.address)
             try:
                 with routed(rollout_id):
@@ -230,6 +274,42 @@ class LLMPool:
             self._stick(rollout_id, server.address)
             return generation
         raise LLMUnavailable(f"no LLM server could generate after {self.max_attempts} attempts: {last_error}")
+
+    async def _wait_for_server(self, rollout_id: str, tried: set[str], deadline: float) -> _Server | None:
+        """Every server is out of rotation: polls their health endpoints until one answers (its
+        cool-down ends) or `deadline` passes; then the server for the attempt: a candidate, else
+        (past the deadline) the one whose cool-down ends first. None when none is registered."""
+        while True:
+            server = self._choose(rollout_id, tried)
+            if server is not None or not self._servers:
+                return server
+            if self._clock() >= deadline:
+                return min(self._servers.values(), key=lambda s: (s.in_flight, s.down_until, s.order))
+            for waiting in list(self._servers.values()):
+                if not waiting.healthy and not waiting.confirmed:
+                    waiting.confirmed = await self._healthy(waiting)
+            if self._choose(rollout_id, tried) is None:
+                await asyncio.sleep(max(0.0, min(self.health_interval_s, deadline - self._clock())))
+
+    async def _confirm_cooled_down(self) -> None:
+        """Asks the health endpoint of each server whose cool-down has run out whether it may
+        take a probe request."""
+        now = self._clock()
+        for server in list(self._servers.values()):
+            if not server.healthy and not server.confirmed and now >= server.down_until:
+                server.confirmed = await self._healthy(server)
+
+    async def _healthy(self, server: _Server) -> bool:
+        """The server's health endpoint answers (one probe at a time and at most one per
+        `health_interval_s`, shared by every call that asks)."""
+        try:
+            probe = server.health_probe
+            if probe is None or (probe.done() and self._clock() - server.health_probed_at >= self.health_interval_s):
+                server.health_probed_at = self._clock()
+                probe = server.health_probe = asyncio.create_task(self._client(server).health())
+            return await asyncio.shield(probe)
+        except Exception:  # noqa: BLE001 - a probe that fails says "not healthy", whatever the cause
+            return False
 
     async def _call(self, server: _Server, prompt_ids: list[int], sampling: SamplingOptions) -> Generation:
         client = self._client(server)
@@ -245,6 +325,7 @@ class LLMPool:
                         "LLM server %s taken out of rotation for %.0f s: %s", server.address, self.cooldown_s, error
                     )
                 server.healthy = False
+                server.confirmed = False
                 server.down_until = self._clock() + self.cooldown_s
             raise
         finally:
@@ -257,8 +338,7 @@ class LLMPool:
     def _choose(self, rollout_id: str, tried: set[str]) -> _Server | None:
         """The server for the next attempt (see the module docstring); one already tried only when
         no untried candidate is left; None when no server is a candidate."""
-        now = self._clock()
-        candidates = [s for s in self._servers.values() if s.is_candidate(now)]
+        candidates = [s for s in self._servers.values() if s.is_candidate()]
         if not candidates:
             return None
         fresh = [s for s in candidates if s.address not in tried]
@@ -297,6 +377,9 @@ class LLMPool:
     async def close(self) -> None:
         """Closes the shared session (when the pool created it). Registered servers stay."""
         for server in self._servers.values():
+            if server.health_probe is not None:
+                server.health_probe.cancel()
+                server.health_probe = None
             server.client = None
         if self._owns_session and self._session is not None:
             await self._session.close()

@@ -26,7 +26,11 @@ class RolloutRuntime:
     pipeline uses the same SDK calls as any trainer)."""
 
     def __init__(self, config: RolloutConfig, socket_path: Path) -> None:
-        self.llms = LLMPool(timeout_s=config.llm_timeout_s, max_attempts=config.llm_attempts)
+        self.llms = LLMPool(
+            timeout_s=config.llm_timeout_s,
+            max_attempts=config.llm_attempts,
+            unavailable_wait_s=config.llm_unavailable_wait_s,
+        )
         self.client = AsyncClient(f"unix://{socket_path}")
         self.pipeline = RolloutPipeline(
             self.client,
@@ -35,6 +39,7 @@ class RolloutRuntime:
             settings=pipeline_settings(config),
             has_llm=lambda: len(self.llms) > 0,
             forget_rollout=self.llms.forget,
+            context_length=self.llms.context_length,
         )
 
     def start(self) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from corral.rollout.tool_calls import ToolCallFormat, ToolCallParseError, parse_tool_calls
@@ -56,7 +56,8 @@ class AgentLoop:
     """One rollout's agent loop. `self.trajectory` is built in place while `run` runs.
 
     `sampling.max_new_tokens` is replaced on each turn by min(max_new_tokens_per_turn, room left
-    under max_total_tokens), and the tokenizer's end-of-turn ids are added to its stop ids.
+    under max_total_tokens), where max_total_tokens is the smaller of the limit and the context
+    window `context_length()` reports (the LLM servers' max_model_len), and the tokenizer's end-of-turn ids are added to its stop ids.
     `policy_version()` is the weight version of generations whose server reports none.
     """
 
@@ -72,6 +73,7 @@ class AgentLoop:
         rollout_id: str,
         policy_version: Callable[[], int],
         on_turn: Callable[[TurnRecord], None] | None = None,
+        context_length: Callable[[], Awaitable[int | None]] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.generate = generate
@@ -82,6 +84,7 @@ class AgentLoop:
         self.rollout_id = rollout_id
         self.policy_version = policy_version
         self.on_turn = on_turn
+        self.context_length = context_length
         self.trajectory = Trajectory()
 
     async def run(self, messages: Sequence[dict[str, str]]) -> Trajectory:
@@ -93,7 +96,8 @@ class AgentLoop:
         stop_ids = tuple(dict.fromkeys((*self.sampling.stop_token_ids, *self.tokenizer.end_of_turn_ids)))
         consecutive_errors = 0
         for index in range(self.limits.max_turns):
-            room = self.limits.max_total_tokens - self._length()
+            max_total = await self._max_total_tokens()
+            room = max_total - self._length()
             if room < 1:
                 trajectory.finish_reason = FinishReason.CONTEXT_FULL
                 return trajectory
@@ -132,7 +136,7 @@ class AgentLoop:
                 history = trajectory.messages
                 observation_ids = list(self.tokenizer.encode_continuation(history, generation.output_ids, observations))
                 next_length = self._length() + len(generation.output_ids) + len(observation_ids)
-                if next_length + 1 > self.limits.max_total_tokens:
+                if next_length + 1 > max_total:
                     finish = FinishReason.CONTEXT_FULL
                 elif consecutive_errors >= self.limits.max_consecutive_format_errors:
                     finish = FinishReason.UNPARSABLE
@@ -164,6 +168,12 @@ class AgentLoop:
                 return trajectory
         trajectory.finish_reason = FinishReason.MAX_TURNS  # max_turns 0
         return trajectory
+
+    async def _max_total_tokens(self) -> int:
+        """max_total_tokens, or the LLM servers' context window when that is smaller: the rollout
+        ends as CONTEXT_FULL (and is evaluated) before a server would refuse its prompt."""
+        window = await self.context_length() if self.context_length is not None else None
+        return min(self.limits.max_total_tokens, window) if window else self.limits.max_total_tokens
 
     def _with_instructions(self, messages: Sequence[dict[str, str]]) -> list[dict[str, str]]:
         """The prompt with the tool instructions appended to its system message (one is put first

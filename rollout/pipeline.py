@@ -24,7 +24,7 @@ import enum
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from corral.rollout import results
@@ -167,6 +167,7 @@ class RolloutPipeline:
         settings: PipelineSettings = PipelineSettings(),
         has_llm: Callable[[], bool] = lambda: True,
         forget_rollout: Callable[[str], None] = lambda rollout_id: None,
+        context_length: Callable[[], Awaitable[int | None]] | None = None,
     ) -> None:
         self._client = client
         self._generate = generate
@@ -175,6 +176,8 @@ class RolloutPipeline:
         self._has_llm = has_llm
         # Told when a rollout ends, so the LLM pool drops the rollout's server affinity.
         self._forget_rollout = forget_rollout
+        # The LLM servers' context window (the agent loop ends a rollout as CONTEXT_FULL within it).
+        self._context_length = context_length
         self._queues = {stage: asyncio.Queue[Rollout](settings.stage(stage).queue_size) for stage in Stage}
         self._counters = {stage: StageCounters() for stage in Stage}
         self._workers: list[asyncio.Task] = []
@@ -388,6 +391,7 @@ class RolloutPipeline:
             rollout_id=rollout.rollout_id,
             policy_version=lambda: self.policy_version,
             on_turn=self._turn_sink(rollout),
+            context_length=self._context_length,
         )
         rollout.trajectory = loop.trajectory
         try:

@@ -276,7 +276,9 @@ def local_daemon(tmp_path_factory) -> Iterator[DaemonProcess]:
     require_backend("local")
     root = tmp_path_factory.mktemp("daemon-local")
     config = root / "corral.toml"
-    config.write_text(shared_daemon_config(""))
+    # Rollouts wait 2 s, not a minute, for a down LLM server to come back: tests of a server that
+    # is down stay short.
+    config.write_text(shared_daemon_config("[rollout]\nllm_unavailable_wait_s = 2\n"))
     proc = DaemonProcess(root, "--config", str(config)).start()
     proc.backend = "local"
     yield proc

@@ -60,6 +60,15 @@ class LLMClient(Protocol):
         """Raises LLMServerError."""
         ...
 
+    async def health(self) -> bool:
+        """The server's health endpoint answers 200 (False for any failure)."""
+        ...
+
+    async def context_length(self) -> int | None:
+        """The longest sequence (prompt and generated tokens) the server accepts; None when it
+        does not say. Raises LLMServerError when it cannot be asked."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -74,6 +83,31 @@ class HTTPClientBase:
         self.timeout_s = timeout_s
         self._session = session
         self._owns_session = session is None
+        # GET /v1/models' "data", once it answered (None: not asked yet; []: the server has none).
+        self._models: list[dict[str, Any]] | None = None
+
+    async def models(self) -> list[dict[str, Any]]:
+        """The entries of GET /v1/models (asked once); [] when the server has no such endpoint
+        (404). Raises LLMServerError for other failures (asked again next time)."""
+        if self._models is None:
+            try:
+                data = await self._request("GET", "/v1/models", timeout_s=30)
+            except LLMServerError as error:
+                if error.status != 404:
+                    raise
+                data = {}
+            entries = data.get("data") if isinstance(data, dict) else None
+            self._models = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+        return self._models
+
+    async def context_length(self) -> int | None:
+        """`max_model_len` of the served model as GET /v1/models reports it (vLLM, and SGLang's
+        OpenAI-compatible server); None when it reports none."""
+        models = await self.models()
+        model = getattr(self, "model", "")
+        entry = next((m for m in models if model and m.get("id") == model), models[0] if models else None)
+        length = int_or_none(entry.get("max_model_len")) if entry is not None else None
+        return length if length is not None and length > 0 else None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -156,3 +190,16 @@ def optional_sampling_fields(sampling: SamplingOptions) -> dict[str, Any]:
     if sampling.stop_token_ids:
         fields["stop_token_ids"] = list(sampling.stop_token_ids)
     return fields
+
+
+def weight_version(meta: dict[str, Any]) -> int | None:
+    """The weight version of a generation: the oldest of the "weight_versions" spans when the
+    server reports spans ([{"version", "start", "end"}]: weights changed mid-generation; the
+    oldest is what staleness is measured by), else "weight_version"; None unless it is an integer
+    (vLLM's unlabelled weights are "default")."""
+    spans = meta.get("weight_versions")
+    if isinstance(spans, list) and spans:
+        versions = [int_or_none(span.get("version")) for span in spans if isinstance(span, dict)]
+        if versions and all(v is not None for v in versions):
+            return min(v for v in versions if v is not None)
+    return int_or_none(meta.get("weight_version"))

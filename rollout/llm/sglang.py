@@ -27,6 +27,7 @@ from corral.rollout.llm.client import (
     int_or_none,
     optional_sampling_fields,
     protocol_error,
+    weight_version,
 )
 from corral.rollout.types import Generation, SamplingOptions
 
@@ -137,15 +138,3 @@ class SGLangClient(HTTPClientBase):
         except LLMServerError:
             return False
         return True
-
-
-def weight_version(meta: dict[str, Any]) -> int | None:
-    """The weight version of a generation: the oldest of the "weight_versions" spans when the
-    server reports spans (weights changed mid-generation; the oldest is what staleness is measured
-    by), else "weight_version"; None unless it is an integer."""
-    spans = meta.get("weight_versions")
-    if isinstance(spans, list) and spans:
-        versions = [int_or_none(span.get("version")) for span in spans if isinstance(span, dict)]
-        if versions and all(v is not None for v in versions):
-            return min(v for v in versions if v is not None)
-    return int_or_none(meta.get("weight_version"))

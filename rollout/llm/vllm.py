@@ -1,6 +1,18 @@
-"""Token-in/token-out client for vLLM's OpenAI-compatible POST /v1/completions.
+"""Token-in/token-out client for vLLM: its token-in/token-out POST /inference/v1/generate where the
+server offers it (vLLM started with --enable-scale-out), else the OpenAI-compatible POST
+/v1/completions. The first generation finds out which (403 or 404 from /inference/v1/generate:
+completions from then on).
 
-Request: {"model", "prompt": [ids], "max_tokens", "temperature", "top_p", "top_k", "stop",
+/inference/v1/generate: {"model", "token_ids": [ids], "sampling_params": {max_tokens, temperature,
+top_p, top_k, stop, stop_token_ids, "logprobs": 0, skip_special_tokens: false,
+include_stop_str_in_output: true}, "stream": false}; choices[0] with "token_ids",
+"logprobs": {"content": [{"token_id", "logprob"}, ...]}, "finish_reason", "stop_reason" and
+"weight_versions" spans ([{"version", "start", "end"}]: the label the weights had while each token
+was sampled, set by the trainer through vLLM's /update_weight_version or /finish_weight_update).
+An integer label is the generation's weight version (the oldest, when it changed mid-generation);
+vLLM's unlabelled "default" is none, and the daemon's policy version stands in.
+
+/v1/completions request: {"model", "prompt": [ids], "max_tokens", "temperature", "top_p", "top_k", "stop",
 "stop_token_ids", "logprobs": 1, "return_token_ids": true, "return_tokens_as_token_ids": true,
 "skip_special_tokens": false, "include_stop_str_in_output": true, "n": 1, "stream": false}.
 
@@ -11,9 +23,15 @@ read from logprobs.tokens, which return_tokens_as_token_ids writes as "token_id:
 
 vLLM's token ids keep the token generation stopped on; should a server drop it all the same
 (finish "stop", an int stop_reason that is not the last id), the client appends it with logprob
-0.0 (unknown). vLLM reports no weight version: Generation.weight_version is None.
+0.0 (unknown). /v1/completions reports no weight version: Generation.weight_version is None.
 
-The model name: the one given, else the first of GET /v1/models (asked once).
+Logprobs: vLLM returns those of the model's raw distribution (before temperature, top-k and top-p)
+unless it runs with --logprobs-mode processed_logprobs. A sampling that reshapes the distribution
+needs processed ones; the client probes the server once (`logprobs_mode`) and refuses such a
+sampling from a server that returns anything else (LLMServerError, not retryable).
+
+The model name: the one given, else the first of GET /v1/models (asked once). The context window:
+that entry's "max_model_len" (`context_length`), which the agent loop keeps every request within.
 """
 
 from __future__ import annotations
@@ -29,10 +47,18 @@ from corral.rollout.llm.client import (
     int_or_none,
     optional_sampling_fields,
     protocol_error,
+    weight_version,
 )
 from corral.rollout.types import Generation, SamplingOptions
 
 _TOKEN_ID_PREFIX = "token_id:"
+GENERATE_PATH = "/inference/v1/generate"
+COMPLETIONS_PATH = "/v1/completions"
+
+# What vLLM's logprobs are (its --logprobs-mode), as the probe in `logprobs_mode` tells them apart.
+PROCESSED_LOGPROBS = "processed_logprobs"  # of the sampling distribution: what a trainer needs
+RAW_LOGPROBS = "raw_logprobs"  # of the model's distribution before temperature, top-k, top-p
+LOGITS = "logits"  # raw_logits or processed_logits: not log-probabilities at all
 
 
 class VLLMClient(HTTPClientBase):
@@ -46,6 +72,10 @@ class VLLMClient(HTTPClientBase):
         super().__init__(base_url, session=session, timeout_s=timeout_s)
         self.model = model
         self._model_lock = asyncio.Lock()
+        self._logprobs_mode: str | None = None
+        self._probe_lock = asyncio.Lock()
+        # Whether the server offers GENERATE_PATH (None: not known until the first generation).
+        self.token_endpoint: bool | None = None
 
     async def resolve_model(self) -> str:
         """The model name requests carry: the configured one, else the server's first."""
@@ -53,9 +83,8 @@ class VLLMClient(HTTPClientBase):
             return self.model
         async with self._model_lock:
             if not self.model:
-                data = await self._request("GET", "/v1/models", timeout_s=30)
-                models = data.get("data") if isinstance(data, dict) else None
-                if not models or not isinstance(models[0], dict) or not models[0].get("id"):
+                models = await self.models()
+                if not models or not models[0].get("id"):
                     raise protocol_error(self.base_url, "GET /v1/models lists no model")
                 self.model = str(models[0]["id"])
         return self.model
@@ -78,16 +107,96 @@ class VLLMClient(HTTPClientBase):
         body.update(optional_sampling_fields(sampling))
         return body
 
+    async def logprobs_mode(self) -> str:
+        """Which logprobs the server returns, found once by a probe: two tokens at temperature 1
+        with top_k 1, where the sampling distribution keeps one token, so its processed logprobs
+        are exactly 0.0, raw logprobs (the model's own) are below 0, and logits are anything."""
+        async with self._probe_lock:  # one probe, whoever asks while it runs
+            if self._logprobs_mode is None:
+                model = await self.resolve_model()
+                body = self.request_body(model, [0], SamplingOptions(max_new_tokens=2, temperature=1.0, top_k=1))
+                values = self.parse(await self._request("POST", COMPLETIONS_PATH, body, timeout_s=60)).logprobs
+                if values and all(value == 0.0 for value in values):
+                    self._logprobs_mode = PROCESSED_LOGPROBS
+                elif all(value <= 0.0 for value in values):
+                    self._logprobs_mode = RAW_LOGPROBS
+                else:
+                    self._logprobs_mode = LOGITS
+            return self._logprobs_mode
+
+    async def check_logprobs(self, sampling: SamplingOptions) -> None:
+        """Refuses (not retryable) to generate with a sampling that reshapes the distribution
+        (temperature other than 0 or 1, top-p, top-k) from a server whose logprobs are not those
+        of the sampling distribution: a trainer would take them for the behaviour policy's."""
+        reshaped = sampling.temperature > 0 and (
+            sampling.temperature != 1.0 or sampling.top_p < 1.0 or sampling.top_k > 0
+        )
+        if not reshaped:
+            return  # raw and processed logprobs are the same thing
+        mode = await self.logprobs_mode()
+        if mode != PROCESSED_LOGPROBS:
+            raise LLMServerError(
+                f"{self.base_url} returns {mode.replace('_', ' ')}, not the logprobs of the sampling distribution "
+                f"(temperature {sampling.temperature:g}, top_p {sampling.top_p:g}, top_k {sampling.top_k}): "
+                "start vLLM with --logprobs-mode processed_logprobs",
+                server=self.base_url,
+                retryable=False,
+            )
+
+    def generate_body(self, model: str, input_ids: list[int], sampling: SamplingOptions) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 0,  # the sampled token's only
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            "n": 1,
+        }
+        params.update(optional_sampling_fields(sampling))
+        return {"model": model, "token_ids": list(input_ids), "sampling_params": params, "stream": False}
+
     async def generate(self, input_ids: list[int], sampling: SamplingOptions) -> Generation:
         model = await self.resolve_model()
-        data = await self._request("POST", "/v1/completions", self.request_body(model, input_ids, sampling))
+        await self.check_logprobs(sampling)
+        if self.token_endpoint is not False:
+            try:
+                data = await self._request("POST", GENERATE_PATH, self.generate_body(model, input_ids, sampling))
+            except LLMServerError as error:
+                # 403: scale-out endpoints disabled; 404/405: a vLLM without them (also when a
+                # concurrent first generation found that out already).
+                if self.token_endpoint is True or error.status not in (403, 404, 405):
+                    raise
+                self.token_endpoint = False
+            else:
+                self.token_endpoint = True
+                return self.parse_generate(data)
+        data = await self._request("POST", COMPLETIONS_PATH, self.request_body(model, input_ids, sampling))
         return self.parse(data)
 
+    def parse_generate(self, data: Any) -> Generation:
+        """A Generation from /inference/v1/generate's answer (weight version from its spans)."""
+        choice = self._first_choice(data)
+        content = choice.get("logprobs", {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+        if not isinstance(content, list) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("logprob"), (int, float)) for entry in content
+        ):
+            raise protocol_error(self.base_url, "the generation has no logprobs.content (one per token)")
+        ids = choice.get("token_ids")
+        if not isinstance(ids, list) or not all(int_or_none(i) is not None for i in ids):
+            raise protocol_error(self.base_url, "token_ids is not a list of ids")
+        if [int_or_none(entry.get("token_id")) for entry in content] != [int(i) for i in ids]:
+            raise protocol_error(self.base_url, "logprobs.content names other ids than token_ids")
+        return self._generation(
+            [int(i) for i in ids],
+            [float(entry["logprob"]) for entry in content],
+            choice,
+            weight_version({"weight_versions": choice.get("weight_versions")}),
+        )
+
     def parse(self, data: Any) -> Generation:
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise protocol_error(self.base_url, "the completion has no choices")
-        choice = choices[0]
+        """A Generation from /v1/completions' answer."""
+        choice = self._first_choice(data)
         logprobs_obj = choice.get("logprobs")
         token_logprobs = logprobs_obj.get("token_logprobs") if isinstance(logprobs_obj, dict) else None
         if (
@@ -110,8 +219,19 @@ class VLLMClient(HTTPClientBase):
                 )
         if not isinstance(ids, list) or not all(int_or_none(i) is not None for i in ids):
             raise protocol_error(self.base_url, "token_ids is not a list of ids")
-        output_ids = [int(i) for i in ids]
+        return self._generation([int(i) for i in ids], logprobs, choice, None)
 
+    def _first_choice(self, data: Any) -> dict[str, Any]:
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise protocol_error(self.base_url, "the answer has no choices")
+        return choices[0]
+
+    def _generation(
+        self, output_ids: list[int], logprobs: list[float], choice: dict[str, Any], version: int | None
+    ) -> Generation:
+        """The Generation of a choice's ids and logprobs, with the stop token put back where the
+        server dropped it."""
         finish = str(choice.get("finish_reason") or "stop")
         stop_reason = choice.get("stop_reason")
         if (
@@ -126,7 +246,7 @@ class VLLMClient(HTTPClientBase):
         if len(logprobs) != len(output_ids):
             raise protocol_error(self.base_url, f"{len(output_ids)} token ids but {len(logprobs)} logprobs")
         return Generation(
-            output_ids=output_ids, logprobs=logprobs, finish_reason=finish, weight_version=None, server=self.base_url
+            output_ids=output_ids, logprobs=logprobs, finish_reason=finish, weight_version=version, server=self.base_url
         )
 
     async def health(self) -> bool:

@@ -145,15 +145,22 @@ def _draw(logits: torch.Tensor, params: GenerateParams, generator: torch.Generat
         return token, float(logprobs[token])
     scaled = logits / params.temperature
     logprobs = F.log_softmax(scaled, dim=-1)
+    filtered = truncated(scaled, params.top_k, params.top_p)
+    token = int(torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=generator))
+    return token, float(logprobs[token])
+
+
+def truncated(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """One position's temperature-scaled logits with -inf outside the top-k, then outside the
+    top-p nucleus: the logits of the distribution sampling draws from."""
     filtered = scaled.clone()
-    if 0 < params.top_k < filtered.numel():
-        kth = torch.topk(filtered, params.top_k).values[-1]
+    if 0 < top_k < filtered.numel():
+        kth = torch.topk(filtered, top_k).values[-1]
         filtered[filtered < kth] = -math.inf
-    if params.top_p < 1.0:
+    if top_p < 1.0:
         sorted_logits, order = torch.sort(filtered, descending=True)
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= params.top_p
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p
         filtered[order[drop]] = -math.inf
-    token = int(torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=generator))
-    return token, float(logprobs[token])
+    return filtered

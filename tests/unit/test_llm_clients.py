@@ -12,16 +12,18 @@ import pytest
 from aiohttp import ClientSession, web
 
 from corral.daemon.llm_pool import LLMPool, ServerAlreadyRegistered, UnknownServer
+from corral.rollout.agent_loop import AgentLimits, AgentLoop
 from corral.rollout.llm.client import LLMRequestRejected, LLMServerError
 from corral.rollout.llm.routing import ROUTING_KEY_HEADER
 from corral.rollout.llm.sglang import SGLangClient
 from corral.rollout.llm.vllm import VLLMClient
-from corral.rollout.reference.policies import GenerateParams
+from corral.rollout.reference.policies import GenerateParams, PolicyOutput
 from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
-from corral.rollout.reference.tiny import TinyPolicy
+from corral.rollout.reference.tiny import TinyPolicy, truncated
 from corral.rollout.tokenizer import ByteChatTokenizer
-from corral.rollout.types import LLMUnavailable, SamplingOptions
+from corral.rollout.tool_calls import ToolCallFormat
+from corral.rollout.types import FinishReason, LLMUnavailable, SamplingOptions
 from corral.sdk.errors import InvalidArgument
 from corral.v1 import rollout_pb2 as pb
 
@@ -135,11 +137,27 @@ class VLLMStandIn:
     GET /v1/models and POST /v1/completions with a token-id prompt, shaped as vLLM answers
     (choices[0].token_ids with return_token_ids, logprobs.tokens as "token_id:<id>",
     finish_reason and stop_reason), generating with the tiny policy. With `old=True` it answers
-    like vLLM before 0.10.2 (no token_ids field)."""
+    like vLLM before 0.10.2 (no token_ids field). Its context window is `max_model_len`, kept as
+    vLLM keeps it: max_tokens is cut to the room left, a prompt that fills it is refused (400).
+    Its logprobs are those vLLM returns in `logprobs_mode`: "processed_logprobs" (of the sampling
+    distribution: temperature, top-k, top-p) or "raw_logprobs" (of the model's distribution).
+    POST /inference/v1/generate answers 403 as vLLM does unless `scale_out`, then generates with
+    `weight_label` as the weight version of every token."""
 
-    def __init__(self, old: bool = False) -> None:
+    def __init__(
+        self,
+        old: bool = False,
+        max_model_len: int = 1 << 16,
+        logprobs_mode: str = "processed_logprobs",
+        scale_out: bool = False,
+    ) -> None:
         self.policy = TinyPolicy(seed=1)
         self.old = old
+        self.max_model_len = max_model_len
+        self.logprobs_mode = logprobs_mode
+        self.scale_out = scale_out
+        self.weight_label = "default"
+        self.generate_bodies: list[dict] = []
         self.bodies: list[dict] = []
         self.models_asked = 0
         self.runner: web.AppRunner | None = None
@@ -148,6 +166,7 @@ class VLLMStandIn:
         app = web.Application()
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/inference/v1/generate", self.generate_tokens)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
@@ -159,22 +178,58 @@ class VLLMStandIn:
 
     async def models(self, request: web.Request) -> web.Response:
         self.models_asked += 1
-        return web.json_response({"object": "list", "data": [{"id": "tiny-byte-lm", "object": "model"}]})
+        entry = {"id": "tiny-byte-lm", "object": "model", "max_model_len": self.max_model_len}
+        return web.json_response({"object": "list", "data": [entry]})
+
+    def refusal(self, model: str | None, prompt: list[int]) -> web.Response | None:
+        if model != "tiny-byte-lm":
+            return web.json_response({"object": "error", "message": "model not found", "code": 404}, status=404)
+        if len(prompt) >= self.max_model_len:
+            message = f"The decoder prompt (length {len(prompt)}) is longer than the maximum model length"
+            return web.json_response({"object": "error", "message": message, "code": 400}, status=400)
+        return None
+
+    async def sample(self, prompt: list[int], fields: dict) -> PolicyOutput:
+        params = GenerateParams(
+            max_new_tokens=min(fields["max_tokens"], self.max_model_len - len(prompt)),
+            temperature=fields.get("temperature", 1.0),
+            top_p=fields.get("top_p", 1.0),
+            top_k=fields.get("top_k", -1),
+            stop_token_ids=tuple(fields.get("stop_token_ids", ())),
+            seed=fields.get("seed"),
+        )
+        out = await self.policy.generate(prompt, params)
+        return out._replace(logprobs=self.recomputed_logprobs(prompt, out.output_ids, params))
+
+    async def generate_tokens(self, request: web.Request) -> web.Response:
+        """POST /inference/v1/generate, as vLLM answers it with and without --enable-scale-out."""
+        if not self.scale_out:
+            message = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+            return web.json_response({"error": {"message": message, "code": 403}}, status=403)
+        body = await request.json()
+        self.generate_bodies.append(body)
+        refused = self.refusal(body.get("model"), body["token_ids"])
+        if refused is not None:
+            return refused
+        fields = body["sampling_params"]
+        out = await self.sample(body["token_ids"], fields)
+        choice = {
+            "index": 0,
+            "token_ids": out.output_ids,
+            "logprobs": {"content": [{"token_id": i, "logprob": lp} for i, lp in zip(out.output_ids, out.logprobs)]},
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.matched if out.matched in fields.get("stop_token_ids", ()) else None,
+            "weight_versions": [{"version": self.weight_label, "start": 0, "end": len(out.output_ids)}],
+        }
+        return web.json_response({"request_id": "gen-1", "choices": [choice]})
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
-        if body.get("model") != "tiny-byte-lm":
-            return web.json_response({"object": "error", "message": "model not found", "code": 404}, status=404)
-        params = GenerateParams(
-            max_new_tokens=body["max_tokens"],
-            temperature=body.get("temperature", 1.0),
-            top_p=body.get("top_p", 1.0),
-            top_k=body.get("top_k", -1),
-            stop_token_ids=tuple(body.get("stop_token_ids", ())),
-            seed=body.get("seed"),
-        )
-        out = await self.policy.generate(body["prompt"], params)
+        refused = self.refusal(body.get("model"), body["prompt"])
+        if refused is not None:
+            return refused
+        out = await self.sample(body["prompt"], body)
         choice = {
             "index": 0,
             "text": TOK.decode(out.output_ids),
@@ -200,6 +255,24 @@ class VLLMStandIn:
             }
         )
 
+    def recomputed_logprobs(self, prompt: list[int], output_ids: list[int], params: GenerateParams) -> list[float]:
+        return stand_in_logprobs(self.policy, prompt, output_ids, params, self.logprobs_mode)
+
+
+def stand_in_logprobs(
+    policy: TinyPolicy, prompt: list[int], output_ids: list[int], params: GenerateParams, mode: str
+) -> list[float]:
+    """The logprobs of `output_ids` as vLLM reports them in logprobs mode `mode`."""
+    import torch
+    from torch.nn import functional as F
+
+    with torch.no_grad():
+        logits, _ = policy.model(torch.tensor([prompt + output_ids]))
+    rows = logits[0, len(prompt) - 1 : -1].float()
+    if mode == "processed_logprobs" and params.temperature > 0:
+        rows = torch.stack([truncated(row / params.temperature, params.top_k, params.top_p) for row in rows])
+    return F.log_softmax(rows, -1).gather(-1, torch.tensor(output_ids)[:, None]).squeeze(-1).tolist()
+
 
 @pytest.mark.parametrize("old", [False, True], ids=["token_ids", "logprob_tokens"])
 async def test_vllm_client_against_a_completions_stand_in(old):
@@ -212,29 +285,21 @@ async def test_vllm_client_against_a_completions_stand_in(old):
             PROMPT, SamplingOptions(max_new_tokens=30, temperature=1.0, stop_token_ids=(IM_END_ID,))
         )
         assert stand_in.models_asked == 1 and client.model == "tiny-byte-lm"
-        body = stand_in.bodies[0]
+        probe, body = stand_in.bodies[:2]  # the logprobs-mode probe (top_k 1), then the generation
+        assert probe["prompt"] == [0] and probe["top_k"] == 1 and len(stand_in.bodies) == 3
         assert body["prompt"] == PROMPT and body["max_tokens"] == 16 and body["logprobs"] == 1
         assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
         assert body["top_k"] == 50 and "stop_token_ids" not in body
-        assert stand_in.bodies[1]["stop_token_ids"] == [IM_END_ID]
+        assert stand_in.bodies[2]["stop_token_ids"] == [IM_END_ID]
         for generation in (first, second):
             assert len(generation.output_ids) == len(generation.logprobs) >= 1
             assert all(math.isfinite(lp) and lp <= 0 for lp in generation.logprobs)
             assert generation.weight_version is None and generation.server == url
             assert generation.finish_reason in ("stop", "length")
         assert len(first.output_ids) == 16 or first.finish_reason == "stop"
-        # The logprobs are the policy's own (recomputed from its model).
-        import torch
-        from torch.nn import functional as F
-
-        with torch.no_grad():
-            logits, _ = stand_in.policy.model(torch.tensor([PROMPT + first.output_ids]))
-        expected = (
-            F.log_softmax(logits[0, len(PROMPT) - 1 : -1] / 0.9, -1)
-            .gather(-1, torch.tensor(first.output_ids)[:, None])
-            .squeeze(-1)
-            .tolist()
-        )
+        # The logprobs are those of the sampling distribution (recomputed from the policy's model).
+        sampled = GenerateParams(max_new_tokens=16, temperature=0.9, top_k=50)
+        expected = stand_in_logprobs(stand_in.policy, PROMPT, first.output_ids, sampled, "processed_logprobs")
         assert first.logprobs == pytest.approx(expected, abs=1e-4)
     finally:
         await client.close()
@@ -259,6 +324,81 @@ async def test_vllm_client_uses_the_given_model_and_maps_errors():
         await gone.generate(PROMPT, SHORT)
     await gone.close()
     assert info.value.retryable and info.value.status is None
+
+
+async def test_vllm_client_refuses_raw_logprobs_for_a_reshaped_distribution():
+    """A vLLM server started without --logprobs-mode processed_logprobs returns the logprobs of
+    the model's raw distribution: at temperature 0.7 / top-k 50 they are not the behaviour
+    policy's. The client finds the mode with one probe and refuses such a sampling (not
+    retryable, so the pool does not try it elsewhere); plain sampling is the same either way."""
+    reshaped = SamplingOptions(max_new_tokens=8, temperature=0.7, top_k=50)
+    raw, processed = VLLMStandIn(logprobs_mode="raw_logprobs"), VLLMStandIn()
+    raw_url, processed_url = await raw.start(), await processed.start()
+    raw_client, processed_client = VLLMClient(raw_url, timeout_s=10), VLLMClient(processed_url, timeout_s=10)
+    try:
+        with pytest.raises(LLMServerError, match="--logprobs-mode processed_logprobs") as info:
+            await raw_client.generate(PROMPT, reshaped)
+        assert not info.value.retryable and await raw_client.logprobs_mode() == "raw_logprobs"
+        plain = await raw_client.generate(PROMPT, SamplingOptions(max_new_tokens=8, temperature=1.0))
+        assert len(plain.output_ids) == len(plain.logprobs) >= 1
+        assert await processed_client.logprobs_mode() == "processed_logprobs"
+        generation = await processed_client.generate(PROMPT, reshaped)
+        params = GenerateParams(max_new_tokens=8, temperature=0.7, top_k=50)
+        raw_view = stand_in_logprobs(processed.policy, PROMPT, generation.output_ids, params, "raw_logprobs")
+        assert generation.logprobs != pytest.approx(raw_view, abs=1e-3)  # the two modes differ
+        # One probe per server, whatever the number of generations.
+        await processed_client.generate(PROMPT, reshaped)
+        assert sum(body["prompt"] == [0] for body in processed.bodies) == 1
+    finally:
+        for client in (raw_client, processed_client):
+            await client.close()
+        await raw.stop()
+        await processed.stop()
+
+
+async def test_vllm_client_takes_weight_versions_from_the_token_endpoint_where_the_engine_has_it():
+    """With scale-out, vLLM's /inference/v1/generate labels each token with the weights that
+    sampled it: an integer label is the generation's weight version (else none, and the daemon's
+    policy version stands in). Without it (403), the client falls back to /v1/completions, once."""
+    scale_out, plain = VLLMStandIn(scale_out=True), VLLMStandIn()
+    scale_out_url, plain_url = await scale_out.start(), await plain.start()
+    labelled, unlabelled = VLLMClient(scale_out_url, timeout_s=10), VLLMClient(plain_url, timeout_s=10)
+    sampling = SamplingOptions(max_new_tokens=6, temperature=0.8, stop_token_ids=(IM_END_ID,))
+    try:
+        assert (await labelled.generate(PROMPT, sampling)).weight_version is None  # "default"
+        scale_out.weight_label = "12"
+        generation = await labelled.generate(PROMPT, sampling)
+        assert generation.weight_version == 12 and len(generation.output_ids) == len(generation.logprobs) >= 1
+        body = scale_out.generate_bodies[-1]
+        assert body["token_ids"] == PROMPT and body["sampling_params"]["logprobs"] == 0
+        assert body["sampling_params"]["stop_token_ids"] == [IM_END_ID]
+        assert labelled.token_endpoint is True and len(scale_out.bodies) == 1  # the logprobs probe only
+        # Concurrent first generations all fall back, then the endpoint is not asked again.
+        generations = await asyncio.gather(*(unlabelled.generate(PROMPT, sampling) for _ in range(3)))
+        assert all(g.weight_version is None for g in generations)
+        assert (await unlabelled.generate(PROMPT, sampling)).weight_version is None
+        assert unlabelled.token_endpoint is False and len(plain.bodies) == 5  # probe and four generations
+    finally:
+        for client in (labelled, unlabelled):
+            await client.close()
+        await scale_out.stop()
+        await plain.stop()
+
+
+def test_vllm_parse_generate_reads_weight_version_spans():
+    client = VLLMClient("http://127.0.0.1:1", model="m")
+    choice = {
+        "token_ids": [5, 6, 7],
+        "finish_reason": "length",
+        "logprobs": {"content": [{"token_id": 5, "logprob": -1.0}, {"token_id": 6, "logprob": -2.0}]},
+        "weight_versions": [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}],
+    }
+    with pytest.raises(LLMServerError, match="other ids"):
+        client.parse_generate({"choices": [choice]})
+    choice["logprobs"]["content"].append({"token_id": 7, "logprob": -0.5})
+    generation = client.parse_generate({"choices": [choice]})
+    assert generation.weight_version == 4  # the oldest, when the weights changed mid-generation
+    assert generation.output_ids == [5, 6, 7] and generation.logprobs == [-1.0, -2.0, -0.5]
 
 
 def test_vllm_parse_appends_a_dropped_stop_token():
@@ -310,7 +450,9 @@ async def servers():
 
 @pytest.fixture
 async def pool():
-    pool = LLMPool(timeout_s=10, backoff_s=0.01, max_backoff_s=0.05, cooldown_s=0.5)
+    pool = LLMPool(
+        timeout_s=10, backoff_s=0.01, max_backoff_s=0.05, cooldown_s=0.5, unavailable_wait_s=0.3, health_interval_s=0.05
+    )
     yield pool
     await pool.close()
 
@@ -447,7 +589,47 @@ async def test_pool_raises_llm_unavailable_when_everything_is_down(servers, pool
     assert time.monotonic() - started < 2
     snapshot = stats(pool)
     assert all(not s.healthy and s.failures >= 1 and s.in_flight == 0 for s in snapshot.values())
-    assert sum(s.requests for s in snapshot.values()) <= pool.max_attempts
+    assert sum(s.requests for s in snapshot.values()) == pool.max_attempts
+
+
+async def test_pool_makes_all_its_attempts_on_a_single_dead_server(servers, pool):
+    """N attempts mean N requests, also when the only server is down: the retries do
+    not fall through while it cools down (they wait out unavailable_wait_s, then go anyway)."""
+    a = await servers.start()
+    pool.register(a.url)
+    await a.stop()
+    started = time.monotonic()
+    with pytest.raises(LLMUnavailable, match=f"after {pool.max_attempts} attempts"):
+        await pool.generate(PROMPT, SHORT, "r")
+    assert time.monotonic() - started >= pool.unavailable_wait_s
+    assert stats(pool)[a.url].requests == pool.max_attempts
+
+
+@pytest.mark.parametrize("cooldown_s", [0.3, 60], ids=["short_cooldown", "long_cooldown"])
+async def test_pool_waits_out_a_restart_of_its_only_server(servers, cooldown_s):
+    """A restart of the only server does not filter the rollouts waiting on it: the pool polls
+    the server's health endpoint (within unavailable_wait_s) and goes on once it is back: long
+    before its cool-down ends when that is long, and without spending attempts on requests to a
+    server whose health endpoint does not answer when it is short."""
+    pool = LLMPool(timeout_s=10, backoff_s=0.01, max_backoff_s=0.05, cooldown_s=cooldown_s, unavailable_wait_s=20)
+    try:
+        a = await servers.start()
+        pool.register(a.url)
+        assert (await pool.generate(PROMPT, SHORT, "r0")).server == a.url
+        await a.stop()
+        started = time.monotonic()
+        waiting = [asyncio.create_task(pool.generate(PROMPT, SHORT, f"r{i}")) for i in range(4)]
+        await asyncio.sleep(2.5)
+        assert not any(task.done() for task in waiting)
+        a_again = await servers.start(port=a.port)
+        generations = await asyncio.gather(*waiting)
+        assert all(g.server == a.url for g in generations)
+        assert 2.5 <= time.monotonic() - started < 10
+        assert a_again.requests_served == 4 and stats(pool)[a.url].healthy
+        # Each waiting call failed once at most; the rest of the wait was health probes.
+        assert stats(pool)[a.url].requests <= 1 + 4 + 4
+    finally:
+        await pool.close()
 
 
 async def test_pool_does_not_retry_a_rejected_request(pool):
@@ -497,6 +679,67 @@ async def test_pool_speaks_vllm_too(pool):
         generation = await pool.generate(PROMPT, SHORT, "r")
         assert generation.server == url and len(generation.output_ids) == len(generation.logprobs) > 0
         assert stand_in.models_asked == 0  # the registered model name is used
+    finally:
+        await stand_in.stop()
+
+
+async def test_pool_reports_the_smallest_context_window_its_servers_report(servers, pool):
+    assert await pool.context_length() is None  # no server
+    reference = await servers.start()  # no /v1/models: reports none
+    wide, narrow = VLLMStandIn(max_model_len=4096), VLLMStandIn(max_model_len=700)
+    urls = [await wide.start(), await narrow.start()]
+    try:
+        pool.register(reference.url)
+        assert await pool.context_length() is None
+        for url in urls:
+            pool.register(url, protocol="vllm")
+        assert await pool.context_length() == 700
+        assert await pool.context_length() == 700 and narrow.models_asked == 1  # asked once
+    finally:
+        await wide.stop()
+        await narrow.stop()
+
+
+class NoTools:
+    """A toolbox for loops whose replies never hold a tool call (the tiny policy's noise)."""
+
+    tools = frozenset({"bash", "submit"})
+
+    async def call(self, call, timeout_s):
+        raise AssertionError(f"no tool call expected, got {call}")
+
+
+async def test_a_rollout_ends_as_context_full_before_vllm_refuses_its_prompt(pool):
+    """The server's max_model_len (much smaller than the task's max_total_tokens) bounds the
+    rollout: each request fits it, and the loop ends as CONTEXT_FULL (the rollout is evaluated)
+    instead of meeting vLLM's 400 (which the pool raises as LLMRequestRejected: filtered)."""
+    stand_in = VLLMStandIn(max_model_len=1600)  # the prompt (tool instructions) is about 1100 bytes
+    url = await stand_in.start()
+    try:
+        pool.register(url, protocol="vllm")
+        loop = AgentLoop(
+            TOK,
+            pool.generate,
+            NoTools(),
+            limits=AgentLimits(
+                max_turns=50,
+                max_new_tokens_per_turn=160,
+                max_total_tokens=100_000,
+                action_timeout_s=5,
+                max_consecutive_format_errors=50,
+            ),
+            tool_call_format=ToolCallFormat.HERMES,
+            sampling=SamplingOptions(max_new_tokens=1),
+            rollout_id="r",
+            policy_version=lambda: 0,
+            context_length=pool.context_length,
+        )
+        trajectory = await loop.run([{"role": "user", "content": "Fix the bug."}])
+        assert trajectory.finish_reason is FinishReason.CONTEXT_FULL
+        assert len(trajectory.turns) >= 2
+        assert len(trajectory.prompt_ids) + len(trajectory.response_ids) <= 1600
+        for body in stand_in.bodies:
+            assert len(body["prompt"]) + body["max_tokens"] <= 1600
     finally:
         await stand_in.stop()
 
