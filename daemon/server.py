@@ -43,6 +43,7 @@ from .metrics import Metrics
 from .node import NodeInfo, make_backends, version
 from .notify import sd_notify
 from .processes import ProcessManager
+from .reserved_signals import reset_ignored_reserved_signals
 from .rollout_runtime import RolloutRuntime
 from .sandboxes import SandboxManager
 from .services.kernel import KernelServicer
@@ -72,7 +73,8 @@ def reset_inherited_signals() -> None:
     """Signals the daemon's own launcher ignored (nohup: SIGHUP; some supervisors: SIGQUIT) would
     stay ignored in every process of every sandbox, since exec keeps ignored dispositions. The
     daemon goes on ignoring them, through a handler that does nothing, which exec resets to the
-    default; and it unblocks every signal, since children inherit the mask too."""
+    default; and it unblocks every signal, since children inherit the mask too. glibc's own two
+    signals, which Python cannot name, are reset apart (reserved_signals)."""
     if threading.current_thread() is not threading.main_thread():
         return  # an embedded daemon in a worker thread cannot change dispositions
     for sig in signal.valid_signals():
@@ -82,6 +84,7 @@ def reset_inherited_signals() -> None:
             if signal.getsignal(sig) is signal.SIG_IGN:
                 signal.signal(sig, signal.SIG_DFL if sig == signal.SIGCHLD else _ignore)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    reset_ignored_reserved_signals()
 
 
 def _ignore(signum: int, frame: object) -> None:

@@ -291,8 +291,9 @@ async def test_the_node_says_its_backend_is_a_stand_in(client) -> None:
 
 
 def test_sandbox_processes_do_not_inherit_signals_the_daemon_ignored(tmp_path) -> None:
-    """A daemon started under nohup (SIGHUP ignored) or a supervisor that ignores SIGQUIT: the
-    commands, shells and kernels it starts in sandboxes get the default dispositions back."""
+    """A daemon started under nohup (SIGHUP ignored), a supervisor that ignores SIGQUIT, or GNU
+    make (glibc's reserved 32 and 33 ignored): the commands, shells and kernels it starts in
+    sandboxes get the default dispositions back."""
     import signal
     import subprocess
     import sys
@@ -302,6 +303,14 @@ import asyncio, signal, sys
 signal.signal(signal.SIGHUP, signal.SIG_IGN)
 signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+# glibc's own 32 and 33 (which GNU make leaves ignored for its recipes), through the raw call.
+import ctypes, platform
+if platform.machine() == "x86_64":
+    ignore = ctypes.create_string_buffer((1).to_bytes(8, "little") + bytes(56))
+    for reserved in (32, 33):
+        ctypes.CDLL(None).syscall(ctypes.c_long(13), ctypes.c_long(reserved), ignore, None, ctypes.c_long(8))
+    ignored = int(open("/proc/self/status").read().split("SigIgn:")[1].split()[0], 16)
+    assert ignored >> 31 & 3 == 3
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.testing import fake_backends
 from corral.sdk import AsyncClient
@@ -322,5 +331,5 @@ asyncio.run(main())
     masks = [int(line.split()[1], 16) for line in run.stdout.splitlines() if line.startswith(("SigIgn", "SigBlk"))]
     assert len(masks) == 4
     for mask in masks:
-        for sig in (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
-            assert not mask & (1 << (sig - 1)), f"{sig.name} is ignored or blocked: {run.stdout}"
+        for sig in (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, 32, 33):
+            assert not mask & (1 << (sig - 1)), f"signal {sig} is ignored or blocked: {run.stdout}"
