@@ -100,7 +100,9 @@ def test_host_image_shows_the_os_but_no_host_data(sb, shared_dirs):
     assert set(r.stdout.decode().split()) - {"1"} <= {
         *("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr"),  # the operating system
         *("dev", "proc", "run", "tmp", "workspace", "srv"),  # the sandbox's own; /srv: host_paths
+        "root",  # root's home, the sandbox's own and empty (the host's data.txt is not there: above)
     }
+    assert sb.exec("ls -A /root", timeout=10).stdout == b""
 
 
 def test_host_paths_are_shown_read_only(sb, shared_dirs):
