@@ -14,11 +14,16 @@ import asyncio
 import collections
 import contextlib
 import os
+import shutil
 import signal
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
+from corral.rollout.tasks import runs_on_host, task_prompt_text
 from corral.sdk import AsyncSandbox, InvalidArgument
+from corral.v1 import rollout_pb2 as pb
 
 # How much of the end of each output stream is kept for the error message.
 OUTPUT_TAIL_BYTES = 64 << 10
@@ -57,6 +62,57 @@ class GatewayAddress:
     base_url: str  # ends in /v1
     key: str
     model: str
+
+
+# sandbox id -> a context in which the gateway is reachable from inside that sandbox, yielding the
+# base URL to use there (ending in /v1).
+SandboxGatewayFn = Callable[[str], AbstractAsyncContextManager[str]]
+
+
+@dataclass(frozen=True)
+class HarnessHost:
+    """What the daemon provides to run harness tasks."""
+
+    # The gateway's base URL on the node (host harnesses use it).
+    host_url: str
+    # The daemon's address for the SDK (CORRAL_ADDRESS).
+    daemon_address: str
+    # How a sandbox's harness reaches the gateway.
+    sandbox_gateway: SandboxGatewayFn
+    model_name: str = "corral"
+
+
+async def run_harness(
+    task: pb.Task, sandbox: AsyncSandbox, *, rollout_id: str, key: str, host: HarnessHost
+) -> HarnessExit:
+    """Runs a harness task's command where the task says, talking to the gateway session `key`,
+    until it exits (cancel it to kill it)."""
+    harness = task.harness
+    workdir_in_sandbox = sandbox.info.workdir
+
+    def environment(base_url: str, workdir: str) -> dict[str, str]:
+        return harness_environment(
+            GatewayAddress(base_url, key, host.model_name),
+            rollout_id=rollout_id,
+            sandbox_id=sandbox.id,
+            daemon_address=host.daemon_address,
+            task_prompt=task_prompt_text(task),
+            workdir=workdir,
+            task_env=harness.env,
+        )
+
+    if runs_on_host(task):
+        env = {**host_base_environment(), **environment(host.host_url, workdir_in_sandbox)}
+        if harness.workdir:
+            return await run_on_host(harness.command, env, harness.workdir)
+        scratch = tempfile.mkdtemp(prefix="corral-harness-")
+        try:
+            return await run_on_host(harness.command, env, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    async with host.sandbox_gateway(sandbox.id) as base_url:
+        env = environment(base_url, workdir_in_sandbox)
+        return await run_in_sandbox(sandbox, harness.command, env, harness.workdir or None)
 
 
 def harness_environment(
