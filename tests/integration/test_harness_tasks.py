@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import socket
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
 from corral.sdk import AsyncClient, FailedPrecondition
 from corral.v1 import rollout_pb2 as pb
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, alive_pids
 from tests.rollout_tasks import call, repair_task
 
 HARNESS = Path(__file__).with_name("replay_harness.py")
@@ -70,14 +71,6 @@ def harness_task(
         command = [sys.executable, str(HARNESS), mode]
     task.harness.CopyFrom(pb.TaskHarness(command=command, place=place))
     return task
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def assert_token_exact(result, policy: RecordingReplay) -> None:
@@ -159,7 +152,7 @@ async def test_a_harness_past_the_run_timeout_is_killed_and_evaluated(client, tm
         result = await client.rollouts.run(task)
     assert result.status == "completed" and result.finish_reason == "timeout"
     assert result.reward == 0.0  # evaluated: calc.py was never fixed
-    assert not alive(int((tmp_path / "pid").read_text()))
+    assert not alive_pids({int((tmp_path / "pid").read_text())})
 
 
 async def test_cancelling_a_harness_rollout_kills_the_harness(client, tmp_path) -> None:
@@ -174,11 +167,11 @@ async def test_cancelling_a_harness_rollout_kills_the_harness(client, tmp_path) 
                     break
                 await asyncio.sleep(0.05)
             pid = int(pid_file.read_text())
-            assert alive(pid)
+            assert alive_pids({pid})
             await stream.cancel(task_id="cancel-hang")
             result = await asyncio.wait_for(stream.__anext__(), 10)
     assert result.status == "cancelled"
-    assert not alive(pid)
+    assert not alive_pids({pid})
 
 
 async def test_the_llm_server_down_filters_the_rollout_whatever_the_harness_does(client) -> None:
@@ -212,14 +205,48 @@ async def test_a_rewritten_history_under_policy_split_gives_two_samples(client) 
     assert sum(second.response_mask) == sum(len(output) for _, output in policy.calls[1:])
 
 
-async def test_host_harnesses_are_refused_unless_the_daemon_allows_them(tmp_path) -> None:
-    daemon = DaemonProcess(tmp_path).start()  # the default configuration: allow_host_harness = false
+async def test_a_rewritten_history_under_policy_mask_leaves_nothing_to_train_on(client) -> None:
+    task = harness_task("rewrite-mask", "rewrite")
+    task.harness.history_policy = pb.HISTORY_POLICY_MASK
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.reward == 1.0, result.error
+    assert len(result.extra_samples) == 1
+    assert result.gateway is not None and (result.gateway.splits, result.gateway.masked_samples) == (1, 2)
+    assert not any(result.response_mask) and not any(result.extra_samples[0].response_mask)
+
+
+async def test_a_harness_that_makes_no_call_is_evaluated_with_an_empty_trajectory(client) -> None:
+    task = harness_task("no-calls", "sdk")
+    task.harness.command[:] = [sys.executable, "-c", "pass"]
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.finish_reason == "submitted"
+    assert result.reward == 0.0 and result.response_ids == [] and result.prompt_ids == []
+    assert result.gateway is not None and result.gateway.calls == 0
+
+
+async def test_host_harnesses_need_the_daemons_consent_and_counters_reach_the_metrics(tmp_path) -> None:
+    port = free_port()
+    daemon = DaemonProcess(tmp_path, "--metrics", f"127.0.0.1:{port}").start()  # allow_host_harness = false
     try:
         async with AsyncClient(daemon.address) as client:
             with pytest.raises(FailedPrecondition, match="allow_host_harness"):
                 await client.rollouts.run(harness_task("refused", "sdk"))
-            # In the sandbox it is allowed (here it stops at the missing LLM server).
-            with pytest.raises(FailedPrecondition, match="no LLM server"):
-                await client.rollouts.run(harness_task("allowed", "local", place=pb.HARNESS_PLACE_SANDBOX))
+            task = harness_task("in-sandbox", "local", place=pb.HARNESS_PLACE_SANDBOX)
+            task.harness.env["PROBE_URL"] = "http://127.0.0.1:1/"
+            async with serving(client, task):
+                result = await client.rollouts.run(task)
+        assert result.status == "completed" and result.reward == 1.0, result.error
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert "corral_gateway_calls_total 3.0" in metrics
+        assert "corral_gateway_prefix_hits_total 2.0" in metrics
+        assert "corral_gateway_splits_total 0.0" in metrics
     finally:
         daemon.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
