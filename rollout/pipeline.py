@@ -482,6 +482,8 @@ class RolloutPipeline:
                 ended = await run_harness(
                     task, rollout.sandbox, rollout_id=rollout.rollout_id, key=session.key, host=self._harness_host
                 )
+            if ended is not None and not ended.succeeded:
+                await self._check_sandbox_alive(rollout.sandbox)
         except TimeoutError:
             pass
         except (SandboxFailure, CorralError) as error:
@@ -492,6 +494,13 @@ class RolloutPipeline:
             self._keep_samples(rollout, outcome)
             self._on_session_closed(outcome.counters)
         self._judge_harness(rollout, outcome, ended)
+
+    async def _check_sandbox_alive(self, sandbox: AsyncSandbox) -> None:
+        """Raises SandboxFailure when the sandbox is no longer running: a harness that failed with
+        it is not at fault."""
+        state = (await self._client.get_sandbox(sandbox.id)).info.state
+        if state != "running":
+            raise SandboxFailure(f"sandbox {sandbox.id} is {state}")
 
     def _keep_samples(self, rollout: Rollout, outcome: GatewayOutcome) -> None:
         samples = list(outcome.samples) or [Trajectory()]

@@ -155,6 +155,32 @@ async def test_a_harness_past_the_run_timeout_is_killed_and_evaluated(client, tm
     assert not alive_pids({int((tmp_path / "pid").read_text())})
 
 
+async def test_a_sandbox_harness_past_the_run_timeout_is_evaluated(client) -> None:
+    task = harness_task("sandbox-hang", "hang", place=pb.HARNESS_PLACE_SANDBOX, run_timeout_ms=1500)
+    task.harness.env["PID_FILE"] = "/tmp/harness.pid"
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.finish_reason == "timeout" and result.reward == 0.0
+
+
+async def test_the_call_limit_ends_a_harness_rollout_as_max_turns(client) -> None:
+    # Two calls allowed: the fix and the check; the third (submit) is refused and the harness
+    # exits 1, which the limit explains.
+    task = harness_task("two-calls", "sdk")
+    task.limits.max_turns = 2
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.finish_reason == "max_turns", result.error
+    assert result.reward == 1.0 and result.gateway is not None and result.gateway.calls == 2
+
+
+async def test_a_harness_whose_sandbox_failed_is_filtered_as_a_backend_crash(client) -> None:
+    task = harness_task("crash", "crash")
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert (result.status, result.filter_reason) == ("filtered", "backend_crash"), result.error
+
+
 async def test_cancelling_a_harness_rollout_kills_the_harness(client, tmp_path) -> None:
     task = harness_task("cancel-hang", "hang")
     pid_file = tmp_path / "pid"
