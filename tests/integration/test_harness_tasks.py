@@ -174,6 +174,15 @@ async def test_the_call_limit_ends_a_harness_rollout_as_max_turns(client) -> Non
     assert result.reward == 1.0 and result.gateway is not None and result.gateway.calls == 2
 
 
+async def test_a_prompt_that_leaves_no_room_ends_a_harness_rollout_as_context_full(client) -> None:
+    task = harness_task("tight", "sdk")
+    task.limits.max_total_tokens = 64  # less than the first prompt
+    async with serving(client, task) as policy:
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.finish_reason == "context_full", result.error
+    assert policy.calls == [] and result.response_ids == []
+
+
 async def test_a_harness_whose_sandbox_failed_is_filtered_as_a_backend_crash(client) -> None:
     task = harness_task("crash", "crash")
     async with serving(client, task):
