@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from corral.rollout.gateway import HistoryPolicy, SessionSettings
 from corral.rollout.tokenizer import IM_END, ByteChatTokenizer
@@ -41,6 +42,8 @@ class ScriptedLLM:
 
     replies: list[str]
     weight_version: int | None = 7
+    tokenizer: Any = TOK
+    end_id: int = IM_END_ID
     calls: list[LLMCall] = field(default_factory=list)
     fail_with: Exception | None = None
     finish_reason: str | None = None
@@ -50,7 +53,7 @@ class ScriptedLLM:
             error, self.fail_with = self.fail_with, None
             raise error
         text = self.replies[min(len(self.calls), len(self.replies) - 1)]
-        ids = TOK.encode(text) + [IM_END_ID]
+        ids = self.tokenizer.encode(text) + [self.end_id]
         finish = self.finish_reason or "stop"
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], "length"

@@ -5,6 +5,7 @@ and the limits (context, max calls), driven through a GatewaySession with a scri
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -164,33 +165,35 @@ async def test_mask_policy_keeps_a_single_sample_trainable():
     assert_token_exact(outcome.samples[0], llm.calls)
 
 
-async def test_fail_policy_refuses_the_rewritten_call_and_every_later_one():
+def _drop_tools(harness: Harness) -> None:
+    harness.tools = []
+
+
+def _edit_the_reply(harness: Harness) -> None:
+    harness.messages[-2]["tool_calls"][0]["function"]["arguments"] = '{"command": "rm -rf /"}'
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "reason"),
+    [(_drop_tools, "the tools differ"), (_edit_the_reply, r"messages\[2\] is not the assistant reply")],
+)
+async def test_fail_policy_refuses_the_rewritten_call_and_every_later_one(rewrite, reason):
     llm = ScriptedLLM([call_text("a"), call_text("b")])
     session = make_session(llm, settings(HistoryPolicy.FAIL))
     harness = Harness(session)
     await harness.step()
-    harness.tools = []  # the tools changed
-    with pytest.raises(HistoryRewritten, match="tools differ") as refused:
+    rewrite(harness)
+    with pytest.raises(HistoryRewritten, match=reason) as refused:
         await harness.step()
     assert refused.value.status == 409
     assert session.outcome.history_rewritten is not None  # known before the session closes
-    harness.tools = [BASH_TOOL]
+    harness.messages = harness.messages[:2]  # even a fresh start is refused now
     with pytest.raises(HistoryRewritten):
         await harness.step()
     outcome = session.close()
-    assert outcome.history_rewritten is not None and "tools differ" in outcome.history_rewritten
+    assert outcome.history_rewritten is not None and re.search(reason, outcome.history_rewritten)
     assert len(llm.calls) == 1 and outcome.counters.calls == 1
     assert_token_exact(outcome.samples[0], llm.calls)
-
-
-async def test_fail_policy_names_the_message_that_changed():
-    llm = ScriptedLLM([call_text("a"), call_text("b")])
-    session = make_session(llm, settings(HistoryPolicy.FAIL))
-    harness = Harness(session)
-    await harness.step()
-    harness.messages[-2]["tool_calls"][0]["function"]["arguments"] = '{"command": "rm -rf /"}'
-    with pytest.raises(HistoryRewritten, match=r"messages\[2\] is not the assistant reply"):
-        await harness.step()
 
 
 async def test_asking_the_same_conversation_again_discards_the_first_reply():
