@@ -5,6 +5,10 @@ that takes tools and tool calls itself."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,8 @@ from corral.rollout.gateway.session import CallOptions, GatewaySession
 from corral.rollout.tokenizer import HFChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat, strip_tool_calls
 from tests.unit.gateway_support import BASH_TOOL, TOK, ScriptedLLM, assert_token_exact, settings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_normalization_makes_equivalent_spellings_equal():
@@ -183,3 +189,49 @@ async def test_hugging_face_template_gets_tools_and_tool_calls_and_stays_token_e
     assert_token_exact(outcome.samples[0], llm.calls)
     # The template writes the call from its structured form exactly as the model wrote it.
     assert (outcome.counters.prefix_hits, outcome.counters.splices) == (1, 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2() -> HFChatTokenizer:
+    """The tokenizer of the tiny model the real-engine tests serve (built offline, cached)."""
+    pytest.importorskip("transformers")
+    model_dir = Path(os.environ.get("CORRAL_TEST_MODEL_CACHE", Path.home() / ".cache" / "corral" / "tiny-qwen2"))
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "build_tiny_model.py"), str(model_dir)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return HFChatTokenizer(model_dir)
+
+
+@pytest.mark.parametrize("with_tools", [False, True])
+async def test_the_tiny_models_tokenizer_is_token_exact_over_four_calls(tiny_qwen2, with_tools):
+    # Its ChatML template renders content only: with tools, the replies' tool calls are not in a
+    # re-rendering (their markup is not in the returned content), so each later call is a splice
+    # of the recorded ids; without tools the re-rendering is the recorded ids exactly.
+    replies = [
+        f'Step {i}.\n<tool_call>{{"name": "bash", "arguments": {{"command": "ls {i}"}}}}</tool_call>' for i in range(4)
+    ]
+    end_id = tiny_qwen2.encode("<|im_end|>")[0]
+    llm = ScriptedLLM(replies, tokenizer=tiny_qwen2, end_id=end_id)
+    session = GatewaySession(
+        "r-tiny",
+        settings(HistoryPolicy.FAIL),
+        generate=llm,
+        tokenizer=tiny_qwen2,
+        policy_version=lambda: 0,
+        context_length=None,
+    )
+    tools = normalize_tools([BASH_TOOL] if with_tools else None)
+    messages: list[dict] = [{"role": "user", "content": "Fix calc.py so that the tests pass."}]
+    for i in range(4):
+        _, reply = await session.chat(
+            Conversation(normalize_messages(messages), tools), CallOptions(parse_tool_calls=with_tools)
+        )
+        messages.append({**reply, "tool_calls": [{"id": f"c{i}", **call} for call in reply.get("tool_calls", [])]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"Ran {i} tests\nOK"})
+    outcome = session.close()
+    assert_token_exact(outcome.samples[0], llm.calls)
+    counters = outcome.counters
+    assert (counters.splices, counters.prefix_hits) == ((3, 0) if with_tools else (0, 3))
