@@ -90,7 +90,8 @@ class CallResult:
 
 
 class GatewaySession:
-    """One rollout's calls. Calls run one at a time (`lock`), so the samples follow call order."""
+    """One rollout's calls. They run one at a time, in arrival order (`lock`), so the samples
+    follow the call order."""
 
     def __init__(
         self,
@@ -121,26 +122,29 @@ class GatewaySession:
     async def chat(self, conversation: Conversation, options: CallOptions) -> tuple[CallResult, Message]:
         """Generates the reply to `conversation`; returns it and the assistant message as returned
         to the harness (normalized)."""
-        self._check_calls_left()
-        plan = self._plan(self.assembler.plan_chat, conversation)
-        result = await self._generate_for(plan, options)
-        reply: Message = {"role": "assistant", "content": self.reply_content(result)}
-        if result.tool_calls:
-            reply["tool_calls"] = [
-                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in result.tool_calls
-            ]
-        self._commit(plan, result, reply)
-        return result, reply
+        async with self.lock:
+            self._check_calls_left()
+            plan = self._plan(self.assembler.plan_chat, conversation)
+            result = await self._generate_for(plan, options)
+            reply: Message = {"role": "assistant", "content": self.reply_content(result)}
+            if result.tool_calls:
+                reply["tool_calls"] = [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in result.tool_calls
+                ]
+            self._commit(plan, result, reply)
+            return result, reply
 
     async def complete(self, prompt: str | list[int], options: CallOptions) -> CallResult:
         """Generates after `prompt`: token ids, sent as they are, or text (special-token strings
         in it become their ids)."""
-        self._check_calls_left()
-        prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
-        plan = self._plan(self.assembler.plan_tokens, prompt_ids)
-        result = await self._generate_for(plan, options)
-        self._commit(plan, result, None)
-        return result
+        async with self.lock:
+            self._check_calls_left()
+            prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
+            plan = self._plan(self.assembler.plan_tokens, prompt_ids)
+            result = await self._generate_for(plan, options)
+            self._commit(plan, result, None)
+            return result
 
     def reply_content(self, result: CallResult) -> str:
         """The message content: the reply text, without the tool calls' markup when tool calls

@@ -317,3 +317,31 @@ async def test_end_to_end_through_the_reference_server_and_the_sglang_client():
         await gateway.close()
         await client.close()
         await server.stop()
+
+
+async def test_a_call_in_flight_when_its_session_closes_is_refused_and_recorded_nowhere():
+    gate = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def generate(prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
+        entered.set()
+        await gate.wait()
+        ids = TOK.encode("late") + [TOK.end_of_turn_ids[0]]
+        return Generation(ids, [0.0] * len(ids), "stop")
+
+    gateway = Gateway(generate, TOK)
+    url = await gateway.listen_tcp()
+    try:
+        session = gateway.open_session("r-late", settings())
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        call = asyncio.create_task(_post(url, "/chat/completions", body, session.key))
+        await entered.wait()
+        outcome = gateway.close_session(session.key)
+        gate.set()
+        status, data = await call
+        assert (status, data["error"]["code"]) == (401, "invalid_api_key")
+        assert outcome.samples == [] and outcome.counters.calls == 0
+        with pytest.raises(KeyError):
+            gateway.close_session(session.key)
+    finally:
+        await gateway.close()
