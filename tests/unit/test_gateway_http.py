@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -248,22 +249,26 @@ async def test_calls_of_one_session_are_assembled_in_order_while_sessions_run_co
         await gateway.close()
 
 
-async def test_unix_socket_listener(tmp_path):
+async def test_unix_socket_and_bound_socket_listeners(tmp_path):
     llm = ScriptedLLM(["hi"])
     gateway = Gateway(llm, TOK)
     path = str(tmp_path / "gw.sock")
     await gateway.listen_unix(path)
+    bound = socket.socket()
+    bound.bind(("127.0.0.1", 0))
+    bound.listen()
+    await gateway.listen_socket(bound)
     try:
-        session = gateway.open_session("r-unix", settings())
-        connector = aiohttp.UnixConnector(path=path)
-        async with aiohttp.ClientSession(connector=connector) as http:
-            async with http.post(
-                "http://gateway/v1/chat/completions",
-                json={"messages": [{"role": "user", "content": "hi"}]},
-                headers={"Authorization": f"Bearer {session.key}"},
-            ) as response:
+        session = gateway.open_session("r-sockets", settings())
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {session.key}"}
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path)) as http:
+            async with http.post("http://gateway/v1/chat/completions", json=body, headers=headers) as response:
                 assert response.status == 200
                 assert (await response.json())["choices"][0]["message"]["content"] == "hi"
+        port = bound.getsockname()[1]
+        status, data = await _post(f"http://127.0.0.1:{port}/v1", "/chat/completions", body, session.key)
+        assert status == 200 and data["corral"]["call_index"] == 1
     finally:
         await gateway.close()
 
