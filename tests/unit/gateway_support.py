@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.rollout.gateway import HistoryPolicy, SessionSettings
+from corral.rollout.gateway import GatewaySession, HistoryPolicy, SessionSettings
 from corral.rollout.tokenizer import IM_END, ByteChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat
 from corral.rollout.types import Generation, LLMUnavailable, SamplingOptions, Trajectory
@@ -107,3 +107,27 @@ def assert_token_exact(sample: Trajectory, calls: Sequence[LLMCall]) -> None:
     assert sample.response_logprobs == logprobs
     assert len(sample.weight_versions) == len(sample.response_ids)
     assert [len(turn.generated_ids) for turn in sample.turns] == [len(c.generation.output_ids) for c in calls]
+
+
+class Window:
+    """A context_length() whose answer a test sets (`tokens`; None: unknown)."""
+
+    def __init__(self, tokens: int | None = None) -> None:
+        self.tokens = tokens
+
+    async def __call__(self) -> int | None:
+        return self.tokens
+
+
+def make_session(
+    llm: ScriptedLLM, config: SessionSettings | None = None, *, tokenizer: Any = TOK, window: Window | None = None
+) -> GatewaySession:
+    """A session on `llm`; generations without a server weight version are stamped 42."""
+    return GatewaySession(
+        "rollout-1",
+        config or settings(),
+        generate=llm,
+        tokenizer=tokenizer,
+        policy_version=lambda: 42,
+        context_length=window,
+    )

@@ -10,13 +10,23 @@ from typing import Any
 
 import pytest
 
-from corral.rollout.gateway import GatewaySession, HistoryPolicy, HistoryRewritten, SessionSettings
+from corral.rollout.gateway import GatewaySession, HistoryPolicy, HistoryRewritten
 from corral.rollout.gateway.errors import ContextLengthExceeded, MaxTurnsExceeded, Unavailable
 from corral.rollout.gateway.openai_api import openai_tool_calls
 from corral.rollout.gateway.render import Conversation, normalize_messages, normalize_tools
 from corral.rollout.gateway.session import CallOptions
 from corral.rollout.types import NO_WEIGHT_VERSION, ToolCall
-from tests.unit.gateway_support import BASH_TOOL, IM_END_ID, TOK, ScriptedLLM, Unreachable, assert_token_exact, settings
+from tests.unit.gateway_support import (
+    BASH_TOOL,
+    IM_END_ID,
+    TOK,
+    ScriptedLLM,
+    Unreachable,
+    Window,
+    assert_token_exact,
+    make_session,
+    settings,
+)
 
 
 def call_text(command: str, spaced: bool = True) -> str:
@@ -52,20 +62,6 @@ class Harness:
         if not message.get("tool_calls"):
             self.messages.append({"role": "user", "content": observation})
         return message
-
-
-def make_session(llm: ScriptedLLM, config: SessionSettings | None = None, window: int | None = None) -> GatewaySession:
-    async def context_length() -> int | None:
-        return window
-
-    return GatewaySession(
-        "rollout-1",
-        config or settings(),
-        generate=llm,
-        tokenizer=TOK,
-        policy_version=lambda: 42,
-        context_length=context_length,
-    )
 
 
 async def test_six_calls_make_one_token_exact_sample_of_prefix_hits():
@@ -214,13 +210,14 @@ async def test_asking_the_same_conversation_again_discards_the_first_reply():
 
 async def test_a_prompt_without_room_is_refused_and_the_sample_is_kept_as_it_was():
     llm = ScriptedLLM([call_text("a" * 40), call_text("b")])
-    session = make_session(llm, settings(max_total_tokens=10_000))
+    window = Window()
+    session = make_session(llm, settings(max_total_tokens=10_000), window=window)
     harness = Harness(session)
     await harness.step(observation="x")
     first_prompt_len = len(llm.calls[0].prompt_ids)
     # The next prompt is longer than the first call's prompt and output: refuse it under a
     # window that the first call fits in with room to spare.
-    session._context_length = _const(first_prompt_len + len(llm.calls[0].generation.output_ids) + 5)
+    window.tokens = first_prompt_len + len(llm.calls[0].generation.output_ids) + 5
     with pytest.raises(ContextLengthExceeded) as refused:
         await harness.step()
     assert refused.value.code == "context_length_exceeded" and refused.value.status == 400
@@ -313,10 +310,3 @@ async def test_completions_extend_by_ids_and_otherwise_start_a_new_sample():
     assert (outcome.counters.prefix_hits, outcome.counters.discarded, outcome.counters.splits) == (1, 1, 1)
     assert_token_exact(outcome.samples[0], [llm.calls[0], llm.calls[2]])
     assert_token_exact(outcome.samples[1], [llm.calls[3]])
-
-
-def _const(value):
-    async def get():
-        return value
-
-    return get

@@ -20,7 +20,16 @@ from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
 from corral.rollout.types import Generation, SamplingOptions
 from corral.v1 import rollout_pb2 as pb
-from tests.unit.gateway_support import BASH_TOOL, TOK, LLMCall, ScriptedLLM, Unreachable, assert_token_exact, settings
+from tests.unit.gateway_support import (
+    BASH_TOOL,
+    TOK,
+    LLMCall,
+    ScriptedLLM,
+    Unreachable,
+    Window,
+    assert_token_exact,
+    settings,
+)
 
 TOOL_CALL = '<tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</tool_call>'
 
@@ -28,17 +37,10 @@ TOOL_CALL = '<tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</to
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[Gateway, str, ScriptedLLM]]:
     llm = ScriptedLLM(["Looking.\n" + TOOL_CALL, "It works.\nDone."])
-    gateway = Gateway(llm, TOK, model_name="tiny", context_length=_window(4096))
+    gateway = Gateway(llm, TOK, model_name="tiny", context_length=Window(4096))
     url = await gateway.listen_tcp()
     yield gateway, url, llm
     await gateway.close()
-
-
-def _window(value: int | None):
-    async def get() -> int | None:
-        return value
-
-    return get
 
 
 async def _post(url: str, path: str, body: Any, key: str | None) -> tuple[int, Any]:

@@ -15,10 +15,10 @@ import pytest
 from corral.rollout.gateway import HistoryPolicy
 from corral.rollout.gateway.errors import RequestError
 from corral.rollout.gateway.render import ChatRenderer, Conversation, normalize_messages, normalize_tools, same_reply
-from corral.rollout.gateway.session import CallOptions, GatewaySession
+from corral.rollout.gateway.session import CallOptions
 from corral.rollout.tokenizer import HFChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat, strip_tool_calls
-from tests.unit.gateway_support import BASH_TOOL, TOK, ScriptedLLM, assert_token_exact, settings
+from tests.unit.gateway_support import BASH_TOOL, TOK, ScriptedLLM, assert_token_exact, make_session, settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -161,14 +161,7 @@ async def test_hugging_face_template_gets_tools_and_tool_calls_and_stays_token_e
     assert len(im_end) == 1
     call = '<tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</tool_call>'
     llm = ScriptedLLM([call, "Done: main.py tests"], tokenizer=hf_tools, end_id=im_end[0])
-    session = GatewaySession(
-        "r-hf",
-        settings(HistoryPolicy.FAIL),
-        generate=llm,
-        tokenizer=hf_tools,
-        policy_version=lambda: 0,
-        context_length=None,
-    )
+    session = make_session(llm, settings(HistoryPolicy.FAIL), tokenizer=hf_tools)
     messages = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "Fix main.py."}]
     tools = normalize_tools([BASH_TOOL])
     options = CallOptions(parse_tool_calls=True)
@@ -215,14 +208,7 @@ async def test_the_tiny_models_tokenizer_is_token_exact_over_four_calls(tiny_qwe
     ]
     end_id = tiny_qwen2.encode("<|im_end|>")[0]
     llm = ScriptedLLM(replies, tokenizer=tiny_qwen2, end_id=end_id)
-    session = GatewaySession(
-        "r-tiny",
-        settings(HistoryPolicy.FAIL),
-        generate=llm,
-        tokenizer=tiny_qwen2,
-        policy_version=lambda: 0,
-        context_length=None,
-    )
+    session = make_session(llm, settings(HistoryPolicy.FAIL), tokenizer=tiny_qwen2)
     tools = normalize_tools([BASH_TOOL] if with_tools else None)
     messages: list[dict] = [{"role": "user", "content": "Fix calc.py so that the tests pass."}]
     for i in range(4):
