@@ -124,9 +124,13 @@ async def test_completions_whole_and_streamed_give_the_same_text_and_ids(served)
     assert token_ids == llm.calls[0].generation.output_ids
     # The next prompt is sent as ids that extend the first call's: one sample.
     next_prompt = whole.model_extra["prompt_token_ids"] + token_ids + TOK.encode("\n<|im_start|>user\nok<|im_end|>\n")
-    stream = await client.completions.create(model="m", prompt=next_prompt, stream=True)
-    streamed = "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
-    assert streamed == "It works.\nDone."
+    stream = await client.completions.create(
+        model="m", prompt=next_prompt, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == "It works.\nDone."
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "stop"
+    assert chunks[-1].usage.prompt_tokens == len(next_prompt)
     outcome = gateway.close_session(session.key)
     assert outcome.counters.prefix_hits == 1 and len(outcome.samples) == 1
     assert_token_exact(outcome.samples[0], llm.calls)
