@@ -123,7 +123,7 @@ class GatewaySession:
         """Generates the reply to `conversation`; returns it and the assistant message as returned
         to the harness (normalized)."""
         async with self.lock:
-            self._check_calls_left()
+            self._check_usable()
             plan = self._plan(self.assembler.plan_chat, conversation)
             result = await self._generate_for(plan, options)
             reply: Message = {"role": "assistant", "content": self.reply_content(result)}
@@ -139,7 +139,7 @@ class GatewaySession:
         """Generates after `prompt`: token ids, sent as they are, or text (special-token strings
         in it become their ids)."""
         async with self.lock:
-            self._check_calls_left()
+            self._check_usable()
             prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
             plan = self._plan(self.assembler.plan_tokens, prompt_ids)
             result = await self._generate_for(plan, options)
@@ -166,7 +166,9 @@ class GatewaySession:
             self.outcome.history_rewritten = self.assembler.history_rewritten
             raise
 
-    def _check_calls_left(self) -> None:
+    def _check_usable(self) -> None:
+        if self.closed:  # closed while the call waited for the one before it
+            raise UnknownKey()
         if self.counters.calls >= self.settings.max_calls:
             self.outcome.max_calls_reached = True
             raise MaxTurnsExceeded(f"this rollout already made its {self.settings.max_calls} LLM calls (max_turns)")
