@@ -76,7 +76,9 @@ class CallResult:
     call_index: int
     prompt_ids: list[int]
     generation: Generation
-    text: str  # the generated ids' text without trailing end-of-turn tokens
+    # The generated ids' text without trailing end-of-turn tokens and without the stop string it
+    # ended on (as OpenAI's content), though both stay in the recorded ids.
+    text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     format_error: bool = False  # the reply names a tool call that cannot be read
     llm_time_s: float = 0.0
@@ -214,6 +216,8 @@ class GatewaySession:
                 finish_reason="length",
             )
         text = self.tokenizer.decode(self._without_end_of_turn(generation.output_ids))
+        if generation.finish_reason == "stop":
+            text = _without_stop_string(text, sampling.stop)
         calls: list[ToolCall] = []
         format_error = False
         if options.parse_tool_calls:
@@ -247,3 +251,10 @@ class GatewaySession:
         while end and ids[end - 1] in self._end_of_turn:
             end -= 1
         return ids[:end]
+
+
+def _without_stop_string(text: str, stops: Sequence[str]) -> str:
+    for stop in stops:
+        if stop and text.endswith(stop):
+            return text[: -len(stop)]
+    return text
