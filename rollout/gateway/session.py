@@ -76,7 +76,9 @@ class CallResult:
     call_index: int
     prompt_ids: list[int]
     generation: Generation
-    text: str  # the generated ids' text without trailing end-of-turn tokens
+    # The generated ids' text without trailing end-of-turn tokens and without the stop string it
+    # ended on (as OpenAI's content), though both stay in the recorded ids.
+    text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     format_error: bool = False  # the reply names a tool call that cannot be read
     llm_time_s: float = 0.0
@@ -90,7 +92,8 @@ class CallResult:
 
 
 class GatewaySession:
-    """One rollout's calls. Calls run one at a time (`lock`), so the samples follow call order."""
+    """One rollout's calls. They run one at a time, in arrival order (`lock`), so the samples
+    follow the call order."""
 
     def __init__(
         self,
@@ -121,26 +124,29 @@ class GatewaySession:
     async def chat(self, conversation: Conversation, options: CallOptions) -> tuple[CallResult, Message]:
         """Generates the reply to `conversation`; returns it and the assistant message as returned
         to the harness (normalized)."""
-        self._check_calls_left()
-        plan = self._plan(self.assembler.plan_chat, conversation)
-        result = await self._generate_for(plan, options)
-        reply: Message = {"role": "assistant", "content": self.reply_content(result)}
-        if result.tool_calls:
-            reply["tool_calls"] = [
-                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in result.tool_calls
-            ]
-        self._commit(plan, result, reply)
-        return result, reply
+        async with self.lock:
+            self._check_usable()
+            plan = self._plan(self.assembler.plan_chat, conversation)
+            result = await self._generate_for(plan, options)
+            reply: Message = {"role": "assistant", "content": self.reply_content(result)}
+            if result.tool_calls:
+                reply["tool_calls"] = [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in result.tool_calls
+                ]
+            self._commit(plan, result, reply)
+            return result, reply
 
     async def complete(self, prompt: str | list[int], options: CallOptions) -> CallResult:
         """Generates after `prompt`: token ids, sent as they are, or text (special-token strings
         in it become their ids)."""
-        self._check_calls_left()
-        prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
-        plan = self._plan(self.assembler.plan_tokens, prompt_ids)
-        result = await self._generate_for(plan, options)
-        self._commit(plan, result, None)
-        return result
+        async with self.lock:
+            self._check_usable()
+            prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
+            plan = self._plan(self.assembler.plan_tokens, prompt_ids)
+            result = await self._generate_for(plan, options)
+            self._commit(plan, result, None)
+            return result
 
     def reply_content(self, result: CallResult) -> str:
         """The message content: the reply text, without the tool calls' markup when tool calls
@@ -162,7 +168,9 @@ class GatewaySession:
             self.outcome.history_rewritten = self.assembler.history_rewritten
             raise
 
-    def _check_calls_left(self) -> None:
+    def _check_usable(self) -> None:
+        if self.closed:  # closed while the call waited for the one before it
+            raise UnknownKey()
         if self.counters.calls >= self.settings.max_calls:
             self.outcome.max_calls_reached = True
             raise MaxTurnsExceeded(f"this rollout already made its {self.settings.max_calls} LLM calls (max_turns)")
@@ -208,6 +216,8 @@ class GatewaySession:
                 finish_reason="length",
             )
         text = self.tokenizer.decode(self._without_end_of_turn(generation.output_ids))
+        if generation.finish_reason == "stop":
+            text = _without_stop_string(text, sampling.stop)
         calls: list[ToolCall] = []
         format_error = False
         if options.parse_tool_calls:
@@ -241,3 +251,10 @@ class GatewaySession:
         while end and ids[end - 1] in self._end_of_turn:
             end -= 1
         return ids[:end]
+
+
+def _without_stop_string(text: str, stops: Sequence[str]) -> str:
+    for stop in stops:
+        if stop and text.endswith(stop):
+            return text[: -len(stop)]
+    return text

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from corral.rollout.gateway import HistoryPolicy, SessionSettings
+from corral.rollout.gateway import GatewaySession, HistoryPolicy, SessionSettings
 from corral.rollout.tokenizer import IM_END, ByteChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat
 from corral.rollout.types import Generation, LLMUnavailable, SamplingOptions, Trajectory
@@ -41,6 +42,8 @@ class ScriptedLLM:
 
     replies: list[str]
     weight_version: int | None = 7
+    tokenizer: Any = TOK
+    end_id: int = IM_END_ID
     calls: list[LLMCall] = field(default_factory=list)
     fail_with: Exception | None = None
     finish_reason: str | None = None
@@ -50,7 +53,7 @@ class ScriptedLLM:
             error, self.fail_with = self.fail_with, None
             raise error
         text = self.replies[min(len(self.calls), len(self.replies) - 1)]
-        ids = TOK.encode(text) + [IM_END_ID]
+        ids = self.tokenizer.encode(text) + [self.end_id]
         finish = self.finish_reason or "stop"
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], "length"
@@ -104,3 +107,27 @@ def assert_token_exact(sample: Trajectory, calls: Sequence[LLMCall]) -> None:
     assert sample.response_logprobs == logprobs
     assert len(sample.weight_versions) == len(sample.response_ids)
     assert [len(turn.generated_ids) for turn in sample.turns] == [len(c.generation.output_ids) for c in calls]
+
+
+class Window:
+    """A context_length() whose answer a test sets (`tokens`; None: unknown)."""
+
+    def __init__(self, tokens: int | None = None) -> None:
+        self.tokens = tokens
+
+    async def __call__(self) -> int | None:
+        return self.tokens
+
+
+def make_session(
+    llm: ScriptedLLM, config: SessionSettings | None = None, *, tokenizer: Any = TOK, window: Window | None = None
+) -> GatewaySession:
+    """A session on `llm`; generations without a server weight version are stamped 42."""
+    return GatewaySession(
+        "rollout-1",
+        config or settings(),
+        generate=llm,
+        tokenizer=tokenizer,
+        policy_version=lambda: 42,
+        context_length=window,
+    )

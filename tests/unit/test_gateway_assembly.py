@@ -5,17 +5,28 @@ and the limits (context, max calls), driven through a GatewaySession with a scri
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 
-from corral.rollout.gateway import GatewaySession, HistoryPolicy, HistoryRewritten, SessionSettings
+from corral.rollout.gateway import GatewaySession, HistoryPolicy, HistoryRewritten
 from corral.rollout.gateway.errors import ContextLengthExceeded, MaxTurnsExceeded, Unavailable
 from corral.rollout.gateway.openai_api import openai_tool_calls
 from corral.rollout.gateway.render import Conversation, normalize_messages, normalize_tools
 from corral.rollout.gateway.session import CallOptions
 from corral.rollout.types import NO_WEIGHT_VERSION, ToolCall
-from tests.unit.gateway_support import BASH_TOOL, IM_END_ID, TOK, ScriptedLLM, Unreachable, assert_token_exact, settings
+from tests.unit.gateway_support import (
+    BASH_TOOL,
+    IM_END_ID,
+    TOK,
+    ScriptedLLM,
+    Unreachable,
+    Window,
+    assert_token_exact,
+    make_session,
+    settings,
+)
 
 
 def call_text(command: str, spaced: bool = True) -> str:
@@ -51,20 +62,6 @@ class Harness:
         if not message.get("tool_calls"):
             self.messages.append({"role": "user", "content": observation})
         return message
-
-
-def make_session(llm: ScriptedLLM, config: SessionSettings | None = None, window: int | None = None) -> GatewaySession:
-    async def context_length() -> int | None:
-        return window
-
-    return GatewaySession(
-        "rollout-1",
-        config or settings(),
-        generate=llm,
-        tokenizer=TOK,
-        policy_version=lambda: 42,
-        context_length=context_length,
-    )
 
 
 async def test_six_calls_make_one_token_exact_sample_of_prefix_hits():
@@ -164,33 +161,35 @@ async def test_mask_policy_keeps_a_single_sample_trainable():
     assert_token_exact(outcome.samples[0], llm.calls)
 
 
-async def test_fail_policy_refuses_the_rewritten_call_and_every_later_one():
+def _drop_tools(harness: Harness) -> None:
+    harness.tools = []
+
+
+def _edit_the_reply(harness: Harness) -> None:
+    harness.messages[-2]["tool_calls"][0]["function"]["arguments"] = '{"command": "rm -rf /"}'
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "reason"),
+    [(_drop_tools, "the tools differ"), (_edit_the_reply, r"messages\[2\] is not the assistant reply")],
+)
+async def test_fail_policy_refuses_the_rewritten_call_and_every_later_one(rewrite, reason):
     llm = ScriptedLLM([call_text("a"), call_text("b")])
     session = make_session(llm, settings(HistoryPolicy.FAIL))
     harness = Harness(session)
     await harness.step()
-    harness.tools = []  # the tools changed
-    with pytest.raises(HistoryRewritten, match="tools differ") as refused:
+    rewrite(harness)
+    with pytest.raises(HistoryRewritten, match=reason) as refused:
         await harness.step()
     assert refused.value.status == 409
     assert session.outcome.history_rewritten is not None  # known before the session closes
-    harness.tools = [BASH_TOOL]
+    harness.messages = harness.messages[:2]  # even a fresh start is refused now
     with pytest.raises(HistoryRewritten):
         await harness.step()
     outcome = session.close()
-    assert outcome.history_rewritten is not None and "tools differ" in outcome.history_rewritten
+    assert outcome.history_rewritten is not None and re.search(reason, outcome.history_rewritten)
     assert len(llm.calls) == 1 and outcome.counters.calls == 1
     assert_token_exact(outcome.samples[0], llm.calls)
-
-
-async def test_fail_policy_names_the_message_that_changed():
-    llm = ScriptedLLM([call_text("a"), call_text("b")])
-    session = make_session(llm, settings(HistoryPolicy.FAIL))
-    harness = Harness(session)
-    await harness.step()
-    harness.messages[-2]["tool_calls"][0]["function"]["arguments"] = '{"command": "rm -rf /"}'
-    with pytest.raises(HistoryRewritten, match=r"messages\[2\] is not the assistant reply"):
-        await harness.step()
 
 
 async def test_asking_the_same_conversation_again_discards_the_first_reply():
@@ -211,13 +210,14 @@ async def test_asking_the_same_conversation_again_discards_the_first_reply():
 
 async def test_a_prompt_without_room_is_refused_and_the_sample_is_kept_as_it_was():
     llm = ScriptedLLM([call_text("a" * 40), call_text("b")])
-    session = make_session(llm, settings(max_total_tokens=10_000))
+    window = Window()
+    session = make_session(llm, settings(max_total_tokens=10_000), window=window)
     harness = Harness(session)
     await harness.step(observation="x")
     first_prompt_len = len(llm.calls[0].prompt_ids)
     # The next prompt is longer than the first call's prompt and output: refuse it under a
     # window that the first call fits in with room to spare.
-    session._context_length = _const(first_prompt_len + len(llm.calls[0].generation.output_ids) + 5)
+    window.tokens = first_prompt_len + len(llm.calls[0].generation.output_ids) + 5
     with pytest.raises(ContextLengthExceeded) as refused:
         await harness.step()
     assert refused.value.code == "context_length_exceeded" and refused.value.status == 400
@@ -243,6 +243,14 @@ async def test_max_new_tokens_is_the_smallest_of_the_request_the_turn_cap_and_th
     # The task's stop strings hold, and a request's are added.
     await harness.ask(stop=("END",))
     assert llm.calls[-1].stop == ("STOP!", "END")
+
+
+async def test_the_stop_string_a_reply_ended_on_is_not_in_its_content_but_stays_in_the_ids():
+    llm = ScriptedLLM(["Thinking... END"])
+    session = make_session(llm)
+    message = await Harness(session, tools=[]).ask(stop=("END",))
+    assert message["content"] == "Thinking... "
+    assert TOK.decode(session.close().samples[0].response_ids) == "Thinking... END<|im_end|>"
 
 
 async def test_calls_past_max_calls_are_refused():
@@ -310,10 +318,3 @@ async def test_completions_extend_by_ids_and_otherwise_start_a_new_sample():
     assert (outcome.counters.prefix_hits, outcome.counters.discarded, outcome.counters.splits) == (1, 1, 1)
     assert_token_exact(outcome.samples[0], [llm.calls[0], llm.calls[2]])
     assert_token_exact(outcome.samples[1], [llm.calls[3]])
-
-
-def _const(value):
-    async def get():
-        return value
-
-    return get

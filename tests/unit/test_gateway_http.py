@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +20,16 @@ from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
 from corral.rollout.types import Generation, SamplingOptions
 from corral.v1 import rollout_pb2 as pb
-from tests.unit.gateway_support import BASH_TOOL, TOK, LLMCall, ScriptedLLM, Unreachable, assert_token_exact, settings
+from tests.unit.gateway_support import (
+    BASH_TOOL,
+    TOK,
+    LLMCall,
+    ScriptedLLM,
+    Unreachable,
+    Window,
+    assert_token_exact,
+    settings,
+)
 
 TOOL_CALL = '<tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</tool_call>'
 
@@ -27,17 +37,10 @@ TOOL_CALL = '<tool_call>{"name": "bash", "arguments": {"command": "ls -la"}}</to
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[Gateway, str, ScriptedLLM]]:
     llm = ScriptedLLM(["Looking.\n" + TOOL_CALL, "It works.\nDone."])
-    gateway = Gateway(llm, TOK, model_name="tiny", context_length=_window(4096))
+    gateway = Gateway(llm, TOK, model_name="tiny", context_length=Window(4096))
     url = await gateway.listen_tcp()
     yield gateway, url, llm
     await gateway.close()
-
-
-def _window(value: int | None):
-    async def get() -> int | None:
-        return value
-
-    return get
 
 
 async def _post(url: str, path: str, body: Any, key: str | None) -> tuple[int, Any]:
@@ -121,9 +124,13 @@ async def test_completions_whole_and_streamed_give_the_same_text_and_ids(served)
     assert token_ids == llm.calls[0].generation.output_ids
     # The next prompt is sent as ids that extend the first call's: one sample.
     next_prompt = whole.model_extra["prompt_token_ids"] + token_ids + TOK.encode("\n<|im_start|>user\nok<|im_end|>\n")
-    stream = await client.completions.create(model="m", prompt=next_prompt, stream=True)
-    streamed = "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
-    assert streamed == "It works.\nDone."
+    stream = await client.completions.create(
+        model="m", prompt=next_prompt, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == "It works.\nDone."
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "stop"
+    assert chunks[-1].usage.prompt_tokens == len(next_prompt)
     outcome = gateway.close_session(session.key)
     assert outcome.counters.prefix_hits == 1 and len(outcome.samples) == 1
     assert_token_exact(outcome.samples[0], llm.calls)
@@ -248,22 +255,26 @@ async def test_calls_of_one_session_are_assembled_in_order_while_sessions_run_co
         await gateway.close()
 
 
-async def test_unix_socket_listener(tmp_path):
+async def test_unix_socket_and_bound_socket_listeners(tmp_path):
     llm = ScriptedLLM(["hi"])
     gateway = Gateway(llm, TOK)
     path = str(tmp_path / "gw.sock")
     await gateway.listen_unix(path)
+    bound = socket.socket()
+    bound.bind(("127.0.0.1", 0))
+    bound.listen()
+    await gateway.listen_socket(bound)
     try:
-        session = gateway.open_session("r-unix", settings())
-        connector = aiohttp.UnixConnector(path=path)
-        async with aiohttp.ClientSession(connector=connector) as http:
-            async with http.post(
-                "http://gateway/v1/chat/completions",
-                json={"messages": [{"role": "user", "content": "hi"}]},
-                headers={"Authorization": f"Bearer {session.key}"},
-            ) as response:
+        session = gateway.open_session("r-sockets", settings())
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {session.key}"}
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path)) as http:
+            async with http.post("http://gateway/v1/chat/completions", json=body, headers=headers) as response:
                 assert response.status == 200
                 assert (await response.json())["choices"][0]["message"]["content"] == "hi"
+        port = bound.getsockname()[1]
+        status, data = await _post(f"http://127.0.0.1:{port}/v1", "/chat/completions", body, session.key)
+        assert status == 200 and data["corral"]["call_index"] == 1
     finally:
         await gateway.close()
 
@@ -317,3 +328,33 @@ async def test_end_to_end_through_the_reference_server_and_the_sglang_client():
         await gateway.close()
         await client.close()
         await server.stop()
+
+
+async def test_a_call_in_flight_when_its_session_closes_is_refused_and_recorded_nowhere():
+    gate = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def generate(prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
+        entered.set()
+        await gate.wait()
+        ids = TOK.encode("late") + [TOK.end_of_turn_ids[0]]
+        return Generation(ids, [0.0] * len(ids), "stop")
+
+    gateway = Gateway(generate, TOK)
+    url = await gateway.listen_tcp()
+    try:
+        session = gateway.open_session("r-late", settings())
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        call = asyncio.create_task(_post(url, "/chat/completions", body, session.key))
+        await entered.wait()
+        waiting = asyncio.create_task(_post(url, "/completions", {"prompt": "x"}, session.key))
+        await asyncio.sleep(0.05)  # queued behind the first call
+        outcome = gateway.close_session(session.key)
+        gate.set()
+        for status, data in await asyncio.gather(call, waiting):
+            assert (status, data["error"]["code"]) == (401, "invalid_api_key")
+        assert outcome.samples == [] and outcome.counters.calls == 0
+        with pytest.raises(KeyError):
+            gateway.close_session(session.key)
+    finally:
+        await gateway.close()
