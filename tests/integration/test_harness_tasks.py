@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import sys
 import urllib.request
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.daemon.netns_socket import listen_in_namespace_of, shares_host_network
 from corral.rollout.reference.policies import GenerateParams, PolicyOutput
 from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
@@ -285,3 +287,38 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+async def test_a_socket_made_in_another_network_namespace_serves_only_there() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("entering a network namespace needs root")
+    holder = await asyncio.create_subprocess_exec("unshare", "--net", "sleep", "60")  # a bare netns, lo down
+    try:
+        for _ in range(250):  # until unshare has made the namespace
+            if not shares_host_network(holder.pid):
+                break
+            await asyncio.sleep(0.02)
+        assert not shares_host_network(holder.pid) and shares_host_network(os.getpid())
+        listener = await listen_in_namespace_of(holder.pid)
+        port = listener.getsockname()[1]
+        loop = asyncio.get_running_loop()
+
+        async def answer() -> None:
+            connection, _ = await loop.sock_accept(listener)
+            with connection:
+                await loop.sock_sendall(connection, b"from the daemon")
+
+        answering = asyncio.ensure_future(answer())
+        inside = await asyncio.create_subprocess_exec(
+            "nsenter", "-t", str(holder.pid), "-n", sys.executable, "-c",
+            f"import socket; print(socket.create_connection(('127.0.0.1', {port})).recv(100).decode())",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert (await inside.communicate())[0] == b"from the daemon\n"
+        await answering
+        with pytest.raises(OSError):  # the node's own loopback has no such listener
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        listener.close()
+    finally:
+        holder.kill()
+        await holder.wait()
