@@ -281,7 +281,9 @@ class RolloutPipeline:
         if not is_harness_task(task):
             return
         if self._gateway is None:
-            raise FailedPrecondition(f"task {task.task_id}: this daemon runs no LLM gateway, so no harness tasks")
+            raise FailedPrecondition(
+                f"task {task.task_id}: no LLM gateway serves this pipeline, so it runs no harness tasks"
+            )
         if runs_on_host(task) and not self._settings.allow_host_harness:
             raise FailedPrecondition(
                 f"task {task.task_id}: this daemon does not run harnesses on the node "
