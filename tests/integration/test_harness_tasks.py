@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import sys
 import urllib.request
@@ -281,6 +282,34 @@ async def test_host_harnesses_need_the_daemons_consent_and_counters_reach_the_me
         assert "corral_gateway_splits_total 0.0" in metrics
     finally:
         daemon.stop()
+
+
+async def test_stopping_the_daemon_kills_a_running_harness(tmp_path) -> None:
+    config = tmp_path / "corral.toml"
+    config.write_text("[rollout]\nallow_host_harness = true\n")
+    daemon = DaemonProcess(tmp_path, "--config", str(config)).start()
+    pid_file = tmp_path / "pid"
+    task = harness_task("shutdown-hang", "hang")
+    task.harness.env["PID_FILE"] = str(pid_file)
+    try:
+        async with AsyncClient(daemon.address) as client, serving(client, task):
+            async with client.rollouts.open_stream() as stream:
+                await stream.submit(task)
+                for _ in range(200):
+                    if pid_file.exists() and pid_file.read_text():
+                        break
+                    await asyncio.sleep(0.05)
+                pid = int(pid_file.read_text())
+                assert alive_pids({pid})
+                assert daemon.proc is not None
+                daemon.proc.send_signal(signal.SIGTERM)  # rollouts end first, while it still serves
+                for _ in range(200):
+                    if not alive_pids({pid}):
+                        break
+                    await asyncio.sleep(0.05)
+                assert not alive_pids({pid})
+    finally:
+        assert daemon.stop() == 0
 
 
 def free_port() -> int:
