@@ -101,6 +101,8 @@ class _Server:
         # The server's context window once it said (None: it reports none); unknown until then.
         self.context_length: int | None = None
         self.context_known = False
+        # When a server that could not be asked is asked again (not on every turn of every rollout).
+        self.context_retry_at = -math.inf
 
     @property
     def load(self) -> float:
@@ -161,6 +163,7 @@ class LLMPool:
         cooldown_s: float = 15.0,
         unavailable_wait_s: float = 60.0,
         health_interval_s: float = 0.5,
+        context_timeout_s: float = 5.0,
         session: aiohttp.ClientSession | None = None,
         max_sticky: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
@@ -175,6 +178,7 @@ class LLMPool:
         self.cooldown_s = cooldown_s
         self.unavailable_wait_s = unavailable_wait_s
         self.health_interval_s = health_interval_s
+        self.context_timeout_s = context_timeout_s
         self.max_sticky = max_sticky
         self._clock = clock
         self._servers: dict[str, _Server] = {}
@@ -223,19 +227,24 @@ class LLMPool:
     async def context_length(self) -> int | None:
         """The smallest context window the registered servers report (GET /v1/models'
         max_model_len), so that a request fits whichever server takes it; None when none reports
-        one. Each server is asked until it answers once; one that cannot be reached now is left
-        out this time."""
-        lengths: list[int] = []
-        for server in list(self._servers.values()):
-            if not server.context_known:
-                try:
-                    server.context_length = await asyncio.wait_for(self._client(server).context_length(), 5)
-                except (LLMServerError, TimeoutError):
-                    continue
-                server.context_known = True
-            if server.context_length is not None:
-                lengths.append(server.context_length)
+        one. Each server is asked until it answers once, the servers not known yet all at once
+        (each for at most `context_timeout_s`). One that could not be asked is left out, and asked
+        again only after `cooldown_s`: an unreachable server must not cost every turn of every
+        rollout a wait."""
+        now = self._clock()
+        unknown = [s for s in self._servers.values() if not s.context_known and s.context_retry_at <= now]
+        if unknown:
+            await asyncio.gather(*(self._ask_context_length(server) for server in unknown))
+        lengths = [s.context_length for s in self._servers.values() if s.context_known and s.context_length]
         return min(lengths) if lengths else None
+
+    async def _ask_context_length(self, server: _Server) -> None:
+        try:
+            length = await asyncio.wait_for(self._client(server).context_length(), self.context_timeout_s)
+        except (LLMServerError, TimeoutError):
+            server.context_retry_at = self._clock() + self.cooldown_s
+            return
+        server.context_length, server.context_known = length, True
 
     def forget(self, rollout_id: str) -> None:
         """Drops the rollout's stickiness (call when the rollout ends)."""

@@ -700,6 +700,37 @@ async def test_pool_reports_the_smallest_context_window_its_servers_report(serve
         await narrow.stop()
 
 
+async def test_a_server_that_does_not_answer_costs_the_context_window_one_wait_per_cooldown():
+    """A server that accepts connections and never answers is asked at once with the others, for
+    at most context_timeout_s, and not again before its cool-down: not a wait on every turn."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    listener = await asyncio.start_server(silent, "127.0.0.1", 0)
+    silent_url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    narrow = VLLMStandIn(max_model_len=700)
+    pool = LLMPool(cooldown_s=30, context_timeout_s=0.3)
+    try:
+        pool.register(silent_url, protocol="vllm", model="m")
+        pool.register(await narrow.start(), protocol="vllm")
+        started = time.monotonic()
+        assert await pool.context_length() == 700
+        assert time.monotonic() - started < 1.5 and len(accepted) == 1
+        started = time.monotonic()
+        for _ in range(5):
+            assert await pool.context_length() == 700
+        assert time.monotonic() - started < 0.25 and len(accepted) == 1  # not asked again yet
+    finally:
+        await pool.close()
+        await narrow.stop()
+        for writer in accepted:
+            writer.close()
+        listener.close()
+        await listener.wait_closed()
+
+
 class NoTools:
     """A toolbox for loops whose replies never hold a tool call (the tiny policy's noise)."""
 
