@@ -98,6 +98,7 @@ class HFChatTokenizer:
     them differently. Needs the `corral[hf]` extra.
 
     `template_kwargs` go to every `apply_chat_template` call (e.g. {"enable_thinking": False}).
+    `tools` (OpenAI function specs, for the LLM gateway) go to the template as its `tools`.
     """
 
     # Placeholder contents for the conversation the fixed continuation is computed on: text no
@@ -136,22 +137,26 @@ class HFChatTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, tools: list[Any] | None = None
+    ) -> str:
+        extra = {**self._template_kwargs, **({"tools": tools} if tools else {})}
         return self._tokenizer.apply_chat_template(
             [dict(m) for m in messages],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
-            **self._template_kwargs,
+            **extra,
         )
 
-    def encode_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        return self.encode(self.render(messages, add_generation_prompt=True))
+    def encode_prompt(self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None = None) -> list[int]:
+        return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
 
     def encode_continuation(
         self,
-        history: Sequence[Mapping[str, str]],
+        history: Sequence[Mapping[str, Any]],
         generated_ids: Sequence[int],
-        new_messages: Sequence[Mapping[str, str]],
+        new_messages: Sequence[Mapping[str, Any]],
+        tools: list[Any] | None = None,
     ) -> list[int]:
         """`history` is the conversation before the assistant turn that `generated_ids` is."""
         generated = list(generated_ids)
@@ -162,15 +167,17 @@ class HFChatTokenizer:
         assistant = {"role": "assistant", "content": self.decode(content_ids)}
         # What the sequence reads as now, and what the template renders once the turn is in the
         # history: when the first is a prefix of the second, the rest is exactly what to append.
-        before = self.render(history, add_generation_prompt=True) + self.decode(generated)
-        after = self.render([*history, assistant, *new_messages], add_generation_prompt=True)
+        before = self.render(history, add_generation_prompt=True, tools=tools) + self.decode(generated)
+        after = self.render([*history, assistant, *new_messages], add_generation_prompt=True, tools=tools)
         if after.startswith(before):
             return self.encode(after[len(before) :])
         # The template rewrites history (e.g. drops <think> blocks of earlier turns), so the two
         # renderings disagree: append what it puts after an assistant turn in general.
-        return self.encode(self._continuation_after_turn(new_messages, ends_turn))
+        return self.encode(self._continuation_after_turn(new_messages, ends_turn, tools))
 
-    def _continuation_after_turn(self, new_messages: Sequence[Mapping[str, str]], ends_turn: bool) -> str:
+    def _continuation_after_turn(
+        self, new_messages: Sequence[Mapping[str, Any]], ends_turn: bool, tools: list[Any] | None = None
+    ) -> str:
         """The text the template puts after an assistant message's content when `new_messages`
         follow it (its closing, the new messages, the generation prompt), computed on a placeholder
         conversation. When the generation already ended its turn with an end-of-turn token, the
@@ -179,7 +186,7 @@ class HFChatTokenizer:
             {"role": "user", "content": self._PLACEHOLDER_USER},
             {"role": "assistant", "content": self._PLACEHOLDER_ASSISTANT},
         ]
-        text = self.render([*base, *new_messages], add_generation_prompt=True)
+        text = self.render([*base, *new_messages], add_generation_prompt=True, tools=tools)
         at = text.rfind(self._PLACEHOLDER_ASSISTANT)
         if at < 0:
             raise ValueError(

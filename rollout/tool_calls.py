@@ -59,6 +59,14 @@ def render_tool_calls(calls: list[ToolCall], fmt: ToolCallFormat) -> str:
     return "\n".join(parts)
 
 
+def strip_tool_calls(text: str, fmt: ToolCallFormat) -> str:
+    """`text` without the tool calls written in it (what `parse_tool_calls` reads), trimmed: the
+    prose around them, as an OpenAI-style message's content."""
+    if fmt is ToolCallFormat.HERMES:
+        return _HERMES_CALL.sub("", text).strip()
+    return _SUBMIT_LINE.sub("", _FENCED_BLOCK.sub("", text)).strip()
+
+
 def _parse_hermes(text: str) -> list[ToolCall]:
     calls = []
     for match in _HERMES_CALL.finditer(text):

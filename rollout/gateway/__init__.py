@@ -1,0 +1,24 @@
+"""The LLM gateway: an OpenAI-compatible HTTP endpoint per rollout that forwards to the LLM
+servers token-in/token-out and records every call's exact ids into trainable samples.
+
+See docs/gateway.md. Modules: render (requests into template messages and ids), assembly (calls
+into samples, with the prefix/splice/split rules), session (one rollout's call path and limits),
+openai_api (the wire format), app (the aiohttp server), errors.
+"""
+
+from corral.rollout.gateway.app import Gateway
+from corral.rollout.gateway.assembly import GatewayCounters, HistoryPolicy, TrajectoryAssembler
+from corral.rollout.gateway.errors import GatewayError, HistoryRewritten
+from corral.rollout.gateway.session import GatewayOutcome, GatewaySession, SessionSettings
+
+__all__ = [
+    "Gateway",
+    "GatewayCounters",
+    "GatewayError",
+    "GatewayOutcome",
+    "GatewaySession",
+    "HistoryPolicy",
+    "HistoryRewritten",
+    "SessionSettings",
+    "TrajectoryAssembler",
+]

@@ -1,0 +1,206 @@
+"""The gateway's HTTP side: an OpenAI-compatible server (aiohttp) in front of a GenerateFn, one
+session per rollout, found by its key (the Bearer token, or /r/<key>/v1/... in the path).
+
+Routes (each also under /r/<key>): POST /v1/chat/completions, POST /v1/completions,
+GET /v1/models. Errors are OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+
+from corral.rollout.gateway.assembly import GatewayCounters
+from corral.rollout.gateway.errors import GatewayError, RequestError, UnknownKey
+from corral.rollout.gateway.openai_api import (
+    ResponseContext,
+    chat_chunks,
+    chat_response,
+    completion_chunks,
+    completion_response,
+    parse_chat_request,
+    parse_completion_request,
+    sse_event,
+)
+from corral.rollout.gateway.session import GatewayOutcome, GatewaySession, SessionSettings
+from corral.rollout.types import ChatTokenizer, GenerateFn
+
+# Long agent conversations are sent whole on every call.
+MAX_REQUEST_BYTES = 256 * 1024 * 1024
+
+
+class Gateway:
+    """OpenAI-compatible HTTP front for a GenerateFn (the daemon's LLMPool.generate), one session
+    per rollout. Calls of one session run one at a time, in arrival order; sessions run
+    concurrently. `totals` sums the counters of closed sessions."""
+
+    def __init__(
+        self,
+        generate: GenerateFn,
+        tokenizer: ChatTokenizer,
+        *,
+        policy_version: Callable[[], int] = lambda: 0,
+        context_length: Callable[[], Awaitable[int | None]] | None = None,
+        model_name: str = "corral",
+    ) -> None:
+        self.generate = generate
+        self.tokenizer = tokenizer
+        self.policy_version = policy_version
+        self.context_length = context_length
+        self.model_name = model_name
+        self.totals = GatewayCounters()
+        self._sessions: dict[str, GatewaySession] = {}
+        self._app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        for prefix in ("", "/r/{key}"):
+            self._app.router.add_post(prefix + "/v1/chat/completions", self._chat)
+            self._app.router.add_post(prefix + "/v1/completions", self._completions)
+            self._app.router.add_get(prefix + "/v1/models", self._models)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def app(self) -> web.Application:
+        return self._app
+
+    @property
+    def sessions(self) -> Iterable[GatewaySession]:
+        return self._sessions.values()
+
+    def open_session(self, rollout_id: str, settings: SessionSettings) -> GatewaySession:
+        session = GatewaySession(
+            rollout_id,
+            settings,
+            generate=self.generate,
+            tokenizer=self.tokenizer,
+            policy_version=self.policy_version,
+            context_length=self.context_length,
+        )
+        self._sessions[session.key] = session
+        return session
+
+    def close_session(self, key: str) -> GatewayOutcome:
+        """The session's outcome; its key is refused (401) from now on. A call still in flight is
+        answered 401 and recorded nowhere."""
+        session = self._sessions.pop(key, None)
+        if session is None:
+            raise KeyError("no open gateway session has this key")
+        outcome = session.close()
+        self.totals.add(session.counters)
+        return outcome
+
+    # Serving.
+
+    async def _runner_started(self) -> web.AppRunner:
+        if self._runner is None:
+            self._runner = web.AppRunner(self._app, access_log=None)
+            await self._runner.setup()
+        return self._runner
+
+    async def listen_tcp(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serves on host:port (0: any free port); returns the base URL ending in /v1."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+            sock.listen(128)
+            await self.listen_socket(sock)
+        except BaseException:
+            sock.close()
+            raise
+        bound = sock.getsockname()[1]
+        return f"http://[{host}]:{bound}/v1" if family == socket.AF_INET6 else f"http://{host}:{bound}/v1"
+
+    async def listen_socket(self, sock: socket.socket) -> None:
+        """Serves on an already bound, listening socket (e.g. one made in a sandbox's network namespace)."""
+        await web.SockSite(await self._runner_started(), sock).start()
+
+    async def listen_unix(self, path: str) -> None:
+        await web.UnixSite(await self._runner_started(), path).start()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # Handlers.
+
+    def _session_for(self, request: web.Request) -> GatewaySession:
+        key = request.match_info.get("key")
+        if key is None:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            key = token.strip() if scheme.lower() == "bearer" else None
+        session = self._sessions.get(key or "")
+        if session is None or session.closed:
+            raise UnknownKey()
+        return session
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            session = self._session_for(request)
+            parsed = parse_chat_request(await _json_body(request))
+            async with session.lock:
+                result, reply = await session.chat(parsed.conversation, parsed.options)
+        except GatewayError as error:
+            return _error_response(error)
+        context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
+        if parsed.stream.stream:
+            return await _sse(request, chat_chunks(context, result, reply, parsed, self.tokenizer))
+        return _json_response(chat_response(context, result, reply, parsed, self.tokenizer))
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            session = self._session_for(request)
+            parsed = parse_completion_request(await _json_body(request))
+            async with session.lock:
+                result = await session.complete(parsed.prompt, parsed.options)
+        except GatewayError as error:
+            return _error_response(error)
+        context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")
+        if parsed.stream.stream:
+            return await _sse(request, completion_chunks(context, result, parsed, self.tokenizer))
+        return _json_response(completion_response(context, result, parsed, self.tokenizer))
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            self._session_for(request)
+        except GatewayError as error:
+            return _error_response(error)
+        model: dict[str, Any] = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "corral"}
+        window = await self.context_length() if self.context_length is not None else None
+        if window:
+            model["max_model_len"] = window
+        return _json_response({"object": "list", "data": [model]})
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestError(f"the request body is not JSON: {error}") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestError(f"the request body is larger than {MAX_REQUEST_BYTES} bytes") from None
+
+
+def _json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode(),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def _error_response(error: GatewayError) -> web.Response:
+    return _json_response(error.body(), error.status)
+
+
+async def _sse(request: web.Request, chunks: Iterable[Any]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(sse_event(chunk))
+    await response.write(sse_event("[DONE]"))
+    await response.write_eof()
+    return response

@@ -1,0 +1,56 @@
+"""What a gateway call can fail with, each error carrying the HTTP status and the OpenAI-shaped
+`type`/`code` the harness gets (never a 500 for the caller's mistake)."""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    status = 400
+    type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+
+class RequestError(GatewayError):
+    """The request is malformed; the message says what and where."""
+
+
+class UnknownKey(GatewayError):
+    status = 401
+    code = "invalid_api_key"
+
+    def __init__(self) -> None:
+        super().__init__("unknown or closed gateway key (pass the rollout's key as the Bearer token or in /r/<key>/v1)")
+
+
+class ContextLengthExceeded(GatewayError):
+    """The prompt leaves no room for a single generated token under the sample's length limit."""
+
+    code = "context_length_exceeded"
+
+
+class MaxTurnsExceeded(GatewayError):
+    """The rollout already made its max_calls generation calls."""
+
+    code = "max_turns_exceeded"
+
+
+class HistoryRewritten(GatewayError):
+    """The conversation does not extend the previous call's, under the FAIL policy."""
+
+    status = 409
+    code = "history_rewritten"
+
+
+class Unavailable(GatewayError):
+    """No LLM server could generate (or one aborted the request)."""
+
+    status = 503
+    type = "server_error"
+    code = "llm_unavailable"

@@ -1,0 +1,225 @@
+"""One rollout's side of the gateway: its limits, its assembler, and the path of one call from
+prompt ids to a recorded generation. No HTTP here (app.py speaks that)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from corral.rollout.gateway.assembly import (
+    CallPlan,
+    GatewayCounters,
+    HistoryPolicy,
+    TrajectoryAssembler,
+)
+from corral.rollout.gateway.errors import ContextLengthExceeded, MaxTurnsExceeded, Unavailable
+from corral.rollout.gateway.render import ChatRenderer, Conversation, Message
+from corral.rollout.tool_calls import ToolCallFormat, ToolCallParseError, parse_tool_calls, strip_tool_calls
+from corral.rollout.types import (
+    ChatTokenizer,
+    GenerateFn,
+    Generation,
+    LLMUnavailable,
+    SamplingOptions,
+    ToolCall,
+    Trajectory,
+    TurnRecord,
+)
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    sampling: SamplingOptions  # the TASK's sampling (temperature/top_p/top_k/stop); wins over the request's
+    max_new_tokens_per_turn: int  # a request's max_tokens/max_completion_tokens is honoured only below this
+    max_total_tokens: int  # prompt+completion of one sample; also capped by the servers' context window
+    max_calls: int  # = task max_turns
+    tool_call_format: ToolCallFormat = ToolCallFormat.HERMES  # how tool calls appear in model text
+    history_policy: HistoryPolicy = HistoryPolicy.SPLIT
+
+
+@dataclass
+class GatewayOutcome:
+    """What a session leaves when it is closed."""
+
+    samples: list[Trajectory]  # in call order; finish_reason None
+    counters: GatewayCounters
+    history_rewritten: str | None = None  # set when the FAIL policy tripped (the message)
+    llm_unavailable: str | None = None  # set when a generation failed (the harness got HTTP 503)
+    context_full: bool = False  # a call was refused: its prompt left no room (400 context_length_exceeded)
+    max_calls_reached: bool = False  # a call past max_calls was refused (400 max_turns_exceeded)
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What a request may ask for itself."""
+
+    max_tokens: int | None = None  # honoured below the session's max_new_tokens_per_turn
+    stop: tuple[str, ...] = ()  # added to the task's stop strings
+    parse_tool_calls: bool = False  # the request declared tools: read the reply's tool calls
+
+
+@dataclass
+class CallResult:
+    call_index: int
+    prompt_ids: list[int]
+    generation: Generation
+    text: str  # the generated ids' text without trailing end-of-turn tokens
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    format_error: bool = False  # the reply names a tool call that cannot be read
+    llm_time_s: float = 0.0
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's: "tool_calls", "length" or "stop"."""
+        if self.tool_calls:
+            return "tool_calls"
+        return "length" if self.generation.finish_reason == "length" else "stop"
+
+
+class GatewaySession:
+    """One rollout's calls. Calls run one at a time (`lock`), so the samples follow call order."""
+
+    def __init__(
+        self,
+        rollout_id: str,
+        settings: SessionSettings,
+        *,
+        generate: GenerateFn,
+        tokenizer: ChatTokenizer,
+        policy_version: Callable[[], int],
+        context_length: Callable[[], Awaitable[int | None]] | None,
+    ) -> None:
+        self.key = secrets.token_urlsafe(24)
+        self.rollout_id = rollout_id
+        self.settings = settings
+        self.counters = GatewayCounters()
+        self.lock = asyncio.Lock()
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer, settings.tool_call_format)
+        self.assembler = TrajectoryAssembler(self.renderer, settings.history_policy, self.counters)
+        self._generate = generate
+        self._policy_version = policy_version
+        self._context_length = context_length
+        self._end_of_turn = frozenset(tokenizer.end_of_turn_ids)
+        self._stop_ids = tuple(dict.fromkeys((*settings.sampling.stop_token_ids, *tokenizer.end_of_turn_ids)))
+        self.outcome = GatewayOutcome(samples=[], counters=self.counters)
+        self.closed = False
+
+    async def chat(self, conversation: Conversation, options: CallOptions) -> tuple[CallResult, Message]:
+        """Generates the reply to `conversation`; returns it and the assistant message as returned
+        to the harness (normalized)."""
+        self._check_calls_left()
+        plan = self.assembler.plan_chat(conversation)
+        result = await self._generate_for(plan, options)
+        reply: Message = {"role": "assistant", "content": self.reply_content(result)}
+        if result.tool_calls:
+            reply["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in result.tool_calls
+            ]
+        self._commit(plan, result, reply)
+        return result, reply
+
+    async def complete(self, prompt: str | list[int], options: CallOptions) -> CallResult:
+        """Generates after `prompt`: token ids, sent as they are, or text (special-token strings
+        in it become their ids)."""
+        self._check_calls_left()
+        prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
+        plan = self.assembler.plan_tokens(prompt_ids)
+        result = await self._generate_for(plan, options)
+        self._commit(plan, result, None)
+        return result
+
+    def reply_content(self, result: CallResult) -> str:
+        """The message content: the reply text, without the tool calls' markup when tool calls
+        were read from it."""
+        if not result.tool_calls:
+            return result.text
+        return strip_tool_calls(result.text, self.settings.tool_call_format)
+
+    def close(self) -> GatewayOutcome:
+        if not self.closed:
+            self.closed = True
+            self.outcome.samples = self.assembler.close()
+        return self.outcome
+
+    def _check_calls_left(self) -> None:
+        if self.counters.calls >= self.settings.max_calls:
+            self.outcome.max_calls_reached = True
+            raise MaxTurnsExceeded(f"this rollout already made its {self.settings.max_calls} LLM calls (max_turns)")
+
+    async def _generate_for(self, plan: CallPlan, options: CallOptions) -> CallResult:
+        prompt = plan.prompt_ids
+        limit = self.settings.max_total_tokens
+        window = await self._context_length() if self._context_length is not None else None
+        if window:
+            limit = min(limit, window)
+        room = limit - len(prompt)
+        if room < 1:
+            self.outcome.context_full = True
+            raise ContextLengthExceeded(
+                f"the prompt is {len(prompt)} tokens; this rollout's samples may have at most {limit} "
+                "(prompt and completion)",
+                "messages",
+            )
+        max_new = min(self.settings.max_new_tokens_per_turn, room)
+        if options.max_tokens is not None:
+            max_new = min(max_new, options.max_tokens)
+        sampling = dataclasses.replace(
+            self.settings.sampling,
+            max_new_tokens=max_new,
+            stop=tuple(dict.fromkeys((*self.settings.sampling.stop, *options.stop))),
+            stop_token_ids=self._stop_ids,
+        )
+        started = time.monotonic()
+        try:
+            generation = await self._generate(prompt, sampling, self.rollout_id)
+        except LLMUnavailable as error:
+            self.outcome.llm_unavailable = str(error) or type(error).__name__
+            raise Unavailable(f"no LLM server could generate: {self.outcome.llm_unavailable}") from None
+        llm_time = time.monotonic() - started
+        if generation.finish_reason == "abort":
+            self.outcome.llm_unavailable = f"the LLM server {generation.server} aborted the generation"
+            raise Unavailable(self.outcome.llm_unavailable)
+        if len(generation.output_ids) > max_new:  # never outgrow the limits, whatever a server does
+            generation = dataclasses.replace(
+                generation,
+                output_ids=generation.output_ids[:max_new],
+                logprobs=generation.logprobs[:max_new],
+                finish_reason="length",
+            )
+        text = self.tokenizer.decode(self._without_end_of_turn(generation.output_ids))
+        calls: list[ToolCall] = []
+        format_error = False
+        if options.parse_tool_calls:
+            try:
+                calls = parse_tool_calls(text, self.settings.tool_call_format)
+            except ToolCallParseError:
+                format_error = True
+        return CallResult(-1, prompt, generation, text, calls, format_error, llm_time)
+
+    def _commit(self, plan: CallPlan, result: CallResult, reply: Message | None) -> None:
+        generation = result.generation
+        turn = TurnRecord(
+            index=0,
+            generated_ids=list(generation.output_ids),
+            generated_logprobs=list(generation.logprobs),
+            weight_version=self._policy_version() if generation.weight_version is None else generation.weight_version,
+            tool_calls=list(result.tool_calls),
+            observation_ids=[],
+            format_error=result.format_error,
+            llm_finish_reason=generation.finish_reason,
+            llm_time_s=result.llm_time_s,
+            tool_time_s=0.0,
+            llm_server=generation.server,
+        )
+        result.call_index = self.assembler.commit(plan, turn, reply, result.text)
+
+    def _without_end_of_turn(self, ids: Sequence[int]) -> Sequence[int]:
+        end = len(ids)
+        while end and ids[end - 1] in self._end_of_turn:
+            end -= 1
+        return ids[:end]
