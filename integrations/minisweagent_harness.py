@@ -38,8 +38,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # One attempt per model call (mini's retry() reads this at each call).
 os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
 
-# The gateway's refusals that mean "the episode is over", not "the gateway failed": its error codes.
-_LIMIT_CODES = ("max_turns", "context_length_exceeded")
+# The gateway's refusals that mean "the episode is over", not "the gateway failed": the error codes
+# of rollout.gateway.errors' MaxTurnsExceeded and ContextLengthExceeded.
+_LIMIT_CODES = ("max_turns_exceeded", "context_length_exceeded")
 _ENVIRONMENTS = ("corral", "local")
 
 
