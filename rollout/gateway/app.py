@@ -141,8 +141,7 @@ class Gateway:
         try:
             session = self._session_for(request)
             parsed = parse_chat_request(await _json_body(request))
-            async with session.lock:
-                result, reply = await session.chat(parsed.conversation, parsed.options)
+            result, reply = await session.chat(parsed.conversation, parsed.options)
         except GatewayError as error:
             return _error_response(error)
         context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
@@ -154,8 +153,7 @@ class Gateway:
         try:
             session = self._session_for(request)
             parsed = parse_completion_request(await _json_body(request))
-            async with session.lock:
-                result = await session.complete(parsed.prompt, parsed.options)
+            result = await session.complete(parsed.prompt, parsed.options)
         except GatewayError as error:
             return _error_response(error)
         context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")

@@ -23,7 +23,7 @@ appended to the system message (one is put first when there is none) in a Hermes
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,7 +172,8 @@ class ChatRenderer:
 
     def encode_prompt(self, conversation: Conversation) -> list[int]:
         if isinstance(self.tokenizer, HFChatTokenizer):
-            return self.tokenizer.encode_prompt(list(conversation.messages), tools=list(conversation.tools) or None)
+            tokenizer, tools = self.tokenizer, list(conversation.tools) or None
+            return _templated(lambda: tokenizer.encode_prompt(list(conversation.messages), tools=tools))
         return list(self.tokenizer.encode_prompt(self.template_messages(conversation.messages, conversation.tools)))
 
     def encode_continuation(
@@ -184,8 +185,11 @@ class ChatRenderer:
         """The ids after `generated_ids` (the reply that follows `history`) up to the next
         generation prompt, with `new_messages` in between."""
         if isinstance(self.tokenizer, HFChatTokenizer):
-            return self.tokenizer.encode_continuation(
-                list(history.messages), generated_ids, list(new_messages), tools=list(history.tools) or None
+            tokenizer, tools = self.tokenizer, list(history.tools) or None
+            return _templated(
+                lambda: tokenizer.encode_continuation(
+                    list(history.messages), generated_ids, list(new_messages), tools=tools
+                )
             )
         return list(
             self.tokenizer.encode_continuation(
@@ -224,3 +228,12 @@ class ChatRenderer:
         except ValueError as error:
             raise RequestError(f"an assistant message's tool calls cannot be written: {error}", "messages") from None
         return f"{message['content']}\n{rendered}" if message["content"] else rendered
+
+
+def _templated(render: Callable[[], list[int]]) -> list[int]:
+    """A Hugging Face chat template's rendering; its refusals (raise_exception in the template,
+    e.g. roles that do not alternate) are the request's fault."""
+    try:
+        return render()
+    except Exception as error:  # noqa: BLE001 - jinja2 templates fail with many exception types
+        raise RequestError(f"the chat template cannot render these messages: {error}", "messages") from None

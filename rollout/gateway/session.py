@@ -9,6 +9,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from corral.rollout.gateway.assembly import (
     CallPlan,
@@ -16,7 +17,13 @@ from corral.rollout.gateway.assembly import (
     HistoryPolicy,
     TrajectoryAssembler,
 )
-from corral.rollout.gateway.errors import ContextLengthExceeded, MaxTurnsExceeded, Unavailable
+from corral.rollout.gateway.errors import (
+    ContextLengthExceeded,
+    HistoryRewritten,
+    MaxTurnsExceeded,
+    Unavailable,
+    UnknownKey,
+)
 from corral.rollout.gateway.render import ChatRenderer, Conversation, Message
 from corral.rollout.tool_calls import ToolCallFormat, ToolCallParseError, parse_tool_calls, strip_tool_calls
 from corral.rollout.types import (
@@ -29,6 +36,8 @@ from corral.rollout.types import (
     Trajectory,
     TurnRecord,
 )
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,8 @@ class CallResult:
 
 
 class GatewaySession:
-    """One rollout's calls. Calls run one at a time (`lock`), so the samples follow call order."""
+    """One rollout's calls. They run one at a time, in arrival order (`lock`), so the samples
+    follow the call order."""
 
     def __init__(
         self,
@@ -112,26 +122,29 @@ class GatewaySession:
     async def chat(self, conversation: Conversation, options: CallOptions) -> tuple[CallResult, Message]:
         """Generates the reply to `conversation`; returns it and the assistant message as returned
         to the harness (normalized)."""
-        self._check_calls_left()
-        plan = self.assembler.plan_chat(conversation)
-        result = await self._generate_for(plan, options)
-        reply: Message = {"role": "assistant", "content": self.reply_content(result)}
-        if result.tool_calls:
-            reply["tool_calls"] = [
-                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in result.tool_calls
-            ]
-        self._commit(plan, result, reply)
-        return result, reply
+        async with self.lock:
+            self._check_calls_left()
+            plan = self._plan(self.assembler.plan_chat, conversation)
+            result = await self._generate_for(plan, options)
+            reply: Message = {"role": "assistant", "content": self.reply_content(result)}
+            if result.tool_calls:
+                reply["tool_calls"] = [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in result.tool_calls
+                ]
+            self._commit(plan, result, reply)
+            return result, reply
 
     async def complete(self, prompt: str | list[int], options: CallOptions) -> CallResult:
         """Generates after `prompt`: token ids, sent as they are, or text (special-token strings
         in it become their ids)."""
-        self._check_calls_left()
-        prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
-        plan = self.assembler.plan_tokens(prompt_ids)
-        result = await self._generate_for(plan, options)
-        self._commit(plan, result, None)
-        return result
+        async with self.lock:
+            self._check_calls_left()
+            prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
+            plan = self._plan(self.assembler.plan_tokens, prompt_ids)
+            result = await self._generate_for(plan, options)
+            self._commit(plan, result, None)
+            return result
 
     def reply_content(self, result: CallResult) -> str:
         """The message content: the reply text, without the tool calls' markup when tool calls
@@ -145,6 +158,13 @@ class GatewaySession:
             self.closed = True
             self.outcome.samples = self.assembler.close()
         return self.outcome
+
+    def _plan(self, plan: Callable[[_T], CallPlan], request: _T) -> CallPlan:
+        try:
+            return plan(request)
+        except HistoryRewritten:
+            self.outcome.history_rewritten = self.assembler.history_rewritten
+            raise
 
     def _check_calls_left(self) -> None:
         if self.counters.calls >= self.settings.max_calls:
@@ -202,6 +222,8 @@ class GatewaySession:
         return CallResult(-1, prompt, generation, text, calls, format_error, llm_time)
 
     def _commit(self, plan: CallPlan, result: CallResult, reply: Message | None) -> None:
+        if self.closed:  # closed while the call was generating: recorded nowhere
+            raise UnknownKey()
         generation = result.generation
         turn = TurnRecord(
             index=0,
