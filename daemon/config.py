@@ -122,6 +122,12 @@ class RolloutConfig:
     # How long one LLM request waits, in all, for a server to come back when every server is out
     # of rotation (a restart), before it spends its remaining attempts anyway.
     llm_unavailable_wait_s: float = 60.0
+    # HOST:PORT of the LLM gateway that harness tasks on the node talk to (port 0: any free one).
+    # A loopback address: a harness's key is its only credential.
+    gateway_listen: str = "127.0.0.1:0"
+    # Whether harness tasks may run their command on the node (as the daemon's user, outside any
+    # sandbox). Off: only harness tasks placed in the sandbox run; the others are refused.
+    allow_host_harness: bool = False
 
 
 @dataclass
@@ -298,6 +304,10 @@ def validate(config: Config) -> None:
     for stage in ("init", "run", "eval"):
         if getattr(config.rollout, f"{stage}_workers") < 1:
             raise ConfigError(f"rollout.{stage}_workers must be at least 1")
+    try:
+        gateway_address(config.rollout.gateway_listen)
+    except ValueError as err:
+        raise ConfigError(f"rollout.gateway_listen: {err}") from None
     if config.metrics.token_file and not config.metrics_token:
         raise ConfigError(f"metrics.token_file {config.metrics.token_file} is empty")
     tcp = config.daemon.tcp
@@ -311,6 +321,15 @@ def validate(config: Config) -> None:
         int(config.daemon.socket_mode, 8)
     except ValueError as err:
         raise ConfigError('daemon.socket_mode must be an octal string such as "0660"') from err
+
+
+def gateway_address(listen: str) -> tuple[str, int]:
+    """(host, port) of rollout.gateway_listen ("127.0.0.1:0", "[::1]:8000")."""
+    host, colon, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT, got {listen!r}")
+    return host, int(port)
 
 
 def _validate_node_protection(config: Config) -> None:

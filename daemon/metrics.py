@@ -13,6 +13,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from corral.rollout.gateway import GatewayCounters
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -34,6 +36,36 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
+
+        self.gateway_calls = Counter(
+            "corral_gateway_calls", "LLM gateway calls answered (harness tasks)", registry=self.registry
+        )
+        self.gateway_prefix_hits = Counter(
+            "corral_gateway_prefix_hits",
+            "Gateway calls whose re-rendered prompt equalled the recorded ids exactly",
+            registry=self.registry,
+        )
+        self.gateway_splices = Counter(
+            "corral_gateway_splices",
+            "Gateway calls whose re-rendering differed, the recorded ids kept",
+            registry=self.registry,
+        )
+        self.gateway_splits = Counter(
+            "corral_gateway_splits",
+            "Gateway samples started because a harness's history was not append-only",
+            registry=self.registry,
+        )
+        self.gateway_masked_samples = Counter(
+            "corral_gateway_masked_samples", "Gateway samples delivered with mask 0", registry=self.registry
+        )
+
+    def count_gateway_session(self, counters: GatewayCounters) -> None:
+        """Adds a closed gateway session's counters."""
+        self.gateway_calls.inc(counters.calls)
+        self.gateway_prefix_hits.inc(counters.prefix_hits)
+        self.gateway_splices.inc(counters.splices)
+        self.gateway_splits.inc(counters.splits)
+        self.gateway_masked_samples.inc(counters.masked_samples)
 
     def watch_cgroups(self, held: Callable[[], Mapping[str, int]]) -> None:
         """Exports `held()` (cgroup directories the daemon holds, per hierarchy) at every scrape."""

@@ -1,12 +1,18 @@
 """The daemon's rollout machinery, built from the `[rollout]` configuration: the LLM server pool,
-the tokenizer and the INIT / RUN / EVAL pipeline, with their start and shutdown order."""
+the tokenizer, the LLM gateway of harness tasks and the INIT / RUN / EVAL pipeline, with their
+start and shutdown order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from corral.daemon.config import RolloutConfig
+from corral.daemon.gateway_access import GatewayAccess
 from corral.daemon.llm_pool import LLMPool
+from corral.daemon.metrics import Metrics
+from corral.daemon.sandboxes import SandboxManager
+from corral.rollout.gateway import Gateway
+from corral.rollout.harness import HarnessHost
 from corral.rollout.pipeline import PipelineSettings, RolloutPipeline, StageSettings
 from corral.rollout.tokenizer import load_tokenizer
 from corral.sdk import AsyncClient
@@ -18,36 +24,59 @@ def pipeline_settings(config: RolloutConfig) -> PipelineSettings:
         run=StageSettings(config.run_workers, config.run_timeout_s, config.queue_size),
         eval=StageSettings(config.eval_workers, config.eval_timeout_s, config.queue_size),
         init_retries=config.init_retries,
+        allow_host_harness=config.allow_host_harness,
     )
 
 
 class RolloutRuntime:
-    """Owns the pool, the pipeline and the pipeline's client of this daemon's own socket (the
-    pipeline uses the same SDK calls as any trainer)."""
+    """Owns the pool, the gateway, the pipeline and the pipeline's client of this daemon's own
+    socket (the pipeline uses the same SDK calls as any trainer)."""
 
-    def __init__(self, config: RolloutConfig, socket_path: Path) -> None:
+    def __init__(self, config: RolloutConfig, socket_path: Path, sandboxes: SandboxManager, metrics: Metrics) -> None:
         self.llms = LLMPool(
             timeout_s=config.llm_timeout_s,
             max_attempts=config.llm_attempts,
             unavailable_wait_s=config.llm_unavailable_wait_s,
         )
-        self.client = AsyncClient(f"unix://{socket_path}")
+        self.address = f"unix://{socket_path}"
+        self.client = AsyncClient(self.address)
+        self.metrics = metrics
+        tokenizer = load_tokenizer(config.tokenizer)
         self.pipeline = RolloutPipeline(
             self.client,
             self.llms.generate,
-            load_tokenizer(config.tokenizer),
+            tokenizer,
             settings=pipeline_settings(config),
             has_llm=lambda: len(self.llms) > 0,
             forget_rollout=self.llms.forget,
             context_length=self.llms.context_length,
         )
+        self.gateway = Gateway(
+            self.llms.generate,
+            tokenizer,
+            policy_version=lambda: self.pipeline.policy_version,
+            context_length=self.llms.context_length,
+        )
+        self.gateway_access = GatewayAccess(self.gateway, sandboxes, config.gateway_listen)
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        host_url = await self.gateway_access.start()
+        self.pipeline.enable_harnesses(
+            self.gateway,
+            HarnessHost(
+                host_url=host_url,
+                daemon_address=self.address,
+                sandbox_gateway=self.gateway_access.in_sandbox,
+                model_name=self.gateway.model_name,
+            ),
+            on_session_closed=self.metrics.count_gateway_session,
+        )
         self.pipeline.start()
 
     async def close(self) -> None:
         """Ends unfinished rollouts (FILTERED, reason SHUTDOWN) and destroys their sandboxes; call
         while the daemon still serves, since the pipeline reaches sandboxes through its socket."""
         await self.pipeline.close()
+        await self.gateway_access.close()
         await self.llms.close()
         await self.client.close()

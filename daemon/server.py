@@ -159,7 +159,7 @@ class Daemon:
         self.shells = ShellManager(config, self.manager)
         self.processes = ProcessManager(config, self.manager)
         self.kernels = KernelManager(config, self.manager)
-        self.rollouts = RolloutRuntime(config.rollout, self.socket_path)
+        self.rollouts = RolloutRuntime(config.rollout, self.socket_path, self.manager, self.metrics)
         self.health = health.aio.HealthServicer()
         self.servicers = {
             "kernel": KernelServicer(self.kernels),
@@ -202,7 +202,7 @@ class Daemon:
             self.tcp_server.add_insecure_port(tcp.listen)
             await self.tcp_server.start()
         await self.server.start()
-        self.rollouts.start()
+        await self.rollouts.start()
         for name in ["", *SERVICE_NAMES]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.metrics.listen:

@@ -36,10 +36,14 @@ from corral.rollout.evaluation import (
     evaluate,
     start_task_sandbox,
 )
+from corral.rollout.gateway import Gateway, GatewayCounters, GatewayOutcome, HistoryPolicy, SessionSettings
+from corral.rollout.harness import HarnessExit, HarnessHost, run_harness
 from corral.rollout.tasks import (
     check_task,
     enabled_tools,
+    is_harness_task,
     render_messages,
+    runs_on_host,
     sampling_options,
     task_limits,
     tool_call_format,
@@ -85,9 +89,20 @@ class PipelineSettings:
     eval: StageSettings = StageSettings(workers=8, timeout_s=600.0)
     # Further attempts at creating and setting up a sandbox after an infrastructure failure.
     init_retries: int = 2
+    # Whether harness tasks may run their command on the node, outside the sandbox.
+    allow_host_harness: bool = False
 
     def stage(self, stage: Stage) -> StageSettings:
         return getattr(self, stage.value)
+
+
+# A harness task's history policy, as the gateway names it.
+HISTORY_POLICIES = {
+    pb.HISTORY_POLICY_UNSPECIFIED: HistoryPolicy.SPLIT,
+    pb.HISTORY_POLICY_SPLIT: HistoryPolicy.SPLIT,
+    pb.HISTORY_POLICY_MASK: HistoryPolicy.MASK,
+    pb.HISTORY_POLICY_FAIL: HistoryPolicy.FAIL,
+}
 
 
 class NoLLMServers(FailedPrecondition):
@@ -127,6 +142,9 @@ class Rollout:
     timings: dict[str, float] = field(default_factory=dict)
     sandbox: AsyncSandbox | None = None
     trajectory: Trajectory | None = None
+    # A harness rollout's samples after the first (in `trajectory`), and its gateway counters.
+    extra_samples: list[Trajectory] = field(default_factory=list)
+    gateway_counters: GatewayCounters | None = None
     evaluation: Evaluation | None = None
     # The stage work in progress, cancelled by `cancel`.
     active: asyncio.Task | None = None
@@ -186,6 +204,10 @@ class RolloutPipeline:
         self._closed = False
         self.policy_version = 0
         self.totals = collections.Counter[int]()
+        # Harness tasks need the daemon's LLM gateway (enable_harnesses); without it they are refused.
+        self._gateway: Gateway | None = None
+        self._harness_host: HarnessHost | None = None
+        self._on_session_closed: Callable[[GatewayCounters], None] = lambda counters: None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -209,6 +231,19 @@ class RolloutPipeline:
         while self._finishing:
             await asyncio.gather(*self._finishing, return_exceptions=True)
 
+    def enable_harnesses(
+        self,
+        gateway: Gateway,
+        host: HarnessHost,
+        *,
+        on_session_closed: Callable[[GatewayCounters], None] = lambda counters: None,
+    ) -> None:
+        """Lets harness tasks run: their LLM calls go through `gateway`; `on_session_closed` gets
+        each rollout's counters (the daemon's metrics)."""
+        self._gateway = gateway
+        self._harness_host = host
+        self._on_session_closed = on_session_closed
+
     # -- the API the service uses ----------------------------------------------------------------
 
     async def submit(
@@ -220,6 +255,7 @@ class RolloutPipeline:
         if self._closed:
             raise PipelineClosed("the daemon is shutting down")
         check_task(task)
+        self._check_harness_allowed(task)
         if not self._has_llm():
             raise NoLLMServers("no LLM server is registered: call RegisterLLM first")
         group_id = options.group_id or secrets.token_hex(6)
@@ -240,6 +276,17 @@ class RolloutPipeline:
         for rollout in rollouts:
             await self._enqueue(Stage.INIT, rollout)
         return rollouts
+
+    def _check_harness_allowed(self, task: pb.Task) -> None:
+        if not is_harness_task(task):
+            return
+        if self._gateway is None:
+            raise FailedPrecondition(f"task {task.task_id}: this daemon runs no LLM gateway, so no harness tasks")
+        if runs_on_host(task) and not self._settings.allow_host_harness:
+            raise FailedPrecondition(
+                f"task {task.task_id}: this daemon does not run harnesses on the node "
+                "([rollout] allow_host_harness = false); set harness.place to SANDBOX"
+            )
 
     def cancel(self, rollout_id: str) -> bool:
         """Cancels a rollout (result status CANCELLED) and destroys its sandbox at once. False if
@@ -367,6 +414,9 @@ class RolloutPipeline:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
 
     async def _run(self, rollout: Rollout, timeout_s: float) -> None:
+        if is_harness_task(rollout.task):
+            await self._run_harness(rollout, timeout_s)
+            return
         task = rollout.task
         assert rollout.sandbox is not None
         limits = task_limits(task)
@@ -407,6 +457,67 @@ class RolloutPipeline:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(tools.close(), 10)
 
+    async def _run_harness(self, rollout: Rollout, timeout_s: float) -> None:
+        """RUN for a harness task: its command talks to a gateway session of its own; the
+        trajectory is what the session recorded. Filtered as the agent loop is: the LLM failing
+        (LLM_UNREACHABLE), the sandbox failing (BACKEND_CRASH); and the harness failing by itself
+        (HARNESS_FAILED) or rewriting its history under policy FAIL (HISTORY_REWRITTEN)."""
+        task = rollout.task
+        assert rollout.sandbox is not None and self._gateway is not None and self._harness_host is not None
+        limits = task_limits(task)
+        session = self._gateway.open_session(
+            rollout.rollout_id,
+            SessionSettings(
+                sampling=sampling_options(task, limits.max_new_tokens_per_turn),
+                max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
+                max_total_tokens=limits.max_total_tokens,
+                max_calls=limits.max_turns,
+                tool_call_format=tool_call_format(task),
+                history_policy=HISTORY_POLICIES[task.harness.history_policy],
+            ),
+        )
+        ended: HarnessExit | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                ended = await run_harness(
+                    task, rollout.sandbox, rollout_id=rollout.rollout_id, key=session.key, host=self._harness_host
+                )
+        except TimeoutError:
+            pass
+        except (SandboxFailure, CorralError) as error:
+            raise RolloutFiltered(pb.FILTER_REASON_BACKEND_CRASH, str(error)) from error
+        finally:
+            # Whichever way RUN ends (a cancel included), what the gateway recorded is the result's.
+            outcome = self._gateway.close_session(session.key)
+            self._keep_samples(rollout, outcome)
+            self._on_session_closed(outcome.counters)
+        self._judge_harness(rollout, outcome, ended)
+
+    def _keep_samples(self, rollout: Rollout, outcome: GatewayOutcome) -> None:
+        samples = list(outcome.samples) or [Trajectory()]
+        rollout.trajectory, rollout.extra_samples = samples[0], samples[1:]
+        rollout.gateway_counters = outcome.counters
+
+    @staticmethod
+    def _judge_harness(rollout: Rollout, outcome: GatewayOutcome, ended: HarnessExit | None) -> None:
+        """Sets the finish reason of a harness run, or raises RolloutFiltered."""
+        assert rollout.trajectory is not None
+        if outcome.llm_unavailable is not None:
+            raise RolloutFiltered(pb.FILTER_REASON_LLM_UNREACHABLE, outcome.llm_unavailable)
+        if outcome.history_rewritten is not None:
+            raise RolloutFiltered(pb.FILTER_REASON_HISTORY_REWRITTEN, outcome.history_rewritten)
+        if ended is None:  # RUN's timeout
+            reason = FinishReason.TIMEOUT
+        elif outcome.context_full:
+            reason = FinishReason.CONTEXT_FULL  # the limit ended it, whatever the harness then did
+        elif outcome.max_calls_reached:
+            reason = FinishReason.MAX_TURNS
+        elif ended.succeeded:
+            reason = FinishReason.SUBMITTED
+        else:
+            raise RolloutFiltered(pb.FILTER_REASON_HARNESS_FAILED, ended.describe())
+        rollout.trajectory.finish_reason = reason
+
     async def _eval(self, rollout: Rollout, timeout_s: float) -> None:
         assert rollout.sandbox is not None
         try:
@@ -424,7 +535,12 @@ class RolloutPipeline:
     def _check_staleness(self, rollout: Rollout) -> None:
         if not rollout.options.HasField("max_staleness") or rollout.trajectory is None:
             return
-        oldest = rollout.trajectory.oldest_weight_version
+        versions = [
+            version
+            for sample in (rollout.trajectory, *rollout.extra_samples)
+            if (version := sample.oldest_weight_version) is not None
+        ]
+        oldest = min(versions, default=None)
         if oldest is not None and self.policy_version - oldest > rollout.options.max_staleness:
             raise RolloutFiltered(
                 pb.FILTER_REASON_STALENESS,
@@ -504,6 +620,7 @@ class RolloutPipeline:
         )
         if rollout.trajectory is not None:
             results.fill_trajectory(result, rollout.trajectory)
+        results.fill_gateway(result, rollout.extra_samples, rollout.gateway_counters)
         if rollout.evaluation is not None:
             result.eval_output = rollout.evaluation.output
         return result

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from corral.rollout.gateway import GatewayCounters
 from corral.rollout.types import FinishReason, Trajectory, TurnRecord
 from corral.v1 import rollout_pb2 as pb
 
@@ -42,6 +43,35 @@ def fill_trajectory(result: pb.RolloutResult, trajectory: Trajectory) -> None:
     result.turns.extend(turn_to_proto(turn, result.rollout_id) for turn in trajectory.turns)
     result.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"]) for m in trajectory.messages)
     result.format_errors = trajectory.format_errors
+
+
+def sample_to_proto(sample: Trajectory, rollout_id: str = "") -> pb.Sample:
+    return pb.Sample(
+        prompt_ids=sample.prompt_ids,
+        response_ids=sample.response_ids,
+        response_mask=sample.response_mask,
+        response_logprobs=sample.response_logprobs,
+        weight_versions=sample.weight_versions,
+        turns=[turn_to_proto(turn, rollout_id) for turn in sample.turns],
+    )
+
+
+def fill_gateway(
+    result: pb.RolloutResult, extra_samples: Sequence[Trajectory], counters: GatewayCounters | None
+) -> None:
+    """A harness rollout's samples after the first, and what its gateway session counted."""
+    result.extra_samples.extend(sample_to_proto(sample, result.rollout_id) for sample in extra_samples)
+    if counters is not None:
+        result.gateway.CopyFrom(
+            pb.GatewayCounters(
+                calls=counters.calls,
+                prefix_hits=counters.prefix_hits,
+                splices=counters.splices,
+                splits=counters.splits,
+                masked_samples=counters.masked_samples,
+                discarded=counters.discarded,
+            )
+        )
 
 
 def stage_timings(seconds: Mapping[str, float]) -> pb.StageTimings:

@@ -51,6 +51,39 @@ def check_task(task: pb.Task) -> None:
         render_messages(task)
     except MissingPromptField as error:
         raise TaskError(f"task {task.task_id}: {error.args[0]}") from None
+    if task.HasField("harness"):
+        _check_harness(task.task_id, task.harness)
+
+
+def _check_harness(task_id: str, harness: pb.TaskHarness) -> None:
+    if not harness.command or not harness.command[0]:
+        raise TaskError(f"task {task_id}: harness.command is empty (it is the argv to run)")
+    if any("\0" in arg for arg in harness.command):
+        raise TaskError(f"task {task_id}: harness.command holds a NUL byte")
+    if harness.place not in pb.HarnessPlace.values():
+        raise TaskError(f"task {task_id}: unknown harness.place {harness.place}")
+    if harness.history_policy not in pb.HistoryPolicy.values():
+        raise TaskError(f"task {task_id}: unknown harness.history_policy {harness.history_policy}")
+    for name, value in harness.env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise TaskError(f"task {task_id}: harness.env has an unusable variable {name!r}")
+    if harness.workdir and not harness.workdir.startswith("/"):
+        raise TaskError(f"task {task_id}: harness.workdir must be an absolute path, got {harness.workdir!r}")
+
+
+def is_harness_task(task: pb.Task) -> bool:
+    return task.HasField("harness")
+
+
+def runs_on_host(task: pb.Task) -> bool:
+    """Whether a harness task's command runs on the node, outside the sandbox."""
+    return is_harness_task(task) and task.harness.place != pb.HARNESS_PLACE_SANDBOX
+
+
+def task_prompt_text(task: pb.Task) -> str:
+    """The prompt's last user message with the fields filled in (a harness's CORRAL_TASK_PROMPT)."""
+    users = [m["content"] for m in render_messages(task) if m["role"] == "user"]
+    return users[-1] if users else ""
 
 
 def render_messages(task: pb.Task) -> list[dict[str, str]]:

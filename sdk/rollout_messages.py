@@ -14,9 +14,11 @@ from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import (
     FilterReason,
     FinishReason,
+    GatewayCounters,
     LLMProtocolName,
     LLMServerInfo,
     RolloutResult,
+    RolloutSample,
     RolloutStats,
     RolloutStatus,
     RolloutTurn,
@@ -119,6 +121,30 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
         format_errors=result.format_errors,
         eval_output=result.eval_output,
         metadata=dict(result.metadata),
+        extra_samples=[sample_from_proto(sample) for sample in result.extra_samples],
+        gateway=gateway_counters_from_proto(result.gateway) if result.HasField("gateway") else None,
+    )
+
+
+def sample_from_proto(sample: pb.Sample) -> RolloutSample:
+    return RolloutSample(
+        prompt_ids=list(sample.prompt_ids),
+        response_ids=list(sample.response_ids),
+        response_mask=list(sample.response_mask),
+        response_logprobs=list(sample.response_logprobs),
+        weight_versions=list(sample.weight_versions),
+        turns=[turn_from_proto(turn) for turn in sample.turns],
+    )
+
+
+def gateway_counters_from_proto(counters: pb.GatewayCounters) -> GatewayCounters:
+    return GatewayCounters(
+        calls=counters.calls,
+        prefix_hits=counters.prefix_hits,
+        splices=counters.splices,
+        splits=counters.splits,
+        masked_samples=counters.masked_samples,
+        discarded=counters.discarded,
     )
 
 

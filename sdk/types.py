@@ -7,7 +7,7 @@ this SDK does not know (a newer daemon) reads as "unknown".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -428,6 +428,8 @@ FilterReason = Literal[
     "shutdown",
     "staleness",
     "stage_timeout",
+    "harness_failed",
+    "history_rewritten",
     "unspecified",
     "unknown",
 ]
@@ -463,6 +465,36 @@ class RolloutTurn:
 
 
 @dataclass(frozen=True)
+class RolloutSample:
+    """One more token sequence of a harness rollout whose history was not append-only; laid out
+    as RolloutResult's trajectory fields."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    weight_versions: list[int]
+    turns: list[RolloutTurn]
+
+
+@dataclass(frozen=True)
+class GatewayCounters:
+    """What the LLM gateway saw of a harness rollout."""
+
+    calls: int
+    # Calls whose re-rendered prompt equalled the recorded ids plus the new messages.
+    prefix_hits: int
+    # Calls whose re-rendering differed: the recorded ids were kept.
+    splices: int
+    # New samples started because the history was not append-only.
+    splits: int
+    # Samples delivered with response_mask all 0 (history policy "mask").
+    masked_samples: int
+    # Calls whose reply the harness dropped (it sent the same conversation again).
+    discarded: int
+
+
+@dataclass(frozen=True)
 class RolloutResult:
     """A finished rollout. Use `reward` only when `status == "completed"`; a "filtered" result is
     an infrastructure failure (`filter_reason`, `error`), not a zero reward.
@@ -495,6 +527,11 @@ class RolloutResult:
     format_errors: int
     eval_output: bytes
     metadata: Mapping[str, str]
+    # A harness rollout's samples after the first (in the fields above), when its history was not
+    # append-only.
+    extra_samples: list[RolloutSample] = field(default_factory=list)
+    # Set for harness rollouts.
+    gateway: GatewayCounters | None = None
 
     @property
     def completed(self) -> bool:

@@ -277,8 +277,8 @@ def local_daemon(tmp_path_factory) -> Iterator[DaemonProcess]:
     root = tmp_path_factory.mktemp("daemon-local")
     config = root / "corral.toml"
     # Rollouts wait 2 s, not a minute, for a down LLM server to come back: tests of a server that
-    # is down stay short.
-    config.write_text(shared_daemon_config("[rollout]\nllm_unavailable_wait_s = 2\n"))
+    # is down stay short. Harness tasks may run on the node (tests/integration/test_harness_tasks.py).
+    config.write_text(shared_daemon_config("[rollout]\nllm_unavailable_wait_s = 2\nallow_host_harness = true\n"))
     proc = DaemonProcess(root, "--config", str(config)).start()
     proc.backend = "local"
     yield proc

@@ -8,6 +8,19 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class HarnessPlace(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HARNESS_PLACE_UNSPECIFIED: _ClassVar[HarnessPlace]
+    HARNESS_PLACE_HOST: _ClassVar[HarnessPlace]
+    HARNESS_PLACE_SANDBOX: _ClassVar[HarnessPlace]
+
+class HistoryPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HISTORY_POLICY_UNSPECIFIED: _ClassVar[HistoryPolicy]
+    HISTORY_POLICY_SPLIT: _ClassVar[HistoryPolicy]
+    HISTORY_POLICY_MASK: _ClassVar[HistoryPolicy]
+    HISTORY_POLICY_FAIL: _ClassVar[HistoryPolicy]
+
 class ToolCallFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TOOL_CALL_FORMAT_UNSPECIFIED: _ClassVar[ToolCallFormat]
@@ -31,6 +44,8 @@ class FilterReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FILTER_REASON_SHUTDOWN: _ClassVar[FilterReason]
     FILTER_REASON_STALENESS: _ClassVar[FilterReason]
     FILTER_REASON_STAGE_TIMEOUT: _ClassVar[FilterReason]
+    FILTER_REASON_HARNESS_FAILED: _ClassVar[FilterReason]
+    FILTER_REASON_HISTORY_REWRITTEN: _ClassVar[FilterReason]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +61,13 @@ class LLMProtocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LLM_PROTOCOL_UNSPECIFIED: _ClassVar[LLMProtocol]
     LLM_PROTOCOL_SGLANG: _ClassVar[LLMProtocol]
     LLM_PROTOCOL_VLLM: _ClassVar[LLMProtocol]
+HARNESS_PLACE_UNSPECIFIED: HarnessPlace
+HARNESS_PLACE_HOST: HarnessPlace
+HARNESS_PLACE_SANDBOX: HarnessPlace
+HISTORY_POLICY_UNSPECIFIED: HistoryPolicy
+HISTORY_POLICY_SPLIT: HistoryPolicy
+HISTORY_POLICY_MASK: HistoryPolicy
+HISTORY_POLICY_FAIL: HistoryPolicy
 TOOL_CALL_FORMAT_UNSPECIFIED: ToolCallFormat
 TOOL_CALL_FORMAT_HERMES: ToolCallFormat
 TOOL_CALL_FORMAT_FENCED_BASH: ToolCallFormat
@@ -61,6 +83,8 @@ FILTER_REASON_EVAL_INFRA: FilterReason
 FILTER_REASON_SHUTDOWN: FilterReason
 FILTER_REASON_STALENESS: FilterReason
 FILTER_REASON_STAGE_TIMEOUT: FilterReason
+FILTER_REASON_HARNESS_FAILED: FilterReason
+FILTER_REASON_HISTORY_REWRITTEN: FilterReason
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_SUBMITTED: FinishReason
 FINISH_REASON_MAX_TURNS: FinishReason
@@ -72,7 +96,7 @@ LLM_PROTOCOL_SGLANG: LLMProtocol
 LLM_PROTOCOL_VLLM: LLMProtocol
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "backend", "image", "resources", "setup", "prompt", "tools", "tool_call_format", "limits", "evaluation", "sampling", "reference_solution", "metadata", "user")
+    __slots__ = ("task_id", "backend", "image", "resources", "setup", "prompt", "tools", "tool_call_format", "limits", "evaluation", "sampling", "reference_solution", "metadata", "user", "harness")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +118,7 @@ class Task(_message.Message):
     REFERENCE_SOLUTION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     backend: _sandbox_pb2.Backend
     image: str
@@ -108,7 +133,29 @@ class Task(_message.Message):
     reference_solution: _containers.RepeatedCompositeFieldContainer[ToolCall]
     metadata: _containers.ScalarMap[str, str]
     user: str
-    def __init__(self, task_id: _Optional[str] = ..., backend: _Optional[_Union[_sandbox_pb2.Backend, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[_sandbox_pb2.ResourceLimits, _Mapping]] = ..., setup: _Optional[_Union[TaskSetup, _Mapping]] = ..., prompt: _Optional[_Union[TaskPrompt, _Mapping]] = ..., tools: _Optional[_Iterable[str]] = ..., tool_call_format: _Optional[_Union[ToolCallFormat, str]] = ..., limits: _Optional[_Union[TaskLimits, _Mapping]] = ..., evaluation: _Optional[_Union[TaskEvaluation, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., reference_solution: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ...) -> None: ...
+    harness: TaskHarness
+    def __init__(self, task_id: _Optional[str] = ..., backend: _Optional[_Union[_sandbox_pb2.Backend, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[_sandbox_pb2.ResourceLimits, _Mapping]] = ..., setup: _Optional[_Union[TaskSetup, _Mapping]] = ..., prompt: _Optional[_Union[TaskPrompt, _Mapping]] = ..., tools: _Optional[_Iterable[str]] = ..., tool_call_format: _Optional[_Union[ToolCallFormat, str]] = ..., limits: _Optional[_Union[TaskLimits, _Mapping]] = ..., evaluation: _Optional[_Union[TaskEvaluation, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., reference_solution: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., harness: _Optional[_Union[TaskHarness, _Mapping]] = ...) -> None: ...
+
+class TaskHarness(_message.Message):
+    __slots__ = ("command", "env", "place", "workdir", "history_policy")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    PLACE_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    command: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    place: HarnessPlace
+    workdir: str
+    history_policy: HistoryPolicy
+    def __init__(self, command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., place: _Optional[_Union[HarnessPlace, str]] = ..., workdir: _Optional[str] = ..., history_policy: _Optional[_Union[HistoryPolicy, str]] = ...) -> None: ...
 
 class TaskFile(_message.Message):
     __slots__ = ("path", "content", "mode")
@@ -268,6 +315,38 @@ class Turn(_message.Message):
     llm_address: str
     def __init__(self, index: _Optional[int] = ..., generated_ids: _Optional[_Iterable[int]] = ..., generated_logprobs: _Optional[_Iterable[float]] = ..., weight_version: _Optional[int] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., observation_ids: _Optional[_Iterable[int]] = ..., format_error: _Optional[bool] = ..., llm_finish_reason: _Optional[str] = ..., llm_time_ms: _Optional[int] = ..., tool_time_ms: _Optional[int] = ..., rollout_id: _Optional[str] = ..., llm_address: _Optional[str] = ...) -> None: ...
 
+class GatewayCounters(_message.Message):
+    __slots__ = ("calls", "prefix_hits", "splices", "splits", "masked_samples", "discarded")
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
+    SPLICES_FIELD_NUMBER: _ClassVar[int]
+    SPLITS_FIELD_NUMBER: _ClassVar[int]
+    MASKED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DISCARDED_FIELD_NUMBER: _ClassVar[int]
+    calls: int
+    prefix_hits: int
+    splices: int
+    splits: int
+    masked_samples: int
+    discarded: int
+    def __init__(self, calls: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., splices: _Optional[int] = ..., splits: _Optional[int] = ..., masked_samples: _Optional[int] = ..., discarded: _Optional[int] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions", "turns")
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_MASK_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    response_ids: _containers.RepeatedScalarFieldContainer[int]
+    response_mask: _containers.RepeatedScalarFieldContainer[int]
+    response_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    weight_versions: _containers.RepeatedScalarFieldContainer[int]
+    turns: _containers.RepeatedCompositeFieldContainer[Turn]
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
+
 class StageTimings(_message.Message):
     __slots__ = ("init_queue_ms", "init_ms", "run_queue_ms", "run_ms", "eval_queue_ms", "eval_ms", "total_ms")
     INIT_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -287,7 +366,7 @@ class StageTimings(_message.Message):
     def __init__(self, init_queue_ms: _Optional[int] = ..., init_ms: _Optional[int] = ..., run_queue_ms: _Optional[int] = ..., run_ms: _Optional[int] = ..., eval_queue_ms: _Optional[int] = ..., eval_ms: _Optional[int] = ..., total_ms: _Optional[int] = ...) -> None: ...
 
 class RolloutResult(_message.Message):
-    __slots__ = ("rollout_id", "task_id", "group_id", "sample_index", "status", "filter_reason", "error", "reward", "finish_reason", "prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions", "turns", "messages", "timings", "format_errors", "eval_output", "metadata")
+    __slots__ = ("rollout_id", "task_id", "group_id", "sample_index", "status", "filter_reason", "error", "reward", "finish_reason", "prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions", "turns", "messages", "timings", "format_errors", "eval_output", "metadata", "extra_samples", "gateway")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +394,8 @@ class RolloutResult(_message.Message):
     FORMAT_ERRORS_FIELD_NUMBER: _ClassVar[int]
     EVAL_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     task_id: str
     group_id: str
@@ -335,7 +416,9 @@ class RolloutResult(_message.Message):
     format_errors: int
     eval_output: bytes
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, rollout_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., status: _Optional[_Union[RolloutStatus, str]] = ..., filter_reason: _Optional[_Union[FilterReason, str]] = ..., error: _Optional[str] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., format_errors: _Optional[int] = ..., eval_output: _Optional[bytes] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    extra_samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    gateway: GatewayCounters
+    def __init__(self, rollout_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., status: _Optional[_Union[RolloutStatus, str]] = ..., filter_reason: _Optional[_Union[FilterReason, str]] = ..., error: _Optional[str] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., format_errors: _Optional[int] = ..., eval_output: _Optional[bytes] = ..., metadata: _Optional[_Mapping[str, str]] = ..., extra_samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., gateway: _Optional[_Union[GatewayCounters, _Mapping]] = ...) -> None: ...
 
 class LLMServer(_message.Message):
     __slots__ = ("address", "protocol", "weight", "in_flight", "healthy", "requests", "failures", "model")

@@ -1,0 +1,134 @@
+"""Harness tasks without a daemon: the task checks, and running a harness command on the host."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.rollout.harness import HarnessExit, host_base_environment, run_on_host
+from corral.rollout.tasks import TaskError, check_task, runs_on_host
+from corral.v1 import rollout_pb2 as pb
+
+
+def harness_task(**harness: object) -> pb.Task:
+    task = pb.Task(task_id="h", harness=pb.TaskHarness(**harness))  # type: ignore[arg-type]
+    task.prompt.messages.add(role="user", content="do it")
+    return task
+
+
+def test_a_harness_task_needs_a_command() -> None:
+    with pytest.raises(TaskError, match="harness.command is empty"):
+        check_task(harness_task())
+    with pytest.raises(TaskError, match="harness.command is empty"):
+        check_task(harness_task(command=[""]))
+    check_task(harness_task(command=["true"]))
+
+
+def test_a_harness_task_is_checked_like_any_task() -> None:
+    bad_tools = harness_task(command=["true"])
+    bad_tools.tools.append("teleport")
+    with pytest.raises(TaskError, match="unknown tools"):
+        check_task(bad_tools)
+    fenced = harness_task(command=["true"])
+    fenced.tool_call_format = pb.TOOL_CALL_FORMAT_FENCED_BASH
+    fenced.tools.append("python")
+    with pytest.raises(TaskError, match="fenced-bash"):
+        check_task(fenced)
+
+
+@pytest.mark.parametrize(
+    ("harness", "message"),
+    [
+        ({"command": ["true"], "place": 7}, "unknown harness.place"),
+        ({"command": ["true"], "history_policy": 9}, "unknown harness.history_policy"),
+        ({"command": ["true"], "env": {"A=B": "1"}}, "unusable variable"),
+        ({"command": ["true"], "workdir": "relative/dir"}, "absolute path"),
+    ],
+)
+def test_bad_harness_fields_are_the_callers_mistake(harness: dict, message: str) -> None:
+    with pytest.raises(TaskError, match=message):
+        check_task(harness_task(**harness))
+
+
+def test_the_harness_runs_on_the_host_unless_it_names_the_sandbox() -> None:
+    assert runs_on_host(harness_task(command=["true"]))
+    assert runs_on_host(harness_task(command=["true"], place=pb.HARNESS_PLACE_HOST))
+    assert not runs_on_host(harness_task(command=["true"], place=pb.HARNESS_PLACE_SANDBOX))
+    plain = pb.Task(task_id="plain")
+    assert not runs_on_host(plain)
+
+
+async def test_a_host_harness_gets_exactly_its_environment(tmp_path: Path) -> None:
+    script = "import os, json; print(json.dumps(dict(os.environ)))"
+    env = {**host_base_environment(), "OPENAI_API_KEY": "k"}
+    outcome = await run_on_host([sys.executable, "-c", script], env, str(tmp_path))
+    assert outcome.succeeded
+    seen = __import__("json").loads(outcome.output)
+    assert seen.pop("OPENAI_API_KEY") == "k"
+    assert set(seen) - {"LC_CTYPE"} <= {"PATH", "HOME", "LANG"}
+
+
+async def test_a_failing_harness_leaves_the_end_of_its_output(tmp_path: Path) -> None:
+    script = "import sys; print('x' * 200000, file=sys.stderr); print('the last words', file=sys.stderr); sys.exit(3)"
+    outcome = await run_on_host([sys.executable, "-c", script], host_base_environment(), str(tmp_path))
+    assert (outcome.started, outcome.exit_code) == (True, 3)
+    assert outcome.output.endswith("the last words") and len(outcome.output) <= 64 << 10
+    assert outcome.describe().startswith("the harness exited 3: ")
+
+
+async def test_a_command_that_does_not_exist_could_not_start(tmp_path: Path) -> None:
+    outcome = await run_on_host(["/nonexistent/harness"], {}, str(tmp_path))
+    assert outcome == HarnessExit(False, -1, outcome.output) and "No such file" in outcome.output
+    assert outcome.describe().startswith("the harness could not be started")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_cancelling_kills_the_whole_process_group(tmp_path: Path) -> None:
+    # The harness starts a child that ignores SIGTERM and writes both pids, then waits forever.
+    pids = tmp_path / "pids"
+    script = (
+        "import os, signal, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(600)\n"
+    )
+    run = asyncio.ensure_future(run_on_host([sys.executable, "-c", script], host_base_environment(), str(tmp_path)))
+    deadline = time.monotonic() + 10
+    while not pids.exists() or len(pids.read_text().split()) < 2:
+        assert time.monotonic() < deadline, "the harness did not start"
+        await asyncio.sleep(0.05)
+    harness_pid, child_pid = map(int, pids.read_text().split())
+    started = time.monotonic()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    # SIGTERM took the harness; the child that ignores it got SIGKILL after the grace.
+    assert time.monotonic() - started < 5
+    assert not _alive(harness_pid) and not _alive(child_pid)
+
+
+async def test_what_a_harness_leaves_running_ends_with_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen(['sleep', '600'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+    )
+    outcome = await asyncio.wait_for(
+        run_on_host([sys.executable, "-c", script], host_base_environment(), str(tmp_path)), 10
+    )
+    assert outcome.succeeded
+    assert not _alive(int(pid_file.read_text()))
