@@ -16,8 +16,9 @@ from corral.rollout.reference.bash_calls import as_bash_call
 from corral.rollout.reference.policies import GenerateParams, PolicyError
 from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import load_tasks_jsonl, make_policy
+from corral.rollout.tasks import DEFAULT_MAX_NEW_TOKENS
 from corral.rollout.tokenizer import ByteChatTokenizer
-from corral.rollout.tool_calls import ToolCallFormat, parse_tool_calls
+from corral.rollout.tool_calls import ToolCallFormat, parse_tool_calls, render_tool_calls
 from corral.rollout.types import ToolCall
 from corral.v1 import rollout_pb2 as pb
 
@@ -127,3 +128,16 @@ async def test_a_task_whose_solution_has_no_bash_form_is_a_policy_error() -> Non
     policy = ReplayPolicy([task], submit_command=SUBMIT)
     with pytest.raises(PolicyError, match="cannot replay a 'python' call"):
         await policy.generate(chatml([{"role": "user", "content": "compute it"}]), GenerateParams())
+
+
+def test_every_bundled_answer_fits_a_turn_s_default_token_budget() -> None:
+    """The byte tokenizer spends a token per byte: each answer of a bundled task, as mini gets it,
+    fits DEFAULT_MAX_NEW_TOKENS (else the gateway cuts it and mini sees no tool call)."""
+    tasks = load_tasks_jsonl(REPAIR_TASKS)
+    policy = ReplayPolicy(tasks, submit_command=SUBMIT)
+    for task in tasks:
+        for index, call in enumerate(task.reference_solution):
+            bash = as_bash_call(ToolCall(call.name, json.loads(call.arguments_json or "{}")), SUBMIT)
+            answer = render_tool_calls([bash], ToolCallFormat.HERMES)
+            assert len(TOK.encode(answer)) + 1 <= DEFAULT_MAX_NEW_TOKENS, (task.task_id, index)
+    assert len(policy) == len(tasks)
