@@ -76,7 +76,9 @@ class CallResult:
     call_index: int
     prompt_ids: list[int]
     generation: Generation
-    text: str  # the generated ids' text without trailing end-of-turn tokens
+    # The generated ids' text without trailing end-of-turn tokens and without the stop string it
+    # ended on (as OpenAI's content), though both stay in the recorded ids.
+    text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     format_error: bool = False  # the reply names a tool call that cannot be read
     llm_time_s: float = 0.0
@@ -123,7 +125,7 @@ class GatewaySession:
         """Generates the reply to `conversation`; returns it and the assistant message as returned
         to the harness (normalized)."""
         async with self.lock:
-            self._check_calls_left()
+            self._check_usable()
             plan = self._plan(self.assembler.plan_chat, conversation)
             result = await self._generate_for(plan, options)
             reply: Message = {"role": "assistant", "content": self.reply_content(result)}
@@ -139,7 +141,7 @@ class GatewaySession:
         """Generates after `prompt`: token ids, sent as they are, or text (special-token strings
         in it become their ids)."""
         async with self.lock:
-            self._check_calls_left()
+            self._check_usable()
             prompt_ids = self.renderer.encode_text(prompt) if isinstance(prompt, str) else prompt
             plan = self._plan(self.assembler.plan_tokens, prompt_ids)
             result = await self._generate_for(plan, options)
@@ -166,7 +168,9 @@ class GatewaySession:
             self.outcome.history_rewritten = self.assembler.history_rewritten
             raise
 
-    def _check_calls_left(self) -> None:
+    def _check_usable(self) -> None:
+        if self.closed:  # closed while the call waited for the one before it
+            raise UnknownKey()
         if self.counters.calls >= self.settings.max_calls:
             self.outcome.max_calls_reached = True
             raise MaxTurnsExceeded(f"this rollout already made its {self.settings.max_calls} LLM calls (max_turns)")
@@ -212,6 +216,8 @@ class GatewaySession:
                 finish_reason="length",
             )
         text = self.tokenizer.decode(self._without_end_of_turn(generation.output_ids))
+        if generation.finish_reason == "stop":
+            text = _without_stop_string(text, sampling.stop)
         calls: list[ToolCall] = []
         format_error = False
         if options.parse_tool_calls:
@@ -245,3 +251,10 @@ class GatewaySession:
         while end and ids[end - 1] in self._end_of_turn:
             end -= 1
         return ids[:end]
+
+
+def _without_stop_string(text: str, stops: Sequence[str]) -> str:
+    for stop in stops:
+        if stop and text.endswith(stop):
+            return text[: -len(stop)]
+    return text

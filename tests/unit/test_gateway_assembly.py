@@ -245,6 +245,14 @@ async def test_max_new_tokens_is_the_smallest_of_the_request_the_turn_cap_and_th
     assert llm.calls[-1].stop == ("STOP!", "END")
 
 
+async def test_the_stop_string_a_reply_ended_on_is_not_in_its_content_but_stays_in_the_ids():
+    llm = ScriptedLLM(["Thinking... END"])
+    session = make_session(llm)
+    message = await Harness(session, tools=[]).ask(stop=("END",))
+    assert message["content"] == "Thinking... "
+    assert TOK.decode(session.close().samples[0].response_ids) == "Thinking... END<|im_end|>"
+
+
 async def test_calls_past_max_calls_are_refused():
     llm = ScriptedLLM([call_text("a")])
     session = make_session(llm, settings(max_calls=2))

@@ -347,10 +347,12 @@ async def test_a_call_in_flight_when_its_session_closes_is_refused_and_recorded_
         body = {"messages": [{"role": "user", "content": "hi"}]}
         call = asyncio.create_task(_post(url, "/chat/completions", body, session.key))
         await entered.wait()
+        waiting = asyncio.create_task(_post(url, "/completions", {"prompt": "x"}, session.key))
+        await asyncio.sleep(0.05)  # queued behind the first call
         outcome = gateway.close_session(session.key)
         gate.set()
-        status, data = await call
-        assert (status, data["error"]["code"]) == (401, "invalid_api_key")
+        for status, data in await asyncio.gather(call, waiting):
+            assert (status, data["error"]["code"]) == (401, "invalid_api_key")
         assert outcome.samples == [] and outcome.counters.calls == 0
         with pytest.raises(KeyError):
             gateway.close_session(session.key)
