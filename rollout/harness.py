@@ -201,18 +201,24 @@ async def run_on_host(argv: Sequence[str], env: Mapping[str, str], workdir: str)
 
 
 async def _end_group(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM to the process group, SIGKILL after KILL_GRACE_S to what is left of it; reaped."""
+    """Ends the process group and reaps the leader: while the leader runs (a timeout, a cancel),
+    SIGTERM, then SIGKILL after KILL_GRACE_S to what is left; once it has exited, what it left
+    behind gets SIGKILL at once (the harness is done with it)."""
     group = process.pid  # start_new_session: the leader's pid is the group's id
-    if not _signal_group(group, signal.SIGTERM):
-        await process.wait()
-        return
-    deadline = asyncio.get_running_loop().time() + KILL_GRACE_S
-    while asyncio.get_running_loop().time() < deadline:
-        if process.returncode is not None and not _signal_group(group, 0):
-            return
-        await asyncio.sleep(0.05)
+    if process.returncode is None and _signal_group(group, signal.SIGTERM):
+        deadline = asyncio.get_running_loop().time() + KILL_GRACE_S
+        while asyncio.get_running_loop().time() < deadline:
+            if process.returncode is not None and not _signal_group(group, 0):
+                return
+            await asyncio.sleep(0.05)
     _signal_group(group, signal.SIGKILL)
     await process.wait()
+    # SIGKILL takes effect asynchronously: give the rest of the group a moment to be gone (an
+    # orphan stays listed as a zombie until its new parent reaps it, hence the bound).
+    for _ in range(20):
+        if not _signal_group(group, 0):
+            break
+        await asyncio.sleep(0.025)
 
 
 def _signal_group(group: int, number: int) -> bool:

@@ -281,7 +281,9 @@ class RolloutPipeline:
         if not is_harness_task(task):
             return
         if self._gateway is None:
-            raise FailedPrecondition(f"task {task.task_id}: this daemon runs no LLM gateway, so no harness tasks")
+            raise FailedPrecondition(
+                f"task {task.task_id}: no LLM gateway serves this pipeline, so it runs no harness tasks"
+            )
         if runs_on_host(task) and not self._settings.allow_host_harness:
             raise FailedPrecondition(
                 f"task {task.task_id}: this daemon does not run harnesses on the node "
@@ -482,6 +484,8 @@ class RolloutPipeline:
                 ended = await run_harness(
                     task, rollout.sandbox, rollout_id=rollout.rollout_id, key=session.key, host=self._harness_host
                 )
+            if ended is not None and not ended.succeeded:
+                await self._check_sandbox_alive(rollout.sandbox)
         except TimeoutError:
             pass
         except (SandboxFailure, CorralError) as error:
@@ -492,6 +496,13 @@ class RolloutPipeline:
             self._keep_samples(rollout, outcome)
             self._on_session_closed(outcome.counters)
         self._judge_harness(rollout, outcome, ended)
+
+    async def _check_sandbox_alive(self, sandbox: AsyncSandbox) -> None:
+        """Raises SandboxFailure when the sandbox is no longer running: a harness that failed with
+        it is not at fault."""
+        state = (await self._client.get_sandbox(sandbox.id)).info.state
+        if state != "running":
+            raise SandboxFailure(f"sandbox {sandbox.id} is {state}")
 
     def _keep_samples(self, rollout: Rollout, outcome: GatewayOutcome) -> None:
         samples = list(outcome.samples) or [Trajectory()]

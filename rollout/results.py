@@ -35,25 +35,25 @@ def finish_reason_to_proto(reason: FinishReason | None) -> pb.FinishReason:
 def fill_trajectory(result: pb.RolloutResult, trajectory: Trajectory) -> None:
     """Copies the token-exact trajectory into a result."""
     result.finish_reason = finish_reason_to_proto(trajectory.finish_reason)
-    result.prompt_ids.extend(trajectory.prompt_ids)
-    result.response_ids.extend(trajectory.response_ids)
-    result.response_mask.extend(trajectory.response_mask)
-    result.response_logprobs.extend(trajectory.response_logprobs)
-    result.weight_versions.extend(trajectory.weight_versions)
-    result.turns.extend(turn_to_proto(turn, result.rollout_id) for turn in trajectory.turns)
+    _copy_sequence(result, trajectory, result.rollout_id)
     result.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"]) for m in trajectory.messages)
     result.format_errors = trajectory.format_errors
 
 
-def sample_to_proto(sample: Trajectory, rollout_id: str = "") -> pb.Sample:
-    return pb.Sample(
-        prompt_ids=sample.prompt_ids,
-        response_ids=sample.response_ids,
-        response_mask=sample.response_mask,
-        response_logprobs=sample.response_logprobs,
-        weight_versions=sample.weight_versions,
-        turns=[turn_to_proto(turn, rollout_id) for turn in sample.turns],
-    )
+def _copy_sequence(target: pb.RolloutResult | pb.Sample, trajectory: Trajectory, rollout_id: str) -> None:
+    """The token sequence's fields, which a result and a Sample name alike."""
+    target.prompt_ids.extend(trajectory.prompt_ids)
+    target.response_ids.extend(trajectory.response_ids)
+    target.response_mask.extend(trajectory.response_mask)
+    target.response_logprobs.extend(trajectory.response_logprobs)
+    target.weight_versions.extend(trajectory.weight_versions)
+    target.turns.extend(turn_to_proto(turn, rollout_id) for turn in trajectory.turns)
+
+
+def sample_to_proto(trajectory: Trajectory, rollout_id: str = "") -> pb.Sample:
+    sample = pb.Sample()
+    _copy_sequence(sample, trajectory, rollout_id)
+    return sample
 
 
 def fill_gateway(
@@ -62,15 +62,9 @@ def fill_gateway(
     """A harness rollout's samples after the first, and what its gateway session counted."""
     result.extra_samples.extend(sample_to_proto(sample, result.rollout_id) for sample in extra_samples)
     if counters is not None:
+        # The proto's counters are the gateway's, by name.
         result.gateway.CopyFrom(
-            pb.GatewayCounters(
-                calls=counters.calls,
-                prefix_hits=counters.prefix_hits,
-                splices=counters.splices,
-                splits=counters.splits,
-                masked_samples=counters.masked_samples,
-                discarded=counters.discarded,
-            )
+            pb.GatewayCounters(**{f.name: getattr(counters, f.name) for f in pb.GatewayCounters.DESCRIPTOR.fields})
         )
 
 

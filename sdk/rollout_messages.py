@@ -4,7 +4,7 @@ that drive a `corral.rollout` pipeline in their own process use the same convers
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import grpc
 
@@ -107,12 +107,7 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
             if result.finish_reason
             else None
         ),
-        prompt_ids=list(result.prompt_ids),
-        response_ids=list(result.response_ids),
-        response_mask=list(result.response_mask),
-        response_logprobs=list(result.response_logprobs),
-        weight_versions=list(result.weight_versions),
-        turns=[turn_from_proto(turn) for turn in result.turns],
+        **_sequence(result),
         messages=[{"role": m.role, "content": m.content} for m in result.messages],
         timings={
             name: getattr(timings, f"{name}_ms") / 1000
@@ -127,25 +122,23 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
 
 
 def sample_from_proto(sample: pb.Sample) -> RolloutSample:
-    return RolloutSample(
-        prompt_ids=list(sample.prompt_ids),
-        response_ids=list(sample.response_ids),
-        response_mask=list(sample.response_mask),
-        response_logprobs=list(sample.response_logprobs),
-        weight_versions=list(sample.weight_versions),
-        turns=[turn_from_proto(turn) for turn in sample.turns],
-    )
+    return RolloutSample(**_sequence(sample))
+
+
+def _sequence(message: pb.RolloutResult | pb.Sample) -> dict[str, Any]:
+    """The token sequence's fields, which a result and a Sample name alike."""
+    return {
+        "prompt_ids": list(message.prompt_ids),
+        "response_ids": list(message.response_ids),
+        "response_mask": list(message.response_mask),
+        "response_logprobs": list(message.response_logprobs),
+        "weight_versions": list(message.weight_versions),
+        "turns": [turn_from_proto(turn) for turn in message.turns],
+    }
 
 
 def gateway_counters_from_proto(counters: pb.GatewayCounters) -> GatewayCounters:
-    return GatewayCounters(
-        calls=counters.calls,
-        prefix_hits=counters.prefix_hits,
-        splices=counters.splices,
-        splits=counters.splits,
-        masked_samples=counters.masked_samples,
-        discarded=counters.discarded,
-    )
+    return GatewayCounters(**{field.name: getattr(counters, field.name) for field in counters.DESCRIPTOR.fields})
 
 
 def llm_server_from_proto(server: pb.LLMServer) -> LLMServerInfo:

@@ -10,6 +10,7 @@ MODE:
   at PROBE_URL, reachable on the node, is not reachable from here (exit 5 if it is).
 - exit3: prints to stderr and exits 3 without calling the model.
 - hang: writes its pid to PID_FILE and sleeps.
+- crash: destroys its sandbox (through the SDK), then exits 1: a sandbox that failed under it.
 - rewrite: one call, then a second whose history is not the first's (a changed system message),
   then goes on solving with the new history.
 
@@ -104,6 +105,11 @@ def main() -> None:
     if mode == "exit3":
         print("the harness gives up", file=sys.stderr)
         sys.exit(3)
+    if mode == "crash":
+        from corral.sdk import Client
+
+        Client(os.environ["CORRAL_ADDRESS"]).get_sandbox(os.environ["CORRAL_SANDBOX_ID"]).destroy()
+        sys.exit(1)
     if mode == "hang":
         with open(os.environ["PID_FILE"], "w") as pid_file:
             pid_file.write(str(os.getpid()))

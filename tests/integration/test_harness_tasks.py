@@ -6,18 +6,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import socket
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from corral.daemon.netns_socket import listen_in_namespace_of, shares_host_network
 from corral.rollout.reference.policies import GenerateParams, PolicyOutput
 from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
 from corral.sdk import AsyncClient, FailedPrecondition
 from corral.v1 import rollout_pb2 as pb
-from tests.conftest import DaemonProcess
+from tests.conftest import DaemonProcess, alive_pids
 from tests.rollout_tasks import call, repair_task
 
 HARNESS = Path(__file__).with_name("replay_harness.py")
@@ -70,14 +74,6 @@ def harness_task(
         command = [sys.executable, str(HARNESS), mode]
     task.harness.CopyFrom(pb.TaskHarness(command=command, place=place))
     return task
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def assert_token_exact(result, policy: RecordingReplay) -> None:
@@ -159,7 +155,42 @@ async def test_a_harness_past_the_run_timeout_is_killed_and_evaluated(client, tm
         result = await client.rollouts.run(task)
     assert result.status == "completed" and result.finish_reason == "timeout"
     assert result.reward == 0.0  # evaluated: calc.py was never fixed
-    assert not alive(int((tmp_path / "pid").read_text()))
+    assert not alive_pids({int((tmp_path / "pid").read_text())})
+
+
+async def test_a_sandbox_harness_past_the_run_timeout_is_evaluated(client) -> None:
+    task = harness_task("sandbox-hang", "hang", place=pb.HARNESS_PLACE_SANDBOX, run_timeout_ms=1500)
+    task.harness.env["PID_FILE"] = "/tmp/harness.pid"
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.finish_reason == "timeout" and result.reward == 0.0
+
+
+async def test_the_call_limit_ends_a_harness_rollout_as_max_turns(client) -> None:
+    # Two calls allowed: the fix and the check; the third (submit) is refused and the harness
+    # exits 1, which the limit explains.
+    task = harness_task("two-calls", "sdk")
+    task.limits.max_turns = 2
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.finish_reason == "max_turns", result.error
+    assert result.reward == 1.0 and result.gateway is not None and result.gateway.calls == 2
+
+
+async def test_a_prompt_that_leaves_no_room_ends_a_harness_rollout_as_context_full(client) -> None:
+    task = harness_task("tight", "sdk")
+    task.limits.max_total_tokens = 64  # less than the first prompt
+    async with serving(client, task) as policy:
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.finish_reason == "context_full", result.error
+    assert policy.calls == [] and result.response_ids == []
+
+
+async def test_a_harness_whose_sandbox_failed_is_filtered_as_a_backend_crash(client) -> None:
+    task = harness_task("crash", "crash")
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert (result.status, result.filter_reason) == ("filtered", "backend_crash"), result.error
 
 
 async def test_cancelling_a_harness_rollout_kills_the_harness(client, tmp_path) -> None:
@@ -174,11 +205,11 @@ async def test_cancelling_a_harness_rollout_kills_the_harness(client, tmp_path) 
                     break
                 await asyncio.sleep(0.05)
             pid = int(pid_file.read_text())
-            assert alive(pid)
+            assert alive_pids({pid})
             await stream.cancel(task_id="cancel-hang")
             result = await asyncio.wait_for(stream.__anext__(), 10)
     assert result.status == "cancelled"
-    assert not alive(pid)
+    assert not alive_pids({pid})
 
 
 async def test_the_llm_server_down_filters_the_rollout_whatever_the_harness_does(client) -> None:
@@ -212,14 +243,111 @@ async def test_a_rewritten_history_under_policy_split_gives_two_samples(client) 
     assert sum(second.response_mask) == sum(len(output) for _, output in policy.calls[1:])
 
 
-async def test_host_harnesses_are_refused_unless_the_daemon_allows_them(tmp_path) -> None:
-    daemon = DaemonProcess(tmp_path).start()  # the default configuration: allow_host_harness = false
+async def test_a_rewritten_history_under_policy_mask_leaves_nothing_to_train_on(client) -> None:
+    task = harness_task("rewrite-mask", "rewrite")
+    task.harness.history_policy = pb.HISTORY_POLICY_MASK
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.reward == 1.0, result.error
+    assert len(result.extra_samples) == 1
+    assert result.gateway is not None and (result.gateway.splits, result.gateway.masked_samples) == (1, 2)
+    assert not any(result.response_mask) and not any(result.extra_samples[0].response_mask)
+
+
+async def test_a_harness_that_makes_no_call_is_evaluated_with_an_empty_trajectory(client) -> None:
+    task = harness_task("no-calls", "sdk")
+    task.harness.command[:] = [sys.executable, "-c", "pass"]
+    async with serving(client, task):
+        result = await client.rollouts.run(task)
+    assert result.status == "completed" and result.finish_reason == "submitted"
+    assert result.reward == 0.0 and result.response_ids == [] and result.prompt_ids == []
+    assert result.gateway is not None and result.gateway.calls == 0
+
+
+async def test_host_harnesses_need_the_daemons_consent_and_counters_reach_the_metrics(tmp_path) -> None:
+    port = free_port()
+    daemon = DaemonProcess(tmp_path, "--metrics", f"127.0.0.1:{port}").start()  # allow_host_harness = false
     try:
         async with AsyncClient(daemon.address) as client:
             with pytest.raises(FailedPrecondition, match="allow_host_harness"):
                 await client.rollouts.run(harness_task("refused", "sdk"))
-            # In the sandbox it is allowed (here it stops at the missing LLM server).
-            with pytest.raises(FailedPrecondition, match="no LLM server"):
-                await client.rollouts.run(harness_task("allowed", "local", place=pb.HARNESS_PLACE_SANDBOX))
+            task = harness_task("in-sandbox", "local", place=pb.HARNESS_PLACE_SANDBOX)
+            task.harness.env["PROBE_URL"] = "http://127.0.0.1:1/"
+            async with serving(client, task):
+                result = await client.rollouts.run(task)
+        assert result.status == "completed" and result.reward == 1.0, result.error
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert "corral_gateway_calls_total 3.0" in metrics
+        assert "corral_gateway_prefix_hits_total 2.0" in metrics
+        assert "corral_gateway_splits_total 0.0" in metrics
     finally:
         daemon.stop()
+
+
+async def test_stopping_the_daemon_kills_a_running_harness(tmp_path) -> None:
+    config = tmp_path / "corral.toml"
+    config.write_text("[rollout]\nallow_host_harness = true\n")
+    daemon = DaemonProcess(tmp_path, "--config", str(config)).start()
+    pid_file = tmp_path / "pid"
+    task = harness_task("shutdown-hang", "hang")
+    task.harness.env["PID_FILE"] = str(pid_file)
+    try:
+        async with AsyncClient(daemon.address) as client, serving(client, task):
+            async with client.rollouts.open_stream() as stream:
+                await stream.submit(task)
+                for _ in range(200):
+                    if pid_file.exists() and pid_file.read_text():
+                        break
+                    await asyncio.sleep(0.05)
+                pid = int(pid_file.read_text())
+                assert alive_pids({pid})
+                assert daemon.proc is not None
+                daemon.proc.send_signal(signal.SIGTERM)  # rollouts end first, while it still serves
+                for _ in range(200):
+                    if not alive_pids({pid}):
+                        break
+                    await asyncio.sleep(0.05)
+                assert not alive_pids({pid})
+    finally:
+        assert daemon.stop() == 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_a_socket_made_in_another_network_namespace_serves_only_there() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("entering a network namespace needs root")
+    holder = await asyncio.create_subprocess_exec("unshare", "--net", "sleep", "60")  # a bare netns, lo down
+    try:
+        for _ in range(250):  # until unshare has made the namespace
+            if not shares_host_network(holder.pid):
+                break
+            await asyncio.sleep(0.02)
+        assert not shares_host_network(holder.pid) and shares_host_network(os.getpid())
+        listener = await listen_in_namespace_of(holder.pid)
+        port = listener.getsockname()[1]
+        loop = asyncio.get_running_loop()
+
+        async def answer() -> None:
+            connection, _ = await loop.sock_accept(listener)
+            with connection:
+                await loop.sock_sendall(connection, b"from the daemon")
+
+        answering = asyncio.ensure_future(answer())
+        inside = await asyncio.create_subprocess_exec(
+            "nsenter", "-t", str(holder.pid), "-n", sys.executable, "-c",
+            f"import socket; print(socket.create_connection(('127.0.0.1', {port})).recv(100).decode())",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert (await inside.communicate())[0] == b"from the daemon\n"
+        await answering
+        with pytest.raises(OSError):  # the node's own loopback has no such listener
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        listener.close()
+    finally:
+        holder.kill()
+        await holder.wait()

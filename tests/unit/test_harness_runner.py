@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from corral.rollout.harness import HarnessExit, host_base_environment, run_on_host
 from corral.rollout.tasks import TaskError, check_task, runs_on_host
 from corral.v1 import rollout_pb2 as pb
+from tests.conftest import alive_pids
 
 
 def harness_task(**harness: object) -> pb.Task:
@@ -87,12 +87,12 @@ async def test_a_command_that_does_not_exist_could_not_start(tmp_path: Path) -> 
     assert outcome.describe().startswith("the harness could not be started")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+async def wait_gone(pids: set[int], timeout: float = 2.0) -> None:
+    """Until none of `pids` runs (SIGKILL is delivered asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while alive_pids(pids):
+        assert time.monotonic() < deadline, f"{alive_pids(pids)} still running"
+        await asyncio.sleep(0.02)
 
 
 async def test_cancelling_kills_the_whole_process_group(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ async def test_cancelling_kills_the_whole_process_group(tmp_path: Path) -> None:
         await run
     # SIGTERM took the harness; the child that ignores it got SIGKILL after the grace.
     assert time.monotonic() - started < 5
-    assert not _alive(harness_pid) and not _alive(child_pid)
+    await wait_gone({harness_pid, child_pid})
 
 
 async def test_what_a_harness_leaves_running_ends_with_it(tmp_path: Path) -> None:
@@ -131,4 +131,23 @@ async def test_what_a_harness_leaves_running_ends_with_it(tmp_path: Path) -> Non
         run_on_host([sys.executable, "-c", script], host_base_environment(), str(tmp_path)), 10
     )
     assert outcome.succeeded
-    assert not _alive(int(pid_file.read_text()))
+    await wait_gone({int(pid_file.read_text())})
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1", "127.0.0.1:x", ":80", "127.0.0.1:70000"])
+def test_a_bad_gateway_listen_address_is_a_config_error(tmp_path: Path, listen: str) -> None:
+    from corral.daemon.config import ConfigError, load_config
+
+    path = tmp_path / "corral.toml"
+    path.write_text(f'[rollout]\ngateway_listen = "{listen}"\n')
+    with pytest.raises(ConfigError, match="rollout.gateway_listen"):
+        load_config(path)
+
+
+def test_the_gateway_listens_on_loopback_and_host_harnesses_are_off_by_default() -> None:
+    from corral.daemon.config import RolloutConfig, gateway_address
+
+    config = RolloutConfig()
+    assert gateway_address(config.gateway_listen) == ("127.0.0.1", 0)
+    assert gateway_address("[::1]:8000") == ("::1", 8000)
+    assert config.allow_host_harness is False
