@@ -254,7 +254,8 @@ class GatewaySession:
 
 
 def _without_stop_string(text: str, stops: Sequence[str]) -> str:
-    for stop in stops:
-        if stop and text.endswith(stop):
-            return text[: -len(stop)]
-    return text
+    """The text before the stop string the reply ended on. The engine stops on the token that
+    completes a stop string, and that token may run past it (" tests" completes "e"), so the
+    text is cut where the first stop string in it begins, not only at its end."""
+    starts = [at for at in (text.find(stop) for stop in stops if stop) if at >= 0]
+    return text[: min(starts)] if starts else text

@@ -13,6 +13,12 @@ checked is what a trainer relies on, against the engine itself:
 - length cut-offs, stop strings, the context window (CONTEXT_FULL before the engine refuses);
 - a restart of the engine under running rollouts: they wait for it and complete.
 
+The LLM gateway (what harness tasks get) is checked against the same engine, on the daemon's
+wiring (a Gateway over an LLMPool) with the `openai` package as the harness: a multi-turn
+conversation is one sample, exactly what the engine saw and returned, with the recomputed
+logprobs; length cut-offs, stop strings, the engine's window (400 before the engine would refuse)
+and a call that waits out the restart.
+
 Skipped when the engine's venv is missing, unless CORRAL_REQUIRE_ENGINES names vllm: then that
 fails. The venv: $CORRAL_VLLM_VENV, else /opt/corral-vllm.
 """
@@ -31,18 +37,24 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from aiohttp import web
 
 from corral.cli.run import is_token_exact
+from corral.daemon.llm_pool import LLMPool
+from corral.rollout.gateway import Gateway, GatewaySession, SessionSettings
 from corral.rollout.llm.routing import ROUTING_KEY_HEADER
 from corral.rollout.tokenizer import HFChatTokenizer
+from corral.rollout.types import Generation, SamplingOptions, Trajectory
 from corral.sdk import AsyncClient, RolloutResult
 from corral.v1 import rollout_pb2 as pb
 from tests.conftest import DaemonProcess, require_backend, shared_daemon_config
 from tests.rollout_tasks import repair_task
+from tests.unit.gateway_support import BASH_TOOL, LLMCall, assert_token_exact
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_VENV = Path(os.environ.get("CORRAL_VLLM_VENV", "/opt/corral-vllm"))
@@ -440,9 +452,234 @@ async def test_a_rollout_ends_as_context_full_within_the_engines_window(client, 
         assert len(turn.generated_ids) == 400  # no turn was cut short by the engine's window
 
 
-async def test_rollouts_wait_out_a_restart_of_the_engine(client, proxy, engine):
+# ---- the LLM gateway against the engine ------------------------------------------------------
+# The daemon's path for harness tasks: a Gateway over an LLMPool with the recording proxy
+# registered (protocol vllm), the tiny model's HF chat tokenizer, and the `openai` package as the
+# harness. The proxy keys its exchanges by routing key, which is the session's rollout id.
+
+
+def gateway_settings(*, max_new_tokens: int, max_calls: int = 12) -> SessionSettings:
+    """The task's sampling (that of the rollout tests: the recomputation's distribution), far more
+    room than the engine's window."""
+    return SessionSettings(
+        sampling=SamplingOptions(max_new_tokens=max_new_tokens, temperature=TEMPERATURE, top_k=TOP_K),
+        max_new_tokens_per_turn=max_new_tokens,
+        max_total_tokens=100_000,
+        max_calls=max_calls,
+    )
+
+
+@dataclass
+class ServedGateway:
+    gateway: Gateway
+    url: str
+
+    def open(self, rollout_id: str, settings: SessionSettings) -> tuple[GatewaySession, openai.AsyncOpenAI]:
+        session = self.gateway.open_session(rollout_id, settings)
+        # No retries of its own: a refusal or a 503 shows as it is; a call may wait out a restart.
+        client = openai.AsyncOpenAI(
+            base_url=self.url, api_key=session.key, max_retries=0, timeout=ENGINE_START_TIMEOUT_S
+        )
+        return session, client
+
+
+@pytest.fixture
+async def served_gateway(proxy, tokenizer) -> AsyncIterator[ServedGateway]:
+    """The daemon's wiring (daemon/rollout_runtime.py): the pool waits out a restart as long as
+    the daemon fixture's does; the window is the pool's (the engine's max_model_len)."""
+    pool = LLMPool(unavailable_wait_s=ENGINE_START_TIMEOUT_S)
+    pool.register(proxy.url, protocol="vllm")
+    gateway = Gateway(pool.generate, tokenizer, context_length=pool.context_length, model_name=MODEL_NAME)
+    url = await gateway.listen_tcp()
+    yield ServedGateway(gateway, url)
+    await gateway.close()
+    await pool.close()
+
+
+def engine_calls(exchanges: list[Exchange]) -> list[LLMCall]:
+    """The exchanges the engine answered, as the gateway unit tests' record of calls."""
+    return [
+        LLMCall(e.prompt, Generation(e.output, e.logprobs, e.finish_reason), len(e.output), (), ()) for e in exchanges
+    ]
+
+
+def assert_sample_is_the_engines(sample: Trajectory, exchanges: list[Exchange]) -> None:
+    """prompt_ids + response_ids is exactly the last prompt the engine received plus its output;
+    every call's output sits where its prompt ended, mask 1 with the engine's logprobs exactly;
+    everything else (observations) mask 0."""
+    assert exchanges, "the engine answered nothing"
+    assert_token_exact(sample, engine_calls(exchanges))
+    for turn, exchange in zip(sample.turns, exchanges):
+        assert turn.generated_logprobs == pytest.approx(exchange.logprobs, abs=0)
+
+
+def reply_message(response: Any) -> dict[str, Any]:
+    """The assistant message as a harness appends it."""
+    return response.choices[0].message.model_dump(exclude_none=True)
+
+
+async def test_a_gateway_conversation_is_token_exact_with_the_engines_logprobs(
+    served_gateway, proxy, tokenizer, tiny_model
+):
+    """Six chat calls with tools declared, observations appended as tool and user messages (one
+    call streamed): one sample, exactly the engine's last prompt and output, mask 1 exactly on
+    the generated ids, logprobs those of the sampling distribution (a transformers
+    recomputation); the model's noise has no tool-call markup, so every reply is plain content."""
+    session, client = served_gateway.open("gw-chat", gateway_settings(max_new_tokens=24))
+    messages: list[Any] = [
+        {"role": "system", "content": "You are a careful engineer."},
+        {"role": "user", "content": "Fix the failing test in calc.py."},
+    ]
+    calls = 6
+    for call in range(calls):
+        if call == 3:
+            stream = await client.chat.completions.create(
+                model="any", messages=messages, tools=[BASH_TOOL], stream=True, stream_options={"include_usage": True}
+            )
+            chunks = [chunk async for chunk in stream]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+            reply = {"role": "assistant", "content": content}
+            usage = chunks[-1].usage
+        else:
+            response = await client.chat.completions.create(
+                model="any", messages=messages, tools=[BASH_TOOL], logprobs=True
+            )
+            choice = response.choices[0]
+            assert choice.message.tool_calls is None and choice.finish_reason in ("stop", "length")
+            reply, usage, content = reply_message(response), response.usage, choice.message.content or ""
+        exchange = proxy.exchanges["gw-chat"][call]
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(exchange.prompt), len(exchange.output))
+        assert content == tokenizer.decode([i for i in exchange.output if i not in tokenizer.end_of_turn_ids])
+        if call != 3:
+            assert [entry.logprob for entry in choice.logprobs.content] == exchange.logprobs
+        observation = f"Ran {call + 1} tests: FAILED (failures={call + 1})"
+        messages += [reply, {"role": "tool" if call % 2 == 0 else "user", "content": observation}]
+
+    outcome = served_gateway.gateway.close_session(session.key)
+    counters = outcome.counters
+    assert (counters.calls, counters.splits, counters.discarded) == (calls, 0, 0)
+    assert counters.prefix_hits + counters.splices == calls - 1
+    (sample,) = outcome.samples
+    exchanges = proxy.exchanges["gw-chat"]
+    assert len(exchanges) == calls and proxy.started["gw-chat"] == calls
+    assert exchanges[0].prompt == tokenizer.encode_prompt(messages[:2], tools=[BASH_TOOL])
+    assert_sample_is_the_engines(sample, exchanges)
+
+    ids = sample.prompt_ids + sample.response_ids
+    positions = [len(sample.prompt_ids) + i for i, mask in enumerate(sample.response_mask) if mask]
+    assert len(positions) == sum(len(e.output) for e in exchanges)
+    processed, _raw = await asyncio.to_thread(recomputed_logprobs, tiny_model, ids, positions)
+    engine_logprobs = [lp for lp, mask in zip(sample.response_logprobs, sample.response_mask) if mask]
+    assert engine_logprobs == pytest.approx(processed, abs=1e-4)
+
+
+async def test_gateway_length_cut_offs_and_stop_strings(served_gateway, proxy, tokenizer):
+    """A request's max_tokens below the turn cap cuts the reply ("length"); a request's stop
+    string ends a reply on the token that completes it: the content stops before the string, the
+    recorded ids keep that token. The sample stays the engine's exactly."""
+    session, client = served_gateway.open("gw-limits", gateway_settings(max_new_tokens=60, max_calls=20))
+    messages: list[Any] = [{"role": "user", "content": "Run the tests."}]
+    for _ in range(3):  # noise rarely ends its turn within 5 tokens; a few tries make a cut sure
+        cut = await client.chat.completions.create(model="any", messages=messages, max_tokens=5)
+        messages += [reply_message(cut), {"role": "user", "content": "Go on."}]
+        if cut.choices[0].finish_reason == "length":
+            break
+    exchange = proxy.exchanges["gw-limits"][-1]
+    assert cut.choices[0].finish_reason == "length"
+    assert len(exchange.output) == 5 == cut.usage.completion_tokens and exchange.finish_reason == "length"
+
+    # Replies until one ends on a token that runs past the "e" it completes (" tests"): noise
+    # meets an "e" within 60 tokens nearly always, and such a token within a few replies.
+    stopped = 0
+    for _ in range(16):
+        response = await client.chat.completions.create(model="any", messages=messages, stop="e")
+        messages += [reply_message(response), {"role": "user", "content": "Go on."}]
+        exchange = proxy.exchanges["gw-limits"][-1]
+        if exchange.stop_reason != "e":
+            continue
+        stopped += 1
+        text = tokenizer.decode(exchange.output)
+        assert "e" in text and "e" not in tokenizer.decode(exchange.output[:-1])  # the last id completed it
+        assert response.choices[0].finish_reason == "stop"
+        assert response.choices[0].message.content == text[: text.index("e")]
+        if not text.endswith("e"):
+            break
+    else:
+        pytest.fail(f"no reply ended on a token past the stop string ({stopped} met it)")
+
+    outcome = served_gateway.gateway.close_session(session.key)
+    (sample,) = outcome.samples
+    assert_sample_is_the_engines(sample, proxy.exchanges["gw-limits"])
+
+
+def padded_observation(
+    tokenizer: HFChatTokenizer, history: list[Any], output: list[int], length: int
+) -> dict[str, str]:
+    """A user message after the reply `output` (to `history`) that makes the next prompt's
+    continuation `length` ids long, within a few."""
+    unit = " tests"
+
+    def continuation(count: int) -> int:
+        message = {"role": "user", "content": unit * count}
+        return len(tokenizer.encode_continuation(history, output, [message]))
+
+    base, per_unit = continuation(1), (continuation(101) - continuation(1)) / 100
+    count = max(1, 1 + round((length - base) / per_unit))
+    return {"role": "user", "content": unit * count}
+
+
+async def test_the_gateway_refuses_a_conversation_past_the_engines_window(served_gateway, proxy, tokenizer):
+    """The engine's max_model_len bounds the session (its max_total_tokens is far above it): a
+    prompt near the window gets only the room left (the engine accepts it: vLLM refuses a
+    request whose prompt plus max_tokens exceeds its window), one past it is refused by the
+    gateway with 400 context_length_exceeded before any request reaches the engine."""
+    session, client = served_gateway.open("gw-window", gateway_settings(max_new_tokens=40))
+    messages: list[Any] = [{"role": "user", "content": "Run the tests."}]
+    first = await client.chat.completions.create(model="any", messages=messages)
+    sample_length = first.usage.prompt_tokens + first.usage.completion_tokens
+    output = proxy.exchanges["gw-window"][0].output
+    room = 12  # less than the turn's 40
+    messages += [
+        reply_message(first),
+        padded_observation(tokenizer, messages, output, MAX_MODEL_LEN - room - sample_length),
+    ]
+    near = await client.chat.completions.create(model="any", messages=messages)
+    exchange = proxy.exchanges["gw-window"][1]
+    left = MAX_MODEL_LEN - len(exchange.prompt)
+    assert 0 < left < 40
+    assert len(exchange.prompt) + len(exchange.output) <= MAX_MODEL_LEN
+    if near.choices[0].finish_reason == "length":
+        assert len(exchange.output) == left
+
+    messages += [reply_message(near), {"role": "user", "content": "Ran 3 tests: FAILED. " * 20}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model="any", messages=messages)
+    assert refused.value.status_code == 400 and refused.value.code == "context_length_exceeded"
+    assert proxy.started["gw-window"] == 2  # the engine never saw the refused call
+
+    outcome = served_gateway.gateway.close_session(session.key)
+    assert outcome.context_full and outcome.counters.calls == 2
+    (sample,) = outcome.samples
+    assert_sample_is_the_engines(sample, proxy.exchanges["gw-window"])
+
+
+async def test_rollouts_and_a_gateway_session_wait_out_a_restart_of_the_engine(client, proxy, engine, served_gateway):
     """The only engine is killed under running rollouts and started again (a minute or so on a
-    small CPU): the rollouts wait for it (health checks) and complete; none is filtered."""
+    small CPU): the rollouts wait for it (health checks) and complete; none is filtered. A gateway
+    session two calls into its conversation makes its third call while the engine is down: the
+    call waits it out (the pool's unavailable wait; the harness sees no error) and the session's
+    sample is the engine's exactly."""
+    session, gateway_client = served_gateway.open("gw-restart", gateway_settings(max_new_tokens=16))
+    messages: list[Any] = [{"role": "user", "content": "Run the tests."}]
+
+    async def gateway_call() -> None:
+        response = await gateway_client.chat.completions.create(model="any", messages=messages)
+        messages.extend([reply_message(response), {"role": "user", "content": "Ran 3 tests: FAILED"}])
+
+    for _ in range(2):
+        await gateway_call()
+
     tasks = [noisy_task(f"restart-{i}", max_new_tokens=120) for i in range(3)]
     stream = client.rollouts.stream(tasks)
     results: list[RolloutResult] = []
@@ -457,10 +694,22 @@ async def test_rollouts_wait_out_a_restart_of_the_engine(client, proxy, engine):
         assert time.monotonic() < deadline, "no rollout reached the engine"
         await asyncio.sleep(0.1)
     await asyncio.to_thread(engine.stop)
+    waiting = asyncio.create_task(gateway_call())
     await asyncio.sleep(1)
+    assert not waiting.done(), "the gateway call did not wait for the engine"
     await asyncio.to_thread(engine.start)
     await asyncio.wait_for(collecting, 240)
+    await asyncio.wait_for(waiting, 60)
+    await gateway_call()
     assert len(results) == 3
     for result in results:
         assert result.status == "completed", result.error
         assert_matches_the_engine(result, proxy.exchanges[result.rollout_id])
+
+    outcome = served_gateway.gateway.close_session(session.key)
+    assert outcome.llm_unavailable is None and outcome.counters.calls == 4
+    (sample,) = outcome.samples
+    exchanges = proxy.exchanges["gw-restart"]
+    assert len(exchanges) == 4
+    assert proxy.started["gw-restart"] > 4  # the third call met the engine down before it waited
+    assert_sample_is_the_engines(sample, exchanges)

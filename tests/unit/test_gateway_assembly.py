@@ -253,6 +253,16 @@ async def test_the_stop_string_a_reply_ended_on_is_not_in_its_content_but_stays_
     assert TOK.decode(session.close().samples[0].response_ids) == "Thinking... END<|im_end|>"
 
 
+async def test_the_content_ends_where_the_stop_string_begins_when_the_last_token_runs_past_it():
+    # A real engine stops on the token that completes the stop string, and a multi-character
+    # token carries text past it: the tiny Qwen2 model's " developer" completes "e" after " d".
+    llm = ScriptedLLM(["qu developer"])
+    session = make_session(llm)
+    message = await Harness(session, tools=[]).ask(stop=("e",))
+    assert message["content"] == "qu d"
+    assert TOK.decode(session.close().samples[0].response_ids) == "qu developer<|im_end|>"
+
+
 async def test_calls_past_max_calls_are_refused():
     llm = ScriptedLLM([call_text("a")])
     session = make_session(llm, settings(max_calls=2))

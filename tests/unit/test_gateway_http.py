@@ -110,6 +110,34 @@ async def test_streamed_tool_calls_parse_back_like_the_whole_response(served):
     ]
 
 
+async def test_malformed_tool_call_markup_comes_back_as_plain_content_and_the_sample_stays_exact():
+    """With tools declared, a reply whose tool-call markup cannot be read (the real engine's noise
+    model almost never writes markup, so this is covered here): plain content, the markup as the
+    model wrote it, no tool_calls, finish "stop"; the harness sends it back and the session goes
+    on extending one exact sample, the turn marked a format error."""
+    malformed = 'Looking.\n<tool_call>{"name": "bash", "arguments": {"command": "ls"</tool_call>'
+    llm = ScriptedLLM([malformed, "Done."])
+    gateway = Gateway(llm, TOK, context_length=Window(4096))
+    url = await gateway.listen_tcp()
+    try:
+        session = gateway.open_session("r-malformed", settings())
+        client = openai.AsyncOpenAI(base_url=url, api_key=session.key)
+        messages: list[Any] = [{"role": "user", "content": "List the files."}]
+        first = await client.chat.completions.create(model="any", messages=messages, tools=[BASH_TOOL])
+        choice = first.choices[0]
+        assert (choice.message.content, choice.message.tool_calls, choice.finish_reason) == (malformed, None, "stop")
+        messages += [choice.message.model_dump(exclude_none=True), {"role": "user", "content": "Use the tool."}]
+        second = await client.chat.completions.create(model="any", messages=messages, tools=[BASH_TOOL])
+        assert second.choices[0].message.content == "Done."
+        outcome = gateway.close_session(session.key)
+    finally:
+        await gateway.close()
+    assert (outcome.counters.calls, outcome.counters.prefix_hits, outcome.counters.splits) == (2, 1, 0)
+    (sample,) = outcome.samples
+    assert_token_exact(sample, llm.calls)
+    assert [turn.format_error for turn in sample.turns] == [True, False]
+
+
 async def test_completions_whole_and_streamed_give_the_same_text_and_ids(served):
     gateway, url, llm = served
     session = gateway.open_session("r-completions", settings())
