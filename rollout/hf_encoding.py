@@ -87,7 +87,7 @@ class AddedTokenSplitEncoder:
         self._added = added
         self._vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
         by_length = sorted(added, key=len, reverse=True)
-        self._pattern = re.compile("|".join(re.escape(token) for token in by_length))
+        self._pattern = re.compile("(" + "|".join(re.escape(token) for token in by_length) + ")")
         self._pieces: BoundedCache[list[int]] = BoundedCache(
             capacity_chars, lambda piece, ids: len(str(piece)) + len(ids)
         )
@@ -121,19 +121,13 @@ class AddedTokenSplitEncoder:
         )
 
     def encode(self, text: str) -> list[int]:
-        pieces: list[str | int] = []
-        position = 0
-        for match in self._pattern.finditer(text):
-            if match.start() > position:
-                pieces.append(text[position : match.start()])
-            pieces.append(self._added[match.group()])
-            position = match.end()
-        if position < len(text):
-            pieces.append(text[position:])
+        # split() with a group: pieces of text at even indices, the added tokens between them odd.
+        parts = self._pattern.split(text)
+        pieces = parts[::2]
         known: dict[str, list[int]] = {}
         missing = []
         for piece in pieces:
-            if isinstance(piece, str) and piece not in known:
+            if piece not in known:
                 cached = self._pieces.get(piece)
                 if cached is None:
                     missing.append(piece)
@@ -144,10 +138,9 @@ class AddedTokenSplitEncoder:
             for piece, encoding in zip(missing, self._backend.encode_batch(missing, add_special_tokens=False)):
                 known[piece] = encoding.ids
                 self._pieces.put(piece, encoding.ids)
-        ids: list[int] = []
-        for piece in pieces:
-            if isinstance(piece, str):
-                ids += known[piece]
-            else:
-                ids.append(piece)
+        ids: list[int] = list(known[pieces[0]])
+        added = self._added
+        for token, piece in zip(parts[1::2], pieces[1:]):
+            ids.append(added[token])
+            ids += known[piece]
         return ids
