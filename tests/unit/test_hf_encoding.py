@@ -11,7 +11,7 @@ import pytest
 from corral.rollout.hf_encoding import AddedTokenSplitEncoder, BoundedCache
 from corral.rollout.tokenizer import HFChatTokenizer
 from tests.unit.test_gateway_render import tiny_qwen2  # noqa: F401 - a fixture
-from tests.unit.test_rollout_tokenizer import _CORPUS, QWEN_TEMPLATE, SPECIAL_TOKENS
+from tests.unit.test_rollout_tokenizer import _CORPUS, SPECIAL_TOKENS, make_hf_tokenizer_dir
 
 # Text that stresses the cuts: special tokens and pieces of them, spaces and newlines on both
 # sides, a combining accent after a token (NFC joins it with a preceding "e" only within a piece),
@@ -72,29 +72,20 @@ def test_the_tiny_models_tokenizer_encodes_piecewise_exactly(tiny_qwen2):  # noq
 
 
 def _trained_tokenizer(tmp_path, *, added: list[object] | None = None, metaspace: bool = False) -> HFChatTokenizer:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """The qwen-like test tokenizer with an NFC normalizer, `added` tokens (as given: their flags
+    are what is tested) and, with `metaspace`, a pre-tokenizer that treats the input's start apart."""
+    from tokenizers import decoders, normalizers, pre_tokenizers
+    from transformers import AutoTokenizer
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
+    fast = AutoTokenizer.from_pretrained(str(make_hf_tokenizer_dir(tmp_path)), local_files_only=True)
+    backend = fast.backend_tokenizer
+    backend.normalizer = normalizers.NFC()
     if metaspace:
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
-        tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
-    else:
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=SPECIAL_TOKENS,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(_CORPUS * 30, trainer)
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+        backend.decoder = decoders.Metaspace(prepend_scheme="first")
     if added:
-        tokenizer.add_tokens(added)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", chat_template=QWEN_TEMPLATE)
-    fast.save_pretrained(str(tmp_path))
-    return HFChatTokenizer(tmp_path)
+        backend.add_tokens(added)
+    return HFChatTokenizer(fast)
 
 
 def test_added_tokens_that_overlap_are_cut_leftmost_longest(tmp_path):
