@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
@@ -25,32 +26,35 @@ _POSITION_DEPENDENT = ("Metaspace", "prepend_scheme")
 
 class BoundedCache(Generic[_V]):
     """Least recently used entries, evicted once their total size (the caller's measure, e.g.
-    characters) passes `capacity`."""
+    characters) passes `capacity`. Safe to share between threads (a trainer's tokenizer may be)."""
 
     def __init__(self, capacity: int, size_of: Callable[[Hashable, _V], int]) -> None:
         self.capacity = capacity
         self.size_of = size_of
         self._entries: OrderedDict[Hashable, _V] = OrderedDict()
         self._size = 0
+        self._lock = threading.Lock()
 
     def get(self, key: Hashable) -> _V | None:
-        value = self._entries.get(key)
-        if value is not None:
-            self._entries.move_to_end(key)
-        return value
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
 
     def put(self, key: Hashable, value: _V) -> None:
         size = self.size_of(key, value)
         if size > self.capacity:
             return
-        previous = self._entries.pop(key, None)
-        if previous is not None:
-            self._size -= self.size_of(key, previous)
-        self._entries[key] = value
-        self._size += size
-        while self._size > self.capacity:
-            old_key, old_value = self._entries.popitem(last=False)
-            self._size -= self.size_of(old_key, old_value)
+        with self._lock:
+            previous = self._entries.pop(key, None)
+            if previous is not None:
+                self._size -= self.size_of(key, previous)
+            self._entries[key] = value
+            self._size += size
+            while self._size > self.capacity:
+                old_key, old_value = self._entries.popitem(last=False)
+                self._size -= self.size_of(old_key, old_value)
 
     def __len__(self) -> int:
         return len(self._entries)
