@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from corral.rollout.hf_encoding import AddedTokenSplitEncoder, BoundedCache, render_key
 from corral.rollout.types import ChatTokenizer
 
 # ChatML, as Qwen and many others write it.
@@ -99,7 +100,14 @@ class HFChatTokenizer:
 
     `template_kwargs` go to every `apply_chat_template` call (e.g. {"enable_thinking": False}).
     `tools` (OpenAI function specs, for the LLM gateway) go to the template as its `tools`.
+
+    The LLM gateway renders each call's whole conversation, and a call's history is the previous
+    call's conversation: renderings are kept in a bounded cache (not for templates that print the
+    date, `strftime_now`), and text is tokenized piece by piece between added tokens, each piece
+    once (`hf_encoding`), where the tokenizer allows it; the ids are the same either way.
     """
+
+    RENDER_CACHE_CHARS = 32_000_000  # keys and renderings, in characters
 
     # Placeholder contents for the conversation the fixed continuation is computed on: text no
     # template changes and no real message contains.
@@ -125,6 +133,11 @@ class HFChatTokenizer:
             raise ValueError(f"the tokenizer in {self.path} has no EOS token and no {IM_END}: nothing ends a turn")
         self._end_of_turn_ids = tuple(dict.fromkeys(ids))
         self._end_of_turn_texts = tuple(self.decode([i]) for i in self._end_of_turn_ids)
+        self._renders: BoundedCache[str] | None = None
+        if "strftime_now" not in str(self._tokenizer.chat_template):
+            self._renders = BoundedCache(self.RENDER_CACHE_CHARS, lambda key, text: len(str(key)) + len(text))
+        self._cached_template = self._tokenizer.chat_template
+        self._split_encoder = AddedTokenSplitEncoder.for_tokenizer(self._tokenizer)
 
     @property
     def end_of_turn_ids(self) -> tuple[int, ...]:
@@ -132,6 +145,12 @@ class HFChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text` alone: no BOS or other added tokens; special-token strings become their ids."""
+        if self._split_encoder is not None:
+            if self._split_encoder.still_valid():
+                return self._split_encoder.encode(text)
+            self._split_encoder = AddedTokenSplitEncoder.for_tokenizer(self._tokenizer)
+            if self._split_encoder is not None:
+                return self._split_encoder.encode(text)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -140,13 +159,24 @@ class HFChatTokenizer:
     def render(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, tools: list[Any] | None = None
     ) -> str:
+        if self._tokenizer.chat_template is not self._cached_template and self._renders is not None:
+            self._renders = BoundedCache(self.RENDER_CACHE_CHARS, self._renders.size_of)  # the template was replaced
+            self._cached_template = self._tokenizer.chat_template
+        key = render_key(messages, tools, add_generation_prompt) if self._renders is not None else None
+        if key is not None and self._renders is not None:
+            cached = self._renders.get(key)
+            if cached is not None:
+                return cached
         extra = {**self._template_kwargs, **({"tools": tools} if tools else {})}
-        return self._tokenizer.apply_chat_template(
+        text: str = self._tokenizer.apply_chat_template(
             [dict(m) for m in messages],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **extra,
         )
+        if key is not None and self._renders is not None:
+            self._renders.put(key, text)
+        return text
 
     def encode_prompt(self, messages: Sequence[Mapping[str, Any]], tools: list[Any] | None = None) -> list[int]:
         return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
