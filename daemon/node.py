@@ -11,6 +11,7 @@ from .backends.base import Backend, BackendContext, BackendStatus, run_dir_base
 from .backends.registry import BACKENDS
 from .cgroups import CgroupDriver
 from .config import Config
+from .pools import PoolStatus
 from .uids import UidPool
 
 
@@ -61,3 +62,4 @@ class NodeInfo:
     backends: dict[str, BackendStatus]
     cgroup_mode: str
     sandbox_count: int
+    pools: Sequence[PoolStatus] = ()
