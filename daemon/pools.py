@@ -4,7 +4,8 @@ Each [[pool]] of the configuration keeps `size` ready sandboxes of one shape (Po
 of that shape takes one (a hit) instead of starting a sandbox; the pool then starts a replacement
 in the background. Starts are bounded over all pools by pools.max_starting, and a pool whose
 sandboxes fail to start waits before trying again (pools.retry_initial_s, doubling up to
-pools.retry_max_s), so a broken image costs one failed start per wait, not a busy loop.
+pools.retry_max_s) and then starts one sandbox at a time until one succeeds, so a broken image
+costs one failed start per wait, not a busy loop.
 
 A pooled sandbox is made exactly as a fresh one is (the same backend call with the same spec) and
 nothing runs in it before it is taken, so what a caller finds inside is what a fresh sandbox
@@ -89,7 +90,6 @@ class WarmPools:
         self._pools: dict[PoolKey, _Pool] = {}
         self._starts = asyncio.Semaphore(settings.max_starting)
         self._starting = 0  # over all pools; never above settings.max_starting
-        self.most_starting = 0  # the most starts seen at once since the daemon started
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._closed = asyncio.Event()
@@ -152,7 +152,8 @@ class WarmPools:
     async def _refill(self, pool: _Pool) -> None:
         while not self._closing:
             pool.wake.clear()
-            if len(pool.ready) + pool.starting >= pool.size:
+            # A pool whose last start failed tries one sandbox at a time until one starts.
+            if len(pool.ready) + pool.starting >= pool.size or (pool.failures and pool.starting):
                 await pool.wake.wait()
                 continue
             wait = pool.retry_at - time.monotonic()
@@ -166,7 +167,6 @@ class WarmPools:
                 return
             pool.starting += 1
             self._starting += 1
-            self.most_starting = max(self.most_starting, self._starting)
             self.metrics.pool_starting.set(self._starting)
             self._spawn(self._start_one(pool))
 
