@@ -14,6 +14,7 @@ import statistics
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from tests.conftest import DaemonProcess, alive_pids, require_backend, sandbox_p
 POOL_SIZE = 22
 MAX_STARTING = 2
 # The shape the "warm" pool prepares: a request must ask for exactly this to be served from it.
-WARM = {"pids": 777, "env": {"POOL_TEST": "warm"}}
+WARM: dict[str, Any] = {"pids": 777, "env": {"POOL_TEST": "warm"}}
 BROKEN_IMAGE = "/nonexistent/rootfs-of-test_warm_pools"
 
 
@@ -143,11 +144,12 @@ def test_a_pooled_sandbox_cannot_be_told_from_a_fresh_one(pools, tmp_path) -> No
 def test_a_create_the_pool_did_not_prepare_is_a_miss_and_starts_cold(pools) -> None:
     hits = pools.metric("corral_pool_hits_total", "warm")
     misses = pools.metric("corral_pool_misses_total", "none")
-    for request in (
+    requests: list[dict[str, Any]] = [
         {"pids": 778, "env": WARM["env"]},  # other limits
         {"pids": WARM["pids"], "env": {"POOL_TEST": "other"}},  # other env
         {**WARM, "network": True},
-    ):
+    ]
+    for request in requests:
         with pools.client.create_sandbox(**request) as sb:
             assert sb.exec("echo $POOL_TEST", check=True).stdout.strip() == request["env"]["POOL_TEST"].encode()
     assert pools.metric("corral_pool_misses_total", "none") == misses + 3
