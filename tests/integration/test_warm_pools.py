@@ -20,7 +20,15 @@ import pytest
 
 from corral.sdk import Client
 from corral.sdk.errors import InvalidArgument
-from tests.conftest import DaemonProcess, alive_pids, require_backend, sandbox_pids
+from tests.conftest import (
+    DOCKER_TEST_IMAGE,
+    DaemonProcess,
+    alive_pids,
+    cgroup_dirs,
+    require_backend,
+    require_image,
+    sandbox_pids,
+)
 
 POOL_SIZE = 22
 MAX_STARTING = 2
@@ -33,6 +41,12 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _metric(port: int, name: str, pool: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    found = re.search(rf'^{name}\{{pool="{pool}"\}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 def _start(root: Path, config: str) -> DaemonProcess:
@@ -56,9 +70,7 @@ class PoolDaemon:
         self.most_starting = 0  # the most pool starts GetNodeInfo ever showed at once
 
     def metric(self, name: str, pool: str) -> float:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
-        found = re.search(rf'^{name}\{{pool="{pool}"\}} (\S+)$', text, re.MULTILINE)
-        return float(found.group(1)) if found else 0.0
+        return _metric(self.port, name, pool)
 
     def pool(self, name: str):
         pools = self.client.node_info().pools
@@ -116,29 +128,55 @@ def test_matching_creates_are_served_from_the_pool_fast_and_refilled_within_max_
     assert pools.metric("corral_pool_depth", "warm") == POOL_SIZE
 
 
+def _assert_same_but_id_and_time(pooled, fresh) -> None:
+    """A pooled sandbox and a fresh one made from the same request: only the id and the created
+    time differ, in what the daemon says of them and in what runs inside."""
+    a, b = pooled.info, fresh.info
+    assert a.id != b.id and re.fullmatch(r"sb-[0-9a-f]{12}", a.id)
+    assert abs((a.created_at - b.created_at).total_seconds()) < 30  # the time it was taken
+    for name in ("backend", "image", "state", "isolation", "limits", "limit_status", "network", "labels"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert (a.workdir, a.idle_timeout, a.user, a.mounts) == (b.workdir, b.idle_timeout, b.user, b.mounts)
+    assert _probe(pooled) == _probe(fresh)
+
+
 def test_a_pooled_sandbox_cannot_be_told_from_a_fresh_one(pools, tmp_path) -> None:
     hits = pools.metric("corral_pool_hits_total", "warm")
-    misses = pools.metric("corral_pool_misses_total", "none")
     labels = {"test": "indistinguishable"}
-    pooled = pools.client.create_sandbox(**WARM, labels=labels, idle_timeout=600)
-    assert pools.metric("corral_pool_hits_total", "warm") == hits + 1
-    fresh_daemon = _start(tmp_path, "")  # no pools at all: the reference
+    with pools.client.create_sandbox(**WARM, labels=labels, idle_timeout=600) as pooled:
+        assert pools.metric("corral_pool_hits_total", "warm") == hits + 1
+        fresh_daemon = _start(tmp_path, "")  # no pools at all: the reference
+        try:
+            with Client(fresh_daemon.address) as fresh_client:
+                with fresh_client.create_sandbox(**WARM, labels=labels, idle_timeout=600) as fresh:
+                    _assert_same_but_id_and_time(pooled, fresh)
+        finally:
+            fresh_daemon.stop()
+
+
+def test_a_pooled_docker_sandbox_cannot_be_told_from_a_fresh_one(tmp_path) -> None:
+    require_backend("docker")
+    require_image("docker")
+    request: dict[str, Any] = {"image": DOCKER_TEST_IMAGE, "backend": "docker", "pids": 777, "env": {"A": "1"}}
+    port = _free_port()
+    (tmp_path / "pool").mkdir()
+    (tmp_path / "fresh").mkdir()
+    pool_daemon = _start(
+        tmp_path / "pool",
+        f'[metrics]\nlisten = "127.0.0.1:{port}"\n[[pool]]\nname = "docker"\nsize = 1\nbackend = "docker"\n'
+        f'image = "{DOCKER_TEST_IMAGE}"\npids = 777\nenv = {{ A = "1" }}\n',
+    )
+    fresh_daemon = _start(tmp_path / "fresh", "")
     try:
-        with Client(fresh_daemon.address) as fresh_client:
-            fresh = fresh_client.create_sandbox(**WARM, labels=labels, idle_timeout=600)
-            a, b = pooled.info, fresh.info
-            assert (a.id, a.created_at) != (b.id, b.created_at)
-            assert re.fullmatch(r"sb-[0-9a-f]{12}", a.id)
-            assert abs((a.created_at - b.created_at).total_seconds()) < 30  # the time it was taken
-            for name in ("backend", "image", "state", "isolation", "limits", "network", "labels", "workdir"):
-                assert getattr(a, name) == getattr(b, name), name
-            assert (a.idle_timeout, a.user, a.mounts) == (b.idle_timeout, b.user, b.mounts)
-            assert _probe(pooled) == _probe(fresh)
-            fresh.destroy()
+        _wait_ready(pool_daemon, 1)
+        with Client(pool_daemon.address) as pool_client, Client(fresh_daemon.address) as fresh_client:
+            with pool_client.create_sandbox(**request, labels={"test": "docker"}) as pooled:
+                assert _metric(port, "corral_pool_hits_total", "docker") == 1
+                with fresh_client.create_sandbox(**request, labels={"test": "docker"}) as fresh:
+                    _assert_same_but_id_and_time(pooled, fresh)
     finally:
+        pool_daemon.stop()
         fresh_daemon.stop()
-        pooled.destroy()
-    assert pools.metric("corral_pool_misses_total", "none") == misses
 
 
 def test_a_create_the_pool_did_not_prepare_is_a_miss_and_starts_cold(pools) -> None:
@@ -215,10 +253,11 @@ def test_a_crashed_daemons_pooled_sandboxes_are_reaped_at_its_next_start(tmp_pat
     _wait_ready(daemon, 2)
     pids = sandbox_pids(daemon_id)
     daemon.stop(signal.SIGKILL)
-    assert alive_pids(pids)
+    assert len(_records(daemon)) == 2  # what the crashed daemon left for its next start
     restarted = _start(tmp_path, "")  # the same state directory, no pools now
     try:
-        assert not alive_pids(pids)
         assert _records(restarted) == []
+        assert not alive_pids(pids)
+        assert not cgroup_dirs(daemon_id)
     finally:
         restarted.stop()
