@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from corral.sdk.types import PoolInfo
+
 from .backends.base import Limits
 from .config import PoolsConfig
 from .metrics import Metrics
@@ -48,16 +50,6 @@ class PoolKey:
     network: bool
     env: tuple[tuple[str, str], ...]  # sorted
     user: str
-
-
-@dataclass(frozen=True)
-class PoolStatus:
-    name: str
-    backend: str
-    image: str
-    size: int
-    ready: int
-    starting: int
 
 
 @dataclass
@@ -122,10 +114,10 @@ class WarmPools:
         self.metrics.pool_misses.labels(pool.name if pool else "none").inc()
         return None
 
-    def status(self) -> list[PoolStatus]:
+    def status(self) -> list[PoolInfo]:
+        """What GetNodeInfo says of each pool (the SDK's own type: the same fields)."""
         return [
-            PoolStatus(p.name, p.key.backend, p.key.image, p.size, len(p.ready), p.starting)
-            for p in self._pools.values()
+            PoolInfo(p.name, p.key.backend, p.key.image, p.size, len(p.ready), p.starting) for p in self._pools.values()
         ]
 
     async def close(self) -> None:
