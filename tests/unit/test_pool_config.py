@@ -1,10 +1,16 @@
-"""The [[pool]] entries and the [pools] section of corral.toml (daemon/config.py)."""
+"""The [[pool]] entries and the [pools] section of corral.toml (daemon/config.py), and warm pools
+on the fake backend (daemon/pools.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from corral.daemon.config import ConfigError, PoolEntry, load_config
+from corral.daemon.config import Config, ConfigError, PoolEntry, load_config
+from corral.daemon.embedded import embedded_daemon
+from corral.daemon.testing import fake_backends
+from corral.sdk import AsyncClient
 
 
 def _load(tmp_path, text: str):
@@ -43,3 +49,38 @@ def test_pool_entries_are_read_in_order_with_their_env(tmp_path) -> None:
 def test_malformed_pools_name_the_key(tmp_path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _load(tmp_path, text)
+
+
+def test_a_pool_the_node_cannot_make_stops_the_daemon_at_start() -> None:
+    config = Config()
+    config.pool = [PoolEntry(name="tiny", memory_bytes=1)]
+
+    async def start() -> None:
+        async with embedded_daemon(config, backend_classes=fake_backends()):
+            pass
+
+    with pytest.raises(ConfigError, match="pool tiny: limits.memory_bytes must be"):
+        asyncio.run(start())
+
+
+def test_a_hit_on_the_fake_backend_gets_the_callers_labels_and_the_pool_refills() -> None:
+    """The pool's bookkeeping without root (the real backends: tests/integration/test_warm_pools.py)."""
+    config = Config()
+    config.daemon.memory_overcommit = 0
+    config.pool = [PoolEntry(name="fake", size=2, env={"A": "1"})]
+
+    async def run() -> None:
+        async with embedded_daemon(config, backend_classes=fake_backends()) as address:
+            async with AsyncClient(address) as client:
+                while (await client.node_info()).pools[0].ready < 2:
+                    await asyncio.sleep(0.01)
+                assert await client.list_sandboxes() == []
+                sb = await client.create_sandbox(env={"A": "1"}, labels={"who": "caller"})
+                assert sb.info.labels == {"who": "caller"}
+                assert [s.id for s in await client.list_sandboxes()] == [sb.id]
+                while (pool := (await client.node_info()).pools[0]).ready < 2:
+                    assert pool.ready + pool.starting <= 2
+                    await asyncio.sleep(0.01)
+                assert (await sb.exec("echo $A", check=True)).stdout == b"1\n"
+
+    asyncio.run(run())
