@@ -84,3 +84,23 @@ def test_a_hit_on_the_fake_backend_gets_the_callers_labels_and_the_pool_refills(
                 assert (await sb.exec("echo $A", check=True)).stdout == b"1\n"
 
     asyncio.run(run())
+
+
+def test_pooled_sandboxes_are_not_reaped_for_idleness_while_they_wait() -> None:
+    config = Config()
+    config.daemon.memory_overcommit = 0
+    config.limits.idle_timeout_s = 0.3  # every sandbox's default
+    config.pool = [PoolEntry(name="fake", size=1)]
+
+    async def run() -> None:
+        async with embedded_daemon(config, backend_classes=fake_backends()) as address:
+            async with AsyncClient(address) as client:
+                while (await client.node_info()).pools[0].ready < 1:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(1.5)  # past the idle timeout and the reaper's sweeps
+                pool = (await client.node_info()).pools[0]
+                assert (pool.ready, pool.starting) == (1, 0)
+                sb = await client.create_sandbox()
+                assert (await sb.exec("echo alive", check=True)).stdout == b"alive\n"  # its idle time starts now
+
+    asyncio.run(run())
