@@ -154,9 +154,9 @@ class WarmPools:
                     await asyncio.wait_for(self._closed.wait(), wait)
                 continue
             await self._starts.acquire()
-            if self._closing:
-                self._starts.release()
-                return
+            if self._closing or pool.retry_at > time.monotonic() or (pool.failures and pool.starting):
+                self._starts.release()  # closed, or a start of this pool failed while it waited
+                continue
             pool.starting += 1
             self._starting += 1
             self.metrics.pool_starting.set(self._starting)
