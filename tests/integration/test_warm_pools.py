@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import statistics
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from corral.daemon.backends.docker import LABEL_DAEMON
 from corral.sdk import Client
 from corral.sdk.errors import InvalidArgument
 from tests.conftest import (
@@ -170,13 +172,28 @@ def test_a_pooled_docker_sandbox_cannot_be_told_from_a_fresh_one(tmp_path) -> No
     try:
         _wait_ready(pool_daemon, 1)
         with Client(pool_daemon.address) as pool_client, Client(fresh_daemon.address) as fresh_client:
+            daemon_id = pool_client.node_info().daemon_id
             with pool_client.create_sandbox(**request, labels={"test": "docker"}) as pooled:
                 assert _metric(port, "corral_pool_hits_total", "docker") == 1
                 with fresh_client.create_sandbox(**request, labels={"test": "docker"}) as fresh:
                     _assert_same_but_id_and_time(pooled, fresh)
+            _wait_ready(pool_daemon, 1)  # refilled: a pooled container for shutdown to remove
+            assert _containers(daemon_id)
     finally:
         pool_daemon.stop()
         fresh_daemon.stop()
+    assert _containers(daemon_id) == []
+
+
+def _containers(daemon_id: str) -> list[str]:
+    """The Docker containers of that daemon (its label), stopped ones included."""
+    listed = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={LABEL_DAEMON}={daemon_id}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout.split()
 
 
 def test_a_create_the_pool_did_not_prepare_is_a_miss_and_starts_cold(pools) -> None:
