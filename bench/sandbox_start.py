@@ -34,6 +34,11 @@ and destroys it; the destruction is timed apart and reported in its own table):
                            + sb.exec(["true"]) on an empty image cache (the engine's export and the
                            unpack, docs/local-backend.md "Container images"); a few starts only
   local_image_cache_hit    the same once the image is cached
+  pool_<backend>_warm      create_sandbox alone (until it answers), served from a warm pool: a
+                           daemon of its own with a [[pool]] of the backend's test image that
+                           keeps 21 sandboxes ready for 20 creates (docs/backends.md, "Warm pools")
+  pool_<backend>_cold      the same request on that daemon with one env var no pool prepared: a
+                           cold create (alternating with the warm ones; refills run meanwhile)
 
 Usage: python bench/sandbox_start.py [--quick] [--json PATH] [--backends local,docker,podman,singularity]
 """
@@ -280,6 +285,33 @@ def local_image_starts(n_first: int, n_hit: int) -> dict[str, dict[str, list[flo
     return samples
 
 
+def warm_pool_creates(backend: str, n: int) -> dict[str, dict[str, list[float]]]:
+    """pool_<backend>_warm and pool_<backend>_cold, alternating (see the module docstring); each
+    sandbox is destroyed after the pair, untimed."""
+    from corral.sdk import Client
+
+    engine_backend = "docker" if backend == "podman" else backend
+    image = BACKEND_IMAGES[backend]
+    config = (PODMAN_CONFIG if backend == "podman" else "") + (
+        f'[[pool]]\nname = "bench"\nsize = {n + 1}\nbackend = "{engine_backend}"\nimage = "{image}"\n'
+    )
+    samples: dict[str, dict[str, list[float]]] = {f"pool_{backend}_warm": {}, f"pool_{backend}_cold": {}}
+    with Daemon(config=config) as daemon, Client(daemon.address) as client:
+        deadline = time.monotonic() + 300
+        while (pool := client.node_info().pools[0]).ready < pool.size:
+            check(time.monotonic() < deadline, f"the {backend} pool did not fill: {pool}")
+            time.sleep(0.05)
+        for _ in range(n):
+            made = []
+            for kind, env in (("warm", {}), ("cold", {"CORRAL_BENCH": "cold"})):
+                start = time.perf_counter()
+                made.append(client.create_sandbox(image=image, backend=engine_backend, env=env, timeout=120))
+                samples[f"pool_{backend}_{kind}"].setdefault("create", []).append(ms_since(start))
+            for sandbox in made:
+                sandbox.destroy()
+    return samples
+
+
 def main() -> None:
     args = parse_args(
         __doc__.split("\n")[0],
@@ -340,6 +372,10 @@ def main() -> None:
                 samples.update(local_image_starts(2 if args.quick else 5, n))
             elif "local" in backends:
                 skipped["local_image_first"] = skipped["local_image_cache_hit"] = "needs docker and its test image"
+            pools: dict[str, dict[str, list[float]]] = {}
+            for backend in backends:
+                if f"corral_{backend}" in variants:
+                    pools.update(warm_pool_creates(backend, 20))
         finally:
             for close in reversed(closers):
                 try:
@@ -355,8 +391,18 @@ def main() -> None:
     print_ratios(start_ratios)
     print_table("destroy (not in start)", destroy)
     print_ratios(destroy_ratios)
+    create = {name: summary(s["create"]) for name, s in pools.items()}
+    pool_pairs = [(f"pool_{b}_cold", f"pool_{b}_warm") for b in backends]
+    create_ratios = ratios(create, pool_pairs)
+    print_table("create alone: from a warm pool and cold", create)
+    print_ratios(create_ratios)
     results = {name: {**start[name], **({"destroy": destroy[name]} if name in destroy else {})} for name in start}
-    flat = {**start_ratios, **{f"destroy:{k}": v for k, v in destroy_ratios.items()}}
+    results.update({name: {"create": create[name]} for name in create})
+    flat = {
+        **start_ratios,
+        **{f"destroy:{k}": v for k, v in destroy_ratios.items()},
+        **{f"create:{k}": v for k, v in create_ratios.items()},
+    }
     write_json(args.json, results, flat, {"backends": backends, "skipped": skipped})
 
 

@@ -131,6 +131,38 @@ class RolloutConfig:
 
 
 @dataclass
+class PoolsConfig:
+    """What every warm pool shares (daemon/pools.py)."""
+
+    # Pool sandboxes being started at once, over all pools: refilling never takes more of the
+    # node than this, however many sandboxes were just taken.
+    max_starting: int = 2
+    # After a pool sandbox fails to start, the pool waits this long before its next try, doubling
+    # with each failure in a row up to retry_max_s (a broken image must not spin).
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 60.0
+
+
+@dataclass
+class PoolEntry:
+    """One [[pool]]: `size` ready sandboxes that a CreateSandbox request is served from when its
+    backend, image, limits, network, env and user equal these (after the node's defaults fill in
+    what either leaves empty) and it asks for no bind mounts."""
+
+    name: str = ""  # in metrics and GetNodeInfo; empty: "pool<N>", N its place in the file
+    size: int = 1
+    backend: str = ""  # empty: daemon.default_backend
+    image: str = ""  # empty: the backend's default image
+    memory_bytes: int = 0  # the limits; 0: the node's default, as in a request
+    pids: int = 0
+    cpu_millicores: int = 0
+    disk_bytes: int = 0
+    network: bool = False
+    user: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -138,6 +170,9 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    pools: PoolsConfig = field(default_factory=PoolsConfig)
+    # The [[pool]] entries, in file order.
+    pool: list[PoolEntry] = field(default_factory=list)
     # One section per registered backend, named after it ([local], [docker], ...): the settings
     # type each backend declares (Backend.Settings).
     backends: dict[str, Any] = field(default_factory=lambda: {name: cls.Settings() for name, cls in BACKENDS.items()})
@@ -181,8 +216,26 @@ def _merge_file(config: Config, values: dict[str, Any]) -> None:
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} must be a table")
             _merge(config.backends[key], value, f"{key}.")
+        elif key == "pool":
+            config.pool = _pool_entries(value)
         else:
             _merge(config, {key: value}, "")
+
+
+def _pool_entries(values: Any) -> list[PoolEntry]:
+    """The [[pool]] array of tables; an entry's env is a table of strings."""
+    if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
+        raise ConfigError("pool must be an array of tables ([[pool]])")
+    entries = []
+    for index, value in enumerate(values):
+        entry = PoolEntry(name=f"pool{index}")
+        env = value.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ConfigError(f"pool[{index}].env must be a table of strings")
+        _merge(entry, {k: v for k, v in value.items() if k != "env"}, f"pool[{index}].")
+        entry.env = dict(env)
+        entries.append(entry)
+    return entries
 
 
 def _merge(target: Any, values: dict[str, Any], where: str) -> None:
@@ -317,6 +370,7 @@ def validate(config: Config) -> None:
             "daemon.tcp.idle_timeout_s positive"
         )
     _validate_node_protection(config)
+    _validate_pools(config)
     try:
         int(config.daemon.socket_mode, 8)
     except ValueError as err:
@@ -330,6 +384,23 @@ def gateway_address(listen: str) -> tuple[str, int]:
     if not colon or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"expected HOST:PORT, got {listen!r}")
     return host, int(port)
+
+
+def _validate_pools(config: Config) -> None:
+    pools = config.pools
+    if pools.max_starting < 1:
+        raise ConfigError("pools.max_starting must be at least 1")
+    if not 0 < pools.retry_initial_s <= pools.retry_max_s:
+        raise ConfigError("pools.retry_initial_s must be positive and at most pools.retry_max_s")
+    names = set()
+    for index, entry in enumerate(config.pool):
+        if entry.name in names or not entry.name:
+            raise ConfigError(f"pool[{index}].name must be unique and non-empty, got {entry.name!r}")
+        names.add(entry.name)
+        if entry.size < 0:
+            raise ConfigError(f"pool[{index}].size must be 0 or more")
+        if entry.backend and entry.backend not in BACKENDS:
+            raise ConfigError(f"pool[{index}].backend must be one of {', '.join(BACKENDS)}")
 
 
 def _validate_node_protection(config: Config) -> None:

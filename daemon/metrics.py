@@ -36,6 +36,31 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
+        self.pool_depth = Gauge(
+            "corral_pool_depth", "Ready sandboxes in each warm pool", ["pool"], registry=self.registry
+        )
+        self.pool_starting = Gauge(
+            "corral_pool_starting", "Warm-pool sandboxes being started now (all pools)", registry=self.registry
+        )
+        self.pool_hits = Counter(
+            "corral_pool_hits", "CreateSandbox requests served from a warm pool", ["pool"], registry=self.registry
+        )
+        self.pool_misses = Counter(
+            "corral_pool_misses",
+            'CreateSandbox requests started cold: their pool was empty, or "none" matched',
+            ["pool"],
+            registry=self.registry,
+        )
+        self.pool_refill_seconds = Histogram(
+            "corral_pool_refill_seconds",
+            "Time to start one warm-pool sandbox",
+            ["pool"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.pool_start_failures = Counter(
+            "corral_pool_start_failures", "Warm-pool sandboxes that failed to start", ["pool"], registry=self.registry
+        )
 
         self.gateway_calls = Counter(
             "corral_gateway_calls", "LLM gateway calls answered (harness tasks)", registry=self.registry

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
+from corral.sdk.types import PoolInfo
+
 from .backends.base import Backend, BackendContext, BackendStatus, run_dir_base
 from .backends.registry import BACKENDS
 from .cgroups import CgroupDriver
@@ -61,3 +63,4 @@ class NodeInfo:
     backends: dict[str, BackendStatus]
     cgroup_mode: str
     sandbox_count: int
+    pools: Sequence[PoolInfo] = ()

@@ -24,11 +24,12 @@ from . import rules
 from .admission import admit_memory, node_memory_bytes
 from .backends.base import Backend, BindMount, Limits, SandboxRuntime, SandboxSpec
 from .commands import sandbox_environment
-from .config import Config
+from .config import Config, ConfigError, PoolEntry
 from .fsaccess import Entry, SandboxFiles
 from .metrics import Metrics
 from .mounts import MountRequest, bind_mounts
 from .output import HeadTailBuffer
+from .pools import PoolKey, WarmPools
 from .process import ProcessExit
 from .state import StateStore
 
@@ -110,6 +111,7 @@ class SandboxManager:
         self._destroy_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._files_pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="sandbox-files")
         self.node_memory_bytes = node_memory_bytes()
+        self.pools = WarmPools(config.pools, metrics, self._make_pooled, self._discard_pooled)
 
     def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
         """Registers `await hook(sandbox_id)`, run before a sandbox is torn down (shells and
@@ -120,6 +122,9 @@ class SandboxManager:
 
     async def start(self) -> None:
         await self.recover()
+        for entry in self.config.pool:
+            self.pools.add(entry.name, self._pool_key(entry), entry.size)
+        self.pools.start()
         self._reaper = asyncio.create_task(self._reap_idle())
 
     async def recover(self) -> None:
@@ -143,6 +148,7 @@ class SandboxManager:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        await self.pools.close()
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._sandboxes)), return_exceptions=True)
         self._files_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -210,10 +216,15 @@ class SandboxManager:
             self.node_memory_bytes,
             self.config.daemon.memory_overcommit,
         )
+        image = image or _default_image(impl)
+        if not checked_mounts:  # a pool prepares no bind mounts
+            pooled = self.pools.take(PoolKey(backend, image, limits, network, _env_key(env), user))
+            if pooled is not None:
+                return self._hand_out(pooled, labels, idle_timeout_s)
         sandbox = Sandbox(
-            sandbox_id=f"sb-{secrets.token_hex(6)}",
+            sandbox_id=_new_sandbox_id(),
             backend=backend,
-            image=image or _default_image(impl),
+            image=image,
             limits=limits,
             network=network,
             env=dict(env),
@@ -238,6 +249,75 @@ class SandboxManager:
         self.metrics.sandboxes_live.set(len(self._sandboxes))
         self.metrics.sandboxes_created.labels(sandbox.backend).inc()
         return sandbox
+
+    def _hand_out(self, sandbox: Sandbox, labels: dict[str, str], idle_timeout_s: float) -> Sandbox:
+        """A pooled sandbox as the caller's: what the request sets beyond its shape, and the
+        created time a fresh one would have."""
+        sandbox.labels = dict(labels)
+        sandbox.idle_timeout_s = idle_timeout_s
+        sandbox.created_at = time.time()
+        sandbox.last_used = time.monotonic()
+        self._sandboxes[sandbox.sandbox_id] = sandbox
+        self.metrics.sandboxes_live.set(len(self._sandboxes))
+        self.metrics.sandboxes_created.labels(sandbox.backend).inc()
+        return sandbox
+
+    def _pool_key(self, entry: PoolEntry) -> PoolKey:
+        """The shape of a [[pool]] entry, with the node's defaults filled in as a request's are."""
+        backend = entry.backend or self.config.daemon.default_backend
+        impl = self.backends.get(backend)
+        if impl is None:
+            raise ConfigError(f"pool {entry.name}: backend {backend!r} is not configured on this node")
+        try:
+            limits = Limits(entry.memory_bytes, entry.pids, entry.cpu_millicores, entry.disk_bytes)
+            return PoolKey(
+                backend,
+                entry.image or _default_image(impl),
+                rules.sandbox_limits(limits, self.config.limits),
+                entry.network,
+                _env_key(rules.environment(entry.env)),
+                rules.user(entry.user),
+            )
+        except InvalidArgument as err:
+            raise ConfigError(f"pool {entry.name}: {err}") from None
+
+    async def _make_pooled(self, key: PoolKey) -> Sandbox:
+        """A running sandbox of this shape, made as create makes one but not in the table (so
+        neither listed nor reaped for idleness); its state record is saved as any sandbox's."""
+        sandbox = Sandbox(
+            sandbox_id=_new_sandbox_id(),
+            backend=key.backend,
+            image=key.image,
+            limits=key.limits,
+            network=key.network,
+            env=dict(key.env),
+            labels={},
+            idle_timeout_s=0.0,
+            user=key.user,
+        )
+        try:
+            await self._bring_up(sandbox, self.backends[key.backend])
+        except BaseException:
+            sandbox.state = "failed"
+            self.state.remove(sandbox.sandbox_id)
+            sandbox.destroyed.set()
+            raise
+        finally:
+            sandbox.created.set()
+        sandbox.state = "running"
+        return sandbox
+
+    async def _discard_pooled(self, sandbox: Sandbox) -> None:
+        """Tears down a pooled sandbox never handed out (nothing ran in it: no destroy hooks)."""
+        sandbox.state = "stopping"
+        try:
+            if sandbox.runtime:
+                await sandbox.runtime.destroy()
+        except Exception:
+            log.exception("could not tear down pooled sandbox %s", sandbox.sandbox_id)
+        finally:
+            self.state.remove(sandbox.sandbox_id)
+            sandbox.destroyed.set()
 
     async def _bring_up(self, sandbox: Sandbox, impl: Backend) -> None:
         """Saves the placeholder record, creates the backend's sandbox and saves its record; when
@@ -499,6 +579,14 @@ def node_error(what: str, err: OSError) -> ResourceExhausted | Unavailable:
 NODE_EXHAUSTED = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOBUFS}
 )
+
+
+def _new_sandbox_id() -> str:
+    return f"sb-{secrets.token_hex(6)}"
+
+
+def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(env.items()))
 
 
 def _default_image(backend: Backend) -> str:

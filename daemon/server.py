@@ -180,6 +180,7 @@ class Daemon:
             backends={name: b.status() for name, b in self.backends.items()},
             cgroup_mode=self.cgroups.mode,
             sandbox_count=len(self.manager),
+            pools=self.manager.pools.status(),
         )
 
     async def start(self) -> None:

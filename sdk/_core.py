@@ -42,6 +42,7 @@ from corral.sdk.types import (
     Mount,
     NodeInfo,
     OutputStreamName,
+    PoolInfo,
     ResourceLimits,
     SandboxInfo,
     SandboxState,
@@ -570,6 +571,9 @@ def node_info_from_proto(response: pb.GetNodeInfoResponse) -> NodeInfo:
         ),
         cgroup_mode=response.cgroup_mode,
         sandbox_count=response.sandbox_count,
+        pools=tuple(
+            PoolInfo(p.name, backend_name(p.backend), p.image, p.size, p.ready, p.starting) for p in response.pools
+        ),
     )
 
 

@@ -187,6 +187,18 @@ class BackendStatus:
 
 
 @dataclass(frozen=True)
+class PoolInfo:
+    """A warm pool: `ready` sandboxes (of `size` kept) that matching creates are served from."""
+
+    name: str
+    backend: str
+    image: str
+    size: int
+    ready: int
+    starting: int
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     version: str
     daemon_id: str
@@ -195,6 +207,8 @@ class NodeInfo:
     # "v1", "v2", "hybrid" or "none".
     cgroup_mode: str
     sandbox_count: int
+    # The node's warm pools.
+    pools: tuple[PoolInfo, ...] = ()
 
 
 @dataclass(frozen=True)

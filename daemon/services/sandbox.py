@@ -121,6 +121,17 @@ def node_info_message(info: NodeInfo) -> pb.GetNodeInfoResponse:
         backends=[backend_info(name, status) for name, status in info.backends.items()],
         cgroup_mode=info.cgroup_mode,
         sandbox_count=info.sandbox_count,
+        pools=[
+            pb.PoolInfo(
+                name=p.name,
+                backend=BACKEND_NUMBERS[p.backend],
+                image=p.image,
+                size=p.size,
+                ready=p.ready,
+                starting=p.starting,
+            )
+            for p in info.pools
+        ],
     )
 
 

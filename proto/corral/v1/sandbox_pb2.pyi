@@ -489,17 +489,35 @@ class BackendInfo(_message.Message):
     def __init__(self, backend: _Optional[_Union[Backend, str]] = ..., available: _Optional[bool] = ..., detail: _Optional[str] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ...) -> None: ...
 
 class GetNodeInfoResponse(_message.Message):
-    __slots__ = ("version", "daemon_id", "default_backend", "backends", "cgroup_mode", "sandbox_count")
+    __slots__ = ("version", "daemon_id", "default_backend", "backends", "cgroup_mode", "sandbox_count", "pools")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_BACKEND_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     CGROUP_MODE_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
     version: str
     daemon_id: str
     default_backend: Backend
     backends: _containers.RepeatedCompositeFieldContainer[BackendInfo]
     cgroup_mode: str
     sandbox_count: int
-    def __init__(self, version: _Optional[str] = ..., daemon_id: _Optional[str] = ..., default_backend: _Optional[_Union[Backend, str]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., cgroup_mode: _Optional[str] = ..., sandbox_count: _Optional[int] = ...) -> None: ...
+    pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
+    def __init__(self, version: _Optional[str] = ..., daemon_id: _Optional[str] = ..., default_backend: _Optional[_Union[Backend, str]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., cgroup_mode: _Optional[str] = ..., sandbox_count: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ...) -> None: ...
+
+class PoolInfo(_message.Message):
+    __slots__ = ("name", "backend", "image", "size", "ready", "starting")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    backend: Backend
+    image: str
+    size: int
+    ready: int
+    starting: int
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., size: _Optional[int] = ..., ready: _Optional[int] = ..., starting: _Optional[int] = ...) -> None: ...
