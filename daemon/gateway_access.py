@@ -14,7 +14,7 @@ from corral.rollout.gateway import Gateway
 from corral.rollout.types import SandboxFailure
 
 from .backends.base import ManagedSandbox
-from .config import gateway_address
+from .config import ConfigError, gateway_address
 from .netns_socket import listen_in_namespace_of, shares_host_network
 from .sandboxes import SandboxManager
 
@@ -32,9 +32,15 @@ class GatewayAccess:
         self._runner_ready = False
 
     async def start(self) -> str:
-        """Starts the node's listener; returns its base URL (ending in /v1)."""
+        """Starts the node's listener; returns its base URL (ending in /v1). ConfigError when it
+        cannot listen there (the port is taken, the address is not the node's)."""
         host, port = gateway_address(self._listen)
-        self.host_url = await self._gateway.listen_tcp(host, port)
+        try:
+            self.host_url = await self._gateway.listen_tcp(host, port)
+        except OSError as err:
+            raise ConfigError(
+                f"rollout.gateway_listen: cannot listen on {self._listen}: {err.strerror or err}"
+            ) from None
         return self.host_url
 
     async def close(self) -> None:
