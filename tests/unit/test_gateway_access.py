@@ -22,7 +22,7 @@ async def test_a_taken_gateway_port_is_a_configuration_error_that_names_the_sett
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         listen = f"127.0.0.1:{taken.getsockname()[1]}"
-        access = GatewayAccess(Gateway(_never_called, ByteChatTokenizer()), sandboxes=None, listen=listen)  # type: ignore[arg-type]
+        access = GatewayAccess(Gateway(_never_called, ByteChatTokenizer()), sandboxes=None, listen=listen)
         try:
             with pytest.raises(ConfigError, match=rf"rollout.gateway_listen: cannot listen on {listen}: "):
                 await access.start()
