@@ -1,13 +1,17 @@
-"""`corral serve` and `corral doctor`: the commands that run daemon code in this process."""
+"""`corral serve` and `corral doctor`: the commands that run daemon code in this process; and
+`corral drain`, which drains the node of a running daemon."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 
 # How long doctor waits for a daemon's GetNodeInfo.
 DOCTOR_CALL_TIMEOUT_S = 10.0
+# How often `corral drain --wait` asks whether the node is empty.
+DRAIN_POLL_S = 1.0
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +32,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     doctor.add_argument("--config", help="TOML configuration for the host probe (default: $CORRAL_CONFIG)")
     doctor.set_defaults(func=doctor_command)
+
+    drain = sub.add_parser(
+        "drain",
+        help="drain the node: no new sandboxes or rollouts, what runs finishes (--undo: take work again)",
+    )
+    drain.add_argument("--undo", action="store_true", help="take the node back into service")
+    drain.add_argument("--wait", action="store_true", help="wait until nothing is left on the node")
+    drain.set_defaults(func=drain_command)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -80,4 +92,18 @@ def doctor_command(args: argparse.Namespace) -> int:
             config_source=f"settings from {source}" if source else "default settings",
         )
     )
+    return 0
+
+
+def drain_command(args: argparse.Namespace) -> int:
+    from corral.sdk import Client
+
+    with Client(args.address, token=os.environ.get("CORRAL_TOKEN")) as client:
+        state = client.drain(not args.undo)
+        while args.wait and state.draining and not state.empty:
+            time.sleep(DRAIN_POLL_S)
+            node = client.node_info()
+            state = type(state)(node.draining, node.empty)
+    what = "draining" if state.draining else "taking new work"
+    print(f"{client.address}: {what}, {'empty' if state.empty else 'not empty'}")
     return 0

@@ -1,4 +1,5 @@
-"""Admission of new sandboxes against the node's memory (daemon.memory_overcommit).
+"""Admission of new sandboxes: against the node's memory (daemon.memory_overcommit), and by the
+pace of creates ([admission]: CreateGate).
 
 The memory limits of the sandboxes on a node may add up to the overcommit factor times its
 physical memory: past that, CreateSandbox is refused with RESOURCE_EXHAUSTED before anything is
@@ -8,7 +9,10 @@ between. A sandbox without a memory limit counts as the whole node.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 from corral.sdk.errors import ResourceExhausted
 
@@ -50,3 +54,91 @@ def admit_memory(held_limits: Iterable[int], wanted: int, node_bytes: int, overc
 
 def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
+
+
+class CreateGate:
+    """Admission of creates by pace ([admission]): at most `max_starting` sandboxes being started
+    at once, and at most `max_creates_per_s` creates per second (a token bucket of `burst`
+    tokens). `check_rate` and `check_start` raise ResourceExhausted carrying a retry hint
+    (`retry_after_s`) and take nothing; `take` spends a token once the create is committed, and
+    `starting()` holds a start slot while a sandbox is being made. A refused create spends
+    nothing. 0 for either cap: no cap."""
+
+    # The first hint for a full start slot, before any start was timed; then an average.
+    FIRST_START_S = 1.0
+
+    def __init__(
+        self, max_starting: int, max_creates_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_starting = max_starting
+        self.rate = max_creates_per_s
+        self.burst = float(burst or max(1, math.ceil(max_creates_per_s)))
+        self._clock = clock
+        self._tokens = self.burst
+        self._refilled_at = clock()
+        self.starting = 0
+        self._start_s = self.FIRST_START_S  # a moving average of how long a start takes
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._refilled_at) * self.rate)
+        self._refilled_at = now
+
+    def check_rate(self) -> None:
+        if not self.rate:
+            return
+        self._refill()
+        if self._tokens < 1:
+            wait = (1 - self._tokens) / self.rate
+            raise RateRefused(
+                f"this node takes at most {self.rate:g} creates per second (admission.max_creates_per_s); "
+                f"retry in {wait * 1000:.0f} ms",
+                retry_after_s=wait,
+            )
+
+    def check_start(self) -> None:
+        if self.max_starting and self.starting >= self.max_starting:
+            wait = self._start_s
+            raise StartsRefused(
+                f"this node is already starting {self.starting} sandboxes (admission.max_starting); "
+                f"retry in {wait * 1000:.0f} ms",
+                retry_after_s=wait,
+            )
+
+    def take(self) -> None:
+        """Spends one token of the rate (after check_rate passed, with no await in between)."""
+        if self.rate:
+            self._refill()
+            self._tokens -= 1
+
+    @contextlib.contextmanager
+    def starting_one(self) -> Iterator[None]:
+        """Holds a start slot while a sandbox is made; times the start for the retry hint."""
+        self.starting += 1
+        began = self._clock()
+        try:
+            yield
+        finally:
+            self.starting -= 1
+            self._start_s = 0.8 * self._start_s + 0.2 * max(self._clock() - began, MIN_RETRY_S)
+
+
+# The shortest retry hint given (a hint of 0 would invite a busy loop).
+MIN_RETRY_S = 0.05
+
+
+class AdmissionRefused(ResourceExhausted):
+    """RESOURCE_EXHAUSTED from the pace of creates; `reason` labels the refusal metric."""
+
+    reason = ""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=max(retry_after_s, MIN_RETRY_S))
+
+
+class RateRefused(AdmissionRefused):
+    reason = "rate"
+
+
+class StartsRefused(AdmissionRefused):
+    reason = "starting"

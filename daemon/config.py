@@ -144,6 +144,32 @@ class PoolsConfig:
 
 
 @dataclass
+class AdmissionConfig:
+    """Bounds on how fast the node takes new sandboxes (daemon/admission.py): past them
+    CreateSandbox is RESOURCE_EXHAUSTED with a retry hint, so that a burst of creates waits at
+    its callers instead of piling starts onto the node."""
+
+    # Sandboxes being created at once (a create served from a warm pool starts nothing and does
+    # not count); 0: no cap.
+    max_starting: int = 0
+    # Creates per second, as a token bucket of `create_burst` tokens (0: one second's worth) that
+    # refills at this rate; creates served from a warm pool count. 0: no cap.
+    max_creates_per_s: float = 0.0
+    create_burst: int = 0
+
+
+@dataclass
+class LeasesConfig:
+    """Leases and idempotency keys of CreateSandbox (docs/backends.md, "Node capacity, leases,
+    admission, drain")."""
+
+    # The longest lease a create or RenewLease may ask for.
+    max_ttl_s: float = 86400.0
+    # How long after its create an idempotency key is remembered at most (while its sandbox lives).
+    idempotency_window_s: float = 600.0
+
+
+@dataclass
 class PoolEntry:
     """One [[pool]]: `size` ready sandboxes that a CreateSandbox request is served from when its
     backend, image, limits, network, env and user equal these (after the node's defaults fill in
@@ -171,6 +197,8 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     pools: PoolsConfig = field(default_factory=PoolsConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    leases: LeasesConfig = field(default_factory=LeasesConfig)
     # The [[pool]] entries, in file order.
     pool: list[PoolEntry] = field(default_factory=list)
     # One section per registered backend, named after it ([local], [docker], ...): the settings
@@ -371,6 +399,7 @@ def validate(config: Config) -> None:
         )
     _validate_node_protection(config)
     _validate_pools(config)
+    _validate_admission(config)
     try:
         int(config.daemon.socket_mode, 8)
     except ValueError as err:
@@ -401,6 +430,16 @@ def _validate_pools(config: Config) -> None:
             raise ConfigError(f"pool[{index}].size must be 0 or more")
         if entry.backend and entry.backend not in BACKENDS:
             raise ConfigError(f"pool[{index}].backend must be one of {', '.join(BACKENDS)}")
+
+
+def _validate_admission(config: Config) -> None:
+    admission, leases = config.admission, config.leases
+    if admission.max_starting < 0 or admission.max_creates_per_s < 0 or admission.create_burst < 0:
+        raise ConfigError(
+            "admission.max_starting, admission.max_creates_per_s and admission.create_burst must be 0 (no cap) or more"
+        )
+    if leases.max_ttl_s < 1 or leases.idempotency_window_s <= 0:
+        raise ConfigError("leases.max_ttl_s must be at least 1 and leases.idempotency_window_s positive")
 
 
 def _validate_node_protection(config: Config) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 
 import grpc
 
 from corral.sdk.errors import (
+    RETRY_AFTER_MS_KEY,
     CorralError,
     FailedPrecondition,
     Internal,
@@ -56,6 +58,9 @@ async def map_errors(method: str, context: grpc.aio.ServicerContext):
         raise  # context.abort() already chose the status
     except CorralError as err:
         code = err.code or grpc.StatusCode.INTERNAL
+        retry_after_s = getattr(err, "retry_after_s", None)
+        if retry_after_s is not None:  # (ResourceExhausted from admission control)
+            context.set_trailing_metadata(((RETRY_AFTER_MS_KEY, str(math.ceil(retry_after_s * 1000))),))
         if code == grpc.StatusCode.INTERNAL:
             # Not the caller's mistake: a bug, or an error without a status (a broken reply of
             # this daemon's own client, a protocol error); the log gets the trace.

@@ -61,6 +61,20 @@ class Metrics:
         self.pool_start_failures = Counter(
             "corral_pool_start_failures", "Warm-pool sandboxes that failed to start", ["pool"], registry=self.registry
         )
+        self.leases_expired = Counter(
+            "corral_leases_expired", "Sandboxes destroyed because their lease expired", registry=self.registry
+        )
+        self.idempotent_hits = Counter(
+            "corral_idempotent_hits",
+            "CreateSandbox requests answered with the sandbox of their idempotency key",
+            registry=self.registry,
+        )
+        self.admission_refusals = Counter(
+            "corral_admission_refusals",
+            "CreateSandbox requests refused by admission: rate, starting, slots, memory or draining",
+            ["reason"],
+            registry=self.registry,
+        )
 
         self.gateway_calls = Counter(
             "corral_gateway_calls", "LLM gateway calls answered (harness tasks)", registry=self.registry

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
-from corral.sdk.types import PoolInfo
+from corral.sdk.types import NodeCapacity, PoolInfo
 
 from .backends.base import Backend, BackendContext, BackendStatus, run_dir_base
 from .backends.registry import BACKENDS
@@ -64,3 +64,6 @@ class NodeInfo:
     cgroup_mode: str
     sandbox_count: int
     pools: Sequence[PoolInfo] = ()
+    capacity: NodeCapacity = NodeCapacity()
+    draining: bool = False
+    empty: bool = False

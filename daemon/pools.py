@@ -13,7 +13,8 @@ holds. What a request sets that does not shape the sandbox (labels, idle timeout
 it is taken, and its created time is the time it was taken. Until then the manager does not list
 it, the idle reaper does not see it, and it counts against neither daemon.max_sandboxes nor the
 memory admission; its state record is saved like any sandbox's, so a daemon that crashed reaps it
-at its next start like every other leftover.
+at its next start like every other leftover. While the node drains, the pools are paused: their
+ready sandboxes are torn down and none is started until the drain ends.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class WarmPools:
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._closed = asyncio.Event()
+        self._paused = False  # the node drains: no refilling
 
     def add(self, name: str, key: PoolKey, size: int) -> None:
         """A pool; two entries of the same shape are one pool of both sizes."""
@@ -120,6 +122,22 @@ class WarmPools:
             PoolInfo(p.name, p.key.backend, p.key.image, p.size, len(p.ready), p.starting) for p in self._pools.values()
         ]
 
+    async def pause(self) -> None:
+        """Stops refilling (the node drains) and tears down the ready sandboxes; starts under
+        way are torn down when they finish."""
+        self._paused = True
+        ready = [sb for pool in self._pools.values() for sb in pool.ready]
+        for pool in self._pools.values():
+            pool.ready.clear()
+            self.metrics.pool_depth.labels(pool.name).set(0)
+        await asyncio.gather(*(self._discard(sb) for sb in ready), return_exceptions=True)
+
+    def resume(self) -> None:
+        """Refills again, after pause."""
+        self._paused = False
+        for pool in self._pools.values():
+            pool.wake.set()
+
     async def close(self) -> None:
         """Stops refilling, waits for starts in flight, and tears down every pooled sandbox."""
         self._closing = True
@@ -145,7 +163,7 @@ class WarmPools:
         while not self._closing:
             pool.wake.clear()
             # A pool whose last start failed tries one sandbox at a time until one starts.
-            if len(pool.ready) + pool.starting >= pool.size or (pool.failures and pool.starting):
+            if self._paused or len(pool.ready) + pool.starting >= pool.size or (pool.failures and pool.starting):
                 await pool.wake.wait()
                 continue
             wait = pool.retry_at - time.monotonic()
@@ -154,8 +172,8 @@ class WarmPools:
                     await asyncio.wait_for(self._closed.wait(), wait)
                 continue
             await self._starts.acquire()
-            if self._closing or pool.retry_at > time.monotonic() or (pool.failures and pool.starting):
-                self._starts.release()  # closed, or a start of this pool failed while it waited
+            if self._closing or self._paused or pool.retry_at > time.monotonic() or (pool.failures and pool.starting):
+                self._starts.release()  # closed or paused, or a start of this pool failed while it waited
                 continue
             pool.starting += 1
             self._starting += 1
@@ -175,7 +193,7 @@ class WarmPools:
         else:
             pool.failures = 0
             self.metrics.pool_refill_seconds.labels(pool.name).observe(time.monotonic() - began)
-            if self._closing:
+            if self._closing or self._paused:
                 await self._discard(sandbox)
             else:
                 pool.ready.append(sandbox)

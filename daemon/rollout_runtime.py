@@ -11,6 +11,7 @@ from corral.daemon.gateway_access import GatewayAccess
 from corral.daemon.llm_pool import LLMPool
 from corral.daemon.metrics import Metrics
 from corral.daemon.sandboxes import SandboxManager
+from corral.rollout.evaluation import ROLLOUT_LABEL
 from corral.rollout.gateway import Gateway
 from corral.rollout.harness import HarnessHost
 from corral.rollout.pipeline import PipelineSettings, RolloutPipeline, StageSettings
@@ -58,6 +59,9 @@ class RolloutRuntime:
             context_length=self.llms.context_length,
         )
         self.gateway_access = GatewayAccess(self.gateway, sandboxes, config.gateway_listen)
+        # A draining node still makes the sandboxes of the rollouts it accepted before, so that they
+        # finish (the pipeline labels each sandbox with its rollout).
+        sandboxes.drain_exempt = lambda labels: self.pipeline.is_live(labels.get(ROLLOUT_LABEL, ""))
 
     async def start(self) -> None:
         host_url = await self.gateway_access.start()

@@ -17,7 +17,7 @@ from typing import overload
 from corral.sdk.errors import InvalidArgument
 
 from .backends.base import Limits
-from .config import ExecConfig, LimitsConfig
+from .config import ExecConfig, LeasesConfig, LimitsConfig
 from .users import check_user_spec
 
 MIN_MEMORY_BYTES = 4 << 20  # below this not even a shell starts
@@ -125,6 +125,16 @@ def sandbox_idle_timeout_s(defaults: LimitsConfig, idle_timeout_ms: int) -> floa
     """A new sandbox's idle timeout in seconds: 0 takes the node's default (itself 0: never)."""
     in_range("idle_timeout_ms", idle_timeout_ms, 1, MAX_IDLE_TIMEOUT_MS, "ms (30 days)", "the daemon's default")
     return idle_timeout_ms / 1000 if idle_timeout_ms else defaults.idle_timeout_s
+
+
+MIN_LEASE_TTL_MS = 100
+
+
+def lease_ttl_s(config: LeasesConfig, ttl_ms: int, field: str = "lease_ttl_ms", *, required: bool = False) -> float:
+    """A lease's TTL in seconds, MIN_LEASE_TTL_MS..leases.max_ttl_s; 0 (no lease) unless `required`."""
+    high = int(config.max_ttl_s * 1000)
+    in_range(field, ttl_ms, MIN_LEASE_TTL_MS, high, "ms (leases.max_ttl_s)", "" if required else "no lease")
+    return ttl_ms / 1000
 
 
 @overload

@@ -1,7 +1,8 @@
 """SandboxManager: the daemon's table of sandboxes and everything done to them.
 
-Servicers translate protos into calls on this object; it owns ids, defaults, limits, the idle
-reaper, crash recovery and the order of teardown.
+Servicers translate protos into calls on this object; it owns ids, defaults, limits, leases,
+idempotency keys, admission, draining, the reaper of idle sandboxes and expired leases, crash
+recovery and the order of teardown.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import TypeVar
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 
 from . import rules
-from .admission import admit_memory, node_memory_bytes
+from .admission import CreateGate, admit_memory, node_memory_bytes
 from .backends.base import Backend, BindMount, Limits, SandboxRuntime, SandboxSpec
 from .commands import sandbox_environment
 from .config import Config, ConfigError, PoolEntry
 from .fsaccess import Entry, SandboxFiles
+from .idempotency import IdempotentCreates
 from .metrics import Metrics
 from .mounts import MountRequest, bind_mounts
 from .output import HeadTailBuffer
@@ -56,6 +58,12 @@ class Sandbox:
     idle_timeout_s: float
     user: str = ""  # who its programs run as unless a call names another ("": the image's user)
     mounts: tuple[BindMount, ...] = ()
+    # Its lease: the TTL last set (0: no lease) and when it expires (monotonic for the reaper,
+    # Unix time for records and replies); set once the sandbox runs, and by each renewal.
+    lease_ttl_s: float = 0.0
+    lease_deadline: float = 0.0
+    lease_expires_at: float = 0.0
+    idempotency_key: str = ""
     created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     state: str = "starting"  # starting | running | failed | stopping
@@ -112,6 +120,15 @@ class SandboxManager:
         self._files_pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="sandbox-files")
         self.node_memory_bytes = node_memory_bytes()
         self.pools = WarmPools(config.pools, metrics, self._make_pooled, self._discard_pooled)
+        admission = config.admission
+        self.gate = CreateGate(admission.max_starting, admission.max_creates_per_s, admission.create_burst)
+        self.idempotent: IdempotentCreates[Sandbox] = IdempotentCreates(
+            config.leases.idempotency_window_s, lambda sb: self._sandboxes.get(sb.sandbox_id) is sb
+        )
+        # Draining (Drain): no new sandboxes, except those `drain_exempt(labels)` admits (the
+        # sandboxes of rollouts accepted before the drain, so that they can finish).
+        self.draining = False
+        self.drain_exempt: Callable[[dict[str, str]], bool] = lambda labels: False
 
     def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
         """Registers `await hook(sandbox_id)`, run before a sandbox is torn down (shells and
@@ -125,16 +142,19 @@ class SandboxManager:
         for entry in self.config.pool:
             self.pools.add(entry.name, self._pool_key(entry), entry.size)
         self.pools.start()
-        self._reaper = asyncio.create_task(self._reap_idle())
+        self._reaper = asyncio.create_task(self._reap())
 
     async def recover(self) -> None:
-        """Removes whatever a previous daemon run left behind (after kill -9 or a power cut)."""
+        """Removes whatever a previous daemon run left behind (after kill -9 or a power cut). A
+        daemon does not take over the sandboxes of an earlier run, so a leased sandbox ends here
+        too, however much of its lease was left (a lease never outlives its daemon)."""
         for sandbox_id, record in self.state.records():
             try:
                 backend = self.backends.get(str(record.get("backend", "")))
                 if backend:
                     await backend.reap(record)
-                log.info("reaped leftover sandbox %s", sandbox_id)
+                lease = record.get(LEASE_RECORD_KEY)
+                log.info("reaped leftover sandbox %s%s", sandbox_id, f" (lease until {lease} ms)" if lease else "")
             except Exception:
                 log.exception("could not reap leftover sandbox %s", sandbox_id)
             self.state.remove(sandbox_id)
@@ -152,15 +172,22 @@ class SandboxManager:
         await asyncio.gather(*(self.destroy(sid) for sid in list(self._sandboxes)), return_exceptions=True)
         self._files_pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _reap_idle(self) -> None:
+    async def _reap(self) -> None:
+        """Destroys sandboxes whose lease expired (calls in flight or not: only RenewLease keeps a
+        lease) and those idle past their idle timeout."""
         while True:
             await asyncio.sleep(IDLE_SWEEP_S)
             now = time.monotonic()
             for sb in list(self._sandboxes.values()):
-                if sb.idle_timeout_s and not sb.busy and now - sb.last_used > sb.idle_timeout_s:
+                if sb.lease_deadline and now >= sb.lease_deadline and sb.state in ("running", "failed"):
+                    log.info("destroying sandbox %s: its lease expired", sb.sandbox_id)
+                    self.metrics.leases_expired.inc()
+                elif sb.idle_timeout_s and not sb.busy and now - sb.last_used > sb.idle_timeout_s:
                     log.info("destroying idle sandbox %s", sb.sandbox_id)
-                    with contextlib.suppress(NotFound):
-                        await self.destroy(sb.sandbox_id)
+                else:
+                    continue
+                with contextlib.suppress(NotFound):
+                    await self.destroy(sb.sandbox_id)
 
     # -- sandboxes ---------------------------------------------------------------------------------
 
@@ -176,13 +203,69 @@ class SandboxManager:
         idle_timeout_ms: int,
         user: str = "",
         mounts: builtins.list[MountRequest] | tuple[MountRequest, ...] = (),
+        lease_ttl_ms: int = 0,
+        idempotency_key: str = "",
     ) -> Sandbox:
         """A running sandbox, or an error and nothing left behind: no backend sandbox, no record,
         no table entry (so no slot of max_sandboxes taken, and no Destroy or shutdown waiting on
         a creation that will never finish). `user` and `mounts` are checked here (rules.user,
-        mounts.bind_mounts) and reach the backend in its SandboxSpec."""
+        mounts.bind_mounts) and reach the backend in its SandboxSpec. With an idempotency key,
+        a create that repeats an earlier one returns its sandbox (daemon/idempotency.py)."""
         if self._closing:
             raise Unavailable("the daemon is shutting down")
+        lease_ttl_s = rules.lease_ttl_s(self.config.leases, lease_ttl_ms)
+
+        def make() -> Awaitable[Sandbox]:
+            return self._create(
+                backend,
+                image,
+                limits,
+                network,
+                env,
+                labels,
+                idle_timeout_ms,
+                user,
+                mounts,
+                lease_ttl_s,
+                idempotency_key,
+            )
+
+        if not idempotency_key:
+            return await make()
+        request = (
+            backend,
+            image,
+            limits,
+            network,
+            _env_key(env),
+            _env_key(labels),
+            idle_timeout_ms,
+            user,
+            tuple(mounts),
+            lease_ttl_ms,
+        )
+        sandbox, hit = await self.idempotent.create(idempotency_key, request, make)
+        if hit:
+            self.metrics.idempotent_hits.inc()
+        return sandbox
+
+    async def _create(
+        self,
+        backend: str,
+        image: str,
+        limits: Limits,
+        network: bool,
+        env: dict[str, str],
+        labels: dict[str, str],
+        idle_timeout_ms: int,
+        user: str,
+        mounts: builtins.list[MountRequest] | tuple[MountRequest, ...],
+        lease_ttl_s: float,
+        idempotency_key: str,
+    ) -> Sandbox:
+        if self.draining and not self.drain_exempt(labels):
+            self.metrics.admission_refusals.labels("draining").inc()
+            raise Unavailable("this node is draining: it takes no new sandboxes (create the sandbox on another node)")
         backend = backend or self.config.daemon.default_backend
         impl = self.backends.get(backend)
         if impl is None:
@@ -204,23 +287,18 @@ class SandboxManager:
             )
             if self._closing:
                 raise Unavailable("the daemon is shutting down")
-        if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
-            raise ResourceExhausted(
-                f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
-            )
-        # Sandboxes still starting count (they enter the table below, with no await between this
-        # check and that), so two concurrent creations cannot both take the last of the capacity.
-        admit_memory(
-            (sb.limits.memory_bytes for sb in self._sandboxes.values()),
-            limits.memory_bytes,
-            self.node_memory_bytes,
-            self.config.daemon.memory_overcommit,
-        )
         image = image or _default_image(impl)
+        # From the admission checks to the table entry below there is no await: sandboxes still
+        # starting count, so concurrent creations cannot both take the last of the capacity.
+        self._admit(limits)
         if not checked_mounts:  # a pool prepares no bind mounts
             pooled = self.pools.take(PoolKey(backend, image, limits, network, _env_key(env), user))
             if pooled is not None:
-                return self._hand_out(pooled, labels, idle_timeout_s)
+                self.gate.take()  # a pool hit counts against the rate, not as a start
+                pooled.idempotency_key = idempotency_key
+                return self._hand_out(pooled, labels, idle_timeout_s, lease_ttl_s)
+        self._refusing("starting", self.gate.check_start)
+        self.gate.take()
         sandbox = Sandbox(
             sandbox_id=_new_sandbox_id(),
             backend=backend,
@@ -232,10 +310,13 @@ class SandboxManager:
             idle_timeout_s=idle_timeout_s,
             user=user,
             mounts=checked_mounts,
+            lease_ttl_s=lease_ttl_s,
+            idempotency_key=idempotency_key,
         )
         self._sandboxes[sandbox.sandbox_id] = sandbox
         try:
-            await self._bring_up(sandbox, impl)
+            with self.gate.starting_one():
+                await self._bring_up(sandbox, impl)
         except BaseException:
             sandbox.state = "failed"
             self._sandboxes.pop(sandbox.sandbox_id, None)
@@ -250,13 +331,42 @@ class SandboxManager:
         self.metrics.sandboxes_created.labels(sandbox.backend).inc()
         return sandbox
 
-    def _hand_out(self, sandbox: Sandbox, labels: dict[str, str], idle_timeout_s: float) -> Sandbox:
+    def _admit(self, limits: Limits) -> None:
+        """The checks of a new sandbox against the node: its rate of creates, its sandbox count
+        and its memory (each refusal counted by reason)."""
+        self._refusing("rate", self.gate.check_rate)
+        if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
+            self.metrics.admission_refusals.labels("slots").inc()
+            raise ResourceExhausted(
+                f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
+            )
+        self._refusing(
+            "memory",
+            lambda: admit_memory(
+                (sb.limits.memory_bytes for sb in self._sandboxes.values()),
+                limits.memory_bytes,
+                self.node_memory_bytes,
+                self.config.daemon.memory_overcommit,
+            ),
+        )
+
+    def _refusing(self, reason: str, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except ResourceExhausted:
+            self.metrics.admission_refusals.labels(reason).inc()
+            raise
+
+    def _hand_out(self, sandbox: Sandbox, labels: dict[str, str], idle_timeout_s: float, lease_ttl_s: float) -> Sandbox:
         """A pooled sandbox as the caller's: what the request sets beyond its shape, and the
         created time a fresh one would have."""
         sandbox.labels = dict(labels)
         sandbox.idle_timeout_s = idle_timeout_s
         sandbox.created_at = time.time()
         sandbox.last_used = time.monotonic()
+        if lease_ttl_s:
+            self._lease(sandbox, lease_ttl_s)
+            self._save_record(sandbox)
         self._sandboxes[sandbox.sandbox_id] = sandbox
         self.metrics.sandboxes_live.set(len(self._sandboxes))
         self.metrics.sandboxes_created.labels(sandbox.backend).inc()
@@ -333,8 +443,10 @@ class SandboxManager:
             runtime = await impl.create(spec)
         except OSError as err:
             raise node_error(f"sandbox {sid} could not be created", err) from err
+        if sandbox.lease_ttl_s:  # (a lease runs from when its sandbox is up)
+            self._lease(sandbox, sandbox.lease_ttl_s)
         try:
-            self.state.save(sid, runtime.record())
+            self.state.save(sid, _record(sandbox, runtime))
         except BaseException as err:
             try:
                 await runtime.destroy()
@@ -344,6 +456,44 @@ class SandboxManager:
                 raise node_error(f"sandbox {sid} could not be created: its state record", err) from err
             raise
         sandbox.runtime = runtime
+
+    def _lease(self, sandbox: Sandbox, ttl_s: float) -> None:
+        sandbox.lease_ttl_s = ttl_s
+        sandbox.lease_deadline = time.monotonic() + ttl_s
+        sandbox.lease_expires_at = time.time() + ttl_s
+
+    def _save_record(self, sandbox: Sandbox) -> None:
+        """Saves a running sandbox's record again (its lease changed). A failed save is logged:
+        the lease holds in this daemon all the same, and its record still names what to reap."""
+        if sandbox.runtime is None:
+            return
+        try:
+            self.state.save(sandbox.sandbox_id, _record(sandbox, sandbox.runtime))
+        except OSError as err:
+            log.warning("cannot save the lease of sandbox %s in its record: %s", sandbox.sandbox_id, err)
+
+    def renew_lease(self, sandbox_id: str, ttl_ms: int) -> Sandbox:
+        """Sets a sandbox's lease to expire `ttl_ms` from now; a sandbox without a lease gets one.
+        A sandbox still starting gets its lease from when it is up."""
+        ttl_s = rules.lease_ttl_s(self.config.leases, ttl_ms, "ttl_ms", required=True)
+        sandbox = self.get(sandbox_id)
+        if sandbox.state == "stopping":
+            raise FailedPrecondition(f"sandbox {sandbox_id} is being destroyed")
+        if sandbox.runtime is None:
+            sandbox.lease_ttl_s = ttl_s
+            return sandbox
+        self._lease(sandbox, ttl_s)
+        self._save_record(sandbox)
+        return sandbox
+
+    async def set_draining(self, draining: bool) -> None:
+        """Drains the node (no new sandboxes, warm pools emptied and not refilled) or takes it
+        back into service."""
+        self.draining = draining
+        if draining:
+            await self.pools.pause()
+        else:
+            self.pools.resume()
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._sandboxes.get(sandbox_id)
@@ -583,6 +733,18 @@ NODE_EXHAUSTED = frozenset(
 
 def _new_sandbox_id() -> str:
     return f"sb-{secrets.token_hex(6)}"
+
+
+# The key of a sandbox record that holds its lease's expiry (ms since the Unix epoch).
+LEASE_RECORD_KEY = "lease_expires_at_unix_ms"
+
+
+def _record(sandbox: Sandbox, runtime: SandboxRuntime) -> dict:
+    """A sandbox's state record: its backend's, with its lease when it has one."""
+    record = runtime.record()
+    if sandbox.lease_expires_at:
+        record = {**record, LEASE_RECORD_KEY: int(sandbox.lease_expires_at * 1000)}
+    return record
 
 
 def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:

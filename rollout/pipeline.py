@@ -318,6 +318,10 @@ class RolloutPipeline:
     def live_count(self) -> int:
         return len(self._live)
 
+    def is_live(self, rollout_id: str) -> bool:
+        """Whether a rollout was accepted and has not ended yet."""
+        return rollout_id in self._live
+
     # -- stages --------------------------------------------------------------------------------
 
     async def _enqueue(self, stage: Stage, rollout: Rollout) -> None:

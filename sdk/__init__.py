@@ -53,6 +53,7 @@ from corral.sdk.sync_rollouts import Rollouts, RolloutStream
 from corral.sdk.tasks import load_tasks, task_from
 from corral.sdk.types import (
     BackendStatus,
+    DrainState,
     ExecEvent,
     ExecExited,
     ExecKeepalive,
@@ -74,6 +75,7 @@ from corral.sdk.types import (
     LimitStatus,
     LLMServerInfo,
     Mount,
+    NodeCapacity,
     NodeInfo,
     PoolInfo,
     ResourceLimits,
@@ -133,6 +135,8 @@ __all__ = [
     "LLMServerInfo",
     "LimitStatus",
     "Mount",
+    "DrainState",
+    "NodeCapacity",
     "NodeInfo",
     "PoolInfo",
     "NotFound",

@@ -135,6 +135,17 @@ class AsyncTransport:
         """Starts `work()` concurrently with the caller (a task)."""
         return AsyncBackground(asyncio.create_task(work()))
 
+    @staticmethod
+    def periodic(work: Callable[[], Coroutine[Any, Any, None]], interval_s: float) -> AsyncBackground:
+        """Runs `work()` every `interval_s` seconds beside the caller until cancelled (a task)."""
+
+        async def repeat() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                await work()
+
+        return AsyncBackground(asyncio.create_task(repeat()))
+
     async def close(self) -> None:
         """Closes every channel: the running loop's is closed here (its calls are cancelled); one
         of a loop running in another thread is closed there; one of a loop that is closed, or

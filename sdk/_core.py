@@ -7,6 +7,7 @@ The sync and async clients only choose which channel to send these requests on.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
@@ -17,6 +18,7 @@ from corral.sdk.enums import backend_name, backend_number, enum_name
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, ProtocolError
 from corral.sdk.types import (
     BackendStatus,
+    DrainState,
     ExecEvent,
     ExecExited,
     ExecKeepalive,
@@ -40,6 +42,7 @@ from corral.sdk.types import (
     LimitKind,
     LimitStatus,
     Mount,
+    NodeCapacity,
     NodeInfo,
     OutputStreamName,
     PoolInfo,
@@ -133,6 +136,8 @@ def build_create_sandbox_request(
     idle_timeout: float | None,
     user: str | None = None,
     mounts: Iterable[MountSpec] | None = None,
+    lease_ttl: float | None = None,
+    idempotency_key: str | None = None,
 ) -> pb.CreateSandboxRequest:
     return pb.CreateSandboxRequest(
         backend=backend_number(backend),
@@ -149,7 +154,21 @@ def build_create_sandbox_request(
         idle_timeout_ms=0 if idle_timeout is None else _positive_ms("idle_timeout", idle_timeout),
         user=_user(user),
         mounts=[_bind_mount(mount) for mount in mounts or ()],
+        lease_ttl_ms=0 if lease_ttl is None else _positive_ms("lease_ttl_s", lease_ttl),
+        idempotency_key=idempotency_key or "",
     )
+
+
+def build_renew_lease_request(sandbox_id: str, ttl: float) -> pb.RenewLeaseRequest:
+    return pb.RenewLeaseRequest(sandbox_id=sandbox_id, ttl_ms=_positive_ms("ttl_s", ttl))
+
+
+def build_drain_request(drain: bool) -> pb.DrainRequest:
+    return pb.DrainRequest(drain=drain)
+
+
+def drain_state_from_proto(response: pb.DrainResponse) -> DrainState:
+    return DrainState(draining=response.draining, empty=response.empty)
 
 
 def build_get_sandbox_request(sandbox_id: str) -> pb.GetSandboxRequest:
@@ -491,6 +510,11 @@ def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
         idle_timeout=sandbox.idle_timeout_ms / 1000 if sandbox.idle_timeout_ms else None,
         user=sandbox.user,
         mounts=tuple(Mount(m.host_path, m.sandbox_path, m.writable) for m in sandbox.mounts),
+        lease_ttl=sandbox.lease_ttl_ms / 1000 if sandbox.lease_ttl_ms else None,
+        lease_expires_at=(
+            _datetime_from_ms(sandbox.lease_expires_at_unix_ms) if sandbox.lease_expires_at_unix_ms else None
+        ),
+        idempotency_key=sandbox.idempotency_key,
     )
 
 
@@ -574,7 +598,15 @@ def node_info_from_proto(response: pb.GetNodeInfoResponse) -> NodeInfo:
         pools=tuple(
             PoolInfo(p.name, backend_name(p.backend), p.image, p.size, p.ready, p.starting) for p in response.pools
         ),
+        capacity=_capacity_from_proto(response.capacity),
+        draining=response.draining,
+        empty=response.empty,
     )
+
+
+def _capacity_from_proto(capacity: pb.NodeCapacity) -> NodeCapacity:
+    values = {f.name: getattr(capacity, f.name) for f in dataclasses.fields(NodeCapacity)}
+    return NodeCapacity(**{**values, "images_cached": tuple(capacity.images_cached)})
 
 
 EventT = TypeVar("EventT")

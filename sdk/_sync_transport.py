@@ -87,6 +87,11 @@ class SyncTransport:
         """Starts `work()` concurrently with the caller (a thread)."""
         return SyncBackground(work)
 
+    @staticmethod
+    def periodic(work: Callable[[], None], interval_s: float) -> SyncPeriodic:
+        """Runs `work()` every `interval_s` seconds beside the caller until cancelled (a thread)."""
+        return SyncPeriodic(work, interval_s)
+
     def interactive_stream(self, method: Callable[..., Any], requests: Iterable[Any]) -> ResponseStream[Any]:
         """A bidirectional call without a deadline, for an interactive terminal that lasts as long
         as its user: grpc sends `requests` from its own thread, the replies are iterated here, and
@@ -240,3 +245,22 @@ class SyncBackground:
 
     def cancel(self) -> None:
         pass
+
+
+class SyncPeriodic:
+    """Work repeated in a thread (see SyncTransport.periodic); `cancel` stops it between two runs
+    and waits for a run under way."""
+
+    def __init__(self, work: Callable[[], None], interval_s: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(work, interval_s), name="corral-periodic", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], None], interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            work()
+
+    def cancel(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()

@@ -72,9 +72,28 @@ class Unauthenticated(CorralError):
 
 
 class ResourceExhausted(CorralError):
-    """RESOURCE_EXHAUSTED: a size cap or the sandbox count limit was reached."""
+    """RESOURCE_EXHAUSTED: a size cap or the sandbox count limit was reached.
+
+    `retry_after_s` is the daemon's hint of when a retry may pass (its admission control:
+    `[admission]`; sent as the `retry-after-ms` trailing metadata), None when it gave none.
+    """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: str | None = None,
+        code: grpc.StatusCode | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, details=details, code=code)
+        self.retry_after_s = retry_after_s
+
+
+# The trailing metadata key that carries a RESOURCE_EXHAUSTED's retry hint, in milliseconds.
+RETRY_AFTER_MS_KEY = "retry-after-ms"
 
 
 class DeadlineExceeded(CorralError):
@@ -183,7 +202,22 @@ def error_from_rpc(error: grpc.RpcError, *, address: str) -> CorralError:
         )
     if error_class is CorralError:
         return CorralError(f"{code.name}: {details}", details=details, code=code)
+    if error_class is ResourceExhausted:
+        return ResourceExhausted(details, details=details, retry_after_s=_retry_after_s(error))
     return error_class(details, details=details)
+
+
+def _retry_after_s(error: grpc.RpcError) -> float | None:
+    """The `retry-after-ms` trailing metadata of a failed call, in seconds (None: none, or not a
+    number)."""
+    trailing = error.trailing_metadata() if callable(getattr(error, "trailing_metadata", None)) else None
+    for key, value in trailing or ():
+        if key == RETRY_AFTER_MS_KEY:
+            try:
+                return max(int(value), 0) / 1000
+            except (TypeError, ValueError):
+                return None
+    return None
 
 
 class RpcErrorTranslator:

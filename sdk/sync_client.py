@@ -25,6 +25,7 @@ from corral.sdk.errors import AlreadyExists, CorralError, NotFound
 from corral.sdk.sync_processes import Process, Terminal
 from corral.sdk.sync_rollouts import Rollouts
 from corral.sdk.types import (
+    DrainState,
     ExecEvent,
     ExecResult,
     FileEntry,
@@ -82,6 +83,8 @@ class Client:
         idle_timeout: float | None = None,
         user: str | None = None,
         mounts: Sequence[MountSpec] | None = None,
+        lease_ttl_s: float | None = None,
+        idempotency_key: str | None = None,
         timeout: float | None = None,
     ) -> Sandbox:
         """Creates a sandbox and waits until it can run commands, and returns its handle. Used as
@@ -96,8 +99,14 @@ class Client:
         as unless a call names another: a user name of the image, a uid or "uid:gid" (None: the
         image's own user). `mounts`: host paths shown inside, each a `Mount` or a tuple
         (host_path, sandbox_path[, writable]), read-only unless writable; the daemon allows only
-        host paths under its sandbox.bind_roots (PermissionDenied otherwise). `timeout`: deadline
-        of this call (pulling an image can take longer than the client default).
+        host paths under its sandbox.bind_roots (PermissionDenied otherwise). `lease_ttl_s`: a
+        lease; the daemon destroys the sandbox this long after it is up unless `renew_lease` (or
+        `keep_alive`) extends it, so a crashed client leaks nothing (None: no lease).
+        `idempotency_key`: makes retrying this call safe; a create with a key the daemon knows
+        returns that key's sandbox (the same key with another request: FailedPrecondition).
+        `timeout`: deadline of this call (pulling an image can take longer than the client
+        default). Past the node's admission caps: ResourceExhausted with `retry_after_s`; on a
+        draining node: Unavailable.
         """
         request = _core.build_create_sandbox_request(
             image=image,
@@ -112,6 +121,8 @@ class Client:
             idle_timeout=idle_timeout,
             user=user,
             mounts=mounts,
+            lease_ttl=lease_ttl_s,
+            idempotency_key=idempotency_key,
         )
         return self._create_sandbox(request, timeout)
 
@@ -138,6 +149,12 @@ class Client:
         """What this node can do: backends, isolation, enforced limits, cgroup mode."""
         response = self._transport.unary(self._transport.sandbox_service.GetNodeInfo, _core.build_node_info_request())
         return _core.node_info_from_proto(response)
+
+    def drain(self, drain: bool = True) -> DrainState:
+        """Drains the node (no new sandboxes or rollouts; what runs finishes), or with
+        drain=False takes it back into service. Returns whether it drains and is empty."""
+        response = self._transport.unary(self._transport.sandbox_service.Drain, _core.build_drain_request(drain))
+        return _core.drain_state_from_proto(response)
 
     def close(self) -> None:
         """Closes the connection; sandboxes stay alive on the daemon."""
@@ -430,6 +447,23 @@ class Sandbox:
         self._info = _core.sandbox_info_from_proto(response.sandbox)
         return self._info
 
+    def renew_lease(self, ttl_s: float) -> SandboxInfo:
+        """Sets the sandbox's lease to expire `ttl_s` seconds from now (a sandbox without a lease
+        gets one); returns its info, also in `.info`."""
+        response = self._transport.unary(
+            self._transport.sandbox_service.RenewLease, _core.build_renew_lease_request(self.id, ttl_s)
+        )
+        self._info = _core.sandbox_info_from_proto(response.sandbox)
+        return self._info
+
+    def keep_alive(self, ttl_s: float = 30.0, *, interval_s: float | None = None) -> _LeaseKeeper:
+        """A context manager that keeps the sandbox's lease alive while its block runs: it sets a
+        lease of `ttl_s` at entry, renews it every `interval_s` (a third of the TTL by default)
+        in the background, and stops at exit. A renewal that fails is logged and tried again at
+        the next interval; if this process dies, the lease runs out and the daemon destroys the
+        sandbox."""
+        return _LeaseKeeper(self, self._transport, ttl_s, interval_s or ttl_s / 3)
+
     def destroy(self) -> None:
         """Kills everything in the sandbox and removes it. Destroying a sandbox that is already
         gone is not an error."""
@@ -461,6 +495,33 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, backend={self._info.backend!r}, image={self._info.image!r})"
+
+
+class _LeaseKeeper:
+    """Sandbox.keep_alive's context manager."""
+
+    def __init__(self, sandbox: Sandbox, transport: SyncTransport, ttl_s: float, interval_s: float) -> None:
+        self._sandbox = sandbox
+        self._transport = transport
+        self._ttl_s = ttl_s
+        self._interval_s = interval_s
+        self._renewer: Any = None
+
+    def _renew(self) -> None:
+        try:
+            self._sandbox.renew_lease(self._ttl_s)
+        except CorralError as error:
+            _log.warning("could not renew the lease of sandbox %s: %s", self._sandbox.id, error)
+
+    def __enter__(self) -> Sandbox:
+        self._sandbox.renew_lease(self._ttl_s)
+        self._renewer = self._transport.periodic(self._renew, self._interval_s)
+        return self._sandbox
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._renewer.cancel()
 
 
 class _EventStream(Generic[EventT]):

@@ -74,6 +74,11 @@ class SandboxInfo:
     user: str = ""
     # Its host bind mounts, ordered by sandbox path.
     mounts: tuple[Mount, ...] = ()
+    # Its lease: the TTL last set (seconds) and when it expires; None both: no lease.
+    lease_ttl: float | None = None
+    lease_expires_at: datetime | None = None
+    # The idempotency key it was created with; "": none.
+    idempotency_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,40 @@ class PoolInfo:
 
 
 @dataclass(frozen=True)
+class DrainState:
+    """A node's answer to Client.drain: whether it drains, and whether nothing is left on it."""
+
+    draining: bool
+    empty: bool
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """What a node runs and has room for (GetNodeInfo). One class of sandbox: slots count against
+    daemon.max_sandboxes; `free_slots_default_limits` also counts the memory admission for
+    sandboxes of the node's default limits."""
+
+    max_sandboxes: int = 0
+    running: int = 0
+    starting: int = 0
+    free_slots: int = 0
+    free_slots_default_limits: int = 0
+    # Sums of the live sandboxes' limits (memory: one without a limit counts as the whole node)
+    # against what the node has (memory: MemTotal or the daemon's cgroup limit, the smaller; CPU:
+    # the daemon's affinity capped by its cgroup quota; disk: free space of its state directory).
+    memory_committed_bytes: int = 0
+    memory_available_bytes: int = 0
+    # What the memory admission lets the limits add up to; 0: no bound.
+    memory_admitted_bytes: int = 0
+    cpu_committed_millicores: int = 0
+    cpu_available_millicores: int = 0
+    disk_committed_bytes: int = 0
+    disk_available_bytes: int = 0
+    # "<backend>:<reference>" of the images the node holds ready, sorted.
+    images_cached: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     version: str
     daemon_id: str
@@ -209,6 +248,10 @@ class NodeInfo:
     sandbox_count: int
     # The node's warm pools.
     pools: tuple[PoolInfo, ...] = ()
+    capacity: NodeCapacity = field(default_factory=NodeCapacity)
+    # Draining (Client.drain): it takes no new sandboxes or rollouts; `empty` once nothing is left.
+    draining: bool = False
+    empty: bool = False
 
 
 @dataclass(frozen=True)

@@ -409,6 +409,11 @@ class Backend(abc.ABC):
     def default_image(self) -> str:
         """The image of requests that name none ("" when this node configures none)."""
 
+    async def cached_images(self) -> list[str]:
+        """The images this backend holds ready on the node, where that is cheap to list (none by
+        default)."""
+        return []
+
     # -- the lifecycle ------------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> SandboxRuntime:

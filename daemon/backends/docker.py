@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 LABEL_DAEMON = "io.corral.daemon"
 LABEL_SANDBOX = "io.corral.sandbox"
 ENGINE_THREADS = 8
+# GetNodeInfo waits this long at most for the engine's list of images.
+ENGINE_LIST_TIMEOUT_S = 2.0
 
 
 def _docker():
@@ -281,6 +283,18 @@ class DockerBackend(Backend):
 
     def default_image(self) -> str:
         return self.settings.default_image
+
+    async def cached_images(self) -> list[str]:
+        """The engine's tagged images (one engine call; none when the engine is not reachable
+        now, or answers slower than ENGINE_LIST_TIMEOUT_S)."""
+        if self.client is None or not self._status.available:
+            return []
+        client = self.client
+        try:
+            images = await asyncio.wait_for(self.engine(client.images.list), ENGINE_LIST_TIMEOUT_S)
+        except (TimeoutError, CorralError, OSError):
+            return []
+        return [tag for image in images for tag in image.tags]
 
     async def ensure_available(self) -> None:
         if not self._status.available:

@@ -442,6 +442,9 @@ class LocalBackend(Backend):
     def default_image(self) -> str:
         return "host"
 
+    async def cached_images(self) -> list[str]:
+        return self.images.cached()
+
     # -- create ------------------------------------------------------------------------------------
 
     def rootfs(self, image: str) -> str:

@@ -198,6 +198,10 @@ class ImageCache:
         self._prepared[source.reference] = rootfs
         return rootfs
 
+    def cached(self) -> list[str]:
+        """The references this daemon prepared whose root filesystem is still in the cache."""
+        return [reference for reference, rootfs in self._prepared.items() if os.path.isdir(rootfs)]
+
     def rootfs(self, source: ImageSource) -> str:
         """The root filesystem `prepare` made of a reference (the backend checks images, so
         prepares them, before it makes a sandbox)."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from corral.rollout.pipeline import RolloutPipeline, Stage
-from corral.sdk.errors import CorralError, InvalidArgument
+from corral.rollout.pipeline import ResultSink, Rollout, RolloutPipeline, Stage, TurnSink
+from corral.sdk.errors import CorralError, InvalidArgument, Unavailable
 from corral.v1 import rollout_pb2 as pb
 from corral.v1 import rollout_pb2_grpc
 
@@ -37,9 +37,18 @@ def server_to_proto(server: ServerStats) -> pb.LLMServer:
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    def __init__(self, pipeline: RolloutPipeline, llms: LLMPool) -> None:
+    def __init__(self, pipeline: RolloutPipeline, llms: LLMPool, draining: Callable[[], bool] = lambda: False) -> None:
         self.pipeline = pipeline
         self.llms = llms
+        self.draining = draining  # the node drains: no new rollouts
+
+    async def submit(
+        self, task: pb.Task, options: pb.RolloutOptions, deliver: ResultSink, on_turn: TurnSink | None = None
+    ) -> list[Rollout]:
+        """pipeline.submit, refused (UNAVAILABLE) while the node drains."""
+        if self.draining():
+            raise Unavailable("this node is draining: it takes no new rollouts (submit them to another node)")
+        return await self.pipeline.submit(task, options, deliver, on_turn)
 
     async def RegisterLLM(self, request: pb.RegisterLLMRequest, context) -> pb.RegisterLLMResponse:
         protocol = _PROTOCOL_NAMES.get(request.protocol)
@@ -71,7 +80,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if not done.done():
                 done.set_result(result)
 
-        rollouts = await self.pipeline.submit(request.task, options, deliver)
+        rollouts = await self.submit(request.task, options, deliver)
         try:
             return pb.RunResponse(result=await done)
         finally:
@@ -136,7 +145,7 @@ class _StreamSession:
 
     async def submit(self, submit: pb.SubmitRollout) -> None:
         try:
-            rollouts = await self.servicer.pipeline.submit(submit.task, submit.options, self.deliver, self.send_turn)
+            rollouts = await self.servicer.submit(submit.task, submit.options, self.deliver, self.send_turn)
         except CorralError as error:
             # One bad submission must not end the stream: it is answered in-band, with the status
             # code the call would have had on its own.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from corral.sdk.enums import BACKEND_NUMBERS, backend_name
 from corral.sdk.errors import InvalidArgument
@@ -85,6 +86,9 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
             pb.BindMount(host_path=m.host_path, sandbox_path=m.sandbox_path, writable=not m.read_only)
             for m in sb.mounts
         ],
+        lease_ttl_ms=round(sb.lease_ttl_s * 1000),
+        lease_expires_at_unix_ms=int(sb.lease_expires_at * 1000),
+        idempotency_key=sb.idempotency_key,
     )
 
 
@@ -132,6 +136,9 @@ def node_info_message(info: NodeInfo) -> pb.GetNodeInfoResponse:
             )
             for p in info.pools
         ],
+        capacity=pb.NodeCapacity(**dataclasses.asdict(info.capacity)),
+        draining=info.draining,
+        empty=info.empty,
     )
 
 
@@ -147,10 +154,17 @@ def exit_status(outcome: ExecOutcome) -> pb.ExitStatus:
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
-    def __init__(self, manager: SandboxManager, node_info, transfer: TarTransfer) -> None:
+    def __init__(
+        self,
+        manager: SandboxManager,
+        node_info: Callable[[], Awaitable[NodeInfo]],
+        transfer: TarTransfer,
+        drain: Callable[[bool], Awaitable[tuple[bool, bool]]],
+    ) -> None:
         self.manager = manager
-        self.node_info = node_info  # () -> NodeInfo
+        self.node_info = node_info
         self.transfer = transfer
+        self.drain = drain  # (drain?) -> (draining, empty)
 
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context) -> pb.CreateSandboxResponse:
         backend = "" if request.backend == pb.BACKEND_UNSPECIFIED else backend_name(request.backend)
@@ -171,6 +185,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             idle_timeout_ms=request.idle_timeout_ms,
             user=request.user,
             mounts=[MountRequest(m.host_path, m.sandbox_path, m.writable) for m in request.mounts],
+            lease_ttl_ms=request.lease_ttl_ms,
+            idempotency_key=request.idempotency_key,
         )
         return pb.CreateSandboxResponse(sandbox=sandbox_summary(sb))
 
@@ -285,4 +301,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             yield pb.DownloadResponse(chunk=chunk)
 
     async def GetNodeInfo(self, request, context) -> pb.GetNodeInfoResponse:
-        return node_info_message(self.node_info())
+        return node_info_message(await self.node_info())
+
+    async def RenewLease(self, request: pb.RenewLeaseRequest, context) -> pb.RenewLeaseResponse:
+        sb = self.manager.renew_lease(request.sandbox_id, request.ttl_ms)
+        return pb.RenewLeaseResponse(sandbox=sandbox_summary(sb))
+
+    async def Drain(self, request: pb.DrainRequest, context) -> pb.DrainResponse:
+        draining, empty = await self.drain(request.drain)
+        return pb.DrainResponse(draining=draining, empty=empty)

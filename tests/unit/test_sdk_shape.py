@@ -42,7 +42,7 @@ TWIN_IDS = [sync.__name__ for sync, _ in TWINS]
 
 # Async methods that return a stream object instead of being awaited, and create_sandbox, which
 # returns an AwaitableContext (awaitable, and usable in `async with` directly).
-NOT_COROUTINES = {"create_sandbox", "exec_stream", "execute_stream", "open_stream", "stream"}
+NOT_COROUTINES = {"create_sandbox", "exec_stream", "execute_stream", "keep_alive", "open_stream", "stream"}
 
 # Protocol methods each side must have, sync name -> async name.
 PROTOCOL_TWINS = {

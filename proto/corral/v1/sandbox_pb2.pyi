@@ -106,7 +106,7 @@ class LimitStatus(_message.Message):
     def __init__(self, kind: _Optional[_Union[LimitKind, str]] = ..., enforced: _Optional[bool] = ..., mechanism: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("sandbox_id", "backend", "image", "state", "isolation", "limits", "limit_status", "network", "labels", "created_at_unix_ms", "workdir", "idle_timeout_ms", "user", "mounts")
+    __slots__ = ("sandbox_id", "backend", "image", "state", "isolation", "limits", "limit_status", "network", "labels", "created_at_unix_ms", "workdir", "idle_timeout_ms", "user", "mounts", "lease_ttl_ms", "lease_expires_at_unix_ms", "idempotency_key")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,9 @@ class Sandbox(_message.Message):
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     backend: Backend
     image: str
@@ -142,7 +145,10 @@ class Sandbox(_message.Message):
     idle_timeout_ms: int
     user: str
     mounts: _containers.RepeatedCompositeFieldContainer[BindMount]
-    def __init__(self, sandbox_id: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., limit_status: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., network: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at_unix_ms: _Optional[int] = ..., workdir: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ..., user: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ...) -> None: ...
+    lease_ttl_ms: int
+    lease_expires_at_unix_ms: int
+    idempotency_key: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., limit_status: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., network: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at_unix_ms: _Optional[int] = ..., workdir: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ..., user: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., lease_expires_at_unix_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class BindMount(_message.Message):
     __slots__ = ("host_path", "sandbox_path", "writable")
@@ -155,7 +161,7 @@ class BindMount(_message.Message):
     def __init__(self, host_path: _Optional[str] = ..., sandbox_path: _Optional[str] = ..., writable: _Optional[bool] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
-    __slots__ = ("backend", "image", "limits", "network", "env", "labels", "idle_timeout_ms", "user", "mounts")
+    __slots__ = ("backend", "image", "limits", "network", "env", "labels", "idle_timeout_ms", "user", "mounts", "lease_ttl_ms", "idempotency_key")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +185,8 @@ class CreateSandboxRequest(_message.Message):
     IDLE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     backend: Backend
     image: str
     limits: ResourceLimits
@@ -188,7 +196,9 @@ class CreateSandboxRequest(_message.Message):
     idle_timeout_ms: int
     user: str
     mounts: _containers.RepeatedCompositeFieldContainer[BindMount]
-    def __init__(self, backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[bool] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idle_timeout_ms: _Optional[int] = ..., user: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ...) -> None: ...
+    lease_ttl_ms: int
+    idempotency_key: str
+    def __init__(self, backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[bool] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idle_timeout_ms: _Optional[int] = ..., user: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class CreateSandboxResponse(_message.Message):
     __slots__ = ("sandbox",)
@@ -474,6 +484,34 @@ class GetNodeInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class RenewLeaseRequest(_message.Message):
+    __slots__ = ("sandbox_id", "ttl_ms")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    ttl_ms: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class RenewLeaseResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: Sandbox
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("drain",)
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    drain: bool
+    def __init__(self, drain: _Optional[bool] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("draining", "empty")
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELD_NUMBER: _ClassVar[int]
+    draining: bool
+    empty: bool
+    def __init__(self, draining: _Optional[bool] = ..., empty: _Optional[bool] = ...) -> None: ...
+
 class BackendInfo(_message.Message):
     __slots__ = ("backend", "available", "detail", "isolation", "limits")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -489,7 +527,7 @@ class BackendInfo(_message.Message):
     def __init__(self, backend: _Optional[_Union[Backend, str]] = ..., available: _Optional[bool] = ..., detail: _Optional[str] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ...) -> None: ...
 
 class GetNodeInfoResponse(_message.Message):
-    __slots__ = ("version", "daemon_id", "default_backend", "backends", "cgroup_mode", "sandbox_count", "pools")
+    __slots__ = ("version", "daemon_id", "default_backend", "backends", "cgroup_mode", "sandbox_count", "pools", "capacity", "draining", "empty")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -497,6 +535,9 @@ class GetNodeInfoResponse(_message.Message):
     CGROUP_MODE_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_COUNT_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELD_NUMBER: _ClassVar[int]
     version: str
     daemon_id: str
     default_backend: Backend
@@ -504,7 +545,40 @@ class GetNodeInfoResponse(_message.Message):
     cgroup_mode: str
     sandbox_count: int
     pools: _containers.RepeatedCompositeFieldContainer[PoolInfo]
-    def __init__(self, version: _Optional[str] = ..., daemon_id: _Optional[str] = ..., default_backend: _Optional[_Union[Backend, str]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., cgroup_mode: _Optional[str] = ..., sandbox_count: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ...) -> None: ...
+    capacity: NodeCapacity
+    draining: bool
+    empty: bool
+    def __init__(self, version: _Optional[str] = ..., daemon_id: _Optional[str] = ..., default_backend: _Optional[_Union[Backend, str]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., cgroup_mode: _Optional[str] = ..., sandbox_count: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., draining: _Optional[bool] = ..., empty: _Optional[bool] = ...) -> None: ...
+
+class NodeCapacity(_message.Message):
+    __slots__ = ("max_sandboxes", "running", "starting", "free_slots", "free_slots_default_limits", "memory_committed_bytes", "memory_available_bytes", "memory_admitted_bytes", "cpu_committed_millicores", "cpu_available_millicores", "disk_committed_bytes", "disk_available_bytes", "images_cached")
+    MAX_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    FREE_SLOTS_DEFAULT_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_COMMITTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ADMITTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_COMMITTED_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    CPU_AVAILABLE_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    DISK_COMMITTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
+    max_sandboxes: int
+    running: int
+    starting: int
+    free_slots: int
+    free_slots_default_limits: int
+    memory_committed_bytes: int
+    memory_available_bytes: int
+    memory_admitted_bytes: int
+    cpu_committed_millicores: int
+    cpu_available_millicores: int
+    disk_committed_bytes: int
+    disk_available_bytes: int
+    images_cached: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_sandboxes: _Optional[int] = ..., running: _Optional[int] = ..., starting: _Optional[int] = ..., free_slots: _Optional[int] = ..., free_slots_default_limits: _Optional[int] = ..., memory_committed_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., memory_admitted_bytes: _Optional[int] = ..., cpu_committed_millicores: _Optional[int] = ..., cpu_available_millicores: _Optional[int] = ..., disk_committed_bytes: _Optional[int] = ..., disk_available_bytes: _Optional[int] = ..., images_cached: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PoolInfo(_message.Message):
     __slots__ = ("name", "backend", "image", "size", "ready", "starting")

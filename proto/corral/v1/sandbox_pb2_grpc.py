@@ -96,6 +96,16 @@ class SandboxServiceStub:
                 request_serializer=corral_dot_v1_dot_sandbox__pb2.GetNodeInfoRequest.SerializeToString,
                 response_deserializer=corral_dot_v1_dot_sandbox__pb2.GetNodeInfoResponse.FromString,
                 _registered_method=True)
+        self.RenewLease = channel.unary_unary(
+                '/corral.v1.SandboxService/RenewLease',
+                request_serializer=corral_dot_v1_dot_sandbox__pb2.RenewLeaseRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_sandbox__pb2.RenewLeaseResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/corral.v1.SandboxService/Drain',
+                request_serializer=corral_dot_v1_dot_sandbox__pb2.DrainRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_sandbox__pb2.DrainResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -201,7 +211,29 @@ class SandboxServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetNodeInfo(self, request, context):
-        """Describes this node: which backends work, what isolation they give and which limits they enforce.
+        """Describes this node: which backends work, what isolation they give and which limits they
+        enforce, what it has room for (capacity), and whether it is draining.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewLease(self, request, context):
+        """Extends a sandbox's lease: it now expires ttl_ms from this call. A sandbox created without a
+        lease gets one (renewing is how a client puts an existing sandbox under a lease). NOT_FOUND
+        for an unknown sandbox; INVALID_ARGUMENT for a ttl_ms out of range (see
+        CreateSandboxRequest.lease_ttl_ms).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Drains this node (drain true) or takes it back into service (drain false). A draining node
+        refuses new sandboxes (CreateSandbox: UNAVAILABLE) and new rollouts (RolloutService Run and
+        Stream submissions: UNAVAILABLE), lets what it runs finish (rollouts already accepted still
+        get their sandboxes), stops refilling its warm pools and tears down their ready sandboxes.
+        GetNodeInfo says `draining`, and `empty` once nothing is left. Idempotent both ways.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -269,6 +301,16 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.GetNodeInfo,
                     request_deserializer=corral_dot_v1_dot_sandbox__pb2.GetNodeInfoRequest.FromString,
                     response_serializer=corral_dot_v1_dot_sandbox__pb2.GetNodeInfoResponse.SerializeToString,
+            ),
+            'RenewLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLease,
+                    request_deserializer=corral_dot_v1_dot_sandbox__pb2.RenewLeaseRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_sandbox__pb2.RenewLeaseResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=corral_dot_v1_dot_sandbox__pb2.DrainRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_sandbox__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -597,6 +639,60 @@ class SandboxService:
             '/corral.v1.SandboxService/GetNodeInfo',
             corral_dot_v1_dot_sandbox__pb2.GetNodeInfoRequest.SerializeToString,
             corral_dot_v1_dot_sandbox__pb2.GetNodeInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.SandboxService/RenewLease',
+            corral_dot_v1_dot_sandbox__pb2.RenewLeaseRequest.SerializeToString,
+            corral_dot_v1_dot_sandbox__pb2.RenewLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.SandboxService/Drain',
+            corral_dot_v1_dot_sandbox__pb2.DrainRequest.SerializeToString,
+            corral_dot_v1_dot_sandbox__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,
