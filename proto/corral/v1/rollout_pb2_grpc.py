@@ -114,7 +114,8 @@ class RolloutServiceServicer:
     def Run(self, request, context):
         """Runs one rollout of one task and returns its result. Infrastructure failures come back as a
         result with status FILTERED, not as an RPC error; INVALID_ARGUMENT for a malformed task,
-        FAILED_PRECONDITION when no LLM server is registered. Cancelling the call cancels the rollout.
+        FAILED_PRECONDITION when no LLM server is registered, UNAVAILABLE while the node drains
+        (SandboxService.Drain). Cancelling the call cancels the rollout.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,7 +126,8 @@ class RolloutServiceServicer:
         answers each submit with `accepted` (or `rejected`), then sends each result as it finishes, in
         completion order, and (if asked) each turn as it completes. Closing the stream cancels every
         rollout of the stream that has not finished. Backpressure: when the INIT queue is full the
-        server stops reading submits until there is room.
+        server stops reading submits until there is room. While the node drains, each submit is
+        `rejected` with code UNAVAILABLE; rollouts accepted before go on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -118,7 +118,9 @@ class SandboxServiceServicer:
         INVALID_ARGUMENT naming the field and the range. A create that fails leaves nothing behind (no
         sandbox, no slot of the node's sandbox count taken); when the node itself fails it (a full disk,
         no file descriptor left), RESOURCE_EXHAUSTED or UNAVAILABLE, whose message names the sandbox id
-        it would have had.
+        it would have had. Past the node's admission caps ([admission] max_starting, max_creates_per_s):
+        RESOURCE_EXHAUSTED at once, with a retry hint in the message and in the trailing metadata
+        `retry-after-ms`. On a draining node (Drain): UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -222,7 +224,7 @@ class SandboxServiceServicer:
         """Extends a sandbox's lease: it now expires ttl_ms from this call. A sandbox created without a
         lease gets one (renewing is how a client puts an existing sandbox under a lease). NOT_FOUND
         for an unknown sandbox; INVALID_ARGUMENT for a ttl_ms out of range (see
-        CreateSandboxRequest.lease_ttl_ms).
+        CreateSandboxRequest.lease_ttl_ms); FAILED_PRECONDITION for a sandbox being destroyed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
