@@ -59,9 +59,10 @@ class RolloutRuntime:
             context_length=self.llms.context_length,
         )
         self.gateway_access = GatewayAccess(self.gateway, sandboxes, config.gateway_listen)
-        # A draining node still makes the sandboxes of the rollouts it accepted before, so that they
-        # finish (the pipeline labels each sandbox with its rollout).
-        sandboxes.drain_exempt = lambda labels: self.pipeline.is_live(labels.get(ROLLOUT_LABEL, ""))
+        # The sandboxes of this daemon's own live rollouts (the pipeline labels each with its
+        # rollout): a draining node still makes them, so that rollouts accepted before finish,
+        # and [admission]'s pace caps leave them to rollout.init_workers.
+        sandboxes.own_rollout = lambda labels: self.pipeline.is_live(labels.get(ROLLOUT_LABEL, ""))
 
     async def start(self) -> None:
         host_url = await self.gateway_access.start()

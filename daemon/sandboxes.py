@@ -125,10 +125,11 @@ class SandboxManager:
         self.idempotent: IdempotentCreates[Sandbox] = IdempotentCreates(
             config.leases.idempotency_window_s, lambda sb: self._sandboxes.get(sb.sandbox_id) is sb
         )
-        # Draining (Drain): no new sandboxes, except those `drain_exempt(labels)` admits (the
-        # sandboxes of rollouts accepted before the drain, so that they can finish).
+        # Draining (Drain): no new sandboxes. `own_rollout(labels)` says whether a create is for
+        # a rollout this daemon runs: those pass the drain (a rollout accepted before it
+        # finishes) and the pace caps of [admission] (rollout.init_workers bounds them already).
         self.draining = False
-        self.drain_exempt: Callable[[dict[str, str]], bool] = lambda labels: False
+        self.own_rollout: Callable[[dict[str, str]], bool] = lambda labels: False
 
     def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
         """Registers `await hook(sandbox_id)`, run before a sandbox is torn down (shells and
@@ -263,7 +264,8 @@ class SandboxManager:
         lease_ttl_s: float,
         idempotency_key: str,
     ) -> Sandbox:
-        if self.draining and not self.drain_exempt(labels):
+        own_rollout = self.own_rollout(labels)
+        if self.draining and not own_rollout:
             self.metrics.admission_refusals.labels("draining").inc()
             raise Unavailable("this node is draining: it takes no new sandboxes (create the sandbox on another node)")
         backend = backend or self.config.daemon.default_backend
@@ -290,15 +292,17 @@ class SandboxManager:
         image = image or _default_image(impl)
         # From the admission checks to the table entry below there is no await: sandboxes still
         # starting count, so concurrent creations cannot both take the last of the capacity.
-        self._admit(limits)
+        self._admit(limits, paced=not own_rollout)
         if not checked_mounts:  # a pool prepares no bind mounts
             pooled = self.pools.take(PoolKey(backend, image, limits, network, _env_key(env), user))
             if pooled is not None:
-                self.gate.take()  # a pool hit counts against the rate, not as a start
+                if not own_rollout:
+                    self.gate.take()  # a pool hit counts against the rate, not as a start
                 pooled.idempotency_key = idempotency_key
                 return self._hand_out(pooled, labels, idle_timeout_s, lease_ttl_s)
-        self._refusing("starting", self.gate.check_start)
-        self.gate.take()
+        if not own_rollout:
+            self._refusing("starting", self.gate.check_start)
+            self.gate.take()
         sandbox = Sandbox(
             sandbox_id=_new_sandbox_id(),
             backend=backend,
@@ -331,10 +335,11 @@ class SandboxManager:
         self.metrics.sandboxes_created.labels(sandbox.backend).inc()
         return sandbox
 
-    def _admit(self, limits: Limits) -> None:
-        """The checks of a new sandbox against the node: its rate of creates, its sandbox count
-        and its memory (each refusal counted by reason)."""
-        self._refusing("rate", self.gate.check_rate)
+    def _admit(self, limits: Limits, *, paced: bool) -> None:
+        """The checks of a new sandbox against the node: its rate of creates (when `paced`), its
+        sandbox count and its memory (each refusal counted by reason)."""
+        if paced:
+            self._refusing("rate", self.gate.check_rate)
         if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
             self.metrics.admission_refusals.labels("slots").inc()
             raise ResourceExhausted(

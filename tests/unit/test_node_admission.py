@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -17,8 +18,10 @@ from corral.daemon.capacity import NodeResources, detect_resources, node_capacit
 from corral.daemon.config import Config, ConfigError, PoolEntry, load_config
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.idempotency import IdempotentCreates
+from corral.daemon.server import Daemon
 from corral.daemon.testing import fake_backends
-from corral.sdk import AsyncClient, errors
+from corral.sdk import AsyncClient, RolloutResult, errors
+from tests.rollout_tasks import repair_task, replay_server
 
 GIB = 1 << 30
 
@@ -302,5 +305,60 @@ def test_a_pool_hit_counts_against_the_rate_but_not_as_a_start() -> None:
                 with pytest.raises(errors.ResourceExhausted, match="max_creates_per_s") as refused:
                     await client.create_sandbox()
                 assert refused.value.retry_after_s is not None and 1.0 < refused.value.retry_after_s <= 2.0
+
+    asyncio.run(run())
+
+
+def test_rollouts_accepted_before_a_drain_still_get_their_sandboxes(tmp_path) -> None:
+    """One INIT worker: the second rollout waits in the queue while the first one's setup runs,
+    the node drains meanwhile, and the second still makes its sandbox and completes."""
+    config = load_config(environ={})
+    config.daemon.socket, config.daemon.state_dir = str(tmp_path / "corral.sock"), str(tmp_path / "state")
+    config.daemon.memory_overcommit = 0
+    config.rollout.init_workers = 1
+    slow, queued = repair_task("slow"), repair_task("queued")
+    slow.setup.commands.append("sleep 1")
+
+    async def run() -> None:
+        daemon = Daemon(config, backend_classes=fake_backends())
+        await daemon.start()
+        try:
+            async with AsyncClient(f"unix://{daemon.socket_path}") as client, replay_server([slow, queued]) as server:
+                await client.rollouts.register_llm(server.url)
+                results = asyncio.ensure_future(_collect(client.rollouts.stream([slow, queued])))
+                while daemon.rollouts.pipeline.live_count < 2 or len(daemon.manager) < 1:
+                    await asyncio.sleep(0.01)
+                assert len(daemon.manager) == 1  # the queued rollout has no sandbox yet
+                assert (await client.drain()).draining
+                done = await asyncio.wait_for(results, 30)
+                assert sorted((r.task_id, r.status) for r in done) == [("queued", "completed"), ("slow", "completed")]
+                assert (await client.node_info()).empty
+        finally:
+            await daemon.stop()
+
+    asyncio.run(run())
+
+
+async def _collect(results: AsyncIterator[RolloutResult]) -> list[RolloutResult]:
+    return [result async for result in results]
+
+
+def test_the_pace_caps_leave_the_daemons_own_rollouts_to_its_init_workers(tmp_path) -> None:
+    config = load_config(environ={})
+    config.daemon.socket, config.daemon.state_dir = str(tmp_path / "corral.sock"), str(tmp_path / "state")
+    config.daemon.memory_overcommit = 0
+    config.admission.max_creates_per_s, config.admission.create_burst = 0.01, 1
+    config.admission.max_starting = 1
+    tasks = [repair_task(f"paced-{i}") for i in range(3)]
+
+    async def run() -> None:
+        async with embedded_daemon(config, backend_classes=fake_backends()) as address:
+            async with AsyncClient(address) as client, replay_server(tasks) as server:
+                await client.rollouts.register_llm(server.url)
+                done = await asyncio.wait_for(_collect(client.rollouts.stream(tasks)), 30)
+                assert [r.status for r in done] == ["completed"] * 3, [r.error for r in done]
+                await client.create_sandbox()  # a caller's create still spends the one token
+                with pytest.raises(errors.ResourceExhausted, match="max_creates_per_s"):
+                    await client.create_sandbox()
 
     asyncio.run(run())
