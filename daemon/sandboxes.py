@@ -76,6 +76,22 @@ class Sandbox:
 
 
 @dataclass(frozen=True)
+class _Request:
+    """A CreateSandbox request as its caller gave it (defaults not filled in): what a retry with
+    the same idempotency key must repeat."""
+
+    backend: str
+    image: str
+    limits: Limits
+    network: bool
+    env: tuple[tuple[str, str], ...]  # sorted
+    labels: tuple[tuple[str, str], ...]  # sorted
+    idle_timeout_ms: int
+    user: str
+    mounts: tuple[MountRequest, ...]
+
+
+@dataclass(frozen=True)
 class ExecOutcome:
     exit: ProcessExit
     oom_killed: bool
@@ -215,55 +231,29 @@ class SandboxManager:
         if self._closing:
             raise Unavailable("the daemon is shutting down")
         lease_ttl_s = rules.lease_ttl_s(self.config.leases, lease_ttl_ms)
-
-        def make() -> Awaitable[Sandbox]:
-            return self._create(
-                backend,
-                image,
-                limits,
-                network,
-                env,
-                labels,
-                idle_timeout_ms,
-                user,
-                mounts,
-                lease_ttl_s,
-                idempotency_key,
-            )
-
-        if not idempotency_key:
-            return await make()
-        request = (
-            backend,
-            image,
-            limits,
-            network,
-            _env_key(env),
-            _env_key(labels),
-            idle_timeout_ms,
-            user,
-            tuple(mounts),
-            lease_ttl_ms,
+        request = _Request(
+            backend, image, limits, network, _env_key(env), _env_key(labels), idle_timeout_ms, user, tuple(mounts)
         )
-        sandbox, hit = await self.idempotent.create(idempotency_key, request, make)
+        if not idempotency_key:
+            return await self._create(request, lease_ttl_s, "")
+        # A retry must repeat the request, its lease included (the key itself aside).
+        sandbox, hit = await self.idempotent.create(
+            idempotency_key, (request, lease_ttl_ms), lambda: self._create(request, lease_ttl_s, idempotency_key)
+        )
         if hit:
             self.metrics.idempotent_hits.inc()
         return sandbox
 
-    async def _create(
-        self,
-        backend: str,
-        image: str,
-        limits: Limits,
-        network: bool,
-        env: dict[str, str],
-        labels: dict[str, str],
-        idle_timeout_ms: int,
-        user: str,
-        mounts: builtins.list[MountRequest] | tuple[MountRequest, ...],
-        lease_ttl_s: float,
-        idempotency_key: str,
-    ) -> Sandbox:
+    async def _create(self, request: _Request, lease_ttl_s: float, idempotency_key: str) -> Sandbox:
+        backend, image, limits, network, user, mounts = (
+            request.backend,
+            request.image,
+            request.limits,
+            request.network,
+            request.user,
+            request.mounts,
+        )
+        labels = dict(request.labels)
         own_rollout = self.own_rollout(labels)
         if self.draining and not own_rollout:
             self.metrics.admission_refusals.labels("draining").inc()
@@ -272,9 +262,9 @@ class SandboxManager:
         impl = self.backends.get(backend)
         if impl is None:
             raise FailedPrecondition(f"backend {backend!r} is not configured on this node")
-        env = rules.environment(env)
+        env = rules.environment(dict(request.env))
         limits = rules.sandbox_limits(limits, self.config.limits)
-        idle_timeout_s = rules.sandbox_idle_timeout_s(self.config.limits, idle_timeout_ms)
+        idle_timeout_s = rules.sandbox_idle_timeout_s(self.config.limits, request.idle_timeout_ms)
         user = rules.user(user)
         # (In a thread: resolving host paths may wait on a slow filesystem. Before the capacity
         # check below, which must not be separated from taking the slot by an await.)

@@ -273,8 +273,7 @@ def test_drain_empties_the_warm_pool_and_undrain_refills_it() -> None:
     async def run() -> None:
         async with embedded_daemon(config, backend_classes=fake_backends()) as address:
             async with AsyncClient(address) as client:
-                while (await client.node_info()).pools[0].ready < 2:
-                    await asyncio.sleep(0.01)
+                await _pool_ready(client, 2)
                 state = await client.drain()
                 assert state.draining and state.empty
                 await asyncio.sleep(0.3)  # no refill while draining
@@ -283,8 +282,7 @@ def test_drain_empties_the_warm_pool_and_undrain_refills_it() -> None:
                 with pytest.raises(errors.Unavailable, match="draining"):
                     await client.create_sandbox()
                 assert not (await client.drain(False)).draining
-                while (await client.node_info()).pools[0].ready < 2:
-                    await asyncio.sleep(0.01)
+                await _pool_ready(client, 2)
 
     asyncio.run(run())
 
@@ -299,8 +297,7 @@ def test_a_pool_hit_counts_against_the_rate_but_not_as_a_start() -> None:
     async def run() -> None:
         async with embedded_daemon(config, backend_classes=fake_backends()) as address:
             async with AsyncClient(address) as client:
-                while (await client.node_info()).pools[0].ready < 1:
-                    await asyncio.sleep(0.01)
+                await _pool_ready(client, 1)
                 await client.create_sandbox()  # the hit spends the one token
                 with pytest.raises(errors.ResourceExhausted, match="max_creates_per_s") as refused:
                     await client.create_sandbox()
@@ -312,9 +309,7 @@ def test_a_pool_hit_counts_against_the_rate_but_not_as_a_start() -> None:
 def test_rollouts_accepted_before_a_drain_still_get_their_sandboxes(tmp_path) -> None:
     """One INIT worker: the second rollout waits in the queue while the first one's setup runs,
     the node drains meanwhile, and the second still makes its sandbox and completes."""
-    config = load_config(environ={})
-    config.daemon.socket, config.daemon.state_dir = str(tmp_path / "corral.sock"), str(tmp_path / "state")
-    config.daemon.memory_overcommit = 0
+    config = _config_in(tmp_path)
     config.rollout.init_workers = 1
     slow, queued = repair_task("slow"), repair_task("queued")
     slow.setup.commands.append("sleep 1")
@@ -339,14 +334,24 @@ def test_rollouts_accepted_before_a_drain_still_get_their_sandboxes(tmp_path) ->
     asyncio.run(run())
 
 
+def _config_in(tmp_path: Path) -> Config:
+    config = load_config(environ={})
+    config.daemon.socket, config.daemon.state_dir = str(tmp_path / "corral.sock"), str(tmp_path / "state")
+    config.daemon.memory_overcommit = 0
+    return config
+
+
+async def _pool_ready(client: AsyncClient, ready: int) -> None:
+    while (await client.node_info()).pools[0].ready < ready:
+        await asyncio.sleep(0.01)
+
+
 async def _collect(results: AsyncIterator[RolloutResult]) -> list[RolloutResult]:
     return [result async for result in results]
 
 
 def test_the_pace_caps_leave_the_daemons_own_rollouts_to_its_init_workers(tmp_path) -> None:
-    config = load_config(environ={})
-    config.daemon.socket, config.daemon.state_dir = str(tmp_path / "corral.sock"), str(tmp_path / "state")
-    config.daemon.memory_overcommit = 0
+    config = _config_in(tmp_path)
     config.admission.max_creates_per_s, config.admission.create_burst = 0.01, 1
     config.admission.max_starting = 1
     tasks = [repair_task(f"paced-{i}") for i in range(3)]
