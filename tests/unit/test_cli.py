@@ -100,6 +100,21 @@ async def test_sandbox_create_takes_memory_sizes_with_units(address) -> None:
     assert code == 2 and b"invalid size 'lots'" in err
 
 
+async def test_drain_waits_until_the_node_is_empty_and_undo_takes_work_again(address) -> None:
+    async with AsyncClient(address) as client:
+        sandbox = await client.create_sandbox()
+        waiting = asyncio.ensure_future(corral("drain", "--wait", address=address))
+        while not (await client.node_info()).draining:
+            await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await sandbox.destroy()
+        code, out, err = await waiting
+        assert code == 0 and out.endswith(b": draining, empty\n"), err
+        code, out, _ = await corral("drain", "--undo", address=address)
+        assert code == 0 and out.endswith(b": taking new work, empty\n")
+        await (await client.create_sandbox()).destroy()
+
+
 def test_memory_sizes() -> None:
     assert memory_size("1073741824") == 1 << 30
     assert [memory_size(text) for text in ("1G", "1g", "1GiB", "1GB", "1gb")] == [1 << 30] * 5
