@@ -367,3 +367,36 @@ def test_the_pace_caps_leave_the_daemons_own_rollouts_to_its_init_workers(tmp_pa
                     await client.create_sandbox()
 
     asyncio.run(run())
+
+
+def test_leases_idempotent_hits_and_refusals_are_counted(tmp_path) -> None:
+    config = _config_in(tmp_path)
+    config.admission.max_creates_per_s, config.admission.create_burst = 0.01, 2  # the hit spends none
+
+    def count(name: str, **labels: str) -> float:
+        return daemon.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    daemon = Daemon(config, backend_classes=fake_backends())
+
+    async def run() -> None:
+        await daemon.start()
+        try:
+            async with AsyncClient(f"unix://{daemon.socket_path}") as client:
+                leased = await client.create_sandbox(lease_ttl_s=0.2)
+                await client.create_sandbox(idempotency_key="k")
+                await client.create_sandbox(idempotency_key="k")
+                with pytest.raises(errors.ResourceExhausted):
+                    await client.create_sandbox()
+                await client.drain()
+                with pytest.raises(errors.Unavailable):
+                    await client.create_sandbox()
+                while leased.id in {s.id for s in await client.list_sandboxes()}:
+                    await asyncio.sleep(0.05)
+        finally:
+            await daemon.stop()
+
+    asyncio.run(run())
+    assert count("corral_leases_expired_total") == 1
+    assert count("corral_idempotent_hits_total") == 1
+    assert count("corral_admission_refusals_total", reason="rate") == 1
+    assert count("corral_admission_refusals_total", reason="draining") == 1
