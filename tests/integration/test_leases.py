@@ -147,16 +147,6 @@ def test_idempotent_create_from_concurrent_retries(node):
     asyncio.run(main())
 
 
-def test_idempotent_create_survives_a_caller_that_gave_up(node):
-    """A retry after the first call's deadline passed gets the sandbox that call was creating."""
-    with Client(node.address) as client:
-        with pytest.raises(errors.DeadlineExceeded):
-            client.create_sandbox(idempotency_key="slow", timeout=0.03)
-        sandbox = client.create_sandbox(idempotency_key="slow")
-        assert [s.id for s in client.list_sandboxes()] == [sandbox.id]
-        sandbox.destroy()
-
-
 @pytest.mark.parametrize("node", ["[admission]\nmax_starting = 1\n"], indirect=True)
 def test_max_starting_refuses_with_a_retry_hint(node):
     async def main() -> None:

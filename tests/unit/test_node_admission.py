@@ -7,19 +7,20 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
 import pytest
 
 from corral.daemon.admission import CreateGate, RateRefused, StartsRefused
-from corral.daemon.backends.base import Limits
+from corral.daemon.backends.base import Limits, SandboxRuntime, SandboxSpec
 from corral.daemon.capacity import NodeResources, detect_resources, node_capacity
 from corral.daemon.config import Config, ConfigError, PoolEntry, load_config
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.idempotency import IdempotentCreates
 from corral.daemon.server import Daemon
-from corral.daemon.testing import fake_backends
+from corral.daemon.testing import FakeBackend, fake_backends
 from corral.sdk import AsyncClient, RolloutResult, errors
 from tests.rollout_tasks import repair_task, replay_server
 
@@ -400,3 +401,26 @@ def test_leases_idempotent_hits_and_refusals_are_counted(tmp_path) -> None:
     assert count("corral_idempotent_hits_total") == 1
     assert count("corral_admission_refusals_total", reason="rate") == 1
     assert count("corral_admission_refusals_total", reason="draining") == 1
+
+
+class _SlowFakeBackend(FakeBackend):
+    """The fake backend, half a second slower to create a sandbox."""
+
+    async def create(self, spec: SandboxSpec) -> SandboxRuntime:
+        await asyncio.sleep(0.5)
+        return await super().create(spec)
+
+
+def test_a_retry_after_the_deadline_waits_for_the_create_under_way(tmp_path) -> None:
+    async def run() -> None:
+        config = _config_in(tmp_path)
+        async with embedded_daemon(config, backend_classes={"local": _SlowFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                with pytest.raises(errors.DeadlineExceeded):
+                    await client.create_sandbox(idempotency_key="retried", timeout=0.2)
+                retried_at = datetime.now(UTC)
+                sandbox = await client.create_sandbox(idempotency_key="retried")
+                assert sandbox.info.created_at < retried_at  # made for the first call
+                assert [s.id for s in await client.list_sandboxes()] == [sandbox.id]
+
+    asyncio.run(run())
