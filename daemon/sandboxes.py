@@ -22,7 +22,7 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Res
 
 from . import rules
 from .admission import admit_memory, node_memory_bytes
-from .backends.base import Backend, BindMount, Limits, SandboxRuntime, SandboxSpec
+from .backends.base import Backend, BindMount, ForkPoint, Limits, SandboxRuntime, SandboxSpec
 from .commands import sandbox_environment
 from .config import Config
 from .fsaccess import Entry, SandboxFiles
@@ -41,6 +41,11 @@ IDLE_SWEEP_S = 1.0
 # whatever the command produces and however slowly the client reads.
 STREAM_BUFFER_BYTES = 1 << 20
 FILE_THREADS = 16
+# ForkSandbox: children per call, and the labels every child gets (its generation counts forks
+# from the first sandbox: 1 for a child, 2 for a child's child).
+MAX_FORK_COUNT = 64
+FORK_GENERATION_LABEL = "corral.fork.generation"
+FORK_PARENT_LABEL = "corral.fork.parent"
 
 
 @dataclass
@@ -198,18 +203,7 @@ class SandboxManager:
             )
             if self._closing:
                 raise Unavailable("the daemon is shutting down")
-        if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
-            raise ResourceExhausted(
-                f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
-            )
-        # Sandboxes still starting count (they enter the table below, with no await between this
-        # check and that), so two concurrent creations cannot both take the last of the capacity.
-        admit_memory(
-            (sb.limits.memory_bytes for sb in self._sandboxes.values()),
-            limits.memory_bytes,
-            self.node_memory_bytes,
-            self.config.daemon.memory_overcommit,
-        )
+        self._admit(1, limits.memory_bytes)
         sandbox = Sandbox(
             sandbox_id=f"sb-{secrets.token_hex(6)}",
             backend=backend,
@@ -222,9 +216,29 @@ class SandboxManager:
             user=user,
             mounts=checked_mounts,
         )
+        return await self._add(sandbox, impl)
+
+    def _admit(self, count: int, memory_bytes: int) -> None:
+        """Raises RESOURCE_EXHAUSTED unless `count` more sandboxes of `memory_bytes` each fit on the
+        node now. Sandboxes still starting count (they enter the table with no await between this
+        check and that), so two concurrent creations cannot both take the last of the capacity."""
+        if len(self._sandboxes) + count > self.config.daemon.max_sandboxes:
+            raise ResourceExhausted(
+                f"this node already runs {len(self._sandboxes)} sandboxes, and {count} more would exceed "
+                f"{self.config.daemon.max_sandboxes} (daemon.max_sandboxes)"
+                if count > 1
+                else f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
+            )
+        held = [sb.limits.memory_bytes for sb in self._sandboxes.values()]
+        for _ in range(count):
+            admit_memory(held, memory_bytes, self.node_memory_bytes, self.config.daemon.memory_overcommit)
+            held.append(memory_bytes)
+
+    async def _add(self, sandbox: Sandbox, impl: Backend, fork: ForkPoint | None = None) -> Sandbox:
+        """Brings an admitted sandbox up in the table (see create)."""
         self._sandboxes[sandbox.sandbox_id] = sandbox
         try:
-            await self._bring_up(sandbox, impl)
+            await self._bring_up(sandbox, impl, fork)
         except BaseException:
             sandbox.state = "failed"
             self._sandboxes.pop(sandbox.sandbox_id, None)
@@ -239,7 +253,56 @@ class SandboxManager:
         self.metrics.sandboxes_created.labels(sandbox.backend).inc()
         return sandbox
 
-    async def _bring_up(self, sandbox: Sandbox, impl: Backend) -> None:
+    async def fork(self, sandbox_id: str, count: int, labels: dict[str, str]) -> builtins.list[Sandbox]:
+        """`count` new sandboxes whose writable filesystem starts as a copy-on-write copy of the
+        parent's at this moment, with its image, limits, network, env, user, mounts and labels
+        (plus `labels` and the fork's generation and parent); its processes are not copied. All of
+        them or none: a fork that fails leaves no child and no fork point behind."""
+        if self._closing:
+            raise Unavailable("the daemon is shutting down")
+        if not 1 <= count <= MAX_FORK_COUNT:
+            raise InvalidArgument(f"count must be between 1 and {MAX_FORK_COUNT}, got {count}")
+        with self.using(sandbox_id) as parent:
+            impl = self.backends[parent.backend]
+            self._admit(count, parent.limits.memory_bytes)
+            assert parent.runtime is not None  # a running sandbox (SandboxManager.using)
+            point = await impl.fork_point(parent.runtime)
+        try:
+            generation = int(parent.labels.get(FORK_GENERATION_LABEL, "0") or 0) + 1
+            child_labels = {
+                **parent.labels,
+                **labels,
+                FORK_GENERATION_LABEL: str(generation),
+                FORK_PARENT_LABEL: parent.sandbox_id,
+            }
+            self._admit(count, parent.limits.memory_bytes)  # (again: the snapshot was an await)
+            children = [
+                Sandbox(
+                    sandbox_id=f"sb-{secrets.token_hex(6)}",
+                    backend=parent.backend,
+                    image=parent.image,
+                    limits=parent.limits,
+                    network=parent.network,
+                    env=dict(parent.env),
+                    labels=dict(child_labels),
+                    idle_timeout_s=parent.idle_timeout_s,
+                    user=parent.user,
+                    mounts=parent.mounts,
+                )
+                for _ in range(count)
+            ]
+            made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
+        finally:
+            await impl.drop_fork_point(point)
+        failed = [r for r in made if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(
+                *(self.destroy(r.sandbox_id) for r in made if isinstance(r, Sandbox)), return_exceptions=True
+            )
+            raise failed[0]
+        return children
+
+    async def _bring_up(self, sandbox: Sandbox, impl: Backend, fork: ForkPoint | None = None) -> None:
         """Saves the placeholder record, creates the backend's sandbox and saves its record; when
         a step fails, undoes the ones before it and raises a definite error (an OS error of the
         node, such as a full disk or no file descriptors left, as RESOURCE_EXHAUSTED or
@@ -248,7 +311,7 @@ class SandboxManager:
         try:
             self.state.save(sid, impl.placeholder_record(sid))
             spec = SandboxSpec(
-                sid, sandbox.image, sandbox.limits, sandbox.network, sandbox.env, sandbox.user, sandbox.mounts
+                sid, sandbox.image, sandbox.limits, sandbox.network, sandbox.env, sandbox.user, sandbox.mounts, fork
             )
             runtime = await impl.create(spec)
         except OSError as err:

@@ -163,6 +163,10 @@ def build_destroy_sandbox_request(sandbox_id: str) -> pb.DestroySandboxRequest:
     return pb.DestroySandboxRequest(sandbox_id=sandbox_id)
 
 
+def build_fork_sandbox_request(sandbox_id: str, count: int, labels: Mapping[str, str] | None) -> pb.ForkSandboxRequest:
+    return pb.ForkSandboxRequest(sandbox_id=sandbox_id, count=count, labels=dict(labels or {}))
+
+
 def build_node_info_request() -> pb.GetNodeInfoRequest:
     return pb.GetNodeInfoRequest()
 

@@ -439,6 +439,21 @@ class AsyncSandbox:
         self._info = _core.sandbox_info_from_proto(response.sandbox)
         return self._info
 
+    async def fork(
+        self, count: int, *, labels: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> list[AsyncSandbox]:
+        """`count` (1..64) new sandboxes whose files start as a copy-on-write copy of this one's
+        now: its image, limits, env, user and labels (plus `labels`, "corral.fork.generation" and
+        "corral.fork.parent"). Running processes are not copied; this sandbox keeps running. All
+        or none: a failed fork raises and leaves no child. Local backend with
+        local.storage = "btrfs" only (FailedPrecondition elsewhere)."""
+        response = await self._transport.unary(
+            self._transport.sandbox_service.ForkSandbox,
+            _core.build_fork_sandbox_request(self.id, count, labels),
+            timeout=timeout,
+        )
+        return [AsyncSandbox(self._transport, _core.sandbox_info_from_proto(sb)) for sb in response.sandboxes]
+
     async def destroy(self) -> None:
         """Kills everything in the sandbox and removes it. Destroying a sandbox that is already
         gone is not an error."""

@@ -25,6 +25,7 @@ import asyncio
 import errno
 import logging
 import os
+import secrets as tokens
 import shutil
 import signal
 import subprocess
@@ -40,8 +41,8 @@ from ..cgroups import LimitSupport
 from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
 from ..process import in_cgroup
 from ..seccomp import loader_argv, program, supported
-from ..users import ROOT, SandboxUser, resolve_user
-from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
+from ..users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
+from .base import Backend, BackendStatus, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
 from .local_images import ImageCache, parse_reference
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
 from .local_root import (
@@ -52,6 +53,15 @@ from .local_root import (
     make_user_namespace,
     secrets,
     unmount_root,
+)
+from .local_storage import (
+    StoragePool,
+    bind_subvolume,
+    create_subvolume,
+    delete_subvolume,
+    limit_subvolume,
+    snapshot,
+    syncfs,
 )
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
@@ -88,6 +98,11 @@ class LocalSettings:
     image_cache_dir: str = ""
     image_cache_bytes: int = 20 << 30
     engine_socket: str = ""
+    # "capfs": each sandbox's writable space on a filesystem of its own (diskcap.py); "btrfs": a
+    # subvolume of the node's btrfs pool, which ForkSandbox needs (local_storage.py), the pool
+    # being an image of storage_bytes (0: the size of the state directory's disk, sparse).
+    storage: str = "capfs"
+    storage_bytes: int = 0
 
     def validate(self) -> None:
         if self.isolation not in ISOLATION_MODES:
@@ -105,10 +120,15 @@ class LocalSettings:
             raise ValueError(f"image_cache_dir must be an absolute path, got {self.image_cache_dir!r}")
         if self.image_cache_bytes < 0:
             raise ValueError("image_cache_bytes must be 0 (no limit) or positive")
+        if self.storage not in STORAGE_KINDS:
+            raise ValueError(f"storage must be one of {', '.join(STORAGE_KINDS)}")
+        if self.storage_bytes < 0:
+            raise ValueError("storage_bytes must be 0 (the state disk's size) or positive")
 
 
 ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
 SECCOMP_PROFILES = ("default", "none")
+STORAGE_KINDS = ("capfs", "btrfs")
 
 
 class LocalSandbox(ManagedSandbox):
@@ -129,6 +149,10 @@ class LocalSandbox(ManagedSandbox):
         # The sandbox's user namespace (a file descriptor of the daemon's) and its default user.
         self._userns_fd = -1
         self.user = ROOT
+        # With the btrfs pool: the sandbox's subvolume, and the block of host ids its files carry
+        # on disk (its own, or the first ancestor's for a fork's child; local_storage.py).
+        self.subvolume: Path | None = None
+        self.disk_base = uid
         if backend.launcher != "none":
             self.user = resolve_user(spec.user or "root", read_passwd(self.rootfs))
 
@@ -157,6 +181,33 @@ class LocalSandbox(ManagedSandbox):
         os.chown(self.sandbox_dir / "tmp", self.uid, self.uid)
         os.chmod(self.sandbox_dir / "tmp", 0o1777)
         os.chown(self.run_dir, host_uid, host_gid)
+
+    async def mount_writable(self) -> None:
+        pool = self.backend.pool
+        if pool is None:
+            await super().mount_writable()
+        else:
+            await asyncio.to_thread(self._mount_subvolume, pool)
+
+    def _mount_subvolume(self, pool: StoragePool) -> None:
+        """The sandbox's subvolume, new or a snapshot of its fork point, capped and bound at its
+        directory (idmapped for a fork's child: the files keep the ids they have on disk)."""
+        subvolume = pool.subvolume(self.spec.sandbox_id)
+        fork = self.spec.fork
+        if fork is None:
+            create_subvolume(subvolume)
+        else:
+            snapshot(Path(fork.path), subvolume, read_only=False)
+            self.disk_base = fork.disk_base
+        self.subvolume = subvolume
+        if fork is not None:
+            # Overlay's scratch space of the parent's mounts: a fresh mount wants it empty.
+            for work in (subvolume / "layers" / "work").glob("*"):
+                for entry in work.iterdir():
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        if self.spec.limits.disk_bytes or fork is not None:
+            limit_subvolume(subvolume, self.spec.limits.disk_bytes)
+        bind_subvolume(subvolume, self.sandbox_dir, self.disk_base, self.uid, INSIDE_ID_COUNT)
 
     async def launch(self) -> None:
         backend = self.backend
@@ -297,11 +348,27 @@ class LocalSandbox(ManagedSandbox):
 
     async def destroy(self) -> None:
         await super().destroy()
+        if self.subvolume is not None:
+            await asyncio.to_thread(delete_subvolume, self.subvolume)
+            self.subvolume = None
         if self._image_hold is not None:
             self._image_hold.release()
 
     def record_extra(self) -> dict:
         return {"launcher_pid": self._launcher.pid if self._launcher else 0}
+
+    def fork_point(self, point: Path) -> ForkPoint:
+        """Pauses the sandbox (where its cgroup can be frozen), writes its filesystem out and
+        snapshots its subvolume read-only at `point`, then resumes it."""
+        assert self.subvolume is not None  # (only made with the pool)
+        frozen = bool(self.cgroup) and self.cgroup.freeze(True)  # type: ignore[union-attr]
+        try:
+            syncfs(self.subvolume)
+            snapshot(self.subvolume, point, read_only=True)
+        finally:
+            if frozen:
+                self.cgroup.freeze(False)  # type: ignore[union-attr]
+        return ForkPoint(self.spec.sandbox_id, str(point), self.disk_base)
 
     def alive(self) -> bool:
         if self.isolation == "none":
@@ -364,6 +431,7 @@ class LocalBackend(Backend):
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
         self._host_secrets: list[str] | None = None
+        self.pool = StoragePool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
         super().__init__(context)
 
     # -- capabilities ------------------------------------------------------------------------------
@@ -387,6 +455,7 @@ class LocalBackend(Backend):
         if os.geteuid() != 0:
             missing.append("the daemon is not root: it needs root to give each sandbox its own uid and cgroup")
         if mode == "none":
+            self.pool = None  # (no root of the sandbox's own to fork)
             # Only reachable with local.allow_no_isolation (config validation): commands run as
             # the sandbox's own uid on the host, in its workspace, with cgroup limits but no
             # namespaces. Said loudly everywhere a sandbox describes itself.
@@ -414,6 +483,12 @@ class LocalBackend(Backend):
                 if mode == "bwrap"
                 else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
             )
+        if not missing and self.pool is not None:
+            try:
+                self.pool.open()
+                limits["disk"] = LimitSupport(True, "btrfs subvolume per sandbox, capped by a quota group")
+            except OSError as err:
+                missing.append(f'local.storage = "btrfs": {err.strerror or err}')
         if not missing:
             lacking = kernel_support()
             if lacking:
@@ -459,6 +534,18 @@ class LocalBackend(Backend):
             raise InvalidArgument(f"local image {image} is not a directory")
         return os.path.realpath(image)
 
+    async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+        if self.pool is None or not isinstance(sandbox, LocalSandbox) or sandbox.subvolume is None:
+            raise FailedPrecondition(
+                'forking local sandboxes needs copy-on-write storage: set local.storage = "btrfs" '
+                '(docs/local-backend.md, "Fork")'
+            )
+        point = self.pool.forks / f"{sandbox.spec.sandbox_id}-{tokens.token_hex(4)}"
+        return await asyncio.to_thread(sandbox.fork_point, point)
+
+    async def drop_fork_point(self, point: ForkPoint) -> None:
+        await asyncio.to_thread(delete_subvolume, Path(point.path))
+
     async def check_image(self, image: str) -> None:
         source = parse_reference(image)
         rootfs = await self.images.prepare(source) if source else self.rootfs(image)
@@ -485,9 +572,13 @@ class LocalBackend(Backend):
                     await asyncio.to_thread(unmount_root, leftover)
                     await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
+        if self.pool is not None and self.status().available:
+            await asyncio.to_thread(self.pool.reap)
         await self.images.start()
 
     async def close(self) -> None:
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
         try:
             self.context.run_base.rmdir()
         except OSError:

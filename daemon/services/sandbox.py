@@ -175,6 +175,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         await self.manager.destroy(request.sandbox_id)
         return pb.DestroySandboxResponse()
 
+    async def ForkSandbox(self, request: pb.ForkSandboxRequest, context) -> pb.ForkSandboxResponse:
+        children = await self.manager.fork(request.sandbox_id, request.count, dict(request.labels))
+        return pb.ForkSandboxResponse(sandboxes=[sandbox_summary(sb) for sb in children])
+
     @staticmethod
     def _command(command: pb.Command) -> CommandRequest:
         which = command.WhichOneof("program")

@@ -56,6 +56,11 @@ class SandboxServiceStub:
                 request_serializer=corral_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.SerializeToString,
                 response_deserializer=corral_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.FromString,
                 _registered_method=True)
+        self.ForkSandbox = channel.unary_unary(
+                '/corral.v1.SandboxService/ForkSandbox',
+                request_serializer=corral_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+                _registered_method=True)
         self.Exec = channel.unary_unary(
                 '/corral.v1.SandboxService/Exec',
                 request_serializer=corral_dot_v1_dot_sandbox__pb2.ExecRequest.SerializeToString,
@@ -131,6 +136,21 @@ class SandboxServiceServicer:
 
     def DestroySandbox(self, request, context):
         """Destroys a sandbox: kills every process in it and removes its files. NOT_FOUND for an unknown id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSandbox(self, request, context):
+        """Forks a running sandbox `count` ways: new sandboxes whose writable filesystem (workspace, /tmp
+        and the root's writable layer) starts as a copy-on-write copy of the parent's at this moment,
+        with the parent's image, limits, network, env, user, bind mounts and labels, plus the request's
+        labels, "corral.fork.generation" (the parent's plus one) and "corral.fork.parent" (its id).
+        Running processes are not copied; the parent keeps running, paused only while its filesystem
+        is snapshot. All children or none: a fork that fails leaves nothing behind. count outside
+        1..64: INVALID_ARGUMENT; an unknown id: NOT_FOUND; a backend or node that cannot fork (today
+        only the local backend with local.storage = "btrfs" can): FAILED_PRECONDITION; more
+        sandboxes than the node admits: RESOURCE_EXHAUSTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -229,6 +249,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.DestroySandbox,
                     request_deserializer=corral_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.FromString,
                     response_serializer=corral_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.SerializeToString,
+            ),
+            'ForkSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSandbox,
+                    request_deserializer=corral_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
             ),
             'Exec': grpc.unary_unary_rpc_method_handler(
                     servicer.Exec,
@@ -381,6 +406,33 @@ class SandboxService:
             '/corral.v1.SandboxService/DestroySandbox',
             corral_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.SerializeToString,
             corral_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.SandboxService/ForkSandbox',
+            corral_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+            corral_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,

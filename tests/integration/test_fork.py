@@ -1,0 +1,227 @@
+"""ForkSandbox on the local backend with copy-on-write storage (local.storage = "btrfs"): children
+start from a snapshot of the parent's writable filesystem (workspace, /tmp, the root's writable
+layer), are isolated from each other and from the parent, keep the parent's limits, user and
+labels (plus a generation), and a fork that fails leaves nothing behind. The tests look only at
+their own daemons' sandboxes and storage pool."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.daemon.backends.local_storage import create_subvolume
+from corral.sdk import Client, errors
+from tests.conftest import DaemonProcess, require_backend
+
+BTRFS = '[local]\nstorage = "btrfs"\nstorage_bytes = 8589934592\n'
+
+
+@contextlib.contextmanager
+def own_daemon(root: Path, config_text: str) -> Iterator[DaemonProcess]:
+    config = root / "corral.toml"
+    config.write_text(config_text)
+    proc = DaemonProcess(root, "--config", str(config)).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def fork_daemon(tmp_path_factory) -> Iterator[DaemonProcess]:
+    require_backend("local")
+    with own_daemon(tmp_path_factory.mktemp("fork"), BTRFS) as d:
+        yield d
+
+
+@pytest.fixture
+def client(fork_daemon) -> Iterator[Client]:
+    with Client(fork_daemon.address) as c:
+        yield c
+
+
+def pool_entries(daemon: DaemonProcess) -> list[str]:
+    """The subvolumes of the daemon's storage pool (sandboxes and fork points)."""
+    pool = daemon.state_dir / "storage"
+    return sorted(str(p.relative_to(pool)) for sub in ("sandboxes", "forks") for p in (pool / sub).iterdir())
+
+
+def sh(sandbox, script: str) -> str:
+    result = sandbox.exec(script, timeout=30)
+    assert result.exit_code == 0, (script, result.stdout, result.stderr)
+    return result.stdout.decode()
+
+
+def destroy_all(*sandboxes) -> None:
+    for sb in sandboxes:
+        sb.destroy()
+
+
+def test_children_start_from_the_parent_and_are_isolated(client):
+    parent = client.create_sandbox(labels={"task": "t1"}, env={"FROM": "parent"})
+    sh(
+        parent,
+        "echo ws > /workspace/a && echo tmp > /tmp/t && echo root > /usr/local/rootfile "
+        "&& mkdir /testbed && echo tb > /testbed/x && rm /etc/hostname",
+    )
+    children = parent.fork(3, labels={"rollout": "r"})
+    try:
+        assert len({c.id for c in children} | {parent.id}) == 4
+        for child in children:
+            assert sh(child, "cat /workspace/a /tmp/t /usr/local/rootfile /testbed/x") == "ws\ntmp\nroot\ntb\n"
+            assert sh(child, "test ! -e /etc/hostname && echo gone") == "gone\n"
+            assert sh(child, 'echo "$FROM"') == "parent\n"
+            labels = child.info.labels
+            assert labels["task"] == "t1" and labels["rollout"] == "r"
+            assert labels["corral.fork.generation"] == "1" and labels["corral.fork.parent"] == parent.id
+        first, second, third = children
+        sh(first, "echo mine > /workspace/new && echo changed > /usr/local/rootfile")
+        sh(second, "rm /workspace/a /usr/local/rootfile /testbed/x")
+        for other in (second, third, parent):
+            assert sh(other, "test ! -e /workspace/new && echo absent") == "absent\n"
+        for other in (third, parent):
+            assert sh(other, "cat /workspace/a /usr/local/rootfile /testbed/x") == "ws\nroot\ntb\n"
+        assert sh(first, "cat /workspace/a /usr/local/rootfile") == "ws\nchanged\n"
+    finally:
+        destroy_all(parent, *children)
+
+
+def test_the_parent_keeps_working_during_and_after_a_fork(client):
+    parent = client.create_sandbox()
+    try:
+        with parent.shell() as shell:
+            shell.run("export KEPT=yes; mkdir -p /workspace/deep && cd /workspace/deep")
+            children = parent.fork(2)
+            try:
+                assert shell.run('echo "$KEPT $PWD"').output.strip() == b"yes /workspace/deep"
+                sh(parent, "echo after > /workspace/late")
+                for child in children:
+                    # Processes are not copied: a child has no shell of its parent's.
+                    assert child.list_shells() == []
+                    assert sh(child, "test -d /workspace/deep && test ! -e /workspace/late && echo ok") == "ok\n"
+            finally:
+                destroy_all(*children)
+        assert sh(parent, "cat /workspace/late") == "after\n"
+    finally:
+        parent.destroy()
+
+
+def test_fork_of_a_fork_keeps_files_and_owners(client, fork_daemon):
+    parent = client.create_sandbox()
+    made = [parent]
+    try:
+        sh(parent, "echo one > /workspace/one && echo u > /tmp/u && chown 1000:1000 /tmp/u")
+        (child,) = parent.fork(1)
+        made.append(child)
+        sh(child, "echo two > /workspace/two")
+        (grandchild,) = child.fork(1)
+        made.append(grandchild)
+        assert grandchild.info.labels["corral.fork.generation"] == "2"
+        assert grandchild.info.labels["corral.fork.parent"] == child.id
+        assert sh(grandchild, "cat /workspace/one /workspace/two") == "one\ntwo\n"
+        # Owners as inside ids, whatever block of host ids each sandbox has.
+        assert sh(grandchild, "stat -c %u:%g /tmp/u /workspace/one") == "1000:1000\n0:0\n"
+        sh(grandchild, "echo three > /workspace/one && touch /workspace/new")  # root inside may write them
+        assert sh(parent, "cat /workspace/one; test ! -e /workspace/two && echo no-two") == "one\nno-two\n"
+    finally:
+        destroy_all(*made)
+
+
+def test_disk_limit_applies_to_children(client):
+    cap = 64 << 20
+    parent = client.create_sandbox(disk_bytes=cap)
+    try:
+        sh(parent, "dd if=/dev/urandom of=/workspace/base bs=1M count=40 status=none")
+        (child,) = parent.fork(1)
+        try:
+            assert child.info.limits.disk_bytes == cap
+            out = child.exec("dd if=/dev/zero of=/workspace/more bs=1M count=40 2>&1; sync", timeout=60).stdout
+            assert b"Disk quota exceeded" in out, out
+            # The parent's own room is its own.
+            sh(parent, "dd if=/dev/zero of=/workspace/more bs=1M count=8 status=none")
+        finally:
+            child.destroy()
+    finally:
+        parent.destroy()
+
+
+@pytest.mark.parametrize("count", [0, 65])
+def test_a_count_out_of_range_is_invalid_and_leaves_nothing(client, fork_daemon, count):
+    parent = client.create_sandbox()
+    try:
+        with pytest.raises(errors.InvalidArgument, match="between 1 and 64"):
+            parent.fork(count)
+        assert [sb.id for sb in client.list_sandboxes()] == [parent.id]
+        assert pool_entries(fork_daemon) == [f"sandboxes/{parent.id}"]
+    finally:
+        parent.destroy()
+
+
+def test_unknown_sandbox_is_not_found(client):
+    with pytest.raises(errors.NotFound):
+        client.get_sandbox("sb-000000000000")
+    with Client(client.address) as c, pytest.raises(errors.NotFound):
+        c.get_sandbox("sb-000000000000").fork(1)
+
+
+def test_a_fork_that_fails_half_way_leaves_nothing(tmp_path):
+    """Room for 3 sandboxes' id blocks: of 4 children, 2 start and 2 cannot; the 2 are removed."""
+    require_backend("local")
+    with own_daemon(tmp_path, BTRFS + "[sandbox]\nuid_count = 196608\n") as daemon, Client(daemon.address) as c:
+        parent = c.create_sandbox()
+        sh(parent, "echo x > /workspace/x")
+        with pytest.raises(errors.ResourceExhausted):
+            parent.fork(4)
+        assert [sb.id for sb in c.list_sandboxes()] == [parent.id]
+        assert pool_entries(daemon) == [f"sandboxes/{parent.id}"]
+        assert sorted(p.name for p in (daemon.state_dir / "sandboxes").iterdir()) == [parent.id]
+        # ...and the node is whole: a fork that fits works.
+        children = parent.fork(2)
+        assert sh(children[1], "cat /workspace/x") == "x\n"
+
+
+def test_without_copy_on_write_storage_fork_is_failed_precondition(tmp_path):
+    require_backend("local")
+    with own_daemon(tmp_path, "") as daemon, Client(daemon.address) as c:
+        parent = c.create_sandbox()
+        with pytest.raises(errors.FailedPrecondition, match='local.storage = "btrfs"'):
+            parent.fork(1)
+        assert [sb.id for sb in c.list_sandboxes()] == [parent.id]
+
+
+def test_a_restart_reaps_children_and_fork_points(tmp_path):
+    require_backend("local")
+    with own_daemon(tmp_path, BTRFS) as daemon:
+        with Client(daemon.address) as c:
+            parent = c.create_sandbox()
+            children = parent.fork(2)
+            # A fork point a crash cut short (the daemon removes its own right after the fork).
+            create_subvolume(daemon.state_dir / "storage" / "forks" / f"{parent.id}-deadbeef")
+            assert len(pool_entries(daemon)) == 4
+        daemon.stop(signal.SIGKILL)
+        daemon.start()
+        assert pool_entries(daemon) == []
+        assert list((daemon.state_dir / "sandboxes").iterdir()) == []
+        with Client(daemon.address) as c:
+            assert c.list_sandboxes() == []
+            with pytest.raises(errors.NotFound):
+                c.get_sandbox(children[0].id)
+
+
+def test_fork_timing(client):
+    """Not a benchmark (bench/fork.py is): 16 children answer a command within seconds."""
+    parent = client.create_sandbox()
+    try:
+        start = time.monotonic()
+        children = parent.fork(16)
+        for child in children:
+            sh(child, "true")
+        assert time.monotonic() - start < 30
+        destroy_all(*children)
+    finally:
+        parent.destroy()
