@@ -92,6 +92,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     exec_.add_argument("command", nargs="*", help=argparse.SUPPRESS)
     exec_.set_defaults(func=exec_command)
 
+    fork = sub.add_parser(
+        "fork",
+        help="fork a sandbox: new sandboxes whose files start as a copy-on-write copy of its own; prints their ids",
+    )
+    fork.add_argument("id")
+    fork.add_argument("-n", "--count", type=int, default=1, help="how many children, 1..64 (default 1)")
+    fork.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="added to the parent's")
+    fork.set_defaults(func=fork_command)
     shell = sub.add_parser("shell", help="an interactive terminal in a sandbox: corral shell ID")
     shell.add_argument("id")
     shell.add_argument("--program", default=None, help="shell program inside the sandbox (default: bash, else sh)")
@@ -196,6 +204,14 @@ def sandbox_rm(args: argparse.Namespace) -> int:
     with _client(args) as client:
         for sandbox_id in args.ids:
             client.get_sandbox(sandbox_id).destroy()
+    return 0
+
+
+def fork_command(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        children = client.get_sandbox(args.id).fork(args.count, labels=dict(kv.split("=", 1) for kv in args.label))
+        for child in children:
+            print(child.id)
     return 0
 
 

@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
@@ -484,11 +484,10 @@ class LocalBackend(Backend):
                 else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
             )
         if not missing and self.pool is not None:
-            try:
-                self.pool.open()
-                limits["disk"] = LimitSupport(True, "btrfs subvolume per sandbox, capped by a quota group")
-            except OSError as err:
-                missing.append(f'local.storage = "btrfs": {err.strerror or err}')
+            # (Mounted when the daemon starts, reap_orphans: a probe, as `corral doctor`'s, makes nothing.)
+            if lacking := self.pool.lacking():
+                missing.append(f'local.storage = "btrfs": {lacking}')
+            limits["disk"] = LimitSupport(True, "btrfs subvolume per sandbox, capped by a quota group")
         if not missing:
             lacking = kernel_support()
             if lacking:
@@ -573,7 +572,15 @@ class LocalBackend(Backend):
                     await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
         if self.pool is not None and self.status().available:
-            await asyncio.to_thread(self.pool.reap)
+            try:
+                await asyncio.to_thread(self.pool.open)
+                await asyncio.to_thread(self.pool.reap)
+            except OSError as err:
+                log.error("the local backend cannot make sandboxes: %s", err)
+                status = self.status()
+                self._status = replace(
+                    status, available=False, detail=f'local.storage = "btrfs": {err.strerror or err}'
+                )
         await self.images.start()
 
     async def close(self) -> None:

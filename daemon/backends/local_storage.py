@@ -173,6 +173,13 @@ class StoragePool:
         self.sandboxes = self.root / "sandboxes"
         self.forks = self.root / "forks"
 
+    def lacking(self) -> str:
+        """ "" when this node can have the pool, else what it lacks."""
+        for tool in ("mkfs.btrfs", "btrfs"):
+            if not shutil.which(tool):
+                return f"{tool} is not installed (apt-get install btrfs-progs)"
+        return ""  # (the kernel's btrfs is found when the daemon mounts the pool)
+
     def open(self) -> None:
         """Mounts the pool (formatting its image the first time) with quotas on; idempotent."""
         self.root.mkdir(mode=0o700, exist_ok=True)

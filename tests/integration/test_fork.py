@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,5 +225,33 @@ def test_fork_timing(client):
             sh(child, "true")
         assert time.monotonic() - start < 30
         destroy_all(*children)
+    finally:
+        parent.destroy()
+
+
+def test_cli_fork_prints_the_children(client, fork_daemon):
+    parent = client.create_sandbox()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "corral.cli", "--address", fork_daemon.address, "fork", parent.id, "-n", "2"]
+            + ["--label", "k=v"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        ids = done.stdout.split()
+        assert len(ids) == 2
+        for child_id in ids:
+            child = client.get_sandbox(child_id)
+            assert child.info.labels["k"] == "v" and child.info.labels["corral.fork.parent"] == parent.id
+            child.destroy()
+        bad = subprocess.run(
+            [sys.executable, "-m", "corral.cli", "--address", fork_daemon.address, "fork", parent.id, "-n", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert bad.returncode != 0 and "between 1 and 64" in bad.stderr
     finally:
         parent.destroy()
