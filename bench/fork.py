@@ -88,7 +88,9 @@ def main() -> None:
     args = parse_args(__doc__ or "", options)
     if args.quick:
         args.workspace_mb, args.root_mb, args.repeats = 20, 30, 2
-    print_header(f"ForkSandbox, local backend, btrfs storage ({args.workspace_mb} MB workspace, {args.root_mb} MB root)")
+    print_header(
+        f"ForkSandbox, local backend, btrfs storage ({args.workspace_mb} MB workspace, {args.root_mb} MB root)"
+    )
     with Daemon(config=CONFIG) as daemon:
         results, extra = asyncio.run(run(args, daemon))
     print_table("time (ms)", results)
