@@ -96,11 +96,16 @@ def test_children_start_from_the_parent_and_are_isolated(client):
 def test_the_parent_keeps_working_during_and_after_a_fork(client):
     parent = client.create_sandbox()
     try:
+        # A process of the parent's that runs on: it was paused for the snapshot, not stopped.
+        sh(parent, "nohup sh -c 'while :; do echo t >> /tmp/ticks; sleep 0.05; done' >/dev/null 2>&1 &")
         with parent.shell() as shell:
             shell.run("export KEPT=yes; mkdir -p /workspace/deep && cd /workspace/deep")
             children = parent.fork(2)
             try:
-                assert shell.run('echo "$KEPT $PWD"').output.strip() == b"yes /workspace/deep"
+                assert shell.run('echo "$KEPT $PWD"', timeout=10).output.strip() == b"yes /workspace/deep"
+                ticks = int(sh(parent, "wc -l < /tmp/ticks"))
+                time.sleep(0.5)
+                assert int(sh(parent, "wc -l < /tmp/ticks")) > ticks
                 sh(parent, "echo after > /workspace/late")
                 for child in children:
                     # Processes are not copied: a child has no shell of its parent's.
