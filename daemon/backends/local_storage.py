@@ -28,9 +28,9 @@ import fcntl
 import logging
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
+from ..diskcap import run_step
 from .mount_api import (
     MOUNT_ATTR_IDMAP,
     MOUNT_ATTR_NODEV,
@@ -234,10 +234,4 @@ def bind_subvolume(subvolume: Path, target: Path, disk_base: int, own_base: int,
 
 
 def _run(argv: list[str], step: str) -> None:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as err:
-        raise OSError(errno.EIO, f"cannot {step} the sandbox storage pool: {err}") from err
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip()
-        raise OSError(errno.EIO, f"cannot {step} the sandbox storage pool: {said}")
+    run_step(argv, step, "the sandbox storage pool", timeout=120)

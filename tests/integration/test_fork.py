@@ -6,32 +6,20 @@ their own daemons' sandboxes and storage pool."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from corral.daemon.backends.local_storage import create_subvolume
 from corral.sdk import Client, errors
 from tests.conftest import DaemonProcess, require_backend
+from tests.integration.test_disk_limits import own_daemon
 
 BTRFS = '[local]\nstorage = "btrfs"\nstorage_bytes = 8589934592\n'
-
-
-@contextlib.contextmanager
-def own_daemon(root: Path, config_text: str) -> Iterator[DaemonProcess]:
-    config = root / "corral.toml"
-    config.write_text(config_text)
-    proc = DaemonProcess(root, "--config", str(config)).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
