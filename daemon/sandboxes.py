@@ -266,7 +266,10 @@ class SandboxManager:
             impl = self.backends[parent.backend]
             self._admit(count, parent.limits.memory_bytes)
             assert parent.runtime is not None  # a running sandbox (SandboxManager.using)
-            point = await impl.fork_point(parent.runtime)
+            try:
+                point = await impl.fork_point(parent.runtime)
+            except OSError as err:
+                raise node_error(f"sandbox {sandbox_id} could not be forked", err) from err
         try:
             generation = int(parent.labels.get(FORK_GENERATION_LABEL, "0") or 0) + 1
             child_labels = {
@@ -291,6 +294,8 @@ class SandboxManager:
                 )
                 for _ in range(count)
             ]
+            for child in children:  # (in the table before any await: admitted together)
+                self._sandboxes[child.sandbox_id] = child
             made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
         finally:
             await impl.drop_fork_point(point)
