@@ -11,6 +11,7 @@ import builtins
 import contextlib
 import errno
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -18,7 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from corral.sdk.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 
 from . import rules
 from .admission import admit_memory, node_memory_bytes
@@ -46,6 +54,7 @@ FILE_THREADS = 16
 MAX_FORK_COUNT = 64
 FORK_GENERATION_LABEL = "corral.fork.generation"
 FORK_PARENT_LABEL = "corral.fork.parent"
+SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -69,6 +78,48 @@ class Sandbox:
     # mid-creation waits for the first, a second destroy for the second.
     created: asyncio.Event = field(default_factory=asyncio.Event)
     destroyed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class SandboxSource:
+    """What a fork's children take from the sandbox they come from (its settings, not its state)."""
+
+    sandbox_id: str
+    backend: str
+    image: str
+    limits: Limits
+    network: bool
+    env: dict[str, str]
+    labels: dict[str, str]
+    idle_timeout_s: float
+    user: str
+    mounts: tuple[BindMount, ...]
+
+    @staticmethod
+    def of(sandbox: Sandbox) -> SandboxSource:
+        return SandboxSource(
+            sandbox.sandbox_id,
+            sandbox.backend,
+            sandbox.image,
+            sandbox.limits,
+            sandbox.network,
+            dict(sandbox.env),
+            dict(sandbox.labels),
+            sandbox.idle_timeout_s,
+            sandbox.user,
+            sandbox.mounts,
+        )
+
+
+@dataclass
+class NamedSnapshot:
+    """A sandbox's writable filesystem kept under a name (SandboxManager.snapshot)."""
+
+    name: str
+    source: SandboxSource
+    point: ForkPoint
+    size_bytes: int
+    created_at: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -114,6 +165,8 @@ class SandboxManager:
         self._reaper: asyncio.Task | None = None
         self._destroy_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._files_pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="sandbox-files")
+        self._snapshots: dict[str, NamedSnapshot] = {}
+        self._snapshots_starting: set[str] = set()
         self.node_memory_bytes = node_memory_bytes()
 
     def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
@@ -253,52 +306,69 @@ class SandboxManager:
         self.metrics.sandboxes_created.labels(sandbox.backend).inc()
         return sandbox
 
-    async def fork(self, sandbox_id: str, count: int, labels: dict[str, str]) -> builtins.list[Sandbox]:
+    async def fork(
+        self, sandbox_id: str, count: int, labels: dict[str, str], snapshot: str = ""
+    ) -> builtins.list[Sandbox]:
         """`count` new sandboxes whose writable filesystem starts as a copy-on-write copy of the
-        parent's at this moment, with its image, limits, network, env, user, mounts and labels
-        (plus `labels` and the fork's generation and parent); its processes are not copied. All of
-        them or none: a fork that fails leaves no child and no fork point behind."""
+        parent's at this moment (or of a named snapshot's, see `snapshot`), with its image,
+        limits, network, env, user, mounts and labels (plus `labels` and the fork's generation and
+        parent); its processes are not copied. All of them or none: a fork that fails leaves no
+        child and no fork point behind."""
         if self._closing:
             raise Unavailable("the daemon is shutting down")
         if not 1 <= count <= MAX_FORK_COUNT:
             raise InvalidArgument(f"count must be between 1 and {MAX_FORK_COUNT}, got {count}")
+        if bool(sandbox_id) == bool(snapshot):
+            raise InvalidArgument("give either a sandbox id or a snapshot name to fork")
+        if snapshot:
+            named = self._snapshots.get(snapshot)
+            if named is None:
+                raise NotFound(f"no snapshot named {snapshot!r} on this node")
+            return await self._make_children(named.source, named.point, count, labels)
         with self.using(sandbox_id) as parent:
-            impl = self.backends[parent.backend]
-            self._admit(count, parent.limits.memory_bytes)
+            source = SandboxSource.of(parent)
+            impl = self.backends[source.backend]
+            self._admit(count, source.limits.memory_bytes)
             assert parent.runtime is not None  # a running sandbox (SandboxManager.using)
             try:
                 point = await impl.fork_point(parent.runtime)
             except OSError as err:
                 raise node_error(f"sandbox {sandbox_id} could not be forked", err) from err
         try:
-            generation = int(parent.labels.get(FORK_GENERATION_LABEL, "0") or 0) + 1
-            child_labels = {
-                **parent.labels,
-                **labels,
-                FORK_GENERATION_LABEL: str(generation),
-                FORK_PARENT_LABEL: parent.sandbox_id,
-            }
-            self._admit(count, parent.limits.memory_bytes)  # (again: the snapshot was an await)
-            children = [
-                Sandbox(
-                    sandbox_id=f"sb-{secrets.token_hex(6)}",
-                    backend=parent.backend,
-                    image=parent.image,
-                    limits=parent.limits,
-                    network=parent.network,
-                    env=dict(parent.env),
-                    labels=dict(child_labels),
-                    idle_timeout_s=parent.idle_timeout_s,
-                    user=parent.user,
-                    mounts=parent.mounts,
-                )
-                for _ in range(count)
-            ]
-            for child in children:  # (in the table before any await: admitted together)
-                self._sandboxes[child.sandbox_id] = child
-            made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
+            return await self._make_children(source, point, count, labels)
         finally:
             await impl.drop_fork_point(point)
+
+    async def _make_children(
+        self, source: SandboxSource, point: ForkPoint, count: int, labels: dict[str, str]
+    ) -> builtins.list[Sandbox]:
+        impl = self.backends[source.backend]
+        generation = int(source.labels.get(FORK_GENERATION_LABEL, "0") or 0) + 1
+        child_labels = {
+            **source.labels,
+            **labels,
+            FORK_GENERATION_LABEL: str(generation),
+            FORK_PARENT_LABEL: source.sandbox_id,
+        }
+        self._admit(count, source.limits.memory_bytes)
+        children = [
+            Sandbox(
+                sandbox_id=f"sb-{secrets.token_hex(6)}",
+                backend=source.backend,
+                image=source.image,
+                limits=source.limits,
+                network=source.network,
+                env=dict(source.env),
+                labels=dict(child_labels),
+                idle_timeout_s=source.idle_timeout_s,
+                user=source.user,
+                mounts=source.mounts,
+            )
+            for _ in range(count)
+        ]
+        for child in children:  # (in the table before any await: admitted together)
+            self._sandboxes[child.sandbox_id] = child
+        made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
         failed = [r for r in made if isinstance(r, BaseException)]
         if failed:
             await asyncio.gather(
@@ -306,6 +376,45 @@ class SandboxManager:
             )
             raise failed[0]
         return children
+
+    # -- named snapshots ---------------------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, name: str) -> NamedSnapshot:
+        """Keeps a copy of a running sandbox's writable filesystem under `name`, which ForkSandbox
+        can make sandboxes from later, after the sandbox is gone too (until DeleteSnapshot or the
+        daemon's restart). INVALID_ARGUMENT for a bad name, ALREADY_EXISTS for a taken one,
+        RESOURCE_EXHAUSTED past the backend's store."""
+        if self._closing:
+            raise Unavailable("the daemon is shutting down")
+        if not SNAPSHOT_NAME.fullmatch(name):
+            raise InvalidArgument(
+                f"a snapshot name is 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, got {name!r}"
+            )
+        if name in self._snapshots or name in self._snapshots_starting:
+            raise AlreadyExists(f"a snapshot named {name!r} exists on this node")
+        self._snapshots_starting.add(name)
+        try:
+            with self.using(sandbox_id) as sandbox:
+                assert sandbox.runtime is not None  # a running sandbox (SandboxManager.using)
+                impl = self.backends[sandbox.backend]
+                try:
+                    point, size = await impl.keep_snapshot(sandbox.runtime, name)
+                except OSError as err:
+                    raise node_error(f"sandbox {sandbox_id} could not be snapshot", err) from err
+                named = NamedSnapshot(name, SandboxSource.of(sandbox), point, size)
+                self._snapshots[name] = named
+                return named
+        finally:
+            self._snapshots_starting.discard(name)
+
+    def snapshots(self) -> builtins.list[NamedSnapshot]:
+        return list(self._snapshots.values())
+
+    async def delete_snapshot(self, name: str) -> None:
+        named = self._snapshots.pop(name, None)
+        if named is None:
+            raise NotFound(f"no snapshot named {name!r} on this node")
+        await self.backends[named.source.backend].drop_fork_point(named.point)
 
     async def _bring_up(self, sandbox: Sandbox, impl: Backend, fork: ForkPoint | None = None) -> None:
         """Saves the placeholder record, creates the backend's sandbox and saves its record; when

@@ -83,6 +83,7 @@ from corral.sdk.types import (
     SandboxInfo,
     ShellInfo,
     ShellResult,
+    SnapshotInfo,
     StageStats,
 )
 
@@ -149,6 +150,7 @@ __all__ = [
     "Rollouts",
     "Sandbox",
     "SandboxInfo",
+    "SnapshotInfo",
     "SandboxNotFound",
     "Shell",
     "ShellInfo",

@@ -38,6 +38,7 @@ from corral.sdk.types import (
     SandboxInfo,
     ShellInfo,
     ShellResult,
+    SnapshotInfo,
 )
 from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import sandbox_pb2 as pb
@@ -136,6 +137,33 @@ class AsyncClient:
             self._transport.sandbox_service.ListSandboxes, _core.build_list_sandboxes_request(labels)
         )
         return [_core.sandbox_info_from_proto(sandbox) for sandbox in response.sandboxes]
+
+    async def fork_snapshot(
+        self,
+        name: str,
+        count: int = 1,
+        *,
+        labels: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> list[AsyncSandbox]:
+        """`count` (1..64) new sandboxes made from the named snapshot `name` (Sandbox.snapshot):
+        its files, and the image, limits, env, user and labels its sandbox had (plus `labels`).
+        NotFound for an unknown name."""
+        response = await self._transport.unary(
+            self._transport.sandbox_service.ForkSandbox,
+            _core.build_fork_sandbox_request("", count, labels, snapshot=name),
+            timeout=timeout,
+        )
+        return [AsyncSandbox(self._transport, _core.sandbox_info_from_proto(sb)) for sb in response.sandboxes]
+
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        """The node's named snapshots."""
+        response = await self._transport.unary(self._transport.sandbox_service.ListSnapshots, pb.ListSnapshotsRequest())
+        return [_core.snapshot_info_from_proto(s) for s in response.snapshots]
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Deletes a named snapshot (sandboxes made from it keep their files); NotFound if unknown."""
+        await self._transport.unary(self._transport.sandbox_service.DeleteSnapshot, pb.DeleteSnapshotRequest(name=name))
 
     async def node_info(self) -> NodeInfo:
         """What this node can do: backends, isolation, enforced limits, cgroup mode."""
@@ -453,6 +481,17 @@ class AsyncSandbox:
             timeout=timeout,
         )
         return [AsyncSandbox(self._transport, _core.sandbox_info_from_proto(sb)) for sb in response.sandboxes]
+
+    async def snapshot(self, name: str, *, timeout: float | None = None) -> SnapshotInfo:
+        """Keeps a copy of this sandbox's files under `name`, from which Client.fork_snapshot
+        makes sandboxes later, after this one is gone too (until delete_snapshot or the daemon's
+        restart). AlreadyExists for a taken name; ResourceExhausted past the node's store."""
+        response = await self._transport.unary(
+            self._transport.sandbox_service.SnapshotSandbox,
+            pb.SnapshotSandboxRequest(sandbox_id=self.id, name=name),
+            timeout=timeout,
+        )
+        return _core.snapshot_info_from_proto(response.snapshot)
 
     async def destroy(self) -> None:
         """Kills everything in the sandbox and removes it. Destroying a sandbox that is already

@@ -495,6 +495,13 @@ class Backend(abc.ABC):
             f'the {self.name} backend cannot fork sandboxes (only local, with local.storage = "btrfs")'
         )
 
+    async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
+        """A fork point kept under `name` (a named snapshot, removed by drop_fork_point) and the
+        bytes it holds; RESOURCE_EXHAUSTED past the backend's store for them."""
+        raise FailedPrecondition(
+            f'the {self.name} backend cannot snapshot sandboxes (only local, with local.storage = "btrfs")'
+        )
+
     async def drop_fork_point(self, point: ForkPoint) -> None:  # noqa: B027 - an optional hook
         """Removes a fork point once its children exist (they do not need it) or failed."""
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 
 from .. import diskcap
 from ..cgroups import LimitSupport
@@ -60,6 +60,7 @@ from .local_storage import (
     create_subvolume,
     delete_subvolume,
     limit_subvolume,
+    referenced_bytes,
     snapshot,
     syncfs,
 )
@@ -103,6 +104,8 @@ class LocalSettings:
     # being an image of storage_bytes (0: the size of the state directory's disk, sparse).
     storage: str = "capfs"
     storage_bytes: int = 0
+    # What named snapshots (SnapshotSandbox) may hold together, counted as the bytes each holds.
+    snapshot_store_bytes: int = 64 << 30
 
     def validate(self) -> None:
         if self.isolation not in ISOLATION_MODES:
@@ -122,6 +125,8 @@ class LocalSettings:
             raise ValueError("image_cache_bytes must be 0 (no limit) or positive")
         if self.storage not in STORAGE_KINDS:
             raise ValueError(f"storage must be one of {', '.join(STORAGE_KINDS)}")
+        if self.snapshot_store_bytes < 0:
+            raise ValueError("snapshot_store_bytes must be 0 (no named snapshots) or positive")
         if self.storage_bytes < 0:
             raise ValueError("storage_bytes must be 0 (the state disk's size) or positive")
 
@@ -431,6 +436,7 @@ class LocalBackend(Backend):
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
         self._host_secrets: list[str] | None = None
+        self._snapshot_bytes: dict[str, int] = {}  # named snapshots' sizes, by path
         self.pool = StoragePool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
         super().__init__(context)
 
@@ -533,16 +539,39 @@ class LocalBackend(Backend):
             raise InvalidArgument(f"local image {image} is not a directory")
         return os.path.realpath(image)
 
-    async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+    def _forkable(self, sandbox: SandboxRuntime) -> tuple[StoragePool, LocalSandbox]:
         if self.pool is None or not isinstance(sandbox, LocalSandbox) or sandbox.subvolume is None:
             raise FailedPrecondition(
                 'forking local sandboxes needs copy-on-write storage: set local.storage = "btrfs" '
                 '(docs/local-backend.md, "Fork")'
             )
-        point = self.pool.forks / f"{sandbox.spec.sandbox_id}-{tokens.token_hex(4)}"
-        return await asyncio.to_thread(sandbox.fork_point, point)
+        return self.pool, sandbox
+
+    async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+        pool, local = self._forkable(sandbox)
+        point = pool.forks / f"{local.spec.sandbox_id}-{tokens.token_hex(4)}"
+        return await asyncio.to_thread(local.fork_point, point)
+
+    async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
+        pool, local = self._forkable(sandbox)
+        point = await asyncio.to_thread(local.fork_point, pool.snapshots / name)
+        try:
+            size = await asyncio.to_thread(referenced_bytes, Path(point.path))
+            held = sum(self._snapshot_bytes.values())
+            limit = self.settings.snapshot_store_bytes
+            if held + size > limit:
+                raise ResourceExhausted(
+                    f"a snapshot of sandbox {local.spec.sandbox_id} would hold {size} bytes, and the named snapshots "
+                    f"already hold {held} of the {limit} local.snapshot_store_bytes allows: delete some"
+                )
+        except BaseException:
+            await asyncio.to_thread(delete_subvolume, Path(point.path))
+            raise
+        self._snapshot_bytes[point.path] = size
+        return point, size
 
     async def drop_fork_point(self, point: ForkPoint) -> None:
+        self._snapshot_bytes.pop(point.path, None)
         await asyncio.to_thread(delete_subvolume, Path(point.path))
 
     async def check_image(self, image: str) -> None:

@@ -28,6 +28,7 @@ import fcntl
 import logging
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from ..diskcap import run_step
@@ -172,6 +173,7 @@ class StoragePool:
         self.size_bytes = size_bytes
         self.sandboxes = self.root / "sandboxes"
         self.forks = self.root / "forks"
+        self.snapshots = self.root / "snapshots"
 
     def lacking(self) -> str:
         """ "" when this node can have the pool, else what it lacks."""
@@ -191,7 +193,7 @@ class StoragePool:
                 _run(["mkfs.btrfs", "-q", "-f", "-m", "single", str(self.image)], "format")
             _run(["mount", "-o", "loop,nosuid,nodev,discard", str(self.image), str(self.root)], "mount")
         _run(["btrfs", "quota", "enable", str(self.root)], "turn quotas on in")
-        for sub in (self.sandboxes, self.forks):
+        for sub in (self.sandboxes, self.forks, self.snapshots):
             sub.mkdir(mode=0o700, exist_ok=True)
 
     def close(self) -> None:
@@ -204,7 +206,7 @@ class StoragePool:
 
     def reap(self) -> None:
         """Deletes every subvolume a previous daemon run left (no sandbox outlives its daemon)."""
-        for base in (self.sandboxes, self.forks):
+        for base in (self.sandboxes, self.forks, self.snapshots):
             for leftover in base.iterdir() if base.is_dir() else ():
                 try:
                     delete_subvolume(leftover)
@@ -212,6 +214,20 @@ class StoragePool:
                     if err.errno not in (errno.ENOTTY, errno.EINVAL, errno.EPERM):
                         raise
                     shutil.rmtree(leftover, ignore_errors=True)  # a plain directory
+
+
+def referenced_bytes(path: Path) -> int:
+    """What a subvolume holds (its quota group's referenced bytes, shared extents included)."""
+    done = subprocess.run(
+        ["btrfs", "qgroup", "show", "--raw", "--sync", "-rf", str(path)], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise OSError(errno.EIO, f"cannot read the size of {path}: {(done.stderr or done.stdout).strip()}")
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0].startswith("0/") and fields[1].isdigit():
+            return int(fields[1])
+    raise OSError(errno.EIO, f"no quota group found for {path}")
 
 
 def bind_subvolume(subvolume: Path, target: Path, disk_base: int, own_base: int, count: int) -> None:

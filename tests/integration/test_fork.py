@@ -37,9 +37,11 @@ def client(fork_daemon) -> Iterator[Client]:
 
 
 def pool_entries(daemon: DaemonProcess) -> list[str]:
-    """The subvolumes of the daemon's storage pool (sandboxes and fork points)."""
+    """The subvolumes of the daemon's storage pool (sandboxes, fork points, named snapshots)."""
     pool = daemon.state_dir / "storage"
-    return sorted(str(p.relative_to(pool)) for sub in ("sandboxes", "forks") for p in (pool / sub).iterdir())
+    return sorted(
+        str(p.relative_to(pool)) for sub in ("sandboxes", "forks", "snapshots") for p in (pool / sub).iterdir()
+    )
 
 
 def sh(sandbox, script: str) -> str:
@@ -251,5 +253,81 @@ def test_cli_fork_prints_the_children(client, fork_daemon):
             timeout=60,
         )
         assert bad.returncode != 0 and "between 1 and 64" in bad.stderr
+        cli = [sys.executable, "-m", "corral.cli", "--address", fork_daemon.address]
+        taken = subprocess.run([*cli, "snapshot", "take", parent.id, "cli-snap"], capture_output=True, text=True)
+        assert taken.returncode == 0 and taken.stdout.startswith("cli-snap "), taken.stderr
+        listed = subprocess.run([*cli, "snapshot", "ls"], capture_output=True, text=True)
+        assert "cli-snap" in listed.stdout and parent.id in listed.stdout
+        made = subprocess.run([*cli, "fork", "--snapshot", "cli-snap"], capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+        client.get_sandbox(made.stdout.strip()).destroy()
+        assert subprocess.run([*cli, "snapshot", "rm", "cli-snap"]).returncode == 0
     finally:
         parent.destroy()
+
+
+def test_a_named_snapshot_outlives_its_sandbox(client, fork_daemon):
+    parent = client.create_sandbox(labels={"task": "snap"})
+    sh(parent, "echo kept > /workspace/kept && echo r > /usr/local/r")
+    taken = parent.snapshot("setup-1")
+    assert taken.name == "setup-1" and taken.sandbox_id == parent.id and taken.labels["task"] == "snap"
+    assert taken.size_bytes > 0
+    sh(parent, "echo later > /workspace/kept")  # after the snapshot: not in it
+    parent.destroy()
+    made = []
+    try:
+        assert [s.name for s in client.list_snapshots()] == ["setup-1"]
+        made = client.fork_snapshot("setup-1", 2, labels={"n": "1"})
+        for sb in made:
+            assert sh(sb, "cat /workspace/kept /usr/local/r") == "kept\nr\n"
+            assert sb.info.labels["task"] == "snap" and sb.info.labels["corral.fork.parent"] == parent.id
+        with pytest.raises(errors.AlreadyExists):
+            made[0].snapshot("setup-1")
+        client.delete_snapshot("setup-1")
+        assert sh(made[0], "cat /workspace/kept") == "kept\n"  # sandboxes made from it keep their files
+        assert client.list_snapshots() == []
+        assert pool_entries(fork_daemon) == sorted(f"sandboxes/{sb.id}" for sb in made)
+    finally:
+        destroy_all(*made)
+
+
+def test_snapshot_errors_are_clear(client):
+    with pytest.raises(errors.NotFound, match="no snapshot named 'missing'"):
+        client.fork_snapshot("missing", 1)
+    with pytest.raises(errors.NotFound):
+        client.delete_snapshot("missing")
+    parent = client.create_sandbox()
+    try:
+        for bad in ("", "-x", "a/b", "x" * 129):
+            with pytest.raises(errors.InvalidArgument):
+                parent.snapshot(bad)
+    finally:
+        parent.destroy()
+
+
+def test_the_snapshot_store_is_bounded(tmp_path):
+    require_backend("local")
+    config = BTRFS + "snapshot_store_bytes = 33554432\n"  # 32 MiB
+    with own_daemon(tmp_path, config) as daemon, Client(daemon.address) as c:
+        sb = c.create_sandbox()
+        sh(sb, "dd if=/dev/zero of=/workspace/a bs=1M count=20 status=none")
+        first = sb.snapshot("first")
+        assert first.size_bytes >= 20 << 20
+        with pytest.raises(errors.ResourceExhausted, match="snapshot_store_bytes"):
+            sb.snapshot("second")  # 20 MiB more than the 32 the store holds
+        assert [s.name for s in c.list_snapshots()] == ["first"]
+        assert pool_entries(daemon) == [f"sandboxes/{sb.id}", "snapshots/first"]
+        c.delete_snapshot("first")
+        sb.snapshot("second")
+
+
+def test_a_restart_reaps_named_snapshots(tmp_path):
+    require_backend("local")
+    with own_daemon(tmp_path, BTRFS) as daemon:
+        with Client(daemon.address) as c:
+            c.create_sandbox().snapshot("kept")
+        daemon.stop(signal.SIGKILL)
+        daemon.start()
+        assert pool_entries(daemon) == []
+        with Client(daemon.address) as c:
+            assert c.list_snapshots() == []
