@@ -80,43 +80,12 @@ class Sandbox:
     destroyed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-@dataclass(frozen=True)
-class SandboxSource:
-    """What a fork's children take from the sandbox they come from (its settings, not its state)."""
-
-    sandbox_id: str
-    backend: str
-    image: str
-    limits: Limits
-    network: bool
-    env: dict[str, str]
-    labels: dict[str, str]
-    idle_timeout_s: float
-    user: str
-    mounts: tuple[BindMount, ...]
-
-    @staticmethod
-    def of(sandbox: Sandbox) -> SandboxSource:
-        return SandboxSource(
-            sandbox.sandbox_id,
-            sandbox.backend,
-            sandbox.image,
-            sandbox.limits,
-            sandbox.network,
-            dict(sandbox.env),
-            dict(sandbox.labels),
-            sandbox.idle_timeout_s,
-            sandbox.user,
-            sandbox.mounts,
-        )
-
-
 @dataclass
 class NamedSnapshot:
     """A sandbox's writable filesystem kept under a name (SandboxManager.snapshot)."""
 
     name: str
-    source: SandboxSource
+    source: Sandbox  # a copy of its sandbox's entry as it was (settings and labels; no runtime)
     point: ForkPoint
     size_bytes: int
     created_at: float = field(default_factory=time.time)
@@ -326,7 +295,7 @@ class SandboxManager:
                 raise NotFound(f"no snapshot named {snapshot!r} on this node")
             return await self._make_children(named.source, named.point, count, labels)
         with self.using(sandbox_id) as parent:
-            source = SandboxSource.of(parent)
+            source = _settings_of(parent)
             impl = self.backends[source.backend]
             self._admit(count, source.limits.memory_bytes)
             assert parent.runtime is not None  # a running sandbox (SandboxManager.using)
@@ -340,7 +309,7 @@ class SandboxManager:
             await impl.drop_fork_point(point)
 
     async def _make_children(
-        self, source: SandboxSource, point: ForkPoint, count: int, labels: dict[str, str]
+        self, source: Sandbox, point: ForkPoint, count: int, labels: dict[str, str]
     ) -> builtins.list[Sandbox]:
         impl = self.backends[source.backend]
         generation = int(source.labels.get(FORK_GENERATION_LABEL, "0") or 0) + 1
@@ -401,7 +370,7 @@ class SandboxManager:
                     point, size = await impl.keep_snapshot(sandbox.runtime, name)
                 except OSError as err:
                     raise node_error(f"sandbox {sandbox_id} could not be snapshot", err) from err
-                named = NamedSnapshot(name, SandboxSource.of(sandbox), point, size)
+                named = NamedSnapshot(name, _settings_of(sandbox), point, size)
                 self._snapshots[name] = named
                 return named
         finally:
@@ -676,6 +645,21 @@ def node_error(what: str, err: OSError) -> ResourceExhausted | Unavailable:
 NODE_EXHAUSTED = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOBUFS}
 )
+
+
+def _settings_of(sandbox: Sandbox) -> Sandbox:
+    """A copy of a sandbox's entry with its settings and labels only, as forks take them (never in
+    the table: no runtime, no state)."""
+    return replace(
+        sandbox,
+        env=dict(sandbox.env),
+        labels=dict(sandbox.labels),
+        runtime=None,
+        state="stopping",
+        busy=0,
+        created=asyncio.Event(),
+        destroyed=asyncio.Event(),
+    )
 
 
 def _default_image(backend: Backend) -> str:
