@@ -56,7 +56,7 @@ def destroy_all(*sandboxes) -> None:
 
 
 def test_children_start_from_the_parent_and_are_isolated(client):
-    parent = client.create_sandbox(labels={"task": "t1"}, env={"FROM": "parent"})
+    parent = client.create_sandbox(labels={"task": "t1"}, env={"FROM": "parent"}, memory_bytes=1 << 30, pids=300)
     sh(
         parent,
         "echo ws > /workspace/a && echo tmp > /tmp/t && echo root > /usr/local/rootfile "
@@ -69,6 +69,13 @@ def test_children_start_from_the_parent_and_are_isolated(client):
             assert sh(child, "cat /workspace/a /tmp/t /usr/local/rootfile /testbed/x") == "ws\ntmp\nroot\ntb\n"
             assert sh(child, "test ! -e /etc/hostname && echo gone") == "gone\n"
             assert sh(child, 'echo "$FROM"') == "parent\n"
+            info = child.info
+            assert (info.image, info.limits, info.user, info.network) == (
+                parent.info.image,
+                parent.info.limits,
+                parent.info.user,
+                parent.info.network,
+            )
             labels = child.info.labels
             assert labels["task"] == "t1" and labels["rollout"] == "r"
             assert labels["corral.fork.generation"] == "1" and labels["corral.fork.parent"] == parent.id
