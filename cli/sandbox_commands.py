@@ -92,6 +92,29 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     exec_.add_argument("command", nargs="*", help=argparse.SUPPRESS)
     exec_.set_defaults(func=exec_command)
 
+    fork = sub.add_parser(
+        "fork",
+        help="fork a sandbox: new sandboxes whose files start as a copy-on-write copy of its own; prints their ids",
+    )
+    fork.add_argument("id", nargs="?", default="", help="the sandbox to fork (or --snapshot)")
+    fork.add_argument("--snapshot", default="", metavar="NAME", help="make the children from a named snapshot")
+    fork.add_argument("-n", "--count", type=int, default=1, help="how many children, 1..64 (default 1)")
+    fork.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="added to the parent's")
+    fork.set_defaults(func=fork_command)
+    snapshot = sub.add_parser(
+        "snapshot", help="named snapshots of sandboxes' files, which `corral fork --snapshot` uses"
+    )
+    snapsub = snapshot.add_subparsers(dest="snapshot_cmd", required=True)
+    take = snapsub.add_parser(
+        "take", help="keep a copy of a sandbox's files under a name: corral snapshot take ID NAME"
+    )
+    take.add_argument("id")
+    take.add_argument("name")
+    take.set_defaults(func=snapshot_take)
+    snapsub.add_parser("ls", help="list named snapshots").set_defaults(func=snapshot_ls)
+    drop = snapsub.add_parser("rm", help="delete named snapshots")
+    drop.add_argument("names", nargs="+")
+    drop.set_defaults(func=snapshot_rm)
     shell = sub.add_parser("shell", help="an interactive terminal in a sandbox: corral shell ID")
     shell.add_argument("id")
     shell.add_argument("--program", default=None, help="shell program inside the sandbox (default: bash, else sh)")
@@ -196,6 +219,43 @@ def sandbox_rm(args: argparse.Namespace) -> int:
     with _client(args) as client:
         for sandbox_id in args.ids:
             client.get_sandbox(sandbox_id).destroy()
+    return 0
+
+
+def fork_command(args: argparse.Namespace) -> int:
+    if bool(args.id) == bool(args.snapshot):
+        print("corral fork: give a sandbox id or --snapshot NAME", file=sys.stderr)
+        return 2
+    labels = dict(kv.split("=", 1) for kv in args.label)
+    with _client(args) as client:
+        if args.snapshot:
+            children = client.fork_snapshot(args.snapshot, args.count, labels=labels)
+        else:
+            children = client.get_sandbox(args.id).fork(args.count, labels=labels)
+        for child in children:
+            print(child.id)
+    return 0
+
+
+def snapshot_take(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        taken = client.get_sandbox(args.id).snapshot(args.name)
+        print(f"{taken.name} {taken.size_bytes}")
+    return 0
+
+
+def snapshot_ls(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        print(f"{'NAME':<24} {'SANDBOX':<18} {'BYTES':>12} IMAGE")
+        for s in client.list_snapshots():
+            print(f"{s.name:<24} {s.sandbox_id:<18} {s.size_bytes:>12} {s.image}")
+    return 0
+
+
+def snapshot_rm(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for name in args.names:
+            client.delete_snapshot(name)
     return 0
 
 

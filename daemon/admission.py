@@ -61,8 +61,13 @@ class CreateGate:
     at once, and at most `max_creates_per_s` creates per second (a token bucket of `burst`
     tokens). `check_rate` and `check_start` raise ResourceExhausted carrying a retry hint
     (`retry_after_s`) and take nothing; `take` spends a token once the create is committed, and
-    `starting()` holds a start slot while a sandbox is being made. A refused create spends
-    nothing. 0 for either cap: no cap."""
+    `starting_slots()` holds a start slot while a sandbox is being made. A refused create spends
+    nothing. 0 for either cap: no cap.
+
+    Each takes a count for ForkSandbox, whose `count` children are that many creates and starts.
+    A fork larger than a cap is not refused for good: it passes the rate with a full bucket and
+    spends its count all the same (the bucket's debt delays the creates after it), and passes
+    max_starting when nothing else is starting."""
 
     # The first hint for a full start slot, before any start was timed; then an average.
     FIRST_START_S = 1.0
@@ -84,42 +89,45 @@ class CreateGate:
         self._tokens = min(self.burst, self._tokens + (now - self._refilled_at) * self.rate)
         self._refilled_at = now
 
-    def check_rate(self) -> None:
+    def check_rate(self, count: int = 1) -> None:
         if not self.rate:
             return
         self._refill()
-        if self._tokens < 1:
-            wait = (1 - self._tokens) / self.rate
+        needed = min(count, self.burst)
+        if self._tokens < needed:
+            wait = (needed - self._tokens) / self.rate
             raise RateRefused(
                 f"this node takes at most {self.rate:g} creates per second (admission.max_creates_per_s); "
                 f"retry in {wait * 1000:.0f} ms",
                 retry_after_s=wait,
             )
 
-    def check_start(self) -> None:
-        if self.max_starting and self.starting >= self.max_starting:
+    def check_start(self, count: int = 1) -> None:
+        if self.max_starting and self.starting and self.starting + count > self.max_starting:
             wait = self._start_s
             raise StartsRefused(
-                f"this node is already starting {self.starting} sandboxes (admission.max_starting); "
-                f"retry in {wait * 1000:.0f} ms",
+                f"this node is already starting {self.starting} sandboxes"
+                f"{f', and {count} more would pass its {self.max_starting}' if count > 1 else ''} "
+                f"(admission.max_starting); retry in {wait * 1000:.0f} ms",
                 retry_after_s=wait,
             )
 
-    def take(self) -> None:
-        """Spends one token of the rate (after check_rate passed, with no await in between)."""
+    def take(self, count: int = 1) -> None:
+        """Spends `count` tokens of the rate (after check_rate passed, with no await in between)."""
         if self.rate:
             self._refill()
-            self._tokens -= 1
+            self._tokens -= count
 
     @contextlib.contextmanager
-    def starting_one(self) -> Iterator[None]:
-        """Holds a start slot while a sandbox is made; times the start for the retry hint."""
-        self.starting += 1
+    def starting_slots(self, count: int = 1) -> Iterator[None]:
+        """Holds `count` start slots while that many sandboxes are made together; times the
+        start for the retry hint."""
+        self.starting += count
         began = self._clock()
         try:
             yield
         finally:
-            self.starting -= 1
+            self.starting -= count
             self._start_s = 0.8 * self._start_s + 0.2 * max(self._clock() - began, MIN_RETRY_S)
 
 

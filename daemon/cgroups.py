@@ -421,6 +421,24 @@ class CgroupGroup:
                 return False
             time.sleep(0.002)
 
+    def freeze(self, frozen: bool, timeout: float = 1.0) -> bool:
+        """Pauses (frozen) or resumes every process of the group and below, through cgroup v2's
+        cgroup.freeze: True once they are (a pause waits up to `timeout` for the kernel to say so),
+        False where no v2 hierarchy holds the group (nothing is paused)."""
+        for h, path in zip(self.hierarchies, self.paths):
+            if h.version != 2 or not (path / "cgroup.freeze").exists():
+                continue
+            _write(path / "cgroup.freeze", "1" if frozen else "0")
+            if not frozen:
+                return True
+            deadline = time.monotonic() + timeout
+            while "frozen 1" not in _read(path / "cgroup.events"):
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.0005)
+            return True
+        return False
+
     def oom_kills(self) -> int:
         """How many processes the kernel's OOM killer has killed in this group."""
         total = 0

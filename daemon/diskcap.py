@@ -83,8 +83,8 @@ def _mount_loop(target: Path, size_bytes: int) -> None:
     try:
         with open(image, "wb") as fh:
             fh.truncate(size_bytes)
-        _run(["mkfs.ext4", *_MKFS_ARGS, str(image)], "format")
-        _run(["mount", "-o", "loop,nosuid,nodev,discard", str(image), str(target)], "mount")
+        run_step(["mkfs.ext4", *_MKFS_ARGS, str(image)], "format")
+        run_step(["mount", "-o", "loop,nosuid,nodev,discard", str(image), str(target)], "mount")
     finally:
         try:
             os.unlink(image.name, dir_fd=under)
@@ -95,20 +95,22 @@ def _mount_loop(target: Path, size_bytes: int) -> None:
 
 
 def _mount_tmpfs(target: Path, size_bytes: int) -> None:
-    _run(
+    run_step(
         ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0711,nosuid,nodev", "corral-disk", str(target)], "mount"
     )
 
 
-def _run(argv: list[str], step: str) -> None:
+def run_step(argv: list[str], step: str, what: str = "the sandbox's filesystem", timeout: float = 60) -> None:
+    """Runs one tool that makes a filesystem (mkfs, mount): a DiskCapError saying which step
+    failed and why (ENOSPC where the tool says the disk is full)."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as err:
-        raise DiskCapError(errno.EIO, f"cannot {step} the sandbox's filesystem: {err}") from err
+        raise DiskCapError(errno.EIO, f"cannot {step} {what}: {err}") from err
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip()
         code = errno.ENOSPC if os.strerror(errno.ENOSPC) in said else errno.EIO
-        raise DiskCapError(code, f"cannot {step} the sandbox's filesystem: {said}")
+        raise DiskCapError(code, f"cannot {step} {what}: {said}")
 
 
 def unmount(target: Path) -> None:

@@ -12,6 +12,7 @@ import builtins
 import contextlib
 import errno
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -19,11 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from corral.sdk.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 
 from . import rules
 from .admission import CreateGate, admit_memory, node_memory_bytes
-from .backends.base import Backend, BindMount, Limits, SandboxRuntime, SandboxSpec
+from .backends.base import Backend, BindMount, ForkPoint, Limits, SandboxRuntime, SandboxSpec
 from .commands import sandbox_environment
 from .config import Config, ConfigError, PoolEntry
 from .fsaccess import Entry, SandboxFiles
@@ -44,6 +52,14 @@ IDLE_SWEEP_S = 1.0
 # whatever the command produces and however slowly the client reads.
 STREAM_BUFFER_BYTES = 1 << 20
 FILE_THREADS = 16
+# ForkSandbox: children per call, and the labels every child gets (its generation counts forks
+# from the first sandbox: 1 for a child, 2 for a child's child).
+MAX_FORK_COUNT = 64
+FORK_GENERATION_LABEL = "corral.fork.generation"
+FORK_PARENT_LABEL = "corral.fork.parent"
+# Why a drain refuses forks too (their parent or snapshot is on this node: no "elsewhere" to name).
+FORK_ELSEWHERE = "forks included"
+SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -73,6 +89,17 @@ class Sandbox:
     # mid-creation waits for the first, a second destroy for the second.
     created: asyncio.Event = field(default_factory=asyncio.Event)
     destroyed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class NamedSnapshot:
+    """A sandbox's writable filesystem kept under a name (SandboxManager.snapshot)."""
+
+    name: str
+    source: Sandbox  # a copy of its sandbox's entry as it was (settings and labels; no runtime)
+    point: ForkPoint
+    size_bytes: int
+    created_at: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -134,6 +161,8 @@ class SandboxManager:
         self._reaper: asyncio.Task | None = None
         self._destroy_hooks: list[Callable[[str], Awaitable[None]]] = []
         self._files_pool = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="sandbox-files")
+        self._snapshots: dict[str, NamedSnapshot] = {}
+        self._snapshots_starting: set[str] = set()
         self.node_memory_bytes = node_memory_bytes()
         self.pools = WarmPools(config.pools, metrics, self._make_pooled, self._discard_pooled)
         admission = config.admission
@@ -254,10 +283,7 @@ class SandboxManager:
             request.mounts,
         )
         labels = dict(request.labels)
-        own_rollout = self.own_rollout(labels)
-        if self.draining and not own_rollout:
-            self.metrics.admission_refusals.labels("draining").inc()
-            raise Unavailable("this node is draining: it takes no new sandboxes (create the sandbox on another node)")
+        paced = self._pass_drain(labels, "create the sandbox on another node")
         backend = backend or self.config.daemon.default_backend
         impl = self.backends.get(backend)
         if impl is None:
@@ -282,17 +308,15 @@ class SandboxManager:
         image = image or _default_image(impl)
         # From the admission checks to the table entry below there is no await: sandboxes still
         # starting count, so concurrent creations cannot both take the last of the capacity.
-        self._admit(limits, paced=not own_rollout)
+        self._admit(1, limits.memory_bytes, paced=paced)
         if not checked_mounts:  # a pool prepares no bind mounts
             pooled = self.pools.take(PoolKey(backend, image, limits, network, _env_key(env), user))
             if pooled is not None:
-                if not own_rollout:
+                if paced:
                     self.gate.take()  # a pool hit counts against the rate, not as a start
                 pooled.idempotency_key = idempotency_key
                 return self._hand_out(pooled, labels, idle_timeout_s, lease_ttl_s)
-        if not own_rollout:
-            self._refusing("starting", self.gate.check_start)
-            self.gate.take()
+        self._admit_starts(1, paced=paced)
         sandbox = Sandbox(
             sandbox_id=_new_sandbox_id(),
             backend=backend,
@@ -307,10 +331,15 @@ class SandboxManager:
             lease_ttl_s=lease_ttl_s,
             idempotency_key=idempotency_key,
         )
+        with self.gate.starting_slots():
+            return await self._add(sandbox, impl)
+
+    async def _add(self, sandbox: Sandbox, impl: Backend, fork: ForkPoint | None = None) -> Sandbox:
+        """Brings an admitted sandbox up in the table (see create; its caller holds its start
+        slot, CreateGate.starting_slots)."""
         self._sandboxes[sandbox.sandbox_id] = sandbox
         try:
-            with self.gate.starting_one():
-                await self._bring_up(sandbox, impl)
+            await self._bring_up(sandbox, impl, fork)
         except BaseException:
             sandbox.state = "failed"
             self._sandboxes.pop(sandbox.sandbox_id, None)
@@ -325,25 +354,48 @@ class SandboxManager:
         self.metrics.sandboxes_created.labels(sandbox.backend).inc()
         return sandbox
 
-    def _admit(self, limits: Limits, *, paced: bool) -> None:
-        """The checks of a new sandbox against the node: its rate of creates (when `paced`), its
-        sandbox count and its memory (each refusal counted by reason)."""
+    def _pass_drain(self, labels: dict[str, str], elsewhere: str) -> bool:
+        """Raises UNAVAILABLE while the node drains, unless sandboxes with these labels are for a
+        rollout this daemon runs; returns whether the pace caps of [admission] apply to them
+        (they do not to the daemon's own rollouts, which rollout.init_workers bounds already)."""
+        own_rollout = self.own_rollout(labels)
+        if self.draining and not own_rollout:
+            self.metrics.admission_refusals.labels("draining").inc()
+            raise Unavailable(f"this node is draining: it takes no new sandboxes ({elsewhere})")
+        return not own_rollout
+
+    def _admit(self, count: int, memory_bytes: int, *, paced: bool) -> None:
+        """The checks of `count` new sandboxes of `memory_bytes` each against the node: the rate
+        of creates (when `paced`; `count` tokens), its sandbox count and its memory, each refusal
+        counted by reason. Takes nothing. Sandboxes still starting count (they enter the table
+        with no await between these checks and that), so two concurrent creations cannot both
+        take the last of the capacity."""
         if paced:
-            self._refusing("rate", self.gate.check_rate)
-        if len(self._sandboxes) >= self.config.daemon.max_sandboxes:
+            self._refusing("rate", lambda: self.gate.check_rate(count))
+        slots = self.config.daemon.max_sandboxes
+        if len(self._sandboxes) + count > slots:
             self.metrics.admission_refusals.labels("slots").inc()
             raise ResourceExhausted(
-                f"this node already runs {self.config.daemon.max_sandboxes} sandboxes (daemon.max_sandboxes)"
+                f"this node already runs {len(self._sandboxes)} sandboxes, and {count} more would exceed "
+                f"{slots} (daemon.max_sandboxes)"
+                if count > 1
+                else f"this node already runs {slots} sandboxes (daemon.max_sandboxes)"
             )
-        self._refusing(
-            "memory",
-            lambda: admit_memory(
-                (sb.limits.memory_bytes for sb in self._sandboxes.values()),
-                limits.memory_bytes,
-                self.node_memory_bytes,
-                self.config.daemon.memory_overcommit,
-            ),
-        )
+        self._refusing("memory", lambda: self._admit_memory(count, memory_bytes))
+
+    def _admit_memory(self, count: int, memory_bytes: int) -> None:
+        held = [sb.limits.memory_bytes for sb in self._sandboxes.values()]
+        for _ in range(count):
+            admit_memory(held, memory_bytes, self.node_memory_bytes, self.config.daemon.memory_overcommit)
+            held.append(memory_bytes)
+
+    def _admit_starts(self, count: int, *, paced: bool) -> None:
+        """The last check of `count` admitted sandboxes about to start (when `paced`): the starts
+        under way (admission.max_starting); then spends their `count` tokens of the rate. Each
+        holds a start slot while it is made (_add)."""
+        if paced:
+            self._refusing("starting", lambda: self.gate.check_start(count))
+            self.gate.take(count)
 
     def _refusing(self, reason: str, check: Callable[[], None]) -> None:
         try:
@@ -424,7 +476,125 @@ class SandboxManager:
             self.state.remove(sandbox.sandbox_id)
             sandbox.destroyed.set()
 
-    async def _bring_up(self, sandbox: Sandbox, impl: Backend) -> None:
+    async def fork(
+        self, sandbox_id: str, count: int, labels: dict[str, str], snapshot: str = "", lease_ttl_ms: int = 0
+    ) -> builtins.list[Sandbox]:
+        """`count` new sandboxes whose writable filesystem starts as a copy-on-write copy of the
+        parent's at this moment (or of a named snapshot's, see `snapshot`), with its image,
+        limits, network, env, user, mounts and labels (plus `labels` and the fork's generation and
+        parent); its processes are not copied. All of them or none: a fork that fails leaves no
+        child and no fork point behind.
+
+        A fork is `count` creates to admission: refused while the node drains (UNAVAILABLE), and
+        `count` sandboxes against daemon.max_sandboxes, the memory and the pace caps of
+        [admission] (CreateGate). Children have a lease of `lease_ttl_ms` (0: none; never the
+        parent's, which a fork does not take over) and no idempotency key."""
+        if self._closing:
+            raise Unavailable("the daemon is shutting down")
+        if not 1 <= count <= MAX_FORK_COUNT:
+            raise InvalidArgument(f"count must be between 1 and {MAX_FORK_COUNT}, got {count}")
+        if bool(sandbox_id) == bool(snapshot):
+            raise InvalidArgument("give either a sandbox id or a snapshot name to fork")
+        lease_ttl_s = rules.lease_ttl_s(self.config.leases, lease_ttl_ms)
+        if snapshot:
+            named = self._snapshots.get(snapshot)
+            if named is None:
+                raise NotFound(f"no snapshot named {snapshot!r} on this node")
+            return await self._make_children(named.source, named.point, count, labels, lease_ttl_s)
+        with self.using(sandbox_id) as parent:
+            source = _settings_of(parent)
+            impl = self.backends[source.backend]
+            # Refused before the fork point is made (the parent pauses for it), and checked again
+            # once it is (_make_children).
+            paced = self._pass_drain(_child_labels(source, labels), FORK_ELSEWHERE)
+            self._admit(count, source.limits.memory_bytes, paced=paced)
+            assert parent.runtime is not None  # a running sandbox (SandboxManager.using)
+            try:
+                point = await impl.fork_point(parent.runtime)
+            except OSError as err:
+                raise node_error(f"sandbox {sandbox_id} could not be forked", err) from err
+        try:
+            return await self._make_children(source, point, count, labels, lease_ttl_s)
+        finally:
+            await impl.drop_fork_point(point)
+
+    async def _make_children(
+        self, source: Sandbox, point: ForkPoint, count: int, labels: dict[str, str], lease_ttl_s: float
+    ) -> builtins.list[Sandbox]:
+        impl = self.backends[source.backend]
+        child_labels = _child_labels(source, labels)
+        # From here to the table entries below there is no await (as in create).
+        paced = self._pass_drain(child_labels, FORK_ELSEWHERE)
+        self._admit(count, source.limits.memory_bytes, paced=paced)
+        self._admit_starts(count, paced=paced)
+        children = [
+            Sandbox(
+                sandbox_id=_new_sandbox_id(),
+                backend=source.backend,
+                image=source.image,
+                limits=source.limits,
+                network=source.network,
+                env=dict(source.env),
+                labels=dict(child_labels),
+                idle_timeout_s=source.idle_timeout_s,
+                user=source.user,
+                mounts=source.mounts,
+                lease_ttl_s=lease_ttl_s,
+            )
+            for _ in range(count)
+        ]
+        for child in children:  # (in the table before any await: admitted together)
+            self._sandboxes[child.sandbox_id] = child
+        with self.gate.starting_slots(count):
+            made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
+        failed = [r for r in made if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(
+                *(self.destroy(r.sandbox_id) for r in made if isinstance(r, Sandbox)), return_exceptions=True
+            )
+            raise failed[0]
+        return children
+
+    # -- named snapshots ---------------------------------------------------------------------------
+
+    async def snapshot(self, sandbox_id: str, name: str) -> NamedSnapshot:
+        """Keeps a copy of a running sandbox's writable filesystem under `name`, which ForkSandbox
+        can make sandboxes from later, after the sandbox is gone too (until DeleteSnapshot or the
+        daemon's restart). INVALID_ARGUMENT for a bad name, ALREADY_EXISTS for a taken one,
+        RESOURCE_EXHAUSTED past the backend's store."""
+        if self._closing:
+            raise Unavailable("the daemon is shutting down")
+        if not SNAPSHOT_NAME.fullmatch(name):
+            raise InvalidArgument(
+                f"a snapshot name is 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, got {name!r}"
+            )
+        if name in self._snapshots or name in self._snapshots_starting:
+            raise AlreadyExists(f"a snapshot named {name!r} exists on this node")
+        self._snapshots_starting.add(name)
+        try:
+            with self.using(sandbox_id) as sandbox:
+                assert sandbox.runtime is not None  # a running sandbox (SandboxManager.using)
+                impl = self.backends[sandbox.backend]
+                try:
+                    point, size = await impl.keep_snapshot(sandbox.runtime, name)
+                except OSError as err:
+                    raise node_error(f"sandbox {sandbox_id} could not be snapshot", err) from err
+                named = NamedSnapshot(name, _settings_of(sandbox), point, size)
+                self._snapshots[name] = named
+                return named
+        finally:
+            self._snapshots_starting.discard(name)
+
+    def snapshots(self) -> builtins.list[NamedSnapshot]:
+        return list(self._snapshots.values())
+
+    async def delete_snapshot(self, name: str) -> None:
+        named = self._snapshots.pop(name, None)
+        if named is None:
+            raise NotFound(f"no snapshot named {name!r} on this node")
+        await self.backends[named.source.backend].drop_fork_point(named.point)
+
+    async def _bring_up(self, sandbox: Sandbox, impl: Backend, fork: ForkPoint | None = None) -> None:
         """Saves the placeholder record, creates the backend's sandbox and saves its record; when
         a step fails, undoes the ones before it and raises a definite error (an OS error of the
         node, such as a full disk or no file descriptors left, as RESOURCE_EXHAUSTED or
@@ -433,7 +603,7 @@ class SandboxManager:
         try:
             self.state.save(sid, impl.placeholder_record(sid))
             spec = SandboxSpec(
-                sid, sandbox.image, sandbox.limits, sandbox.network, sandbox.env, sandbox.user, sandbox.mounts
+                sid, sandbox.image, sandbox.limits, sandbox.network, sandbox.env, sandbox.user, sandbox.mounts, fork
             )
             runtime = await impl.create(spec)
         except OSError as err:
@@ -744,6 +914,33 @@ def _record(sandbox: Sandbox, runtime: SandboxRuntime) -> dict:
 
 def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(env.items()))
+
+
+def _child_labels(source: Sandbox, labels: dict[str, str]) -> dict[str, str]:
+    """A fork's children's labels: their source's, the request's, and the fork's generation and
+    parent."""
+    generation = int(source.labels.get(FORK_GENERATION_LABEL, "0") or 0) + 1
+    return {
+        **source.labels,
+        **labels,
+        FORK_GENERATION_LABEL: str(generation),
+        FORK_PARENT_LABEL: source.sandbox_id,
+    }
+
+
+def _settings_of(sandbox: Sandbox) -> Sandbox:
+    """A copy of a sandbox's entry with its settings and labels only, as forks take them (never in
+    the table: no runtime, no state)."""
+    return replace(
+        sandbox,
+        env=dict(sandbox.env),
+        labels=dict(sandbox.labels),
+        runtime=None,
+        state="stopping",
+        busy=0,
+        created=asyncio.Event(),
+        destroyed=asyncio.Event(),
+    )
 
 
 def _default_image(backend: Backend) -> str:

@@ -86,6 +86,7 @@ from corral.sdk.types import (
     SandboxInfo,
     ShellInfo,
     ShellResult,
+    SnapshotInfo,
     StageStats,
 )
 
@@ -155,6 +156,7 @@ __all__ = [
     "Rollouts",
     "Sandbox",
     "SandboxInfo",
+    "SnapshotInfo",
     "SandboxNotFound",
     "Shell",
     "ShellInfo",

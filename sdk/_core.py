@@ -52,6 +52,7 @@ from corral.sdk.types import (
     ShellInfo,
     ShellResult,
     ShellTimeoutReason,
+    SnapshotInfo,
 )
 from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import sandbox_pb2 as pb
@@ -181,6 +182,34 @@ def build_list_sandboxes_request(labels: Mapping[str, str] | None) -> pb.ListSan
 
 def build_destroy_sandbox_request(sandbox_id: str) -> pb.DestroySandboxRequest:
     return pb.DestroySandboxRequest(sandbox_id=sandbox_id)
+
+
+def build_fork_sandbox_request(
+    sandbox_id: str,
+    count: int,
+    labels: Mapping[str, str] | None,
+    snapshot: str = "",
+    lease_ttl: float | None = None,
+) -> pb.ForkSandboxRequest:
+    return pb.ForkSandboxRequest(
+        sandbox_id=sandbox_id,
+        count=count,
+        labels=_string_map("labels", labels),
+        snapshot=snapshot,
+        lease_ttl_ms=0 if lease_ttl is None else _positive_ms("lease_ttl_s", lease_ttl),
+    )
+
+
+def snapshot_info_from_proto(snapshot: pb.Snapshot) -> SnapshotInfo:
+    return SnapshotInfo(
+        name=snapshot.name,
+        sandbox_id=snapshot.sandbox_id,
+        backend=backend_name(snapshot.backend),
+        image=snapshot.image,
+        size_bytes=snapshot.size_bytes,
+        created_at=_datetime_from_ms(snapshot.created_at_unix_ms),
+        labels=dict(snapshot.labels),
+    )
 
 
 def build_node_info_request() -> pb.GetNodeInfoRequest:

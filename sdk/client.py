@@ -39,6 +39,7 @@ from corral.sdk.types import (
     SandboxInfo,
     ShellInfo,
     ShellResult,
+    SnapshotInfo,
 )
 from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import sandbox_pb2 as pb
@@ -147,6 +148,34 @@ class AsyncClient:
             self._transport.sandbox_service.ListSandboxes, _core.build_list_sandboxes_request(labels)
         )
         return [_core.sandbox_info_from_proto(sandbox) for sandbox in response.sandboxes]
+
+    async def fork_snapshot(
+        self,
+        name: str,
+        count: int = 1,
+        *,
+        labels: Mapping[str, str] | None = None,
+        lease_ttl_s: float | None = None,
+        timeout: float | None = None,
+    ) -> list[AsyncSandbox]:
+        """`count` (1..64) new sandboxes made from the named snapshot `name` (Sandbox.snapshot):
+        its files, and the image, limits, env, user and labels its sandbox had (plus `labels`).
+        NotFound for an unknown name. `lease_ttl_s` and admission: as Sandbox.fork."""
+        response = await self._transport.unary(
+            self._transport.sandbox_service.ForkSandbox,
+            _core.build_fork_sandbox_request("", count, labels, snapshot=name, lease_ttl=lease_ttl_s),
+            timeout=timeout,
+        )
+        return [AsyncSandbox(self._transport, _core.sandbox_info_from_proto(sb)) for sb in response.sandboxes]
+
+    async def list_snapshots(self) -> list[SnapshotInfo]:
+        """The node's named snapshots."""
+        response = await self._transport.unary(self._transport.sandbox_service.ListSnapshots, pb.ListSnapshotsRequest())
+        return [_core.snapshot_info_from_proto(s) for s in response.snapshots]
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Deletes a named snapshot (sandboxes made from it keep their files); NotFound if unknown."""
+        await self._transport.unary(self._transport.sandbox_service.DeleteSnapshot, pb.DeleteSnapshotRequest(name=name))
 
     async def node_info(self) -> NodeInfo:
         """What this node can do: backends, isolation, enforced limits, cgroup mode."""
@@ -472,6 +501,40 @@ class AsyncSandbox:
         the next interval; if this process dies, the lease runs out and the daemon destroys the
         sandbox."""
         return _LeaseKeeper(self, self._transport, ttl_s, interval_s or ttl_s / 3)
+
+    async def fork(
+        self,
+        count: int,
+        *,
+        labels: Mapping[str, str] | None = None,
+        lease_ttl_s: float | None = None,
+        timeout: float | None = None,
+    ) -> list[AsyncSandbox]:
+        """`count` (1..64) new sandboxes whose files start as a copy-on-write copy of this one's
+        now: its image, limits, env, user and labels (plus `labels`, "corral.fork.generation" and
+        "corral.fork.parent"). Running processes are not copied; this sandbox keeps running. All
+        or none: a failed fork raises and leaves no child. Local backend with
+        local.storage = "btrfs" only (FailedPrecondition elsewhere). `lease_ttl_s`: a lease for
+        each child, as create_sandbox's (None: none; this sandbox's lease is not inherited). The
+        node admits a fork as `count` creates: ResourceExhausted (with `retry_after_s` for its
+        caps) past them; Unavailable while it drains."""
+        response = await self._transport.unary(
+            self._transport.sandbox_service.ForkSandbox,
+            _core.build_fork_sandbox_request(self.id, count, labels, lease_ttl=lease_ttl_s),
+            timeout=timeout,
+        )
+        return [AsyncSandbox(self._transport, _core.sandbox_info_from_proto(sb)) for sb in response.sandboxes]
+
+    async def snapshot(self, name: str, *, timeout: float | None = None) -> SnapshotInfo:
+        """Keeps a copy of this sandbox's files under `name`, from which Client.fork_snapshot
+        makes sandboxes later, after this one is gone too (until delete_snapshot or the daemon's
+        restart). AlreadyExists for a taken name; ResourceExhausted past the node's store."""
+        response = await self._transport.unary(
+            self._transport.sandbox_service.SnapshotSandbox,
+            pb.SnapshotSandboxRequest(sandbox_id=self.id, name=name),
+            timeout=timeout,
+        )
+        return _core.snapshot_info_from_proto(response.snapshot)
 
     async def destroy(self) -> None:
         """Kills everything in the sandbox and removes it. Destroying a sandbox that is already

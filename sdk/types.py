@@ -82,6 +82,20 @@ class SandboxInfo:
 
 
 @dataclass(frozen=True)
+class SnapshotInfo:
+    """A named snapshot of a sandbox's files (Sandbox.snapshot), which Client.fork_snapshot makes
+    sandboxes from."""
+
+    name: str
+    sandbox_id: str  # the sandbox it was taken of (which may be gone)
+    backend: str
+    image: str
+    size_bytes: int  # what it holds, shared with its sandbox and those made from it
+    created_at: datetime
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """How a command ended, with its (possibly truncated) output as bytes."""
 

@@ -57,6 +57,17 @@ class BindMount:
 
 
 @dataclass(frozen=True)
+class ForkPoint:
+    """A read-only copy of a sandbox's writable filesystem at the moment of a fork, which its
+    children start from (ForkSandbox): where the backend keeps it, and the block of host ids its
+    files carry (daemon/backends/local_storage.py)."""
+
+    source_id: str
+    path: str
+    disk_base: int
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     sandbox_id: str
     image: str
@@ -66,6 +77,8 @@ class SandboxSpec:
     # Who programs run as inside by default (daemon/users.py): "" = the image's own user.
     user: str = ""
     mounts: tuple[BindMount, ...] = ()
+    # Set for a fork's child: its writable filesystem starts as this copy of its parent's.
+    fork: ForkPoint | None = None
 
 
 RUN_DIR_IN_SANDBOX = "/run/corral"
@@ -296,10 +309,7 @@ class ManagedSandbox(SandboxRuntime):
 
     async def _make_dirs(self) -> None:
         self.sandbox_dir.mkdir(parents=True, exist_ok=True)
-        disk_kind = self.backend.disk_kind
-        if self.caps_disk and disk_kind and self.spec.limits.disk_bytes:
-            # (A failure is the node's: a full state disk is RESOURCE_EXHAUSTED, see node_error.)
-            await diskcap.mount_capped(disk_kind, self.sandbox_dir, self.spec.limits.disk_bytes)
+        await self.mount_writable()
         for sub in ("workspace", *self.extra_dirs):
             path = self.sandbox_dir / sub
             path.mkdir(parents=True, exist_ok=True)
@@ -312,6 +322,15 @@ class ManagedSandbox(SandboxRuntime):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chown(self.run_dir, self.uid, self.gid)
         os.chmod(self.run_dir, 0o711)
+
+    async def mount_writable(self) -> None:
+        """Mounts the sandbox's own writable filesystem at its (empty) directory: a size-capped one
+        (diskcap.py) where the backend caps disk and the sandbox has a cap, else nothing (the
+        directory stays on the state directory's disk)."""
+        disk_kind = self.backend.disk_kind
+        if self.caps_disk and disk_kind and self.spec.limits.disk_bytes:
+            # (A failure is the node's: a full state disk is RESOURCE_EXHAUSTED, see node_error.)
+            await diskcap.mount_capped(disk_kind, self.sandbox_dir, self.spec.limits.disk_bytes)
 
     async def destroy(self) -> None:
         await self.kill_processes()
@@ -473,6 +492,23 @@ class Backend(abc.ABC):
         """Raises when this backend cannot make sandboxes now."""
         if not self._status.available:
             raise FailedPrecondition(f"the {self.name} backend cannot make sandboxes here: {self._status.detail}")
+
+    async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+        """Freezes a copy of a running sandbox's writable filesystem for ForkSandbox's children
+        (spec.fork); the sandbox is paused at most for the instant the copy takes."""
+        raise FailedPrecondition(
+            f'the {self.name} backend cannot fork sandboxes (only local, with local.storage = "btrfs")'
+        )
+
+    async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
+        """A fork point kept under `name` (a named snapshot, removed by drop_fork_point) and the
+        bytes it holds; RESOURCE_EXHAUSTED past the backend's store for them."""
+        raise FailedPrecondition(
+            f'the {self.name} backend cannot snapshot sandboxes (only local, with local.storage = "btrfs")'
+        )
+
+    async def drop_fork_point(self, point: ForkPoint) -> None:  # noqa: B027 - an optional hook
+        """Removes a fork point once its children exist (they do not need it) or failed."""
 
     async def check_image(self, image: str) -> None:  # noqa: B027 - an optional hook
         """Raises InvalidArgument/NotFound for an image this backend cannot start."""

@@ -25,23 +25,24 @@ import asyncio
 import errno
 import logging
 import os
+import secrets as tokens
 import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 
 from .. import diskcap
 from ..cgroups import LimitSupport
 from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
 from ..process import in_cgroup
 from ..seccomp import loader_argv, program, supported
-from ..users import ROOT, SandboxUser, resolve_user
-from .base import Backend, BackendStatus, EnterCommand, ManagedSandbox
+from ..users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
+from .base import Backend, BackendStatus, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
 from .local_images import ImageCache, parse_reference
 from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
 from .local_root import (
@@ -52,6 +53,16 @@ from .local_root import (
     make_user_namespace,
     secrets,
     unmount_root,
+)
+from .local_storage import (
+    StoragePool,
+    bind_subvolume,
+    create_subvolume,
+    delete_subvolume,
+    limit_subvolume,
+    referenced_bytes,
+    snapshot,
+    syncfs,
 )
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
@@ -88,6 +99,13 @@ class LocalSettings:
     image_cache_dir: str = ""
     image_cache_bytes: int = 20 << 30
     engine_socket: str = ""
+    # "capfs": each sandbox's writable space on a filesystem of its own (diskcap.py); "btrfs": a
+    # subvolume of the node's btrfs pool, which ForkSandbox needs (local_storage.py), the pool
+    # being an image of storage_bytes (0: the size of the state directory's disk, sparse).
+    storage: str = "capfs"
+    storage_bytes: int = 0
+    # What named snapshots (SnapshotSandbox) may hold together, counted as the bytes each holds.
+    snapshot_store_bytes: int = 64 << 30
 
     def validate(self) -> None:
         if self.isolation not in ISOLATION_MODES:
@@ -105,10 +123,17 @@ class LocalSettings:
             raise ValueError(f"image_cache_dir must be an absolute path, got {self.image_cache_dir!r}")
         if self.image_cache_bytes < 0:
             raise ValueError("image_cache_bytes must be 0 (no limit) or positive")
+        if self.storage not in STORAGE_KINDS:
+            raise ValueError(f"storage must be one of {', '.join(STORAGE_KINDS)}")
+        if self.snapshot_store_bytes < 0:
+            raise ValueError("snapshot_store_bytes must be 0 (no named snapshots) or positive")
+        if self.storage_bytes < 0:
+            raise ValueError("storage_bytes must be 0 (the state disk's size) or positive")
 
 
 ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
 SECCOMP_PROFILES = ("default", "none")
+STORAGE_KINDS = ("capfs", "btrfs")
 
 
 class LocalSandbox(ManagedSandbox):
@@ -129,6 +154,10 @@ class LocalSandbox(ManagedSandbox):
         # The sandbox's user namespace (a file descriptor of the daemon's) and its default user.
         self._userns_fd = -1
         self.user = ROOT
+        # With the btrfs pool: the sandbox's subvolume, and the block of host ids its files carry
+        # on disk (its own, or the first ancestor's for a fork's child; local_storage.py).
+        self.subvolume: Path | None = None
+        self.disk_base = uid
         if backend.launcher != "none":
             self.user = resolve_user(spec.user or "root", read_passwd(self.rootfs))
 
@@ -157,6 +186,33 @@ class LocalSandbox(ManagedSandbox):
         os.chown(self.sandbox_dir / "tmp", self.uid, self.uid)
         os.chmod(self.sandbox_dir / "tmp", 0o1777)
         os.chown(self.run_dir, host_uid, host_gid)
+
+    async def mount_writable(self) -> None:
+        pool = self.backend.pool
+        if pool is None:
+            await super().mount_writable()
+        else:
+            await asyncio.to_thread(self._mount_subvolume, pool)
+
+    def _mount_subvolume(self, pool: StoragePool) -> None:
+        """The sandbox's subvolume, new or a snapshot of its fork point, capped and bound at its
+        directory (idmapped for a fork's child: the files keep the ids they have on disk)."""
+        subvolume = pool.subvolume(self.spec.sandbox_id)
+        fork = self.spec.fork
+        if fork is None:
+            create_subvolume(subvolume)
+        else:
+            snapshot(Path(fork.path), subvolume, read_only=False)
+            self.disk_base = fork.disk_base
+        self.subvolume = subvolume
+        if fork is not None:
+            # Overlay's scratch space of the parent's mounts: a fresh mount wants it empty.
+            for work in (subvolume / "layers" / "work").glob("*"):
+                for entry in work.iterdir():
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        if self.spec.limits.disk_bytes or fork is not None:
+            limit_subvolume(subvolume, self.spec.limits.disk_bytes)
+        bind_subvolume(subvolume, self.sandbox_dir, self.disk_base, self.uid, INSIDE_ID_COUNT)
 
     async def launch(self) -> None:
         backend = self.backend
@@ -297,11 +353,27 @@ class LocalSandbox(ManagedSandbox):
 
     async def destroy(self) -> None:
         await super().destroy()
+        if self.subvolume is not None:
+            await asyncio.to_thread(delete_subvolume, self.subvolume)
+            self.subvolume = None
         if self._image_hold is not None:
             self._image_hold.release()
 
     def record_extra(self) -> dict:
         return {"launcher_pid": self._launcher.pid if self._launcher else 0}
+
+    def fork_point(self, point: Path) -> ForkPoint:
+        """Pauses the sandbox (where its cgroup can be frozen), writes its filesystem out and
+        snapshots its subvolume read-only at `point`, then resumes it."""
+        assert self.subvolume is not None  # (only made with the pool)
+        frozen = bool(self.cgroup) and self.cgroup.freeze(True)  # type: ignore[union-attr]
+        try:
+            syncfs(self.subvolume)
+            snapshot(self.subvolume, point, read_only=True)
+        finally:
+            if frozen:
+                self.cgroup.freeze(False)  # type: ignore[union-attr]
+        return ForkPoint(self.spec.sandbox_id, str(point), self.disk_base)
 
     def alive(self) -> bool:
         if self.isolation == "none":
@@ -364,6 +436,8 @@ class LocalBackend(Backend):
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
         self._host_secrets: list[str] | None = None
+        self._snapshot_bytes: dict[str, int] = {}  # named snapshots' sizes, by path
+        self.pool = StoragePool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
         super().__init__(context)
 
     # -- capabilities ------------------------------------------------------------------------------
@@ -387,6 +461,7 @@ class LocalBackend(Backend):
         if os.geteuid() != 0:
             missing.append("the daemon is not root: it needs root to give each sandbox its own uid and cgroup")
         if mode == "none":
+            self.pool = None  # (no root of the sandbox's own to fork)
             # Only reachable with local.allow_no_isolation (config validation): commands run as
             # the sandbox's own uid on the host, in its workspace, with cgroup limits but no
             # namespaces. Said loudly everywhere a sandbox describes itself.
@@ -414,6 +489,11 @@ class LocalBackend(Backend):
                 if mode == "bwrap"
                 else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
             )
+        if not missing and self.pool is not None:
+            # (Mounted when the daemon starts, reap_orphans: a probe, as `corral doctor`'s, makes nothing.)
+            if lacking := self.pool.lacking():
+                missing.append(f'local.storage = "btrfs": {lacking}')
+            limits["disk"] = LimitSupport(True, "btrfs subvolume per sandbox, capped by a quota group")
         if not missing:
             lacking = kernel_support()
             if lacking:
@@ -462,6 +542,41 @@ class LocalBackend(Backend):
             raise InvalidArgument(f"local image {image} is not a directory")
         return os.path.realpath(image)
 
+    def _forkable(self, sandbox: SandboxRuntime) -> tuple[StoragePool, LocalSandbox]:
+        if self.pool is None or not isinstance(sandbox, LocalSandbox) or sandbox.subvolume is None:
+            raise FailedPrecondition(
+                'forking local sandboxes needs copy-on-write storage: set local.storage = "btrfs" '
+                '(docs/local-backend.md, "Fork")'
+            )
+        return self.pool, sandbox
+
+    async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+        pool, local = self._forkable(sandbox)
+        point = pool.forks / f"{local.spec.sandbox_id}-{tokens.token_hex(4)}"
+        return await asyncio.to_thread(local.fork_point, point)
+
+    async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
+        pool, local = self._forkable(sandbox)
+        point = await asyncio.to_thread(local.fork_point, pool.snapshots / name)
+        try:
+            size = await asyncio.to_thread(referenced_bytes, Path(point.path))
+            held = sum(self._snapshot_bytes.values())
+            limit = self.settings.snapshot_store_bytes
+            if held + size > limit:
+                raise ResourceExhausted(
+                    f"a snapshot of sandbox {local.spec.sandbox_id} would hold {size} bytes, and the named snapshots "
+                    f"already hold {held} of the {limit} local.snapshot_store_bytes allows: delete some"
+                )
+        except BaseException:
+            await asyncio.to_thread(delete_subvolume, Path(point.path))
+            raise
+        self._snapshot_bytes[point.path] = size
+        return point, size
+
+    async def drop_fork_point(self, point: ForkPoint) -> None:
+        self._snapshot_bytes.pop(point.path, None)
+        await asyncio.to_thread(delete_subvolume, Path(point.path))
+
     async def check_image(self, image: str) -> None:
         source = parse_reference(image)
         rootfs = await self.images.prepare(source) if source else self.rootfs(image)
@@ -488,9 +603,21 @@ class LocalBackend(Backend):
                     await asyncio.to_thread(unmount_root, leftover)
                     await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
+        if self.pool is not None and self.status().available:
+            try:
+                await asyncio.to_thread(self.pool.open)
+                await asyncio.to_thread(self.pool.reap)
+            except OSError as err:
+                log.error("the local backend cannot make sandboxes: %s", err)
+                status = self.status()
+                self._status = replace(
+                    status, available=False, detail=f'local.storage = "btrfs": {err.strerror or err}'
+                )
         await self.images.start()
 
     async def close(self) -> None:
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
         try:
             self.context.run_base.rmdir()
         except OSError:

@@ -78,8 +78,8 @@ def _inside_id(host_id: int) -> int:
 def _overlay(src: str, dst: Path, layers: Path, name: str, first_id: int, userns_fd: int) -> None:
     """src's tree at dst, read-only and idmapped, under a writable layer in layers/name."""
     upper, work = layers / "upper" / name, layers / "work" / name
-    upper.mkdir(parents=True)
-    work.mkdir(parents=True)
+    upper.mkdir(parents=True, exist_ok=True)  # (a fork's child keeps its parent's, local_storage.py)
+    work.mkdir(parents=True, exist_ok=True)
     # The overlay's top directory shows the upper directory's owner and mode: the image's own.
     top = os.stat(src)
     os.chown(upper, first_id + _inside_id(top.st_uid), first_id + _inside_id(top.st_gid))
@@ -104,13 +104,15 @@ def build_root(
     layout: Sequence[RootMount], sandbox_dir: Path, first_id: int, userns_fd: int, mountpoints: Sequence[str]
 ) -> Path:
     """Builds the sandbox's root at sandbox_dir/root from `layout` (local_launch.root_layout) and
-    returns it; `mountpoints` are made for the launcher. Undone by unmount_root."""
+    returns it; `mountpoints` are made for the launcher. Undone by unmount_root. What a fork's
+    child finds there already (its parent's root directory and layers, as the fork copied them)
+    is kept."""
     if os.path.ismount(sandbox_dir):
         # The sandbox's own filesystem: nothing mounted below it reaches other mount namespaces.
         _mount("none", sandbox_dir, "", _MS_PRIVATE, "")
     root, layers = sandbox_dir / "root", sandbox_dir / "layers"
-    root.mkdir()
-    layers.mkdir(mode=0o700)
+    root.mkdir(exist_ok=True)
+    layers.mkdir(mode=0o700, exist_ok=True)
     os.chown(root, first_id, first_id)  # root inside owns / (a "host" image's; an overlay shows its own)
     root.chmod(0o755)
     empty_dir, empty_file = layers / "empty-dir", layers / "empty-file"
@@ -120,9 +122,10 @@ def build_root(
             dst.mkdir(exist_ok=True)
             _overlay(m.src, dst, layers, str(n), first_id, userns_fd)
         elif m.kind == "link":
-            dst.symlink_to(m.src)
+            if not dst.is_symlink():
+                dst.symlink_to(m.src)
         elif m.kind == "dir":
-            dst.mkdir(mode=0o755)
+            dst.mkdir(mode=0o755, exist_ok=True)
             os.chown(dst, first_id, first_id)
         elif m.kind == "bind":
             dst.mkdir(exist_ok=True)

@@ -34,11 +34,14 @@ def check(result: int, what: str, path: str | os.PathLike[str] = "") -> int:
     return result
 
 
-def make_user_namespace(first_id: int, count: int = INSIDE_ID_COUNT, inside_first: int = 0) -> int:
+def make_user_namespace(
+    first_id: int, count: int = INSIDE_ID_COUNT, inside_first: int = 0, *, keep_host_root: bool = False
+) -> int:
     """A new user namespace mapping ids inside_first .. inside_first + count - 1 in it to host ids
     first_id .. first_id + count - 1 (uids and gids), as a file descriptor (which keeps it alive)
-    for nsenter and idmapped mounts. The process that makes it (unshare: a multithreaded daemon
-    may not) exits once it is mapped."""
+    for nsenter and idmapped mounts; with keep_host_root, id 0 to host id 0 as well (an idmapped
+    mount of the daemon's own directories that must stay root's). The process that makes it
+    (unshare: a multithreaded daemon may not) exits once it is mapped."""
     maker = subprocess.Popen(
         ["unshare", "--user", "--", "/bin/sh", "-c", "echo ready; read -r _"],
         stdin=subprocess.PIPE,
@@ -54,7 +57,7 @@ def make_user_namespace(first_id: int, count: int = INSIDE_ID_COUNT, inside_firs
             raise OSError(errno.EPERM, f"cannot make a user namespace: {said or 'unshare --user failed'}")
         for kind in ("uid", "gid"):
             with open(f"/proc/{maker.pid}/{kind}_map", "w") as fh:
-                fh.write(f"{inside_first} {first_id} {count}\n")
+                fh.write(("0 0 1\n" if keep_host_root else "") + f"{inside_first} {first_id} {count}\n")
         return os.open(f"/proc/{maker.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         maker.stdin.close()

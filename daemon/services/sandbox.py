@@ -16,7 +16,7 @@ from ..mounts import MountRequest
 from ..node import NodeInfo
 from ..process import STDERR, STDOUT
 from ..rules import CommandRequest
-from ..sandboxes import ExecOutcome, Exited, Keepalive, Output, Sandbox, SandboxManager, Started
+from ..sandboxes import ExecOutcome, Exited, Keepalive, NamedSnapshot, Output, Sandbox, SandboxManager, Started
 from ..transfer import TarTransfer
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,18 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
         lease_ttl_ms=round(sb.lease_ttl_s * 1000),
         lease_expires_at_unix_ms=int(sb.lease_expires_at * 1000),
         idempotency_key=sb.idempotency_key,
+    )
+
+
+def snapshot_message(named: NamedSnapshot) -> pb.Snapshot:
+    return pb.Snapshot(
+        name=named.name,
+        sandbox_id=named.source.sandbox_id,
+        backend=BACKEND_NUMBERS[named.source.backend],
+        image=named.source.image,
+        size_bytes=named.size_bytes,
+        created_at_unix_ms=int(named.created_at * 1000),
+        labels=named.source.labels,
     )
 
 
@@ -201,6 +213,23 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def DestroySandbox(self, request, context) -> pb.DestroySandboxResponse:
         await self.manager.destroy(request.sandbox_id)
         return pb.DestroySandboxResponse()
+
+    async def ForkSandbox(self, request: pb.ForkSandboxRequest, context) -> pb.ForkSandboxResponse:
+        children = await self.manager.fork(
+            request.sandbox_id, request.count, dict(request.labels), request.snapshot, request.lease_ttl_ms
+        )
+        return pb.ForkSandboxResponse(sandboxes=[sandbox_summary(sb) for sb in children])
+
+    async def SnapshotSandbox(self, request: pb.SnapshotSandboxRequest, context) -> pb.SnapshotSandboxResponse:
+        named = await self.manager.snapshot(request.sandbox_id, request.name)
+        return pb.SnapshotSandboxResponse(snapshot=snapshot_message(named))
+
+    async def ListSnapshots(self, request, context) -> pb.ListSnapshotsResponse:
+        return pb.ListSnapshotsResponse(snapshots=[snapshot_message(s) for s in self.manager.snapshots()])
+
+    async def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest, context) -> pb.DeleteSnapshotResponse:
+        await self.manager.delete_snapshot(request.name)
+        return pb.DeleteSnapshotResponse()
 
     @staticmethod
     def _command(command: pb.Command) -> CommandRequest:

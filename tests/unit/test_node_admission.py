@@ -67,13 +67,13 @@ def test_a_refused_check_spends_nothing() -> None:
 def test_starts_are_capped_and_the_hint_follows_how_long_starts_take() -> None:
     clock = Clock()
     gate = CreateGate(1, 0.0, 0, clock)
-    with gate.starting_one():
+    with gate.starting_slots():
         with pytest.raises(StartsRefused, match="admission.max_starting") as refused:
             gate.check_start()
         assert refused.value.retry_after_s == CreateGate.FIRST_START_S
         clock.now += 0.1
     gate.check_start()
-    with gate.starting_one(), pytest.raises(StartsRefused) as refused:
+    with gate.starting_slots(), pytest.raises(StartsRefused) as refused:
         gate.check_start()
     assert refused.value.retry_after_s == pytest.approx(0.8 * 1.0 + 0.2 * 0.1)
 

@@ -56,6 +56,26 @@ class SandboxServiceStub:
                 request_serializer=corral_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.SerializeToString,
                 response_deserializer=corral_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.FromString,
                 _registered_method=True)
+        self.ForkSandbox = channel.unary_unary(
+                '/corral.v1.SandboxService/ForkSandbox',
+                request_serializer=corral_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+                _registered_method=True)
+        self.SnapshotSandbox = channel.unary_unary(
+                '/corral.v1.SandboxService/SnapshotSandbox',
+                request_serializer=corral_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
+                _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/corral.v1.SandboxService/ListSnapshots',
+                request_serializer=corral_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSnapshot = channel.unary_unary(
+                '/corral.v1.SandboxService/DeleteSnapshot',
+                request_serializer=corral_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.SerializeToString,
+                response_deserializer=corral_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.FromString,
+                _registered_method=True)
         self.Exec = channel.unary_unary(
                 '/corral.v1.SandboxService/Exec',
                 request_serializer=corral_dot_v1_dot_sandbox__pb2.ExecRequest.SerializeToString,
@@ -143,6 +163,51 @@ class SandboxServiceServicer:
 
     def DestroySandbox(self, request, context):
         """Destroys a sandbox: kills every process in it and removes its files. NOT_FOUND for an unknown id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSandbox(self, request, context):
+        """Forks a running sandbox `count` ways: new sandboxes whose writable filesystem (workspace, /tmp
+        and the root's writable layer) starts as a copy-on-write copy of the parent's at this moment,
+        with the parent's image, limits, network, env, user, bind mounts and labels, plus the request's
+        labels, "corral.fork.generation" (the parent's plus one) and "corral.fork.parent" (its id).
+        Running processes are not copied; the parent keeps running, paused only while its filesystem
+        is snapshot. All children or none: a fork that fails leaves nothing behind. count outside
+        1..64: INVALID_ARGUMENT; an unknown id: NOT_FOUND; a backend or node that cannot fork (today
+        only the local backend with local.storage = "btrfs" can): FAILED_PRECONDITION. A fork is
+        `count` creates to the node's admission: more sandboxes than it admits, or past its caps
+        ([admission] max_starting, max_creates_per_s, each counting `count`): RESOURCE_EXHAUSTED (with
+        `retry-after-ms` for the caps, as CreateSandbox); on a draining node (Drain): UNAVAILABLE.
+        Children have no lease unless the request sets one (lease_ttl_ms), and no idempotency key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotSandbox(self, request, context):
+        """Keeps a copy of a running sandbox's writable filesystem under a name (the same frozen copy a
+        fork makes), from which ForkSandbox (ForkSandboxRequest.snapshot) makes sandboxes later, after
+        the sandbox is gone too, until DeleteSnapshot or the daemon's next start. A name of 1 to 128
+        letters, digits, '.', '_', '-' (starting with a letter or digit), else INVALID_ARGUMENT;
+        a taken name: ALREADY_EXISTS; past the node's store for them (local.snapshot_store_bytes,
+        counted as the bytes each holds): RESOURCE_EXHAUSTED, and nothing kept. Backends that cannot
+        fork: FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """The node's named snapshots.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSnapshot(self, request, context):
+        """Deletes a named snapshot (sandboxes made from it keep their files). NOT_FOUND for an unknown name.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -263,6 +328,26 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.DestroySandbox,
                     request_deserializer=corral_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.FromString,
                     response_serializer=corral_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.SerializeToString,
+            ),
+            'ForkSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSandbox,
+                    request_deserializer=corral_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
+            ),
+            'SnapshotSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotSandbox,
+                    request_deserializer=corral_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=corral_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'DeleteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSnapshot,
+                    request_deserializer=corral_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.FromString,
+                    response_serializer=corral_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.SerializeToString,
             ),
             'Exec': grpc.unary_unary_rpc_method_handler(
                     servicer.Exec,
@@ -425,6 +510,114 @@ class SandboxService:
             '/corral.v1.SandboxService/DestroySandbox',
             corral_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.SerializeToString,
             corral_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.SandboxService/ForkSandbox',
+            corral_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+            corral_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.SandboxService/SnapshotSandbox',
+            corral_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+            corral_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.SandboxService/ListSnapshots',
+            corral_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.SerializeToString,
+            corral_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/corral.v1.SandboxService/DeleteSnapshot',
+            corral_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.SerializeToString,
+            corral_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,253 @@
+"""Copy-on-write storage for local sandboxes (`local.storage = "btrfs"`): the writable space of every
+sandbox (its workspace, /tmp and its root's overlay upper and work directories: everything its
+sandbox directory holds) is a btrfs subvolume, so that a sandbox can be forked in O(1).
+
+- **The pool**: one btrfs filesystem per node, `<state_dir>/storage`, the state directory's own
+  when that is btrfs, else a sparse image file (`<state_dir>/storage.img`) formatted btrfs and
+  loop-mounted there at start, reused across restarts. `sandboxes/` holds one subvolume per
+  sandbox, `forks/` the read-only snapshots of parents at the moment of a fork. Nothing in it
+  outlives a daemon run: a restart deletes every subvolume left (`reap`).
+- **Disk caps**: btrfs quota groups, each subvolume limited to `limits.disk_bytes` of referenced
+  data (what it holds, shared extents included: a child counts its parent's files as a full copy
+  would). Writing past the cap fails with EDQUOT ("Disk quota exceeded"), not ENOSPC.
+- **Ids**: each sandbox has its own block of host ids (daemon/uids.py), and its files on disk carry
+  the ids of the block of the sandbox that first wrote the subvolume (its "disk id base"). A fork
+  child is bound at its sandbox directory through an idmapped mount that shows the disk base's
+  block as its own (and host root as host root), so nothing is chowned and no id is shared: what
+  the child writes lands on disk under the original block, seen by no one else.
+
+Subvolumes are made, snapshotted, limited and deleted with the btrfs ioctls (a snapshot costs
+well under a millisecond); the pool is formatted and its quotas turned on with btrfs-progs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..diskcap import run_step
+from .mount_api import (
+    MOUNT_ATTR_IDMAP,
+    MOUNT_ATTR_NODEV,
+    MOUNT_ATTR_NOSUID,
+    attach_tree,
+    detach,
+    detached_tree,
+    make_user_namespace,
+)
+
+log = logging.getLogger(__name__)
+
+BTRFS_SUPER_MAGIC = 0x9123683E
+_VOL_NAME_MAX = 4039  # BTRFS_SUBVOL_NAME_MAX
+_SUBVOL_RDONLY = 1 << 1
+_QGROUP_LIMIT_MAX_RFER = 1 << 0
+
+
+def _iow(nr: int, size: int) -> int:
+    return (1 << 30) | (size << 16) | (0x94 << 8) | nr
+
+
+def _ior(nr: int, size: int) -> int:
+    return (2 << 30) | (size << 16) | (0x94 << 8) | nr
+
+
+class _VolArgs(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int64), ("name", ctypes.c_char * 4088)]
+
+
+class _VolArgsV2(ctypes.Structure):
+    _fields_ = [
+        ("fd", ctypes.c_int64),
+        ("transid", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("unused", ctypes.c_uint64 * 4),
+        ("name", ctypes.c_char * 4040),
+    ]
+
+
+class _QgroupLimit(ctypes.Structure):
+    _fields_ = [
+        ("qgroupid", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("max_rfer", ctypes.c_uint64),
+        ("max_excl", ctypes.c_uint64),
+        ("rsv_rfer", ctypes.c_uint64),
+        ("rsv_excl", ctypes.c_uint64),
+    ]
+
+
+_IOC_SUBVOL_CREATE = _iow(14, ctypes.sizeof(_VolArgs))
+_IOC_SNAP_DESTROY = _iow(15, ctypes.sizeof(_VolArgs))
+_IOC_SNAP_CREATE_V2 = _iow(23, ctypes.sizeof(_VolArgsV2))
+_IOC_QGROUP_LIMIT = _ior(43, ctypes.sizeof(_QgroupLimit))
+
+
+class _StatFs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_long * 15)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def is_btrfs(path: Path) -> bool:
+    buf = _StatFs()
+    if _libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))
+    return buf.f_type & 0xFFFFFFFF == BTRFS_SUPER_MAGIC
+
+
+def _ioctl_in_parent(path: Path, request: int, args: ctypes.Structure) -> None:
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, request, args)
+    finally:
+        os.close(fd)
+
+
+def _name(path: Path) -> bytes:
+    name = os.fsencode(path.name)
+    if not name or len(name) > _VOL_NAME_MAX:
+        raise OSError(errno.ENAMETOOLONG, "bad subvolume name", str(path))
+    return name
+
+
+def create_subvolume(path: Path) -> None:
+    """An empty subvolume at `path` (its parent directory must be on btrfs)."""
+    _ioctl_in_parent(path, _IOC_SUBVOL_CREATE, _VolArgs(0, _name(path)))
+
+
+def snapshot(source: Path, path: Path, *, read_only: bool) -> None:
+    """A snapshot of the subvolume `source` at `path`: O(1), sharing every extent."""
+    src = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        args = _VolArgsV2(src, 0, _SUBVOL_RDONLY if read_only else 0)
+        args.name = _name(path)
+        _ioctl_in_parent(path, _IOC_SNAP_CREATE_V2, args)
+    finally:
+        os.close(src)
+
+
+def delete_subvolume(path: Path) -> None:
+    """Deletes a subvolume and all it holds (the space comes back in the background); nothing
+    when there is none."""
+    try:
+        _ioctl_in_parent(path, _IOC_SNAP_DESTROY, _VolArgs(0, _name(path)))
+    except FileNotFoundError:
+        pass
+
+
+def limit_subvolume(path: Path, size_bytes: int) -> None:
+    """Caps what the subvolume may hold (referenced bytes) at `size_bytes` (0: no cap)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, _IOC_QGROUP_LIMIT, _QgroupLimit(0, _QGROUP_LIMIT_MAX_RFER, size_bytes or (1 << 64) - 1))
+    finally:
+        os.close(fd)
+
+
+def syncfs(path: Path) -> None:
+    """Writes out what the filesystem of `path` holds in memory, so a snapshot taken next has it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs: {os.strerror(err)}", str(path))
+    finally:
+        os.close(fd)
+
+
+class StoragePool:
+    """The node's btrfs pool of sandbox subvolumes (see the module's docstring)."""
+
+    def __init__(self, state_dir: Path, size_bytes: int) -> None:
+        self.root = state_dir / "storage"
+        self.image = state_dir / "storage.img"
+        self.size_bytes = size_bytes
+        self.sandboxes = self.root / "sandboxes"
+        self.forks = self.root / "forks"
+        self.snapshots = self.root / "snapshots"
+
+    def lacking(self) -> str:
+        """ "" when this node can have the pool, else what it lacks."""
+        for tool in ("mkfs.btrfs", "btrfs"):
+            if not shutil.which(tool):
+                return f"{tool} is not installed (apt-get install btrfs-progs)"
+        return ""  # (the kernel's btrfs is found when the daemon mounts the pool)
+
+    def open(self) -> None:
+        """Mounts the pool (formatting its image the first time) with quotas on; idempotent."""
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        if not is_btrfs(self.root):
+            if not self.image.exists():
+                size = self.size_bytes or shutil.disk_usage(self.root.parent).total
+                with open(self.image, "wb") as fh:
+                    fh.truncate(size)
+                _run(["mkfs.btrfs", "-q", "-f", "-m", "single", str(self.image)], "format")
+            _run(["mount", "-o", "loop,nosuid,nodev,discard", str(self.image), str(self.root)], "mount")
+        _run(["btrfs", "quota", "enable", str(self.root)], "turn quotas on in")
+        for sub in (self.sandboxes, self.forks, self.snapshots):
+            sub.mkdir(mode=0o700, exist_ok=True)
+
+    def close(self) -> None:
+        """Unmounts the pool's image (lazily) when the daemon stops; its next start mounts it again."""
+        if self.image.exists() and os.path.ismount(self.root):
+            detach(self.root)
+
+    def subvolume(self, sandbox_id: str) -> Path:
+        return self.sandboxes / sandbox_id
+
+    def reap(self) -> None:
+        """Deletes every subvolume a previous daemon run left (no sandbox outlives its daemon)."""
+        for base in (self.sandboxes, self.forks, self.snapshots):
+            for leftover in base.iterdir() if base.is_dir() else ():
+                try:
+                    delete_subvolume(leftover)
+                except OSError as err:
+                    if err.errno not in (errno.ENOTTY, errno.EINVAL, errno.EPERM):
+                        raise
+                    shutil.rmtree(leftover, ignore_errors=True)  # a plain directory
+
+
+def referenced_bytes(path: Path) -> int:
+    """What a subvolume holds (its quota group's referenced bytes, shared extents included)."""
+    done = subprocess.run(
+        ["btrfs", "qgroup", "show", "--raw", "--sync", "-rf", str(path)], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise OSError(errno.EIO, f"cannot read the size of {path}: {(done.stderr or done.stdout).strip()}")
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0].startswith("0/") and fields[1].isdigit():
+            return int(fields[1])
+    raise OSError(errno.EIO, f"no quota group found for {path}")
+
+
+def bind_subvolume(subvolume: Path, target: Path, disk_base: int, own_base: int, count: int) -> None:
+    """Mounts `subvolume` at `target` (nosuid, nodev), idmapped when its files carry another
+    block's ids (disk_base) than the sandbox's own (own_base): host root stays host root."""
+    userns = -1
+    attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+    if disk_base != own_base:
+        userns = make_user_namespace(own_base, count, disk_base, keep_host_root=True)
+        attrs |= MOUNT_ATTR_IDMAP
+    try:
+        tree = detached_tree(str(subvolume), attrs, max(userns, 0), recursive=False)
+    finally:
+        if userns >= 0:
+            os.close(userns)
+    try:
+        attach_tree(tree, target)
+    finally:
+        os.close(tree)
+
+
+def _run(argv: list[str], step: str) -> None:
+    run_step(argv, step, "the sandbox storage pool", timeout=120)
