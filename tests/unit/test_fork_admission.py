@@ -1,0 +1,142 @@
+"""ForkSandbox through the node's admission (drain, [admission] pace caps, leases), on the fake
+backend taught to fork: its children start as plain fake sandboxes (the files are not copied;
+tests/integration/test_fork.py tests that on the local backend)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.daemon.admission import CreateGate, RateRefused, StartsRefused
+from corral.daemon.backends.base import ForkPoint, SandboxRuntime, SandboxSpec
+from corral.daemon.config import Config
+from corral.daemon.embedded import embedded_daemon
+from corral.daemon.testing import FakeBackend
+from corral.sdk import AsyncClient, errors
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_gate_counts_a_fork_as_count_creates_and_starts() -> None:
+    clock = Clock()
+    gate = CreateGate(2, 4.0, 4, clock)
+    gate.check_rate(3)
+    gate.take(3)
+    with pytest.raises(RateRefused) as refused:
+        gate.check_rate(2)  # one token left
+    assert refused.value.retry_after_s == pytest.approx(0.25)
+    with gate.starting_slots(2):
+        assert gate.starting == 2
+        with pytest.raises(StartsRefused, match="admission.max_starting"):
+            gate.check_start(1)
+    with gate.starting_slots(1), pytest.raises(StartsRefused, match="3 more would pass its 2"):
+        gate.check_start(3)
+
+
+def test_a_fork_larger_than_a_cap_passes_alone_and_its_excess_delays_the_next_creates() -> None:
+    clock = Clock()
+    gate = CreateGate(2, 4.0, 4, clock)
+    gate.check_rate(10)  # a full bucket is enough
+    gate.check_start(10)  # nothing else starting
+    gate.take(10)
+    with pytest.raises(RateRefused) as refused:
+        gate.check_rate()
+    assert refused.value.retry_after_s == pytest.approx((1 + 6) / 4.0)  # six tokens owed
+    clock.now += 1.75
+    gate.check_rate()
+
+
+class _ForkingFakeBackend(FakeBackend):
+    """The fake backend with fork points (empty ones) and children a quarter second slow to
+    start, so a fork is still under way when a test looks."""
+
+    async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+        return ForkPoint(str(sandbox.record()["sandbox_id"]), "", 0)
+
+    async def create(self, spec: SandboxSpec) -> SandboxRuntime:
+        if spec.fork is not None:
+            await asyncio.sleep(0.25)
+        return await super().create(spec)
+
+
+def _config() -> Config:
+    config = Config()
+    config.daemon.memory_overcommit = 0
+    return config
+
+
+def test_a_draining_node_refuses_forks() -> None:
+    async def run() -> None:
+        async with embedded_daemon(_config(), backend_classes={"local": _ForkingFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                await client.drain()
+                with pytest.raises(errors.Unavailable, match="draining"):
+                    await parent.fork(2)
+                await client.drain(False)
+                assert len(await parent.fork(2)) == 2
+
+    asyncio.run(run())
+
+
+def test_a_fork_spends_count_tokens_of_the_rate() -> None:
+    config = _config()
+    config.admission.max_creates_per_s = 0.1
+    config.admission.create_burst = 3
+
+    async def run() -> None:
+        async with embedded_daemon(config, backend_classes={"local": _ForkingFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                with pytest.raises(errors.ResourceExhausted, match="max_creates_per_s") as refused:
+                    await parent.fork(3)  # two tokens left
+                assert refused.value.retry_after_s is not None and refused.value.retry_after_s > 5
+                assert len(await parent.fork(2)) == 2
+                with pytest.raises(errors.ResourceExhausted, match="max_creates_per_s"):
+                    await client.create_sandbox()
+                assert len(await client.list_sandboxes()) == 3
+
+    asyncio.run(run())
+
+
+def test_a_forks_children_hold_start_slots_while_they_start() -> None:
+    config = _config()
+    config.admission.max_starting = 2
+
+    async def run() -> None:
+        async with embedded_daemon(config, backend_classes={"local": _ForkingFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                fork = asyncio.ensure_future(parent.fork(3))  # more than max_starting: nothing else starts
+                while len(await client.list_sandboxes()) < 4:
+                    await asyncio.sleep(0.01)
+                with pytest.raises(errors.ResourceExhausted, match="max_starting"):
+                    await client.create_sandbox()
+                assert len(await fork) == 3
+                await client.create_sandbox()  # the slots are free again
+
+    asyncio.run(run())
+
+
+def test_children_have_a_lease_only_when_the_fork_asks_for_one() -> None:
+    async def run() -> None:
+        async with embedded_daemon(_config(), backend_classes={"local": _ForkingFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox(lease_ttl_s=60)
+                (unleased,) = await parent.fork(1)
+                assert unleased.info.lease_ttl is None and unleased.info.lease_expires_at is None
+                leased = await parent.fork(2, lease_ttl_s=30)
+                assert [child.info.lease_ttl for child in leased] == [30, 30]
+                assert all(child.info.lease_expires_at for child in leased)
+                with pytest.raises(errors.InvalidArgument, match="lease_ttl_ms"):
+                    await parent.fork(1, lease_ttl_s=0.01)  # under the 100 ms minimum
+                assert len(await client.list_sandboxes()) == 4
+
+    asyncio.run(run())
