@@ -1,6 +1,7 @@
 """ForkSandbox through the node's admission (drain, [admission] pace caps, leases), on the fake
 backend taught to fork: its children start as plain fake sandboxes (the files are not copied;
-tests/integration/test_fork.py tests that on the local backend)."""
+tests/integration/test_fork.py tests that on the local backend). CreateGate's counts are tested
+in test_node_admission.py."""
 
 from __future__ import annotations
 
@@ -8,49 +9,11 @@ import asyncio
 
 import pytest
 
-from corral.daemon.admission import CreateGate, RateRefused, StartsRefused
 from corral.daemon.backends.base import ForkPoint, SandboxRuntime, SandboxSpec
 from corral.daemon.config import Config
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.testing import FakeBackend
 from corral.sdk import AsyncClient, errors
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_the_gate_counts_a_fork_as_count_creates_and_starts() -> None:
-    clock = Clock()
-    gate = CreateGate(2, 4.0, 4, clock)
-    gate.check_rate(3)
-    gate.take(3)
-    with pytest.raises(RateRefused) as refused:
-        gate.check_rate(2)  # one token left
-    assert refused.value.retry_after_s == pytest.approx(0.25)
-    with gate.starting_slots(2):
-        assert gate.starting == 2
-        with pytest.raises(StartsRefused, match="admission.max_starting"):
-            gate.check_start(1)
-    with gate.starting_slots(1), pytest.raises(StartsRefused, match="3 more would pass its 2"):
-        gate.check_start(3)
-
-
-def test_a_fork_larger_than_a_cap_passes_alone_and_its_excess_delays_the_next_creates() -> None:
-    clock = Clock()
-    gate = CreateGate(2, 4.0, 4, clock)
-    gate.check_rate(10)  # a full bucket is enough
-    gate.check_start(10)  # nothing else starting
-    gate.take(10)
-    with pytest.raises(RateRefused) as refused:
-        gate.check_rate()
-    assert refused.value.retry_after_s == pytest.approx((1 + 6) / 4.0)  # six tokens owed
-    clock.now += 1.75
-    gate.check_rate()
 
 
 class _ForkingFakeBackend(FakeBackend):

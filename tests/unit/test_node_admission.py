@@ -86,6 +86,35 @@ def test_no_caps_admit_everything() -> None:
         gate.take()
 
 
+def test_the_gate_counts_a_fork_as_count_creates_and_starts() -> None:
+    clock = Clock()
+    gate = CreateGate(2, 4.0, 4, clock)
+    gate.check_rate(3)
+    gate.take(3)
+    with pytest.raises(RateRefused) as refused:
+        gate.check_rate(2)  # one token left
+    assert refused.value.retry_after_s == pytest.approx(0.25)
+    with gate.starting_slots(2):
+        assert gate.starting == 2
+        with pytest.raises(StartsRefused, match="admission.max_starting"):
+            gate.check_start(1)
+    with gate.starting_slots(1), pytest.raises(StartsRefused, match="3 more would pass its 2"):
+        gate.check_start(3)
+
+
+def test_a_fork_larger_than_a_cap_passes_alone_and_its_excess_delays_the_next_creates() -> None:
+    clock = Clock()
+    gate = CreateGate(2, 4.0, 4, clock)
+    gate.check_rate(10)  # a full bucket is enough
+    gate.check_start(10)  # nothing else starting
+    gate.take(10)
+    with pytest.raises(RateRefused) as refused:
+        gate.check_rate()
+    assert refused.value.retry_after_s == pytest.approx((1 + 6) / 4.0)  # six tokens owed
+    clock.now += 1.75
+    gate.check_rate()
+
+
 # -- IdempotentCreates -----------------------------------------------------------------------------
 
 
