@@ -391,8 +391,8 @@ class SandboxManager:
 
     def _admit_starts(self, count: int, *, paced: bool) -> None:
         """The last check of `count` admitted sandboxes about to start (when `paced`): the starts
-        under way (admission.max_starting); then spends their `count` tokens of the rate. Each
-        holds a start slot while it is made (_add)."""
+        under way (admission.max_starting); then spends their `count` tokens of the rate. The
+        caller then holds `count` start slots while they are made (CreateGate.starting_slots)."""
         if paced:
             self._refusing("starting", lambda: self.gate.check_start(count))
             self.gate.take(count)
