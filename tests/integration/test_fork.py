@@ -178,6 +178,29 @@ def test_a_sandbox_that_is_gone_is_not_found(client):
         gone.fork(1)
 
 
+def test_a_draining_node_refuses_forks_and_a_childs_lease_is_its_own(client, fork_daemon):
+    """Forks go through the node's admission: refused while it drains (no fork point made), and
+    a child has the lease the fork asked for, not its parent's: it is reaped when that runs out."""
+    parent = client.create_sandbox(lease_ttl_s=600)
+    try:
+        client.drain()
+        try:
+            with pytest.raises(errors.Unavailable, match="draining"):
+                parent.fork(2)
+        finally:
+            client.drain(False)
+        assert pool_entries(fork_daemon) == [f"sandboxes/{parent.id}"]
+        (child,) = parent.fork(1, lease_ttl_s=0.5)
+        assert child.info.lease_ttl == 0.5
+        deadline = time.monotonic() + 10
+        while child.id in {sb.id for sb in client.list_sandboxes()} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [sb.id for sb in client.list_sandboxes()] == [parent.id]
+        assert pool_entries(fork_daemon) == [f"sandboxes/{parent.id}"]
+    finally:
+        parent.destroy()
+
+
 def test_a_fork_that_fails_half_way_leaves_nothing(tmp_path):
     """Room for 3 sandboxes' id blocks: of 4 children, 2 start and 2 cannot; the 2 are removed."""
     require_backend("local")
