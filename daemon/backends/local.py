@@ -200,7 +200,7 @@ class LocalSandbox(ManagedSandbox):
         shm_bytes = backend.settings.shm_bytes
         mounts = self.spec.mounts
         if self.rootfs == "/":
-            mounts = (*mounts, *host_paths_over_own_mounts(backend.host_paths))
+            mounts = (*mounts, *host_paths_over_own_mounts(backend.host_paths, backend.hidden_paths))
         points = [(m.sandbox_path, os.path.isdir(m.host_path)) for m in mounts]
         await asyncio.to_thread(make_mount_points, root, points, self.uid)
         launch_args = (root, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes, mounts)

@@ -60,14 +60,18 @@ def root_layout(
     return layout
 
 
-def host_paths_over_own_mounts(host_paths: Sequence[str]) -> list[BindMount]:
+def host_paths_over_own_mounts(host_paths: Sequence[str], hidden_paths: Sequence[str]) -> list[BindMount]:
     """The `host_paths` that lie under a directory every sandbox gets of its own (/tmp, /run):
     the launcher mounts those over the root, so they are bound read-only after it, like
-    CreateSandbox's mounts, instead of in the root where they would be covered."""
+    CreateSandbox's mounts, instead of in the root where they would be covered. Such a bind
+    cannot hide what lies inside it, so one that holds a path of the daemon's own
+    (`hidden_paths`: its state, its socket) is not shown at all."""
     return [
         BindMount(path, path, read_only=True)
         for path in sorted(host_paths)
-        if os.path.isdir(path) and _inside(path, OWN_MOUNTS)
+        if os.path.isdir(path)
+        and _inside(path, OWN_MOUNTS)
+        and not any(_inside(hidden, [path]) for hidden in hidden_paths)
     ]
 
 
