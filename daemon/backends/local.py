@@ -44,7 +44,15 @@ from ..seccomp import loader_argv, program, supported
 from ..users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
 from .base import Backend, BackendStatus, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
 from .local_images import ImageCache, parse_reference
-from .local_launch import INIT_READY, bwrap_argv, bwrap_options, init_pid, root_layout, unshare_argv
+from .local_launch import (
+    INIT_READY,
+    bwrap_argv,
+    bwrap_options,
+    host_paths_over_own_mounts,
+    init_pid,
+    root_layout,
+    unshare_argv,
+)
 from .local_root import (
     RootMount,
     build_root,
@@ -247,6 +255,8 @@ class LocalSandbox(ManagedSandbox):
             ) from err
         shm_bytes = backend.settings.shm_bytes
         mounts = self.spec.mounts
+        if self.rootfs == "/":
+            mounts = (*mounts, *host_paths_over_own_mounts(backend.host_paths, backend.hidden_paths))
         points = [(m.sandbox_path, os.path.isdir(m.host_path)) for m in mounts]
         await asyncio.to_thread(make_mount_points, root, points, self.uid)
         launch_args = (root, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes, mounts)

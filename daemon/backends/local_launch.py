@@ -18,6 +18,8 @@ from .local_root import RootMount
 # (/home, /root, /srv, /opt, /var, /mnt... stay out unless listed in local.host_paths).
 HOST_OS_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr")
 INIT_READY = b"corral-init-ready\n"
+# Directories the launchers mount over every sandbox's root (tmpfs or the sandbox's own).
+OWN_MOUNTS = ("/tmp", "/run")
 # bubblewrap's init: keeps the namespaces alive until its stdin (held by the daemon) closes. It
 # runs as root without capabilities, so the sandbox's uid can neither kill nor stop it.
 INIT_SCRIPT = "printf 'corral-init-ready\\n'; read -r _"
@@ -45,7 +47,7 @@ def root_layout(
     layout.append(RootMount("dir", "", "/root"))
     made = {"/root"}
     for path in sorted(host_paths):  # parents first: a path inside one already shown is skipped
-        if os.path.isdir(path) and not _inside(path, shown):
+        if os.path.isdir(path) and not _inside(path, shown) and not _inside(path, OWN_MOUNTS):
             parents = [p for p in _ancestors(path) if p not in made]
             layout += [RootMount("dir", "", p) for p in parents]
             made.update(parents)
@@ -56,6 +58,21 @@ def root_layout(
             layout.append(RootMount("hide", "", hidden))
     layout += [RootMount("mask", "", path) for path in secrets if _inside(path, shown)]
     return layout
+
+
+def host_paths_over_own_mounts(host_paths: Sequence[str], hidden_paths: Sequence[str]) -> list[BindMount]:
+    """The `host_paths` that lie under a directory every sandbox gets of its own (/tmp, /run):
+    the launcher mounts those over the root, so they are bound read-only after it, like
+    CreateSandbox's mounts, instead of in the root where they would be covered. Such a bind
+    cannot hide what lies inside it, so one that holds a path of the daemon's own
+    (`hidden_paths`: its state, its socket) is not shown at all."""
+    return [
+        BindMount(path, path, read_only=True)
+        for path in sorted(host_paths)
+        if os.path.isdir(path)
+        and _inside(path, OWN_MOUNTS)
+        and not any(_inside(hidden, [path]) for hidden in hidden_paths)
+    ]
 
 
 def _ancestors(path: str) -> list[str]:

@@ -193,6 +193,15 @@ async def test_a_harness_whose_sandbox_failed_is_filtered_as_a_backend_crash(cli
     assert (result.status, result.filter_reason) == ("filtered", "backend_crash"), result.error
 
 
+async def harness_pid(pid_file: Path) -> int:
+    """The pid the "hang" harness wrote once it started (it writes it first thing)."""
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        await asyncio.sleep(0.05)
+    return int(pid_file.read_text())
+
+
 async def test_cancelling_a_harness_rollout_kills_the_harness(client, tmp_path) -> None:
     task = harness_task("cancel-hang", "hang")
     pid_file = tmp_path / "pid"
@@ -200,11 +209,7 @@ async def test_cancelling_a_harness_rollout_kills_the_harness(client, tmp_path) 
     async with serving(client, task):
         async with client.rollouts.open_stream() as stream:
             await stream.submit(task)
-            for _ in range(200):
-                if pid_file.exists() and pid_file.read_text():
-                    break
-                await asyncio.sleep(0.05)
-            pid = int(pid_file.read_text())
+            pid = await harness_pid(pid_file)
             assert alive_pids({pid})
             await stream.cancel(task_id="cancel-hang")
             result = await asyncio.wait_for(stream.__anext__(), 10)
@@ -295,11 +300,7 @@ async def test_stopping_the_daemon_kills_a_running_harness(tmp_path) -> None:
         async with AsyncClient(daemon.address) as client, serving(client, task):
             async with client.rollouts.open_stream() as stream:
                 await stream.submit(task)
-                for _ in range(200):
-                    if pid_file.exists() and pid_file.read_text():
-                        break
-                    await asyncio.sleep(0.05)
-                pid = int(pid_file.read_text())
+                pid = await harness_pid(pid_file)
                 assert alive_pids({pid})
                 assert daemon.proc is not None
                 daemon.proc.send_signal(signal.SIGTERM)  # rollouts end first, while it still serves

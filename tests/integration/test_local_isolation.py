@@ -64,7 +64,10 @@ def shared_dirs() -> Iterator[dict[str, Path]]:
         writable.mkdir(mode=0o777)
         writable.chmod(0o777)  # writable by the sandbox's uid on the host: only the mount may stop it
         stack.enter_context(bind_mount(writable, writable))
-        dirs = {"allowed": allowed, "spaced": spaced, "writable": writable}
+        # Under /tmp, which every sandbox has of its own: shown over it all the same.
+        under_tmp = stack.enter_context(host_dir("/tmp"))
+        (under_tmp / "tmp-shared.txt").write_text("shared from /tmp\n")
+        dirs = {"allowed": allowed, "spaced": spaced, "writable": writable, "under_tmp": under_tmp}
         for parent in ("/srv", "/opt", "/root"):
             private = stack.enter_context(host_dir(parent))
             (private / "data.txt").write_text("host data\n")
@@ -75,7 +78,7 @@ def shared_dirs() -> Iterator[dict[str, Path]]:
 
 @pytest.fixture(scope="module", params=LAUNCHERS)
 def launcher_daemon(request, shared_dirs, tmp_path_factory) -> Iterator[DaemonProcess]:
-    host_paths = json.dumps([str(shared_dirs["allowed"]), str(shared_dirs["spaced"])])
+    host_paths = json.dumps([str(shared_dirs[name]) for name in ("allowed", "spaced", "under_tmp")])
     d = start_daemon(tmp_path_factory.mktemp(f"local-{request.param}"), request.param, f"host_paths = {host_paths}\n")
     yield d
     d.stop()
@@ -114,6 +117,19 @@ def test_host_paths_are_shown_read_only(sb, shared_dirs):
     r = sb.exec(["touch", str(target)], timeout=10)
     assert r.exit_code != 0 and b"Read-only file system" in r.stderr, (r.exit_code, r.stderr)
     assert not target.exists()
+
+
+def test_host_paths_under_tmp_are_shown_over_the_sandboxs_own_tmp(sb, shared_dirs):
+    """/tmp is the sandbox's own, mounted over its root: a host path listed under it is mounted
+    after, read-only, and the rest of /tmp stays the sandbox's (a venv or checkout in /tmp, as on
+    CI machines, can be shown to host sandboxes)."""
+    shown = shared_dirs["under_tmp"]
+    assert sb.exec(["cat", str(shown / "tmp-shared.txt")], timeout=10).stdout == b"shared from /tmp\n"
+    r = sb.exec(["touch", str(shown / "probe")], timeout=10)
+    assert r.exit_code != 0 and b"Read-only file system" in r.stderr, (r.exit_code, r.stderr)
+    own = f"/tmp/{sb.id}-own"
+    sb.exec(["touch", own], timeout=10).check()
+    assert not Path(own).exists()  # written in the sandbox's /tmp, not the host's
 
 
 def test_writable_mounts_are_nosuid_nodev(sb):

@@ -3,16 +3,31 @@ keys that bound what sandboxes and TCP peers get."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from corral.daemon.backends.local_launch import HOST_OS_ENTRIES, root_layout
+from corral.daemon.backends.base import BindMount
+from corral.daemon.backends.local_launch import HOST_OS_ENTRIES, host_paths_over_own_mounts, root_layout
 from corral.daemon.backends.local_root import RootMount as Mount
 from corral.daemon.config import ConfigError, load_config
 
 
-def test_host_layout_is_the_os_and_the_allow_list_only(tmp_path: Path):
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A directory of this test's outside /tmp (host paths under /tmp are bound apart: below)."""
+    path = Path(tempfile.mkdtemp(prefix="corral-layout-", dir="/var/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_host_layout_is_the_os_and_the_allow_list_only(outside_tmp: Path):
+    tmp_path = outside_tmp
     allowed = tmp_path / "data" / "shared"
     allowed.mkdir(parents=True)
     (allowed / "inner").mkdir()
@@ -33,6 +48,17 @@ def test_host_layout_is_the_os_and_the_allow_list_only(tmp_path: Path):
     # The OS directories are writable overlays; a secret is masked where it is shown, else left out.
     assert {m.dst for m in layout if m.kind == "overlay"} <= {f"/{e}" for e in HOST_OS_ENTRIES}
     assert [m.dst for m in layout if m.kind == "mask"] == [str(secret)]
+
+
+def test_host_paths_under_the_sandboxs_own_tmp_are_bound_over_it_unless_they_hold_the_daemons_own(tmp_path: Path):
+    shown, holding = tmp_path / "shown", tmp_path / "holding"
+    (holding / "state").mkdir(parents=True)
+    shown.mkdir()
+    paths = [str(shown), str(holding)]
+    layout = root_layout("/", [str(holding / "state")], paths, [])
+    assert not {m.dst for m in layout} & set(paths)  # not in the root, where /tmp would cover them
+    assert host_paths_over_own_mounts(paths, [str(holding / "state")]) == [BindMount(str(shown), str(shown), True)]
+    assert host_paths_over_own_mounts(["/usr"], []) == []  # outside /tmp and /run: in the root
 
 
 def test_directory_image_layout_is_one_writable_overlay(tmp_path: Path):
