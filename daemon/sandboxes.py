@@ -173,7 +173,9 @@ class SandboxManager:
         # Draining (Drain): no new sandboxes. `own_rollout(labels)` says whether a create is for
         # a rollout this daemon runs: those pass the drain (a rollout accepted before it
         # finishes) and the pace caps of [admission] (rollout.init_workers bounds them already).
-        self.draining = False
+        # A drain outlives a restart (the state directory's marker): a node taken out of service
+        # stays out until it is undone.
+        self.draining = state.draining
         self.own_rollout: Callable[[dict[str, str]], bool] = lambda labels: False
 
     def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
@@ -187,6 +189,9 @@ class SandboxManager:
         await self.recover()
         for entry in self.config.pool:
             self.pools.add(entry.name, self._pool_key(entry), entry.size)
+        if self.draining:
+            log.warning("the node is draining (since before this start): no new sandboxes until `corral drain --undo`")
+            await self.pools.pause()
         self.pools.start()
         self._reaper = asyncio.create_task(self._reap())
 
@@ -654,6 +659,7 @@ class SandboxManager:
     async def set_draining(self, draining: bool) -> None:
         """Drains the node (no new sandboxes, warm pools emptied and not refilled) or takes it
         back into service."""
+        self.state.set_draining(draining)
         self.draining = draining
         if draining:
             await self.pools.pause()

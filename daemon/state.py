@@ -1,4 +1,5 @@
-"""The daemon's small state directory: its persistent id and one record per live sandbox.
+"""The daemon's small state directory: its persistent id, one record per live sandbox, and whether
+the node drains (a marker file, so that a restarted daemon goes on draining until it is undone).
 
 A record is written before a sandbox starts and removed after it is destroyed, so a daemon that
 was killed (-9) finds in it everything it must clean up on its next start. Nothing here may stop
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 DAEMON_ID = re.compile(r"[0-9a-f]{8}")
 SANDBOX_ID = re.compile(r"sb-[0-9a-f]{12}")
+DRAINING = "draining"  # present while the node drains (Drain), across restarts
 
 
 class StateStore:
@@ -47,6 +49,19 @@ class StateStore:
         tmp.write_text(daemon_id + "\n")
         os.replace(tmp, path)
         return daemon_id
+
+    @property
+    def draining(self) -> bool:
+        return (self.root / DRAINING).exists()
+
+    def set_draining(self, draining: bool) -> None:
+        """Records the drain (an empty marker file) or its end. A failure raises: a drain that
+        would not survive a restart is not reported as done."""
+        marker = self.root / DRAINING
+        if draining:
+            marker.touch()
+        else:
+            marker.unlink(missing_ok=True)
 
     def save(self, sandbox_id: str, record: dict) -> None:
         """Writes a record whole (a crash or a full disk leaves the previous one, or none)."""
