@@ -1,5 +1,6 @@
 """`corral serve` and `corral doctor`: the commands that run daemon code in this process; and
-`corral drain`, which drains the node of a running daemon."""
+`corral drain`, which drains the node of a running daemon, and `corral health`, which asks it
+whether it serves (the probe of deploy/k8s and deploy/slurm)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import time
 DOCTOR_CALL_TIMEOUT_S = 10.0
 # How often `corral drain --wait` asks whether the node is empty.
 DRAIN_POLL_S = 1.0
+# How long `corral health` waits for the daemon's answer by default.
+HEALTH_TIMEOUT_S = 5.0
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +43,23 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     drain.add_argument("--undo", action="store_true", help="take the node back into service")
     drain.add_argument("--wait", action="store_true", help="wait until nothing is left on the node")
     drain.set_defaults(func=drain_command)
+
+    health = sub.add_parser(
+        "health",
+        help="exit 0 when the daemon answers SERVING on its gRPC health service, else 1 (a probe)",
+        description="Calls grpc.health.v1.Health/Check on the daemon at --address (over TCP with the bearer "
+        "token of $CORRAL_TOKEN) and prints its status. Exit status 0: SERVING; 1: anything else, or no answer.",
+    )
+    health.add_argument(
+        "--service", default="", help="one service's status, e.g. corral.v1.SandboxService (default: the daemon's)"
+    )
+    health.add_argument(
+        "--timeout",
+        type=float,
+        default=HEALTH_TIMEOUT_S,
+        help=f"seconds to wait for the answer (default {HEALTH_TIMEOUT_S:g})",
+    )
+    health.set_defaults(func=health_command)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -107,3 +127,23 @@ def drain_command(args: argparse.Namespace) -> int:
     what = "draining" if state.draining else "taking new work"
     print(f"{client.address}: {what}, {'empty' if state.empty else 'not empty'}")
     return 0
+
+
+def health_command(args: argparse.Namespace) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from corral.sdk._address import auth_metadata, resolve_address, resolve_token
+
+    address = resolve_address(args.address)
+    request = health_pb2.HealthCheckRequest(service=args.service)
+    with grpc.insecure_channel(address.grpc_target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                request, timeout=args.timeout, metadata=auth_metadata(resolve_token())
+            )
+        except grpc.RpcError as err:
+            print(f"corral health: {address}: {err.code().name}: {err.details()}", file=sys.stderr)
+            return 1
+    print(f"{address}: {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
