@@ -223,9 +223,11 @@ class CgroupDriver:
 
     def _delegate_v2(self, own_dir: Path, wanted: set[str]) -> set[str]:
         """Enables controllers for our subtree; v2 requires the daemon itself to leave a non-root
-        cgroup first ("no internal processes"), so it moves into a `daemon` leaf."""
+        cgroup first ("no internal processes"), so it moves into a `daemon` leaf. Only the
+        hierarchy's real root is exempt, and only it lacks `cgroup.events`: the root of a cgroup
+        namespace (a container's group, seen at /sys/fs/cgroup) is not."""
         try:
-            if own_dir != Path("/sys/fs/cgroup") and _read(own_dir / "cgroup.procs").strip():
+            if (own_dir / "cgroup.events").exists() and _read(own_dir / "cgroup.procs").strip():
                 leaf = own_dir / "daemon"
                 leaf.mkdir(exist_ok=True)
                 for pid in _read(own_dir / "cgroup.procs").split():
