@@ -166,6 +166,10 @@ def test_the_pod_runs_the_daemon_it_is_configured_for() -> None:
     socket_dir = str(Path(config["daemon"]["socket"]).parent)
     for name, path in (("run", socket_dir), ("state", config["daemon"]["state_dir"])):
         assert mounts[name] == path and volumes[name]["hostPath"]["path"] == path
+    # Loop devices and /tmp (the local backend's idmapped-overlay probe) are on the node, not the
+    # container's overlayfs root.
+    assert mounts["dev"] == volumes["dev"]["hostPath"]["path"] == "/dev"
+    assert mounts["tmp"] == "/tmp" and "emptyDir" in volumes["tmp"]
 
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         command = main[kind]["exec"]["command"]
@@ -184,3 +188,14 @@ def test_the_pod_runs_the_daemon_it_is_configured_for() -> None:
     assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert main["securityContext"]["privileged"] and pod["spec"]["hostUsers"]
     assert "limits" not in main["resources"]  # sandboxes live in the pod's cgroup: a limit would cap them all
+
+
+def test_the_image_holds_every_package_of_the_project() -> None:
+    """deploy/k8s/Dockerfile copies the source folders one by one: each folder pyproject.toml
+    installs a package from must be among them, and the files the install reads."""
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    folders = {path.split("/")[0] for path in project["tool"]["setuptools"]["package-dir"].values()}
+    lines = (K8S / "Dockerfile").read_text().splitlines()
+    sources = {name for line in lines if line.startswith("COPY ") for name in line.split()[1:-1]}
+    missing = (folders | {"pyproject.toml", "constraints.txt", "README.md"}) - sources
+    assert not missing, f"not copied into the image: {sorted(missing)}"
