@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -68,16 +69,30 @@ def job_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     }
 
 
+def run_job(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Runs corral.sbatch with ARGS; past `timeout`, its process group (the node's script and
+    daemon among it) gets SIGTERM, as scancel would send, so that no daemon outlives the test."""
+    with subprocess.Popen(
+        ["bash", str(SLURM / "corral.sbatch"), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as job:
+        try:
+            out, err = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGTERM)
+            out, err = job.communicate(timeout=60)
+            raise AssertionError(f"the job ran past {timeout} s:\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+
 def test_the_batch_script_serves_a_daemon_per_node_to_its_command(tmp_path: Path) -> None:
     require_backend("local")
     port = free_port()
-    job = subprocess.run(
-        ["bash", str(SLURM / "corral.sbatch"), sys.executable, "-c", JOB_COMMAND, str(SLURM / "corral_nodes.py")],
-        env=job_env(tmp_path, port),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    job = run_job([sys.executable, "-c", JOB_COMMAND, str(SLURM / "corral_nodes.py")], job_env(tmp_path, port), 180)
     logs = "".join(p.read_text() for p in (tmp_path / "job" / "logs").glob("*.log"))
     assert job.returncode == 0, f"{job.stdout}\n{job.stderr}\n{logs}"
     assert f"sandbox says hello on 127.0.0.1:{port}" in job.stdout
@@ -108,13 +123,7 @@ def test_the_batch_script_serves_a_daemon_per_node_to_its_command(tmp_path: Path
 def test_a_daemon_that_cannot_start_fails_the_job_with_its_log(tmp_path: Path) -> None:
     config = tmp_path / "broken.toml"
     config.write_text("[daemon]\nno_such_key = 1\n")
-    job = subprocess.run(
-        ["bash", str(SLURM / "corral.sbatch"), "true"],
-        env=job_env(tmp_path, free_port(), CORRAL_CONFIG=str(config)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    job = run_job(["true"], job_env(tmp_path, free_port(), CORRAL_CONFIG=str(config)), 120)
     assert job.returncode == 1
     assert "node-a: the daemon exited (2) before it served" in job.stderr
     assert "unknown configuration key daemon.no_such_key" in job.stderr  # the log's end, shown
