@@ -50,15 +50,26 @@ def one(resources: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found
 
 
+def merge_by(base: list[dict[str, Any]], patch: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """A list merged as a strategic-merge patch merges it, in kustomize's order: the patch's
+    entries first (each over the base's entry of the same `key`), then the base's others."""
+    patched = {entry[key] for entry in patch}
+    merged = [{**next((b for b in base if b[key] == entry[key]), {}), **entry} for entry in patch]
+    return merged + [entry for entry in base if entry[key] not in patched]
+
+
 def with_patch(daemonset: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """The DaemonSet with a strategic-merge patch of the kind with-engines holds applied: its
-    containers' volumeMounts and its volumes added before those of the base, as kustomize adds them."""
+    """The DaemonSet with a strategic-merge patch of the kind with-engines holds applied: fields
+    of the pod's spec set, volumes merged by name, the containers' volumeMounts by mountPath."""
     merged = copy.deepcopy(daemonset)
     spec, patch_spec = merged["spec"]["template"]["spec"], patch["spec"]["template"]["spec"]
+    spec.update({key: value for key, value in patch_spec.items() if key not in ("containers", "volumes")})
     for patch_container in patch_spec.get("containers", []):
         (container,) = [c for c in spec["containers"] if c["name"] == patch_container["name"]]
-        container["volumeMounts"] = [*patch_container.get("volumeMounts", []), *container["volumeMounts"]]
-    spec["volumes"] = [*patch_spec.get("volumes", []), *spec["volumes"]]
+        container["volumeMounts"] = merge_by(
+            container["volumeMounts"], patch_container.get("volumeMounts", []), "mountPath"
+        )
+    spec["volumes"] = merge_by(spec["volumes"], patch_spec.get("volumes", []), "name")
     return merged
 
 
@@ -182,7 +193,7 @@ def test_the_pod_runs_the_daemon_it_is_configured_for() -> None:
     assert ports["grpc"] == int(config["daemon"]["tcp"]["listen"].rsplit(":", 1)[1])
     assert ports["metrics"] == int(config["metrics"]["listen"].rsplit(":", 1)[1])
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(ports)
-    assert service["spec"]["clusterIP"] == "None" and pod["spec"]["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
     labels = pod["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -199,3 +210,16 @@ def test_the_image_holds_every_package_of_the_project() -> None:
     sources = {name for line in lines if line.startswith("COPY ") for name in line.split()[1:-1]}
     missing = (folders | {"pyproject.toml", "constraints.txt", "README.md"}) - sources
     assert not missing, f"not copied into the image: {sorted(missing)}"
+
+
+def test_with_engines_the_daemon_sees_the_engines_containers_and_they_its_mounts() -> None:
+    daemonset = one(overlay_resources("with-engines"), "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in container(daemonset)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert pod["hostPID"]  # /proc/<pid> of a container's init, as the engine names it
+    assert mounts["/var/lib/corral"]["mountPropagation"] == "Bidirectional"  # staged bind mounts
+    assert mounts["/var/lib/corral"]["name"] == "state" and "hostPath" in volumes["state"]
+    for path in ("/var/run/docker.sock", "/run/podman/podman.sock"):
+        assert volumes[mounts[path]["name"]]["hostPath"] == {"path": path, "type": "Socket"}
+    assert len(mounts) == len(container(daemonset)["volumeMounts"])  # merged, not doubled
