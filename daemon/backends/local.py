@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 
 from .. import diskcap
 from ..cgroups import LimitSupport
@@ -63,12 +63,12 @@ from .local_root import (
     unmount_root,
 )
 from .local_storage import (
+    SnapshotStore,
     StoragePool,
     bind_subvolume,
     delete_subvolume,
     make_subvolume,
     node_pool,
-    referenced_bytes,
     snapshot_paused,
 )
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
@@ -433,7 +433,7 @@ class LocalBackend(Backend):
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
         self._host_secrets: list[str] | None = None
-        self._snapshot_bytes: dict[str, int] = {}  # named snapshots' sizes, by path
+        self.snapshot_store = SnapshotStore("local.snapshot_store_bytes", settings.snapshot_store_bytes)
         self.pool = node_pool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
         super().__init__(context)
 
@@ -555,24 +555,10 @@ class LocalBackend(Backend):
     async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
         pool, local = self._forkable(sandbox)
         point = await asyncio.to_thread(local.fork_point, pool.snapshots / name)
-        try:
-            size = await asyncio.to_thread(referenced_bytes, Path(point.path))
-            held = sum(self._snapshot_bytes.values())
-            limit = self.settings.snapshot_store_bytes
-            if held + size > limit:
-                raise ResourceExhausted(
-                    f"a snapshot of sandbox {local.spec.sandbox_id} would hold {size} bytes, and the named snapshots "
-                    f"already hold {held} of the {limit} local.snapshot_store_bytes allows: delete some"
-                )
-        except BaseException:
-            await asyncio.to_thread(delete_subvolume, Path(point.path))
-            raise
-        self._snapshot_bytes[point.path] = size
-        return point, size
+        return point, await asyncio.to_thread(self.snapshot_store.admit, Path(point.path), local.spec.sandbox_id)
 
     async def drop_fork_point(self, point: ForkPoint) -> None:
-        self._snapshot_bytes.pop(point.path, None)
-        await asyncio.to_thread(delete_subvolume, Path(point.path))
+        await asyncio.to_thread(self.snapshot_store.drop, Path(point.path))
 
     async def check_image(self, image: str) -> None:
         source = parse_reference(image)

@@ -33,7 +33,10 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+
+from corral.sdk.errors import ResourceExhausted
 
 from ..diskcap import run_step
 from .mount_api import (
@@ -285,17 +288,49 @@ def make_subvolume(pool: StoragePool, sandbox_id: str, fork_path: str, disk_byte
     return subvolume
 
 
-def snapshot_paused(subvolume: Path, point: Path, pause) -> None:
-    """Snapshots `subvolume` read-only at `point` with the sandbox paused around it: `pause(True)`
-    pauses it (False when it cannot be, e.g. no cgroup v2 freezer) and `pause(False)` resumes it.
-    The filesystem is written out first, so the snapshot holds what the sandbox wrote."""
-    paused = pause(True)
+def snapshot_paused(subvolume: Path, point: Path, pause: Callable[[bool], bool] | None = None) -> None:
+    """Snapshots `subvolume` read-only at `point`, written out first so that the snapshot holds
+    what the sandbox wrote. `pause`: pauses the sandbox around it (`pause(True)`, False when it
+    cannot, e.g. no cgroup v2 freezer) and resumes it (`pause(False)`); None: the caller did."""
+    paused = pause(True) if pause else False
     try:
         syncfs(subvolume)
         snapshot(subvolume, point, read_only=True)
     finally:
         if paused:
-            pause(False)
+            pause(False)  # type: ignore[misc]
+
+
+class SnapshotStore:
+    """The named snapshots a backend keeps in the pool, bounded by what they hold together
+    (`setting`: the key that sets `limit_bytes`, for the error)."""
+
+    def __init__(self, setting: str, limit_bytes: int) -> None:
+        self.setting = setting
+        self.limit_bytes = limit_bytes
+        self._sizes: dict[str, int] = {}  # by path
+
+    def admit(self, point: Path, sandbox_id: str) -> int:
+        """Counts a snapshot just taken at `point` and returns its size; deletes it and raises
+        RESOURCE_EXHAUSTED when the store has no room for it."""
+        try:
+            size = referenced_bytes(point)
+            held = sum(self._sizes.values())
+            if held + size > self.limit_bytes:
+                raise ResourceExhausted(
+                    f"a snapshot of sandbox {sandbox_id} would hold {size} bytes, and the named snapshots "
+                    f"already hold {held} of the {self.limit_bytes} {self.setting} allows: delete some"
+                )
+        except BaseException:
+            delete_subvolume(point)
+            raise
+        self._sizes[str(point)] = size
+        return size
+
+    def drop(self, point: Path) -> None:
+        """Deletes a fork point or named snapshot."""
+        self._sizes.pop(str(point), None)
+        delete_subvolume(point)
 
 
 def referenced_bytes(path: Path) -> int:

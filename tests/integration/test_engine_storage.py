@@ -213,3 +213,51 @@ def test_a_fork_that_fails_half_way_leaves_nothing(engine_daemon, tmp_path):
         assert len(_containers(engine, daemon_id)) == 1
         children = parent.fork(2)
         assert sh(children[1], "cat /usr/x") == "x\n"
+
+
+def test_a_named_snapshot_outlives_its_sandbox_and_the_store_is_bounded(engine_daemon, tmp_path):
+    engine, _ = engine_daemon
+    config = engine_config(engine) + "snapshot_store_bytes = 33554432\n"  # 32 MiB
+    with own_daemon(tmp_path, config) as daemon, Client(daemon.address) as c:
+        parent = create(c, labels={"task": "snap"})
+        sh(parent, "echo kept > /workspace/kept && echo r > /usr/local/r")
+        taken = parent.snapshot("setup-1")
+        assert taken.sandbox_id == parent.id and taken.size_bytes > 0
+        sh(parent, "echo later > /workspace/kept && dd if=/dev/zero of=/usr/big bs=1M count=40 status=none")
+        with pytest.raises(errors.ResourceExhausted, match="docker.snapshot_store_bytes"):
+            parent.snapshot("too-big")  # 40 MiB more than the 32 the store holds
+        parent.destroy()
+        made = c.fork_snapshot("setup-1", 2)
+        for sb in made:
+            assert sh(sb, "cat /workspace/kept /usr/local/r") == "kept\nr\n"
+            assert sb.info.labels["task"] == "snap"
+        c.delete_snapshot("setup-1")
+        assert sh(made[0], "cat /workspace/kept") == "kept\n"
+        assert pool_entries(daemon) == sorted(f"sandboxes/{sb.id}" for sb in made)
+        with pytest.raises(errors.NotFound):
+            c.fork_snapshot("setup-1", 1)
+
+
+def test_local_and_docker_share_one_pool(tmp_path):
+    """Both backends on btrfs storage keep their sandboxes in the one pool of the node (mounted
+    once, unmounted when the daemon stops), and a restart after a crash reaps both."""
+    require_backend("local")
+    require_backend("docker")
+    require_image("docker")
+    config = engine_config("docker") + '[local]\nstorage = "btrfs"\n'
+    with own_daemon(tmp_path, config) as daemon:
+        pool = daemon.state_dir / "storage"
+        with Client(daemon.address) as c:
+            local = c.create_sandbox(backend="local", disk_bytes=64 * MIB)
+            engine = create(c, disk_bytes=64 * MIB)
+            assert pool_entries(daemon) == sorted(f"sandboxes/{sb.id}" for sb in (local, engine))
+            mounted = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+            assert mounted.count(str(pool)) == 1
+            for sb in (local, engine):
+                result = sb.exec("dd if=/dev/zero of=/tmp/fill bs=1M count=100; sync", timeout=60)
+                assert b"Disk quota exceeded" in result.stderr, result.stderr
+        daemon.stop(signal.SIGKILL)
+        daemon.start()
+        assert pool_entries(daemon) == []
+        assert not os.path.ismount(daemon.state_dir / "sandboxes" / engine.id)
+    assert not os.path.ismount(pool)
