@@ -18,6 +18,7 @@ from corral.sdk import Client, errors
 from tests.conftest import DOCKER_TEST_IMAGE, DaemonProcess, require_backend, require_image
 from tests.integration.test_container_backends import ENGINES, _containers
 from tests.integration.test_disk_limits import own_daemon
+from tests.integration.test_fork import assert_siblings_isolated, pool_entries, sh
 
 MIB = 1 << 20
 
@@ -45,20 +46,6 @@ def client(engine_daemon) -> Iterator[Client]:
 
 def create(client: Client, **kwargs):
     return client.create_sandbox(image=DOCKER_TEST_IMAGE, backend="docker", **kwargs)
-
-
-def sh(sandbox, script: str) -> str:
-    result = sandbox.exec(script, timeout=60)
-    assert result.exit_code == 0, (script, result.stdout, result.stderr)
-    return result.stdout.decode()
-
-
-def pool_entries(daemon: DaemonProcess) -> list[str]:
-    """The subvolumes of the daemon's storage pool (sandboxes, fork points, named snapshots)."""
-    pool = daemon.state_dir / "storage"
-    return sorted(
-        str(p.relative_to(pool)) for sub in ("sandboxes", "forks", "snapshots") for p in (pool / sub).iterdir()
-    )
 
 
 def layer_dir(engine: str, daemon_id: str, sandbox_id: str) -> Path:
@@ -148,17 +135,10 @@ def test_children_start_from_the_parent_and_are_isolated(client, engine_daemon):
             labels = child.info.labels
             assert labels["task"] == "t1" and labels["rollout"] == "r"
             assert labels["corral.fork.generation"] == "1" and labels["corral.fork.parent"] == parent.id
-        first, second, third = children
-        sh(first, "echo mine > /workspace/new && echo changed > /usr/local/rootfile")
-        sh(second, "rm /workspace/a /usr/local/rootfile /testbed/x")
-        for other in (second, third, parent):
-            assert sh(other, "test ! -e /workspace/new && echo absent") == "absent\n"
-        for other in (third, parent):
-            assert sh(other, "cat /workspace/a /usr/local/rootfile /testbed/x") == "ws\nroot\ntb\n"
-        assert sh(first, "cat /workspace/a /usr/local/rootfile") == "ws\nchanged\n"
+        assert_siblings_isolated(parent, children)
         # The parent kept running through the fork (paused for the snapshot only).
         sh(parent, "echo after > /workspace/late")
-        assert sh(first, "test ! -e /workspace/late && echo ok") == "ok\n"
+        assert sh(children[0], "test ! -e /workspace/late && echo ok") == "ok\n"
     finally:
         for sb in (parent, *children):
             sb.destroy()
