@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.daemon.backends.local_storage import create_subvolume
 from corral.sdk import Client, errors
 from tests.conftest import DOCKER_TEST_IMAGE, DaemonProcess, require_backend, require_image
 from tests.integration.test_container_backends import ENGINES, _containers
@@ -62,6 +63,8 @@ def layer_dir(engine: str, daemon_id: str, sandbox_id: str) -> Path:
 def test_root_filesystem_writes_count_against_the_disk_limit(client, engine_daemon):
     engine, daemon = engine_daemon
     with create(client, disk_bytes=64 * MIB) as sb:
+        disk = next(s for s in sb.info.limit_status if s.kind == "disk")
+        assert disk.enforced and "btrfs" in disk.mechanism, disk
         sh(sb, "echo root > /usr/local/rootfile && id -u")
         for path in ("/usr/fill", "/var/tmp/fill"):
             result = sb.exec(f"dd if=/dev/zero of={path} bs=1M count=200; sync; rm -f {path}", timeout=60)
@@ -107,6 +110,8 @@ def test_crashed_daemon_leaves_no_mount_behind(engine, tmp_path):
             sb = create(c, disk_bytes=64 * MIB)
             sh(sb, "echo x > /usr/x")
             layer = layer_dir(engine, daemon_id, sb.id)
+            # A fork point a crash cut short (the daemon removes its own right after the fork).
+            create_subvolume(d.state_dir / "storage" / "forks" / f"{sb.id}-deadbeef")
         d.stop(signal.SIGKILL)
         d.start()
         assert _containers(engine, daemon_id) == []

@@ -1,0 +1,80 @@
+"""engine_layer.py's checks: which container layers the daemon can place on a sandbox's storage,
+and the start-time proof that the engine writes the container's root there."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from corral.daemon.backends import engine_layer
+from corral.sdk.errors import FailedPrecondition
+
+
+def inspect(name: str, upper: str, work: str) -> dict:
+    return {"GraphDriver": {"Name": name, "Data": {"UpperDir": upper, "WorkDir": work}}}
+
+
+def test_an_overlay_layer_is_the_parent_of_its_upper_and_work_directories():
+    for driver in ("overlay2", "overlay"):
+        attrs = inspect(driver, "/var/lib/e/overlay2/abc/diff", "/var/lib/e/overlay2/abc/work")
+        assert engine_layer.layer_dir(attrs) == Path("/var/lib/e/overlay2/abc")
+
+
+@pytest.mark.parametrize(
+    ("attrs", "says"),
+    [
+        (inspect("vfs", "", ""), "'vfs'"),
+        (inspect("btrfs", "/x/diff", "/x/work"), "'btrfs'"),
+        ({}, "'none'"),
+        (inspect("overlay2", "/a/diff", "/b/work"), "apart"),
+        (inspect("overlay2", "/a/upper", "/a/work"), "apart"),
+    ],
+)
+def test_other_layers_are_failed_precondition_naming_why(attrs, says):
+    with pytest.raises(FailedPrecondition, match=says):
+        engine_layer.layer_dir(attrs)
+
+
+@pytest.fixture
+def chrooted(tmp_path):
+    """A process of this test's whose root is `tmp_path/root` (as a container's init's is its
+    root filesystem), and that directory."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    root = tmp_path / "root"
+    root.mkdir()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        os.chroot(root)
+        os.write(write, b"x")
+        signal.pause()
+        os._exit(0)
+    os.close(write)
+    os.read(read, 1)
+    os.close(read)
+    yield pid, root
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def test_the_start_check_passes_when_the_root_writes_into_the_sandboxs_layer(chrooted, tmp_path):
+    pid, root = chrooted
+    sandbox_dir = tmp_path / "sandbox"
+    (sandbox_dir / engine_layer.LAYER).mkdir(parents=True)
+    (sandbox_dir / engine_layer.LAYER / engine_layer.UPPER).symlink_to(root)  # (as the bind would)
+    engine_layer.check_used(pid, sandbox_dir)
+    assert list(root.iterdir()) == []  # the probe is gone again
+
+
+def test_the_start_check_fails_where_the_engine_does_not_see_the_bind(chrooted, tmp_path):
+    pid, root = chrooted
+    sandbox_dir = tmp_path / "sandbox"
+    (sandbox_dir / engine_layer.LAYER / engine_layer.UPPER).mkdir(parents=True)
+    with pytest.raises(FailedPrecondition, match="mount namespace of its own"):
+        engine_layer.check_used(pid, sandbox_dir)
+    assert list(root.iterdir()) == []
