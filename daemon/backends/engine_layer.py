@@ -23,6 +23,7 @@ sandbox subvolumes: StoragePool.reap).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -67,21 +68,34 @@ def place(engine_dir: Path, sandbox_dir: Path, inherited: bool) -> None:
     ours = sandbox_dir / LAYER
     ours.mkdir(mode=0o700, exist_ok=True)
     for entry in engine_dir.iterdir():
-        target = ours / entry.name
-        if inherited and entry.name == UPPER:
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(entry, target, symlinks=True)
-            shutil.copystat(entry, target)
-        else:
-            shutil.copy2(entry, target, follow_symlinks=False)
-    shutil.copystat(engine_dir, ours)
+        if not (inherited and entry.name == UPPER):
+            _copy_as_is(entry, ours / entry.name)
+    _keep_owner_and_mode(engine_dir, ours)
     tree = detached_tree(str(ours), MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=False)
     try:
         attach_tree(tree, engine_dir)
     finally:
         os.close(tree)
+
+
+def _copy_as_is(source: Path, target: Path) -> None:
+    """Copies a file or directory tree over `target`, with modes, times and owners (an engine
+    with user namespace remapping owns its layers as the remapped root)."""
+    if source.is_dir() and not source.is_symlink():
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target, symlinks=True)
+        for copied in [target, *target.rglob("*")]:
+            _keep_owner_and_mode(source / copied.relative_to(target), copied)
+    else:
+        shutil.copy2(source, target, follow_symlinks=False)
+        _keep_owner_and_mode(source, target)
+
+
+def _keep_owner_and_mode(source: Path, target: Path) -> None:
+    st = os.lstat(source)
+    os.lchown(target, st.st_uid, st.st_gid)
+    if not target.is_symlink():
+        shutil.copystat(source, target)
 
 
 def check_used(init_pid: int, sandbox_dir: Path) -> None:
@@ -103,6 +117,6 @@ def check_used(init_pid: int, sandbox_dir: Path) -> None:
 
 def take_away(engine_dir: Path) -> None:
     """Detaches the sandbox's layer from the engine's directory (nothing when it is not there:
-    Podman detaches it itself when the container stops)."""
-    if os.path.ismount(engine_dir):
+    Podman detaches it itself when the container stops; nor when the engine removed it)."""
+    with contextlib.suppress(FileNotFoundError):
         detach(engine_dir)

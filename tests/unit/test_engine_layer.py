@@ -78,3 +78,58 @@ def test_the_start_check_fails_where_the_engine_does_not_see_the_bind(chrooted, 
     with pytest.raises(FailedPrecondition, match="mount namespace of its own"):
         engine_layer.check_used(pid, sandbox_dir)
     assert list(root.iterdir()) == []
+
+
+def mounted(path: Path) -> bool:
+    """Whether something is mounted at `path` (a bind within one filesystem too)."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return str(path) in points
+
+
+@pytest.fixture
+def engine_dir(tmp_path):
+    """A layer directory as an engine with user namespace remapping makes it (owned by the
+    remapped root), with what overlay left in its scratch space."""
+    if os.geteuid() != 0:
+        pytest.skip("binding needs root")
+    layer = tmp_path / "engine" / "abc"
+    (layer / "diff").mkdir(parents=True)
+    (layer / "work" / "work").mkdir(parents=True)
+    (layer / "link").write_text("SHORTNAME")
+    (layer / "lower").write_text("l/A:l/B")
+    for path in (layer, layer / "diff", layer / "work", layer / "work" / "work", layer / "link", layer / "lower"):
+        os.chown(path, 100000, 100000)
+    os.chmod(layer / "work" / "work", 0)
+    os.chmod(layer, 0o710)
+    yield layer
+    engine_layer.take_away(layer)
+
+
+def test_placing_keeps_the_engines_entries_and_owners_and_binds_them_over(engine_dir, tmp_path):
+    sandbox_dir = tmp_path / "sandbox"
+    sandbox_dir.mkdir()
+    engine_layer.place(engine_dir, sandbox_dir, inherited=False)
+    assert mounted(engine_dir)
+    ours = sandbox_dir / engine_layer.LAYER
+    for name in ("", "diff", "work", "work/work", "link", "lower"):
+        st = os.lstat(ours / name)
+        assert (st.st_uid, st.st_gid) == (100000, 100000), name
+    assert os.lstat(ours / "work" / "work").st_mode & 0o777 == 0
+    assert os.lstat(ours).st_mode & 0o777 == 0o710
+    (engine_dir / "diff" / "written").write_text("x")  # what the engine writes lands in ours
+    assert (ours / "diff" / "written").read_text() == "x"
+    engine_layer.take_away(engine_dir)
+    assert not mounted(engine_dir) and not (engine_dir / "diff" / "written").exists()
+
+
+def test_a_childs_layer_keeps_its_parents_changes_and_takes_the_rest_from_the_engine(engine_dir, tmp_path):
+    sandbox_dir = tmp_path / "sandbox"
+    inherited = sandbox_dir / engine_layer.LAYER
+    (inherited / "diff" / "usr").mkdir(parents=True)
+    (inherited / "diff" / "usr" / "parents").write_text("p")
+    (inherited / "work" / "work" / "stale").mkdir(parents=True)
+    (inherited / "link").write_text("PARENTSNAME")
+    engine_layer.place(engine_dir, sandbox_dir, inherited=True)
+    assert (engine_dir / "diff" / "usr" / "parents").read_text() == "p"
+    assert not (inherited / "work" / "work" / "stale").exists()
+    assert (engine_dir / "link").read_text() == "SHORTNAME"
