@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,6 +149,27 @@ def test_children_start_from_the_parent_and_are_isolated(client, engine_daemon):
         for sb in (parent, *children):
             sb.destroy()
     assert pool_entries(daemon) == []
+
+
+def test_the_parent_keeps_running_through_a_fork(client):
+    parent = create(client)
+    try:
+        # A process of the parent's that runs on: it was paused for the snapshot, not stopped.
+        sh(parent, "nohup sh -c 'while :; do echo t >> /tmp/ticks; sleep 0.05; done' >/dev/null 2>&1 &")
+        with parent.shell() as shell:
+            shell.run("export KEPT=yes; mkdir -p /workspace/deep && cd /workspace/deep")
+            (child,) = parent.fork(1)
+            try:
+                assert shell.run('echo "$KEPT $PWD"', timeout=10).output.strip() == b"yes /workspace/deep"
+                ticks = int(sh(parent, "wc -l < /tmp/ticks"))
+                time.sleep(0.5)
+                assert int(sh(parent, "wc -l < /tmp/ticks")) > ticks
+                assert child.list_shells() == []  # processes are not copied
+                assert sh(child, "test -d /workspace/deep && test -s /tmp/ticks && echo ok") == "ok\n"
+            finally:
+                child.destroy()
+    finally:
+        parent.destroy()
 
 
 def test_fork_of_a_fork_and_the_disk_limit_of_children(client):
