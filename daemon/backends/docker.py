@@ -452,7 +452,7 @@ class DockerBackend(Backend):
         if not isinstance(sandbox, DockerSandbox) or sandbox.subvolume is None or sandbox.container is None:
             raise FailedPrecondition(
                 'forking docker sandboxes needs their writable layer on the btrfs pool: set docker.storage = "btrfs" '
-                '(docs/backends.md, "Disk")'
+                '(docs/backends.md, "Disk and fork on Docker and Podman")'
             )
         return sandbox
 
@@ -505,10 +505,11 @@ class DockerBackend(Backend):
         filters = {"label": [f"{LABEL_DAEMON}={self.context.daemon_id}", *(f"{k}={v}" for k, v in labels.items())]}
         for container in await self.engine(self.client.containers.list, all=True, filters=filters):
             log.info("removing leftover container %s", container.name)
-            try:
+            # Its layer is taken away first if a daemon placed one there (whatever the storage
+            # setting now: it may have changed since the crash); elsewhere that finds nothing.
+            layer_dir = None
+            with contextlib.suppress(FailedPrecondition):  # (a driver with no such directory)
                 layer_dir = engine_layer.layer_dir(container.attrs)
-            except FailedPrecondition:
-                layer_dir = None  # (not one of ours on the pool: nothing to take away)
             try:
                 await self.remove_container(container, layer_dir)
             except (NotFound, FailedPrecondition):
