@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from corral.daemon.backends import engine_layer
+from corral.daemon.config import ConfigError, load_config
 from corral.sdk.errors import FailedPrecondition
 
 
@@ -133,3 +134,15 @@ def test_a_childs_layer_keeps_its_parents_changes_and_takes_the_rest_from_the_en
     assert (engine_dir / "diff" / "usr" / "parents").read_text() == "p"
     assert not (inherited / "work" / "work" / "stale").exists()
     assert (engine_dir / "link").read_text() == "SHORTNAME"
+
+
+def test_docker_storage_settings_are_checked(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[docker]\nstorage = "btrfs"\nstorage_bytes = 8589934592\nsnapshot_store_bytes = 0\n')
+    settings = load_config(toml, environ={}).backend("docker")
+    assert (settings.storage, settings.storage_bytes, settings.snapshot_store_bytes) == ("btrfs", 8 << 30, 0)
+    assert load_config(None, environ={}).backend("docker").storage == "engine"
+    for bad, says in (('storage = "xfs"', "engine, btrfs"), ("storage_bytes = -1", "storage_bytes")):
+        toml.write_text(f"[docker]\n{bad}\n")
+        with pytest.raises(ConfigError, match=f"docker.*{says}"):
+            load_config(toml, environ={})
