@@ -11,6 +11,11 @@ timeout can kill the whole tree. Files use the same in-root openat2 access as lo
 through /proc/<container init>/root, as the same user. That is why this backend needs the daemon
 on the engine's host, as root; a remote engine is not supported.
 
+With `docker.storage = "btrfs"` the sandbox's directory is a subvolume of the node's btrfs pool,
+capped at limits.disk_bytes (local_storage.py), and the container's writable layer is placed in it
+before the container starts (engine_layer.py): one limit covers the workspace and every write to
+the container's root, and ForkSandbox snapshots both.
+
 Containers carry labels naming the daemon and the sandbox, so a restarted daemon finds and
 removes whatever a crashed one left.
 """
@@ -21,16 +26,28 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
+from . import engine_layer
+from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
 from .container_enter import ImageUserSandbox
 from .idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
+from .local_storage import (
+    SnapshotStore,
+    StoragePool,
+    bind_subvolume,
+    delete_subvolume,
+    make_subvolume,
+    node_pool,
+    snapshot_paused,
+)
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -68,10 +85,27 @@ class DockerSettings:
     # engine's defaults. Podman sets nofile and nproc to 1048576 unless told otherwise, which
     # fails where root cannot raise rlimits that far (e.g. inside a user namespace).
     ulimits: list[str] = field(default_factory=list)
+    # "engine": the container's writable layer is the engine's (not capped); "btrfs": it and the
+    # workspace are on a subvolume of the node's btrfs pool capped at limits.disk_bytes, which
+    # ForkSandbox needs (engine_layer.py, local_storage.py); the pool is an image of storage_bytes
+    # (0: the size of the state directory's disk, sparse), shared with local.storage = "btrfs".
+    storage: str = "engine"
+    storage_bytes: int = 0
+    # What named snapshots (SnapshotSandbox) of docker sandboxes may hold together.
+    snapshot_store_bytes: int = 64 << 30
 
     def validate(self) -> None:
         for entry in self.ulimits:
             parse_ulimit(entry)
+        if self.storage not in STORAGE_KINDS:
+            raise ValueError(f"storage must be one of {', '.join(STORAGE_KINDS)}")
+        if self.storage_bytes < 0:
+            raise ValueError("storage_bytes must be 0 (the state disk's size) or positive")
+        if self.snapshot_store_bytes < 0:
+            raise ValueError("snapshot_store_bytes must be 0 (no named snapshots) or positive")
+
+
+STORAGE_KINDS = ("engine", "btrfs")
 
 
 def parse_ulimit(entry: str) -> tuple[str, int, int]:
@@ -108,6 +142,23 @@ class DockerSandbox(ImageUserSandbox):
         self.container: Container | None = None
         self.container_name = f"corral-{self.context.daemon_id}-{spec.sandbox_id}"
         self.bind_staging = staging_dir(self.context.state_dir, backend.name, spec.sandbox_id)
+        # With the btrfs pool: the sandbox's subvolume, and the engine's layer directory bound to
+        # its `layer/` (engine_layer.py).
+        self.subvolume: Path | None = None
+        self.layer_dir: Path | None = None
+
+    async def mount_writable(self) -> None:
+        pool = self.backend.pool
+        if pool is not None:
+            await asyncio.to_thread(self._mount_subvolume, pool)
+
+    def _mount_subvolume(self, pool: StoragePool) -> None:
+        fork = self.spec.fork
+        self.subvolume = make_subvolume(
+            pool, self.spec.sandbox_id, fork.path if fork else "", self.spec.limits.disk_bytes
+        )
+        # (Inside ids are the host's: nothing to map, whoever wrote the files.)
+        bind_subvolume(self.subvolume, self.sandbox_dir, self.uid, self.uid, 1)
 
     async def launch(self) -> None:
         backend = self.backend
@@ -119,7 +170,6 @@ class DockerSandbox(ImageUserSandbox):
             # kernel ignores SIGKILL sent to a pid namespace's init from inside. Its `wait`
             # reaps orphans (waitpid(-1)) while its sleep lasts; a killed sleep is replaced.
             command=["/bin/sh", "-c", PID1_LOOP],
-            detach=True,
             init=False,
             name=self.container_name,
             hostname="corral",
@@ -161,19 +211,28 @@ class DockerSandbox(ImageUserSandbox):
             kwargs.update(oom_score_adj=self.context.cgroups.oom_score_adj)
         client = backend.engine_client
         try:
-            container: Container = await backend.engine(client.containers.run, self.spec.image, **kwargs)
+            container: Container = await backend.engine(client.containers.create, self.spec.image, **kwargs)
             self.container = container
+            if self.subvolume is not None:
+                self.layer_dir = engine_layer.layer_dir(container.attrs)
+                await asyncio.to_thread(
+                    engine_layer.place, self.layer_dir, self.sandbox_dir, self.spec.fork is not None
+                )
+            await backend.engine(container.start)
         except BaseException:
             # A container the engine created but could not start must not outlive the error.
             with contextlib.suppress(Exception):
                 leftover = await backend.engine(client.containers.get, self.container_name)
-                await backend.engine(leftover.remove, force=True)
+                await backend.remove_container(leftover, self.layer_dir)
+            self.container = self.layer_dir = None
             raise
         await backend.engine(container.reload)
         self.init_pid = int(container.attrs["State"]["Pid"])
         if not self.init_pid:
             raise FailedPrecondition(f"container of {self.spec.image!r} is not running: {container.status}")
         self.cgroup = self.context.cgroups.group_of(self.init_pid)
+        if self.layer_dir is not None:
+            await asyncio.to_thread(engine_layer.check_used, self.init_pid, self.sandbox_dir)
         await asyncio.to_thread(check_shown, self.spec.mounts, self.uid, self.init_pid)
         self.adopt_user(container.attrs["Config"].get("User") or "")
 
@@ -189,13 +248,50 @@ class DockerSandbox(ImageUserSandbox):
         container, self.container = self.container, None
         if container is not None:
             try:
-                await self.backend.engine(container.remove, force=True)
+                await self.backend.remove_container(container, self.layer_dir)
             except (NotFound, FailedPrecondition, Unavailable) as err:
                 log.warning("could not remove container of %s: %s", self.spec.sandbox_id, err)
         await asyncio.to_thread(unstage, self.bind_staging)
 
+    async def destroy(self) -> None:
+        await super().destroy()
+        if self.subvolume is not None:
+            await asyncio.to_thread(delete_subvolume, self.subvolume)
+            self.subvolume = None
+
     def record_extra(self) -> dict:
         return {"container_id": self.container.id if self.container else ""}
+
+    async def fork_point(self, point: Path) -> ForkPoint:
+        """Pauses the container (cgroup v2's freezer, else the engine's pause: about 25 ms each
+        way), writes its filesystem out and snapshots its subvolume (workspace and writable
+        layer) read-only at `point`, then resumes it."""
+        assert self.subvolume is not None and self.container is not None  # (checked by the backend)
+        cgroup, container = self.cgroup, self.container
+        frozen = cgroup is not None and await asyncio.to_thread(cgroup.freeze, True)
+        if not frozen:
+            await self.backend.engine(container.pause)
+        try:
+            await asyncio.to_thread(snapshot_paused, self.subvolume, point)
+        finally:
+            if frozen:
+                await asyncio.to_thread(cgroup.freeze, False)  # type: ignore[union-attr]
+            else:
+                await self._resume(container)
+        return ForkPoint(self.spec.sandbox_id, str(point), self.uid)
+
+    async def _resume(self, container: Container) -> None:
+        """Unpauses the container, retried while the engine has not yet recorded the pause."""
+        for delay in (0.0, 0.05, 0.2, 0.5):
+            await asyncio.sleep(delay)
+            try:
+                await self.backend.engine(container.unpause)
+                return
+            except FailedPrecondition:
+                await self.backend.engine(container.reload)
+                if not container.attrs["State"].get("Paused"):
+                    return
+        raise FailedPrecondition(f"the engine could not resume the container of {self.spec.sandbox_id} after a fork")
 
     def _our_leaves(self) -> list[CgroupGroup]:
         assert self.cgroup is not None
@@ -236,6 +332,10 @@ class DockerBackend(Backend):
         self._pool = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="docker-engine")
         self.client: DockerClient | None = None
         self._unreachable = False
+        settings = context.settings
+        self.pool = node_pool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
+        self._pool_open = False
+        self.snapshot_store = SnapshotStore("docker.snapshot_store_bytes", settings.snapshot_store_bytes)
         super().__init__(context)
 
     @property
@@ -272,11 +372,23 @@ class DockerBackend(Backend):
             client = docker.DockerClient(base_url=self.address, timeout=60)
             self.client = client
             version = _engine_name(client.version())
-            limits["disk"] = _disk_not_capped(_storage_driver(client.info()))
+            info = client.info()
+            limits["disk"] = _disk_not_capped(_storage_driver(info))
         except docker.errors.DockerException as err:
             problems.append(f"cannot reach the Docker engine at {self.address}: {err}")
             self._unreachable = True
-            version = ""
+            version, info = "", {}
+        if self.pool is not None and not self._unreachable:
+            if lacking := self.pool.lacking():
+                problems.append(f'docker.storage = "btrfs": {lacking}')
+            elif info.get("Driver") not in engine_layer.OVERLAY_DRIVERS:
+                problems.append(
+                    f'docker.storage = "btrfs" needs the engine\'s overlay storage driver; it uses {_storage_driver(info)}'
+                )
+            limits["disk"] = LimitSupport(
+                True,
+                "btrfs subvolume per sandbox (workspace and the container's writable layer), capped by a quota group",
+            )
         if problems:
             return BackendStatus(False, "; ".join(problems), "none", limits)
         return BackendStatus(True, f"{version} at {self.address}", "container", limits)
@@ -336,6 +448,38 @@ class DockerBackend(Backend):
         except (NotFound, FailedPrecondition, docker.errors.DockerException) as err:
             raise NotFound(f"image {image!r} could not be pulled: {err}") from err
 
+    def _forkable(self, sandbox: SandboxRuntime) -> DockerSandbox:
+        if not isinstance(sandbox, DockerSandbox) or sandbox.subvolume is None or sandbox.container is None:
+            raise FailedPrecondition(
+                'forking docker sandboxes needs their writable layer on the btrfs pool: set docker.storage = "btrfs" '
+                '(docs/backends.md, "Disk and fork on Docker and Podman")'
+            )
+        return sandbox
+
+    async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+        parent = self._forkable(sandbox)
+        assert self.pool is not None  # (a subvolume is made only with the pool)
+        return await parent.fork_point(self.pool.forks / f"{parent.spec.sandbox_id}-{secrets.token_hex(4)}")
+
+    async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
+        parent = self._forkable(sandbox)
+        assert self.pool is not None
+        point = await parent.fork_point(self.pool.snapshots / name)
+        return point, await asyncio.to_thread(self.snapshot_store.admit, Path(point.path), parent.spec.sandbox_id)
+
+    async def drop_fork_point(self, point: ForkPoint) -> None:
+        await asyncio.to_thread(self.snapshot_store.drop, Path(point.path))
+
+    async def remove_container(self, container: Container, layer_dir: Path | None) -> None:
+        """Removes a container; one whose writable layer is the sandbox's (engine_layer.py) is
+        stopped first (the engine unmounts its root), then the layer is taken away from the
+        engine's directory, which the engine deletes."""
+        if layer_dir is not None:
+            with contextlib.suppress(NotFound):
+                await self.engine(container.stop, timeout=0)
+            await asyncio.to_thread(engine_layer.take_away, layer_dir)
+        await self.engine(container.remove, force=True)
+
     async def release(self, record: dict) -> None:
         await self._remove_containers({LABEL_SANDBOX: record.get("sandbox_id", "")})
         await asyncio.to_thread(release_staging, self.context.state_dir, self.name, record)
@@ -344,6 +488,16 @@ class DockerBackend(Backend):
         if self._status.available:
             await self._remove_containers({})
         await asyncio.to_thread(unstage_all, staging_root(self.context.state_dir, self.name))
+        if self.pool is not None and self._status.available:
+            try:
+                await asyncio.to_thread(self.pool.open)
+                self._pool_open = True
+                await asyncio.to_thread(self.pool.reap)
+            except OSError as err:
+                log.error("the docker backend cannot make sandboxes: %s", err)
+                self._status = replace(
+                    self._status, available=False, detail=f'docker.storage = "btrfs": {err.strerror or err}'
+                )
 
     async def _remove_containers(self, labels: dict[str, str]) -> None:
         if self.client is None:
@@ -351,12 +505,20 @@ class DockerBackend(Backend):
         filters = {"label": [f"{LABEL_DAEMON}={self.context.daemon_id}", *(f"{k}={v}" for k, v in labels.items())]}
         for container in await self.engine(self.client.containers.list, all=True, filters=filters):
             log.info("removing leftover container %s", container.name)
+            # Its layer is taken away first if a daemon placed one there (whatever the storage
+            # setting now: it may have changed since the crash); elsewhere that finds nothing.
+            layer_dir = None
+            with contextlib.suppress(FailedPrecondition):  # (a driver with no such directory)
+                layer_dir = engine_layer.layer_dir(container.attrs)
             try:
-                await self.engine(container.remove, force=True)
+                await self.remove_container(container, layer_dir)
             except (NotFound, FailedPrecondition):
                 pass
 
     async def close(self) -> None:
+        if self.pool is not None and self._pool_open:
+            self._pool_open = False
+            await asyncio.to_thread(self.pool.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self.client is not None:
             self.client.close()

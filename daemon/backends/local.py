@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
+from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 
 from .. import diskcap
 from ..cgroups import LimitSupport
@@ -63,14 +63,13 @@ from .local_root import (
     unmount_root,
 )
 from .local_storage import (
+    SnapshotStore,
     StoragePool,
     bind_subvolume,
-    create_subvolume,
     delete_subvolume,
-    limit_subvolume,
-    referenced_bytes,
-    snapshot,
-    syncfs,
+    make_subvolume,
+    node_pool,
+    snapshot_paused,
 )
 from .nsenter import HOST_ENV, inside_env, nsenter_argv
 
@@ -205,21 +204,15 @@ class LocalSandbox(ManagedSandbox):
     def _mount_subvolume(self, pool: StoragePool) -> None:
         """The sandbox's subvolume, new or a snapshot of its fork point, capped and bound at its
         directory (idmapped for a fork's child: the files keep the ids they have on disk)."""
-        subvolume = pool.subvolume(self.spec.sandbox_id)
         fork = self.spec.fork
-        if fork is None:
-            create_subvolume(subvolume)
-        else:
-            snapshot(Path(fork.path), subvolume, read_only=False)
-            self.disk_base = fork.disk_base
+        subvolume = make_subvolume(pool, self.spec.sandbox_id, fork.path if fork else "", self.spec.limits.disk_bytes)
         self.subvolume = subvolume
         if fork is not None:
+            self.disk_base = fork.disk_base
             # Overlay's scratch space of the parent's mounts: a fresh mount wants it empty.
             for work in (subvolume / "layers" / "work").glob("*"):
                 for entry in work.iterdir():
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-        if self.spec.limits.disk_bytes or fork is not None:
-            limit_subvolume(subvolume, self.spec.limits.disk_bytes)
         bind_subvolume(subvolume, self.sandbox_dir, self.disk_base, self.uid, INSIDE_ID_COUNT)
 
     async def launch(self) -> None:
@@ -376,13 +369,7 @@ class LocalSandbox(ManagedSandbox):
         """Pauses the sandbox (where its cgroup can be frozen), writes its filesystem out and
         snapshots its subvolume read-only at `point`, then resumes it."""
         assert self.subvolume is not None  # (only made with the pool)
-        frozen = bool(self.cgroup) and self.cgroup.freeze(True)  # type: ignore[union-attr]
-        try:
-            syncfs(self.subvolume)
-            snapshot(self.subvolume, point, read_only=True)
-        finally:
-            if frozen:
-                self.cgroup.freeze(False)  # type: ignore[union-attr]
+        snapshot_paused(self.subvolume, point, lambda paused: bool(self.cgroup) and self.cgroup.freeze(paused))  # type: ignore[union-attr]
         return ForkPoint(self.spec.sandbox_id, str(point), self.disk_base)
 
     def alive(self) -> bool:
@@ -446,8 +433,8 @@ class LocalBackend(Backend):
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
         self._host_secrets: list[str] | None = None
-        self._snapshot_bytes: dict[str, int] = {}  # named snapshots' sizes, by path
-        self.pool = StoragePool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
+        self.snapshot_store = SnapshotStore("local.snapshot_store_bytes", settings.snapshot_store_bytes)
+        self.pool = node_pool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
         super().__init__(context)
 
     # -- capabilities ------------------------------------------------------------------------------
@@ -568,24 +555,10 @@ class LocalBackend(Backend):
     async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
         pool, local = self._forkable(sandbox)
         point = await asyncio.to_thread(local.fork_point, pool.snapshots / name)
-        try:
-            size = await asyncio.to_thread(referenced_bytes, Path(point.path))
-            held = sum(self._snapshot_bytes.values())
-            limit = self.settings.snapshot_store_bytes
-            if held + size > limit:
-                raise ResourceExhausted(
-                    f"a snapshot of sandbox {local.spec.sandbox_id} would hold {size} bytes, and the named snapshots "
-                    f"already hold {held} of the {limit} local.snapshot_store_bytes allows: delete some"
-                )
-        except BaseException:
-            await asyncio.to_thread(delete_subvolume, Path(point.path))
-            raise
-        self._snapshot_bytes[point.path] = size
-        return point, size
+        return point, await asyncio.to_thread(self.snapshot_store.admit, Path(point.path), local.spec.sandbox_id)
 
     async def drop_fork_point(self, point: ForkPoint) -> None:
-        self._snapshot_bytes.pop(point.path, None)
-        await asyncio.to_thread(delete_subvolume, Path(point.path))
+        await asyncio.to_thread(self.snapshot_store.drop, Path(point.path))
 
     async def check_image(self, image: str) -> None:
         source = parse_reference(image)

@@ -1,12 +1,15 @@
-"""Copy-on-write storage for local sandboxes (`local.storage = "btrfs"`): the writable space of every
-sandbox (its workspace, /tmp and its root's overlay upper and work directories: everything its
-sandbox directory holds) is a btrfs subvolume, so that a sandbox can be forked in O(1).
+"""Copy-on-write storage for sandboxes (`local.storage = "btrfs"`, `docker.storage = "btrfs"`): the
+writable space of every sandbox (everything its sandbox directory holds: for a local sandbox its
+workspace, /tmp and its root's overlay upper and work directories; for a container its workspace
+and the engine's writable layer, engine_layer.py) is a btrfs subvolume, so that one quota caps
+all of it and a sandbox can be forked in O(1).
 
 - **The pool**: one btrfs filesystem per node, `<state_dir>/storage`, the state directory's own
   when that is btrfs, else a sparse image file (`<state_dir>/storage.img`) formatted btrfs and
-  loop-mounted there at start, reused across restarts. `sandboxes/` holds one subvolume per
-  sandbox, `forks/` the read-only snapshots of parents at the moment of a fork. Nothing in it
-  outlives a daemon run: a restart deletes every subvolume left (`reap`).
+  loop-mounted there at start, reused across restarts; every backend that keeps sandboxes in it
+  shares the one object (`node_pool`). `sandboxes/` holds one subvolume per sandbox, `forks/` the
+  read-only snapshots of parents at the moment of a fork. Nothing in it outlives a daemon run: a
+  restart detaches every mount of it left outside the pool and deletes every subvolume (`reap`).
 - **Disk caps**: btrfs quota groups, each subvolume limited to `limits.disk_bytes` of referenced
   data (what it holds, shared extents included: a child counts its parent's files as a full copy
   would). Writing past the cap fails with EDQUOT ("Disk quota exceeded"), not ENOSPC.
@@ -27,9 +30,13 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+
+from corral.sdk.errors import ResourceExhausted
 
 from ..diskcap import run_step
 from .mount_api import (
@@ -164,6 +171,18 @@ def syncfs(path: Path) -> None:
         os.close(fd)
 
 
+_NODE_POOLS: dict[Path, StoragePool] = {}
+
+
+def node_pool(state_dir: Path, size_bytes: int) -> StoragePool:
+    """The pool under `state_dir`, one object for every backend that keeps sandboxes in it (the
+    first one's `size_bytes` sizes its image when it is made)."""
+    pool = _NODE_POOLS.get(state_dir)
+    if pool is None:
+        pool = _NODE_POOLS[state_dir] = StoragePool(state_dir, size_bytes)
+    return pool
+
+
 class StoragePool:
     """The node's btrfs pool of sandbox subvolumes (see the module's docstring)."""
 
@@ -174,6 +193,7 @@ class StoragePool:
         self.sandboxes = self.root / "sandboxes"
         self.forks = self.root / "forks"
         self.snapshots = self.root / "snapshots"
+        self._users = 0  # backends that opened it and have not closed it
 
     def lacking(self) -> str:
         """ "" when this node can have the pool, else what it lacks."""
@@ -183,7 +203,12 @@ class StoragePool:
         return ""  # (the kernel's btrfs is found when the daemon mounts the pool)
 
     def open(self) -> None:
-        """Mounts the pool (formatting its image the first time) with quotas on; idempotent."""
+        """Mounts the pool (formatting its image the first time) with quotas on; idempotent, and
+        counted: it stays mounted until every backend that opened it closed it."""
+        self._mount()
+        self._users += 1
+
+    def _mount(self) -> None:
         self.root.mkdir(mode=0o700, exist_ok=True)
         if not is_btrfs(self.root):
             if not self.image.exists():
@@ -197,15 +222,22 @@ class StoragePool:
             sub.mkdir(mode=0o700, exist_ok=True)
 
     def close(self) -> None:
-        """Unmounts the pool's image (lazily) when the daemon stops; its next start mounts it again."""
-        if self.image.exists() and os.path.ismount(self.root):
+        """Unmounts the pool's image (lazily) when its last backend closes it (the daemon stops);
+        its next start mounts it again."""
+        self._users = max(self._users - 1, 0)
+        if not self._users and self.image.exists() and os.path.ismount(self.root):
             detach(self.root)
 
     def subvolume(self, sandbox_id: str) -> Path:
         return self.sandboxes / sandbox_id
 
     def reap(self) -> None:
-        """Deletes every subvolume a previous daemon run left (no sandbox outlives its daemon)."""
+        """Deletes every subvolume a previous daemon run left (no sandbox outlives its daemon),
+        after detaching every mount of them it left outside the pool (sandbox directories, engine
+        layer directories: engine_layer.py)."""
+        for mount_point in self._mounts_outside():
+            log.info("detaching leftover mount %s of the sandbox storage pool", mount_point)
+            detach(mount_point)
         for base in (self.sandboxes, self.forks, self.snapshots):
             for leftover in base.iterdir() if base.is_dir() else ():
                 try:
@@ -214,6 +246,91 @@ class StoragePool:
                     if err.errno not in (errno.ENOTTY, errno.EINVAL, errno.EPERM):
                         raise
                     shutil.rmtree(leftover, ignore_errors=True)  # a plain directory
+
+    def _mounts_outside(self) -> list[str]:
+        """Where this daemon's mount namespace has sandbox subvolumes of the pool mounted (the
+        pool's device, as /proc/self/mountinfo names it, and a root under /sandboxes/), latest
+        first: a mount on top of another goes first. Only where the pool is a filesystem of its
+        own (its image): on a btrfs state directory the records name the mounts instead."""
+        root = os.path.realpath(self.root)
+        mounts = [(fields[2], _unescape(fields[3]), _unescape(fields[4])) for fields in _mountinfo()]
+        devices = {device for device, within, point in mounts if point == root and within == "/"}
+        return [
+            point
+            for device, within, point in reversed(mounts)
+            if device in devices and within.startswith(f"/{self.sandboxes.name}/")
+        ]
+
+
+def _mountinfo() -> list[list[str]]:
+    return [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+def _unescape(field: str) -> str:
+    """A path as /proc/self/mountinfo writes it (space, tab, newline, backslash: octal escapes)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def make_subvolume(pool: StoragePool, sandbox_id: str, fork_path: str, disk_bytes: int) -> Path:
+    """A sandbox's subvolume: a new one, or (`fork_path`) a writable snapshot of a fork point;
+    capped at `disk_bytes` (a fork's is always set: a snapshot keeps its source's limit)."""
+    subvolume = pool.subvolume(sandbox_id)
+    if fork_path:
+        snapshot(Path(fork_path), subvolume, read_only=False)
+    else:
+        create_subvolume(subvolume)
+    try:
+        if disk_bytes or fork_path:
+            limit_subvolume(subvolume, disk_bytes)
+    except BaseException:
+        delete_subvolume(subvolume)
+        raise
+    return subvolume
+
+
+def snapshot_paused(subvolume: Path, point: Path, pause: Callable[[bool], bool] | None = None) -> None:
+    """Snapshots `subvolume` read-only at `point`, written out first so that the snapshot holds
+    what the sandbox wrote. `pause`: pauses the sandbox around it (`pause(True)`, False when it
+    cannot, e.g. no cgroup v2 freezer) and resumes it (`pause(False)`); None: the caller did."""
+    paused = pause(True) if pause else False
+    try:
+        syncfs(subvolume)
+        snapshot(subvolume, point, read_only=True)
+    finally:
+        if paused:
+            pause(False)  # type: ignore[misc]
+
+
+class SnapshotStore:
+    """The named snapshots a backend keeps in the pool, bounded by what they hold together
+    (`setting`: the key that sets `limit_bytes`, for the error)."""
+
+    def __init__(self, setting: str, limit_bytes: int) -> None:
+        self.setting = setting
+        self.limit_bytes = limit_bytes
+        self._sizes: dict[str, int] = {}  # by path
+
+    def admit(self, point: Path, sandbox_id: str) -> int:
+        """Counts a snapshot just taken at `point` and returns its size; deletes it and raises
+        RESOURCE_EXHAUSTED when the store has no room for it."""
+        try:
+            size = referenced_bytes(point)
+            held = sum(self._sizes.values())
+            if held + size > self.limit_bytes:
+                raise ResourceExhausted(
+                    f"a snapshot of sandbox {sandbox_id} would hold {size} bytes, and the named snapshots "
+                    f"already hold {held} of the {self.limit_bytes} {self.setting} allows: delete some"
+                )
+        except BaseException:
+            delete_subvolume(point)
+            raise
+        self._sizes[str(point)] = size
+        return size
+
+    def drop(self, point: Path) -> None:
+        """Deletes a fork point or named snapshot."""
+        self._sizes.pop(str(point), None)
+        delete_subvolume(point)
 
 
 def referenced_bytes(path: Path) -> int:

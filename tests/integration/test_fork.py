@@ -55,6 +55,19 @@ def destroy_all(*sandboxes) -> None:
         sb.destroy()
 
 
+def assert_siblings_isolated(parent, children) -> None:
+    """Three children of a parent holding /workspace/a, /usr/local/rootfile and /testbed/x: a
+    write in one is seen by no other nor the parent, a deletion in one leaves theirs."""
+    first, second, third = children
+    sh(first, "echo mine > /workspace/new && echo changed > /usr/local/rootfile")
+    sh(second, "rm /workspace/a /usr/local/rootfile /testbed/x")
+    for other in (second, third, parent):
+        assert sh(other, "test ! -e /workspace/new && echo absent") == "absent\n"
+    for other in (third, parent):
+        assert sh(other, "cat /workspace/a /usr/local/rootfile /testbed/x") == "ws\nroot\ntb\n"
+    assert sh(first, "cat /workspace/a /usr/local/rootfile") == "ws\nchanged\n"
+
+
 def test_children_start_from_the_parent_and_are_isolated(client):
     parent = client.create_sandbox(labels={"task": "t1"}, env={"FROM": "parent"}, memory_bytes=1 << 30, pids=300)
     sh(
@@ -79,14 +92,7 @@ def test_children_start_from_the_parent_and_are_isolated(client):
             labels = child.info.labels
             assert labels["task"] == "t1" and labels["rollout"] == "r"
             assert labels["corral.fork.generation"] == "1" and labels["corral.fork.parent"] == parent.id
-        first, second, third = children
-        sh(first, "echo mine > /workspace/new && echo changed > /usr/local/rootfile")
-        sh(second, "rm /workspace/a /usr/local/rootfile /testbed/x")
-        for other in (second, third, parent):
-            assert sh(other, "test ! -e /workspace/new && echo absent") == "absent\n"
-        for other in (third, parent):
-            assert sh(other, "cat /workspace/a /usr/local/rootfile /testbed/x") == "ws\nroot\ntb\n"
-        assert sh(first, "cat /workspace/a /usr/local/rootfile") == "ws\nchanged\n"
+        assert_siblings_isolated(parent, children)
     finally:
         destroy_all(parent, *children)
 

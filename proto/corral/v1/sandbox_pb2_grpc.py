@@ -176,7 +176,8 @@ class SandboxServiceServicer:
         Running processes are not copied; the parent keeps running, paused only while its filesystem
         is snapshot. All children or none: a fork that fails leaves nothing behind. count outside
         1..64: INVALID_ARGUMENT; an unknown id: NOT_FOUND; a backend or node that cannot fork (today
-        only the local backend with local.storage = "btrfs" can): FAILED_PRECONDITION. A fork is
+        the local and docker backends with local.storage / docker.storage = "btrfs" can):
+        FAILED_PRECONDITION. A fork is
         `count` creates to the node's admission: more sandboxes than it admits, or past its caps
         ([admission] max_starting, max_creates_per_s, each counting `count`): RESOURCE_EXHAUSTED (with
         `retry-after-ms` for the caps, as CreateSandbox); on a draining node (Drain): UNAVAILABLE.
@@ -192,8 +193,8 @@ class SandboxServiceServicer:
         the sandbox is gone too, until DeleteSnapshot or the daemon's next start. A name of 1 to 128
         letters, digits, '.', '_', '-' (starting with a letter or digit), else INVALID_ARGUMENT;
         a taken name: ALREADY_EXISTS; past the node's store for them (local.snapshot_store_bytes,
-        counted as the bytes each holds): RESOURCE_EXHAUSTED, and nothing kept. Backends that cannot
-        fork: FAILED_PRECONDITION.
+        docker.snapshot_store_bytes, counted as the bytes each holds): RESOURCE_EXHAUSTED, and
+        nothing kept. Backends that cannot fork: FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
