@@ -45,6 +45,10 @@ have chroot || need coreutils "chroot"
 # Container images (docker-archive:, oci:, docker: ...) are exported by skopeo and unpacked by umoci.
 have skopeo || need skopeo "skopeo"
 have umoci || need umoci "umoci"
+# Copy-on-write sandbox storage (local.storage / docker.storage = "btrfs": forks, snapshots and the
+# engines' disk caps) formats and manages its pool with btrfs-progs.
+have mkfs.btrfs || need btrfs-progs "mkfs.btrfs"
+have btrfs || need btrfs-progs "btrfs"
 # Files go in and out of sandboxes as tar streams; the tests run ps and git inside "host" sandboxes.
 have tar || need tar "tar"
 have ps || need procps "ps"
@@ -73,7 +77,7 @@ elif ! has_modules "$PYTHON" venv ensurepip; then
 fi
 
 if ((${#packages[@]} == 0)); then
-  echo "system packages: all present (bubblewrap, util-linux, procps, git, python3-venv, python3-ipykernel, skopeo, umoci)"
+  echo "system packages: all present (bubblewrap, util-linux, procps, git, python3-venv, python3-ipykernel, skopeo, umoci, btrfs-progs)"
   exit 0
 fi
 
