@@ -174,6 +174,9 @@ class LocalSandbox(ManagedSandbox):
             return self.uid, self.uid
         return self.host_ids(resolve_user(user, self._passwd()) if user else self.user)
 
+    def host_id_block(self) -> tuple[int, int]:
+        return (0, 0) if self.isolation == "none" else (self.uid, INSIDE_ID_COUNT)
+
     def home(self, user: str) -> str:
         if self.isolation == "none":
             return self.workdir
