@@ -41,7 +41,7 @@ from ..users import INSIDE_ID_COUNT, SandboxUser
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
 from .container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
 from .idmapped_binds import check_shown
-from .local_launch import INIT_READY, INIT_SCRIPT
+from .local_launch import INIT_READY
 from .local_root import RootMount, build_root, kernel_support, make_mount_points, unmount_root
 from .mount_api import detach, make_user_namespace
 from .nsenter import HOST_ENV
@@ -79,6 +79,15 @@ while [ "$n" -lt "$count" ]; do
     n=$((n + 1))
 done
 exec "$@"
+"""
+# The sandbox's init, the image's shell as pid 1 of its pid namespace (apptainer's --no-init: a
+# shim of apptainer's would end the sandbox when this shell ends, and kill(-1) from inside, which
+# spares pid 1 alone, would end it): it reaps orphans as they exit (zombies count against the pids
+# limit) and exits once its stdin, the daemon's, closes. A signal the trap ran for ends `read`
+# with the same status as the end of input: `interrupted` tells them apart.
+INIT_SCRIPT = """trap 'interrupted=1; wait' CHLD
+printf 'corral-init-ready\\n'
+while :; do interrupted=; read -r _ && continue; [ -n "$interrupted" ] || exit 0; done
 """
 # What a sandbox's launcher (nsenter, exec'ing apptainer and its starter) is called.
 LAUNCHER_NAMES = ("nsenter", "apptainer", "singularity", "starter")
@@ -179,6 +188,7 @@ class SingularitySandbox(ImageUserSandbox):
             "--containall",
             "--no-home",
             "--no-privs",
+            "--no-init",
             "--writable",
             "--hostname",
             "corral",
