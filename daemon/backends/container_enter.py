@@ -1,9 +1,11 @@
-"""Entering a container (a Docker or Podman container, an Apptainer instance) as one of its users,
+"""Entering a container (a Docker or Podman container, an Apptainer sandbox) as one of its users,
 root included, with what Docker gives a container's root and no more.
 
 Commands, shells and kernels of the container backends run as the image's user by default (root
-for most images) or the user a request names. Without a user namespace, root inside is host uid
-0, so the step that enters sets, for the program it starts:
+for most images) or the user a request names. Without a user namespace (Docker, Podman), root
+inside is host uid 0, so the step that enters sets, for the program it starts (an Apptainer
+sandbox has a user namespace of its own, which the step joins last: there uid 0 is the sandbox's
+first host id, and the capabilities below hold within that namespace only):
 
 - the container's namespaces (mount, pid, ipc, uts, net) and root, like `nsenter -r`;
 - on cgroup v1, the container's devices cgroup, where the engine's device rules live (leaves for

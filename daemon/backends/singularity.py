@@ -134,7 +134,7 @@ class SingularitySandbox(ImageUserSandbox):
 
     @property
     def capabilities(self) -> int:
-        # Without --net the instance shares the host's network namespace.
+        # Without --net the sandbox shares the host's network namespace.
         return HOST_NETWORK_CAPABILITY_MASK if self.spec.network else CAPABILITY_MASK
 
     backend: SingularityBackend
@@ -351,7 +351,7 @@ class SingularityBackend(Backend):
             "pids": cgroups.support("pids"),
             "cpu": cgroups.support("cpu"),
             "wall_clock": LimitSupport(True, "process group + cgroup kill"),
-            "network": LimitSupport(True, "instance network namespace (--net --network none)"),
+            "network": LimitSupport(True, "network namespace of its own (--net --network none)"),
             "disk": LimitSupport(
                 self.disk_support.enforced,
                 f"workspace: {self.disk_support.mechanism}; /tmp and /var/tmp: apptainer's in-memory "

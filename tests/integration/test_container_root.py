@@ -51,7 +51,7 @@ def test_root_by_default_with_dockers_capabilities_only(root_sandbox):
 
 
 def test_no_raw_sockets_in_the_hosts_network(daemon, client):
-    """Apptainer's networked instances share the host's network namespace: root there gets no
+    """Apptainer's networked sandboxes share the host's network namespace: root there gets no
     raw sockets (which would see the node's traffic) and no privileged ports."""
     if daemon.backend != "singularity":
         pytest.skip("a networked sandbox has a network namespace of its own on this backend")
