@@ -23,7 +23,7 @@ Works with either binary name, `apptainer` or `singularity`.
 from __future__ import annotations
 
 import asyncio
-import errno
+import contextlib
 import logging
 import os
 import shutil
@@ -36,13 +36,13 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ..cgroups import CgroupGroup, LimitSupport
 from ..diskcap import DiskCapError
-from ..process import in_cgroup
+from ..process import in_cgroup, is_process
 from ..users import INSIDE_ID_COUNT, SandboxUser
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
 from .container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
 from .idmapped_binds import check_shown
 from .local_launch import INIT_READY
-from .local_root import RootMount, build_root, kernel_support, make_mount_points, unmount_root
+from .local_root import RootMount, build_root, kernel_support, make_mount_points, refusing_unbuildable, unmount_root
 from .mount_api import detach, make_user_namespace
 from .nsenter import HOST_ENV
 from .sif_mount import mount_sif
@@ -248,7 +248,7 @@ class SingularitySandbox(ImageUserSandbox):
             except DiskCapError as err:
                 raise FailedPrecondition(err.strerror or str(err)) from err
             image = str(target)
-        try:
+        with refusing_unbuildable(self.spec.image):
             root = build_root(
                 [RootMount("overlay", image, "/")],
                 self.sandbox_dir,
@@ -256,13 +256,6 @@ class SingularitySandbox(ImageUserSandbox):
                 self._userns_fd,
                 (self.workdir, RUN_DIR_IN_SANDBOX),
             )
-        except OSError as err:
-            if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
-                raise  # the node's (see sandboxes.node_error)
-            raise FailedPrecondition(
-                f"cannot build the root of a sandbox of image {self.spec.image}: {err} (a directory image must lie on "
-                "a filesystem that supports idmapped mounts and can be an overlayfs layer, e.g. ext4, xfs, btrfs)"
-            ) from err
         make_mount_points(root, [(m.sandbox_path, os.path.isdir(m.host_path)) for m in self.spec.mounts], self.uid)
         return root
 
@@ -310,19 +303,10 @@ def _nested_pid(pid: int) -> bool:
     return False
 
 
-def _is_process(pid: int, names: tuple[str, ...]) -> bool:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() in names
-    except OSError:
-        return False
-
-
 def _kill(pid: int) -> None:
     """SIGKILL to the launcher's process group (it leads its own session)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def unmount_sandbox(sandbox_dir: Path) -> None:
@@ -390,7 +374,7 @@ class SingularityBackend(Backend):
     async def release(self, record: dict) -> None:
         # (A killed daemon's sandboxes end by themselves: their init's stdin was the daemon's.)
         pid = record.get("launcher_pid")
-        if isinstance(pid, int) and pid > 0 and _is_process(pid, LAUNCHER_NAMES):
+        if isinstance(pid, int) and pid > 0 and is_process(pid, LAUNCHER_NAMES):
             _kill(pid)
         sandbox_dir = Path(record.get("sandbox_dir", ""))
         if sandbox_dir.parent == self.context.sandboxes_dir:

@@ -138,7 +138,7 @@ def test_singularity_crash_leftovers_are_stopped(tmp_path):
         sb = c.create_sandbox(image=SIF_TEST_IMAGE, backend="singularity")
         sb.exec("sleep 1000 >/dev/null 2>&1 &", timeout=10)
     pids = sandbox_pids(daemon_id)
-    assert len(pids) >= 4  # apptainer's starter and init, the sandbox's init, the sleep
+    assert len(pids) >= 3  # apptainer's starter, the sandbox's init, the sleep
     sandbox_dir = d.state_dir / "sandboxes" / sb.id
     assert os.path.ismount(sandbox_dir / "root") and os.path.ismount(sandbox_dir / "image")
     d.stop(signal.SIGKILL)
