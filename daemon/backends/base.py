@@ -502,7 +502,7 @@ class Backend(abc.ABC):
         """Freezes a copy of a running sandbox's writable filesystem for ForkSandbox's children
         (spec.fork); the sandbox is paused at most for the instant the copy takes."""
         raise FailedPrecondition(
-            f'the {self.name} backend cannot fork sandboxes (only local, with local.storage = "btrfs")'
+            f'the {self.name} backend cannot fork sandboxes (only local, with local.storage = "btrfs", and singularity)'
         )
 
     async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:

@@ -26,8 +26,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets as tokens
 import shutil
 import signal
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +37,10 @@ from pathlib import Path
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ..cgroups import CgroupGroup, LimitSupport
-from ..diskcap import DiskCapError
+from ..diskcap import DiskCapError, run_step
 from ..process import in_cgroup, is_process
 from ..users import INSIDE_ID_COUNT, SandboxUser
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus
+from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
 from .container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
 from .idmapped_binds import check_shown
 from .local_launch import INIT_READY
@@ -89,6 +91,8 @@ INIT_SCRIPT = """trap 'interrupted=1; wait' CHLD
 printf 'corral-init-ready\\n'
 while :; do interrupted=; read -r _ && continue; [ -n "$interrupted" ] || exit 0; done
 """
+# What a fork point holds (SingularitySandbox.fork_point).
+UPPER, WORKSPACE = "upper", "workspace"
 # What a sandbox's launcher (nsenter, exec'ing apptainer and its starter) is called.
 LAUNCHER_NAMES = ("nsenter", "apptainer", "singularity", "starter")
 # Characters apptainer's --bind syntax (src:dst:opts, comma-separated) cannot carry in a path.
@@ -235,10 +239,45 @@ class SingularitySandbox(ImageUserSandbox):
         await asyncio.to_thread(check_shown, self.spec.mounts, self.uid, self.init_pid, False)
         self.adopt_user("")
 
+    def fork_point(self, point: Path) -> ForkPoint:
+        """Pauses the sandbox (where its cgroup can be frozen: cgroup v2), copies its root's
+        writable layer and its workspace to `point` (reflinks where the filesystem has them), and
+        resumes it. Nothing is left at `point` when the copy fails."""
+        point.mkdir(mode=0o700)
+        try:
+            frozen = bool(self.cgroup) and self.cgroup.freeze(True)  # type: ignore[union-attr]
+            try:
+                for name, src in ((UPPER, self.sandbox_dir / "layers" / "upper"), (WORKSPACE, self.workspace)):
+                    run_step(["cp", "-a", "--reflink=auto", str(src), str(point / name)], "copy", f"sandbox {name}")
+            finally:
+                if frozen:
+                    self.cgroup.freeze(False)  # type: ignore[union-attr]
+        except BaseException:
+            shutil.rmtree(point, ignore_errors=True)
+            raise
+        return ForkPoint(self.spec.sandbox_id, str(point), self.uid)
+
+    def _take_fork(self, fork: ForkPoint) -> None:
+        """A fork's child starts from the fork point's copy of its parent's writable layer and
+        workspace, their files moved from the parent's block of host ids to its own."""
+        point, layers = Path(fork.path), self.sandbox_dir / "layers"
+        layers.mkdir(mode=0o700, exist_ok=True)
+        run_step(["cp", "-a", "--reflink=auto", str(point / UPPER), str(layers / "upper")], "copy", "the fork point")
+        run_step(
+            ["cp", "-a", "--reflink=auto", f"{point / WORKSPACE}/.", str(self.workspace)], "copy", "the fork point"
+        )
+        for top in (layers / "upper", self.workspace):
+            shift_ids(top, fork.disk_base, self.uid)
+
     def _build_root(self) -> Path:
         """The sandbox's root: the image (a directory, or a SIF file's root partition mounted at
         image/) shown through the block's ids, under a writable layer of the sandbox's own
         (local_root.py, as on the local backend), with the mount points apptainer binds on."""
+        if self.spec.fork is not None:
+            try:
+                self._take_fork(self.spec.fork)
+            except DiskCapError as err:
+                raise FailedPrecondition(err.strerror or str(err)) from err
         image = self.spec.image
         if not os.path.isdir(image):
             target = self.sandbox_dir / "image"
@@ -277,6 +316,28 @@ class SingularitySandbox(ImageUserSandbox):
 
     def record_extra(self) -> dict:
         return {"launcher_pid": self._launcher.pid if self._launcher else 0}
+
+
+def shift_ids(top: Path, from_first: int, to_first: int) -> None:
+    """Gives every entry under `top` (itself included, symlinks not followed) whose owner or group
+    is in the block of host ids from `from_first` the same id in the block from `to_first`
+    (setuid and setgid bits, which a chown clears, kept)."""
+    _shift(str(top), from_first, to_first)
+    for parent, dirs, files in os.walk(top):
+        for name in (*dirs, *files):
+            _shift(os.path.join(parent, name), from_first, to_first)
+
+
+def _shift(path: str, from_first: int, to_first: int) -> None:
+    st = os.lstat(path)
+    uid, gid = (
+        i - from_first + to_first if from_first <= i < from_first + INSIDE_ID_COUNT else i
+        for i in (st.st_uid, st.st_gid)
+    )
+    if (uid, gid) != (st.st_uid, st.st_gid):
+        os.lchown(path, uid, gid)
+        if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            os.chmod(path, stat.S_IMODE(st.st_mode))
 
 
 def _container_init(launcher_pid: int) -> int:
@@ -371,6 +432,20 @@ class SingularityBackend(Backend):
         if not os.path.exists(image):
             raise NotFound(f"image {image} does not exist on this node")
 
+    def fork_points(self) -> Path:
+        """Where fork points wait for their children (removed once they exist)."""
+        return self.context.state_dir / "forks" / self.name
+
+    async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+        assert isinstance(sandbox, SingularitySandbox)
+        self.fork_points().mkdir(parents=True, mode=0o700, exist_ok=True)
+        point = self.fork_points() / f"{sandbox.spec.sandbox_id}-{tokens.token_hex(4)}"
+        return await asyncio.to_thread(sandbox.fork_point, point)
+
+    async def drop_fork_point(self, point: ForkPoint) -> None:
+        if Path(point.path).parent == self.fork_points():
+            await asyncio.to_thread(shutil.rmtree, point.path, True)
+
     async def release(self, record: dict) -> None:
         # (A killed daemon's sandboxes end by themselves: their init's stdin was the daemon's.)
         pid = record.get("launcher_pid")
@@ -381,6 +456,7 @@ class SingularityBackend(Backend):
             await asyncio.to_thread(unmount_sandbox, sandbox_dir)
 
     async def reap_orphans(self) -> None:
+        await asyncio.to_thread(shutil.rmtree, self.fork_points(), True)  # a killed daemon's
         if self.context.sandboxes_dir.is_dir():
             for leftover in self.context.sandboxes_dir.iterdir():
                 await asyncio.to_thread(unmount_sandbox, leftover)
