@@ -407,6 +407,9 @@ class SingularityBackend(Backend):
         problems = []
         if not self.binary:
             problems.append("neither apptainer nor singularity is installed")
+        problems += [
+            f"{tool} (util-linux) is not installed" for tool in ("unshare", "nsenter") if not shutil.which(tool)
+        ]
         if os.geteuid() != 0:
             problems.append("the daemon is not root: it makes sandboxes' user namespaces and roots itself")
         elif why_not := kernel_support():
@@ -462,7 +465,8 @@ class SingularityBackend(Backend):
                 await asyncio.to_thread(unmount_sandbox, leftover)
 
     async def close(self) -> None:
-        try:
-            (self.context.run_base / VIEW_NAME).rmdir()
-        except OSError:
-            pass  # none made, or a sandbox's launcher still has it
+        for directory in (self.context.run_base / VIEW_NAME, self.context.run_base):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass  # none made, or still in use (the other backends' run directories)
