@@ -86,8 +86,10 @@ exec "$@"
 # shim of apptainer's would end the sandbox when this shell ends, and kill(-1) from inside, which
 # spares pid 1 alone, would end it): it reaps orphans as they exit (zombies count against the pids
 # limit) and exits once its stdin, the daemon's, closes. A signal the trap ran for ends `read`
-# with the same status as the end of input: `interrupted` tells them apart.
+# with the same status as the end of input: `interrupted` tells them apart. Apptainer's private
+# /tmp and /var/tmp (tmpfs) are its user's, 0755, in this mode: they become everyone's, as usual.
 INIT_SCRIPT = """trap 'interrupted=1; wait' CHLD
+chmod 1777 /tmp /var/tmp
 printf 'corral-init-ready\\n'
 while :; do interrupted=; read -r _ && continue; [ -n "$interrupted" ] || exit 0; done
 """

@@ -5,6 +5,9 @@ their blocks; docker and podman sandboxes report none (docs/backends.md, "Users 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from corral.daemon.users import INSIDE_ID_COUNT
@@ -34,6 +37,13 @@ def test_root_inside_is_the_first_id_of_a_block_of_its_own(daemon, client):
     daemon_id = client.node_info().daemon_id
     with client.create_sandbox() as a, client.create_sandbox() as b:
         blocks = [(sb.info.host_id_first, sb.info.host_id_count) for sb in (a, b)]
+        listed = subprocess.run(
+            [sys.executable, "-m", "corral.cli", "--address", daemon.address, "sandbox", "ls", "--json"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        shown = {s["id"]: (s["host_id_first"], s["host_id_count"]) for s in json.loads(listed)}
+        assert [shown[a.id], shown[b.id]] == blocks
         if daemon.backend not in USER_NAMESPACE_BACKENDS:
             assert blocks == [(0, 0), (0, 0)]
             return
