@@ -202,7 +202,15 @@ def sandbox_ls(args: argparse.Namespace) -> int:
             print(
                 json.dumps(
                     [
-                        {"id": s.id, "backend": s.backend, "image": s.image, "state": s.state, "labels": s.labels}
+                        {
+                            "id": s.id,
+                            "backend": s.backend,
+                            "image": s.image,
+                            "state": s.state,
+                            "labels": s.labels,
+                            "host_id_first": s.host_id_first,
+                            "host_id_count": s.host_id_count,
+                        }
                         for s in sandboxes
                     ],
                     indent=2,

@@ -100,9 +100,9 @@ def _mount_tmpfs(target: Path, size_bytes: int) -> None:
     )
 
 
-def run_step(argv: list[str], step: str, what: str = "the sandbox's filesystem", timeout: float = 60) -> None:
-    """Runs one tool that makes a filesystem (mkfs, mount): a DiskCapError saying which step
-    failed and why (ENOSPC where the tool says the disk is full)."""
+def run_step(argv: list[str], step: str, what: str = "the sandbox's filesystem", timeout: float = 60) -> str:
+    """Runs one tool that makes a filesystem (mkfs, mount) and returns what it printed: a
+    DiskCapError saying which step failed and why (ENOSPC where the tool says the disk is full)."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as err:
@@ -111,6 +111,7 @@ def run_step(argv: list[str], step: str, what: str = "the sandbox's filesystem",
         said = (done.stderr or done.stdout).strip()
         code = errno.ENOSPC if os.strerror(errno.ENOSPC) in said else errno.EIO
         raise DiskCapError(code, f"cannot {step} {what}: {said}")
+    return done.stdout.strip()
 
 
 def unmount(target: Path) -> None:

@@ -61,6 +61,15 @@ def in_cgroup(argv: Sequence[str], cgroup: CgroupGroup | None) -> list[str]:
     return ["/bin/sh", "-c", _JOIN_SCRIPT, "corral-join", adj, str(len(files)), *files, *argv]
 
 
+def is_process(pid: int, names: tuple[str, ...]) -> bool:
+    """Whether `pid` runs a program called one of `names` (a recorded pid may be another's now)."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip() in names
+    except OSError:
+        return False
+
+
 def _decode_wait_status(status: int) -> tuple[int, int]:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)

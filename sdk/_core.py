@@ -544,6 +544,8 @@ def sandbox_info_from_proto(sandbox: pb.Sandbox) -> SandboxInfo:
             _datetime_from_ms(sandbox.lease_expires_at_unix_ms) if sandbox.lease_expires_at_unix_ms else None
         ),
         idempotency_key=sandbox.idempotency_key,
+        host_id_first=sandbox.host_id_first,
+        host_id_count=sandbox.host_id_count,
     )
 
 

@@ -79,6 +79,11 @@ class SandboxInfo:
     lease_expires_at: datetime | None = None
     # The idempotency key it was created with; "": none.
     idempotency_key: str = ""
+    # Its own block of host ids, where its programs run in a user namespace of their own (local,
+    # apptainer): id n inside is host id host_id_first + n, for n < host_id_count (root inside
+    # is host uid host_id_first). 0 both: no user namespace of its own (docker, podman).
+    host_id_first: int = 0
+    host_id_count: int = 0
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,11 @@ class SandboxRuntime(abc.ABC):
         None where the daemon cannot give files away (an unprivileged test backend)."""
         return None
 
+    def host_id_block(self) -> tuple[int, int]:
+        """The first host id and the count of the block that ids 0 .. count - 1 of the sandbox's
+        own user namespace are (daemon/uids.py); (0, 0) where its programs run without one."""
+        return 0, 0
+
     def home(self, user: str) -> str:
         """HOME for a call as `user` ("" = the default user): the user's home in the image's
         passwd, as `docker exec` sets it (so a SWE image's /root/.bashrc is ~/.bashrc), else the
@@ -497,7 +502,7 @@ class Backend(abc.ABC):
         """Freezes a copy of a running sandbox's writable filesystem for ForkSandbox's children
         (spec.fork); the sandbox is paused at most for the instant the copy takes."""
         raise FailedPrecondition(
-            f'the {self.name} backend cannot fork sandboxes (local and docker can, with storage = "btrfs")'
+            f'the {self.name} backend cannot fork sandboxes (local and docker can, with storage = "btrfs"; singularity can)'
         )
 
     async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:

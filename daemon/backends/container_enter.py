@@ -1,9 +1,11 @@
-"""Entering a container (a Docker or Podman container, an Apptainer instance) as one of its users,
+"""Entering a container (a Docker or Podman container, an Apptainer sandbox) as one of its users,
 root included, with what Docker gives a container's root and no more.
 
 Commands, shells and kernels of the container backends run as the image's user by default (root
-for most images) or the user a request names. Without a user namespace, root inside is host uid
-0, so the step that enters sets, for the program it starts:
+for most images) or the user a request names. Without a user namespace (Docker, Podman), root
+inside is host uid 0, so the step that enters sets, for the program it starts (an Apptainer
+sandbox has a user namespace of its own, which the step joins last: there uid 0 is the sandbox's
+first host id, and the capabilities below hold within that namespace only):
 
 - the container's namespaces (mount, pid, ipc, uts, net) and root, like `nsenter -r`;
 - on cgroup v1, the container's devices cgroup, where the engine's device rules live (leaves for
@@ -86,8 +88,8 @@ def call(name, *args):
         fail(f"{name}: {os.strerror(_ctypes.get_errno())}")
 """
 
-# argv: pid, uid, gid, capability mask, join devices cgroup (0/1), cwd, seccomp program (hex),
-# count of environment entries, the entries, then the program's argv.
+# argv: pid, uid, gid, capability mask, join devices cgroup (0/1), join user namespace (0/1), cwd,
+# seccomp program (hex), count of environment entries, the entries, then the program's argv.
 ENTER = (
     LOAD_FUNCTION
     + RESET_SIGNALS_FUNCTION
@@ -99,15 +101,18 @@ import signal, struct, warnings  # noqa: F401 (os.execvpe needs warnings)
 def prctl(*args):
     call("prctl", *(c_long(a) for a in (*args, 0, 0, 0, 0)[:5]))
 
-pid, uid, gid, caps, devices, cwd, seccomp, count = sys.argv[1:9]
+pid, uid, gid, caps, devices, userns, cwd, seccomp, count = sys.argv[1:10]
 uid, gid, caps = int(uid), int(gid), int(caps)
-env = dict(entry.split("=", 1) for entry in sys.argv[9 : 9 + int(count)])
-argv = sys.argv[9 + int(count) :]
+env = dict(entry.split("=", 1) for entry in sys.argv[10 : 10 + int(count)])
+argv = sys.argv[10 + int(count) :]
 try:
     namespaces = [
         (os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag)
         for name, flag in (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000), ("pid", 0x20000000), ("mnt", 0x00020000))
     ]
+    if userns == "1":
+        # Last, while still host root: the others may be owned by the host's (a shared network).
+        namespaces.append((os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC), 0x10000000))
     root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())
     if devices == "1":
@@ -207,11 +212,13 @@ def enter_argv(
     *,
     capabilities: int,
     join_devices_cgroup: bool,
+    join_user_namespace: bool = False,
     python: str = sys.executable,
 ) -> list[str]:
     """The host command that runs argv in the container of `target_pid` as uid:gid (see the module
-    docstring), with `capabilities` (a mask) for root, in `cwd`, with exactly `env`. Spawn it with
-    nsenter.HOST_ENV."""
+    docstring), with `capabilities` (a mask) for root, in `cwd`, with exactly `env`. With
+    `join_user_namespace`, uid:gid and the capabilities are those of the container's own user
+    namespace. Spawn it with nsenter.HOST_ENV."""
     return [
         python,
         "-I",
@@ -223,6 +230,7 @@ def enter_argv(
         str(gid),
         str(capabilities),
         "1" if join_devices_cgroup else "0",
+        "1" if join_user_namespace else "0",
         cwd,
         _seccomp_hex(),
         str(len(env)),
@@ -277,6 +285,9 @@ class ImageUserSandbox(ManagedSandbox):
 
     # Where the engine keeps device rules in a cgroup of the container (Docker, Podman on v1).
     join_devices_cgroup: ClassVar[bool] = False
+    # Where the container has a user namespace of its own (Apptainer): ids inside are then not
+    # the host's (host_ids).
+    join_user_namespace: ClassVar[bool] = False
     # The prefix of the leaf cgroups commands run in, under the sandbox's cgroup.
     leaf_prefix: ClassVar[str] = ""
     # The default user, known once the container runs (adopt_user).
@@ -292,11 +303,14 @@ class ImageUserSandbox(ManagedSandbox):
         and gives it the workspace and the run directory (where kernels make their sockets)."""
         self.user = resolve_in_image(self.init_pid, self.spec.user or image_user or "root")
         for path in (self.workspace, self.run_dir):
-            os.chown(path, self.user.uid, self.user.gid)
+            os.chown(path, *self.host_ids(self.user))
+
+    def host_ids(self, user: SandboxUser) -> tuple[int, int]:
+        """The host uid and gid of a user inside."""
+        return user.uid, user.gid  # no user namespace: the ids inside are the host's
 
     def user_host_ids(self, user: str) -> tuple[int, int] | None:
-        who = resolve_in_image(self.init_pid, user) if user else self.user
-        return who.uid, who.gid  # no user namespace: the ids inside are the host's
+        return self.host_ids(resolve_in_image(self.init_pid, user) if user else self.user)
 
     def home(self, user: str) -> str:
         return (resolve_in_image(self.init_pid, user) if user else self.user).home_or(self.workdir)
@@ -315,10 +329,11 @@ class ImageUserSandbox(ManagedSandbox):
             env,
             capabilities=self.capabilities,
             join_devices_cgroup=self.join_devices_cgroup,
+            join_user_namespace=self.join_user_namespace,
         )
         return EnterCommand(enter, cgroup, "/")
 
     def make_file_access(self) -> SandboxFiles:
         return SandboxFiles(
-            f"/proc/{self.init_pid}/root", self.workdir, self.user.uid, self.user.gid, self.context.max_file_bytes
+            f"/proc/{self.init_pid}/root", self.workdir, *self.host_ids(self.user), self.context.max_file_bytes
         )

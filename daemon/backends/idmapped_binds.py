@@ -26,6 +26,7 @@ deletes through a mount (only empty mount points are removed, after their mount 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -117,10 +118,12 @@ def _mount_idmapped(mount: BindMount, point: Path, userns: int) -> None:
         os.close(tree)
 
 
-def check_shown(mounts: Sequence[BindMount], first_id: int, init_pid: int) -> None:
+def check_shown(mounts: Sequence[BindMount], first_id: int, init_pid: int, idmapped: bool = True) -> None:
     """FAILED_PRECONDITION unless each mount shows, inside the container of `init_pid`, its host
     path through the sandbox's ids: the engine bound the staging mount (not the empty mount point
-    of a daemon whose mounts it cannot see) and kept its idmapping."""
+    of a daemon whose mounts it cannot see) and kept its idmapping (a plain bind, not `idmapped`:
+    its host ids)."""
+    shown = functools.partial(shown_id, first_id=first_id) if idmapped else int
     root = os.open(f"/proc/{init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for mount in mounts:
@@ -134,8 +137,8 @@ def check_shown(mounts: Sequence[BindMount], first_id: int, init_pid: int) -> No
             finally:
                 os.close(fd)
             if (inside.st_dev, inside.st_ino) != (host.st_dev, host.st_ino) or (inside.st_uid, inside.st_gid) != (
-                shown_id(host.st_uid, first_id),
-                shown_id(host.st_gid, first_id),
+                shown(host.st_uid),
+                shown(host.st_gid),
             ):
                 raise FailedPrecondition(
                     f"mount {mount.sandbox_path} does not show {mount.host_path} through the sandbox's ids in the "

@@ -22,7 +22,6 @@ stdin, held by the daemon, closes) and the kernel kills every process of the san
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import secrets as tokens
@@ -39,7 +38,7 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Per
 from .. import diskcap
 from ..cgroups import LimitSupport
 from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
-from ..process import in_cgroup
+from ..process import in_cgroup, is_process
 from ..seccomp import loader_argv, program, supported
 from ..users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
 from .base import Backend, BackendStatus, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
@@ -59,6 +58,7 @@ from .local_root import (
     kernel_support,
     make_mount_points,
     make_user_namespace,
+    refusing_unbuildable,
     secrets,
     unmount_root,
 )
@@ -173,6 +173,9 @@ class LocalSandbox(ManagedSandbox):
             return self.uid, self.uid
         return self.host_ids(resolve_user(user, self._passwd()) if user else self.user)
 
+    def host_id_block(self) -> tuple[int, int]:
+        return (0, 0) if self.isolation == "none" else (self.uid, INSIDE_ID_COUNT)
+
     def home(self, user: str) -> str:
         if self.isolation == "none":
             return self.workdir
@@ -230,7 +233,7 @@ class LocalSandbox(ManagedSandbox):
             await self._check_image_readable()
         layout = await asyncio.to_thread(self._layout)
         self._userns_fd = await asyncio.to_thread(make_user_namespace, self.uid)
-        try:
+        with refusing_unbuildable(self.spec.image or "host"):
             root = await asyncio.to_thread(
                 build_root,
                 layout,
@@ -239,13 +242,6 @@ class LocalSandbox(ManagedSandbox):
                 self._userns_fd,
                 ("proc", "dev", "tmp", "run", self.workdir),
             )
-        except OSError as err:
-            if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
-                raise  # the node's (see sandboxes.node_error)
-            raise FailedPrecondition(
-                f"cannot build the root of a sandbox of image {self.spec.image or 'host'}: {err} (the image must lie "
-                "on a filesystem that supports idmapped mounts and can be an overlayfs layer, e.g. ext4, xfs, btrfs)"
-            ) from err
         shm_bytes = backend.settings.shm_bytes
         mounts = self.spec.mounts
         if self.rootfs == "/":
@@ -570,7 +566,7 @@ class LocalBackend(Backend):
 
     async def release(self, record: dict) -> None:
         pid = record.get("launcher_pid")
-        if pid and _is_process(pid, ("bwrap", "unshare")):
+        if pid and is_process(pid, ("bwrap", "unshare")):
             _kill(pid)
         sandbox_dir = Path(record.get("sandbox_dir", ""))
         if sandbox_dir.parent == self.context.sandboxes_dir:
@@ -619,13 +615,6 @@ def _memfd(name: str, data: bytes) -> int:
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
-
-
-def _is_process(pid: int, names: tuple[str, ...]) -> bool:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() in names
-    except OSError:
-        return False
 
 
 def _kill(pid: int) -> None:

@@ -21,12 +21,16 @@ binds the finished root at / and adds /proc, /dev, /run, /tmp and the workdir.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from corral.sdk.errors import FailedPrecondition
 
 from ..users import INSIDE_ID_COUNT
 from .mount_api import (
@@ -143,6 +147,21 @@ def build_root(
             target.mkdir(parents=True)
             os.chown(target, first_id, first_id)
     return root
+
+
+@contextlib.contextmanager
+def refusing_unbuildable(image: str) -> Iterator[None]:
+    """Makes the kernel's refusal to build a root from `image` (build_root) FAILED_PRECONDITION;
+    any other error is the node's (see sandboxes.node_error)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+            raise
+        raise FailedPrecondition(
+            f"cannot build the root of a sandbox of image {image}: {err} (the image must lie "
+            "on a filesystem that supports idmapped mounts and can be an overlayfs layer, e.g. ext4, xfs, btrfs)"
+        ) from err
 
 
 def make_mount_points(root: Path, mounts: Sequence[tuple[str, bool]], first_id: int) -> None:

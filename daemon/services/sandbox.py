@@ -63,6 +63,7 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
         limits["network"] = type(limits["network"])(False, reason="the sandbox was created with network access")
     if "disk" in limits and not sb.limits.disk_bytes:
         limits["disk"] = type(limits["disk"])(False, reason="no cap: limits.disk_bytes is 0 on this node")
+    host_id_first, host_id_count = runtime.host_id_block() if runtime else (0, 0)
     return pb.Sandbox(
         sandbox_id=sb.sandbox_id,
         backend=BACKEND_NUMBERS[sb.backend],
@@ -89,6 +90,8 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
         lease_ttl_ms=round(sb.lease_ttl_s * 1000),
         lease_expires_at_unix_ms=int(sb.lease_expires_at * 1000),
         idempotency_key=sb.idempotency_key,
+        host_id_first=host_id_first,
+        host_id_count=host_id_count,
     )
 
 

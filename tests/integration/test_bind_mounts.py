@@ -134,7 +134,7 @@ def test_files_on_bind_mounts_belong_to_the_sandboxs_own_host_ids(bind_daemon, t
             assert r.stdout == b"ok\n", r.stderr
             r = b.exec("touch /data/by-root && stat -c %u /etc/task.txt && cat /etc/task.txt", timeout=30)
             assert r.stdout == b"65534\nhost root's\n", r
-            if backend != "local":
+            if backend == "docker":
                 # The engine binds a staging mount of the daemon's, idmapped, under its state directory.
                 staged = mounts_under(daemon.state_dir / "binds")
                 assert len(staged) == 3 and all("idmapped" in options.split(",") for _, options in staged), staged
@@ -164,7 +164,7 @@ def test_a_restarted_daemon_removes_what_a_killed_one_left_on_bind_mounts(bind_d
     with Client(daemon.address) as client:
         sandbox = client.create_sandbox(mounts=[Mount(str(data), "/data", writable=True)], timeout=120)
         assert sandbox.exec("touch /data/new && echo ok", timeout=30).stdout == b"ok\n"
-    assert mounts_under(tmp_path)  # the sandbox's (a staging mount, or a local sandbox's root)
+    assert mounts_under(tmp_path)  # the sandbox's (a staging mount, or its root)
     daemon.stop(signal.SIGKILL)
     daemon.start()
     with Client(daemon.address) as client:
@@ -176,8 +176,8 @@ def test_a_restarted_daemon_removes_what_a_killed_one_left_on_bind_mounts(bind_d
 
 def test_a_host_path_that_cannot_be_idmapped_is_refused_on_container_backends(bind_daemon):
     daemon, roots, backend = bind_daemon
-    if backend == "local":
-        pytest.skip("local sandboxes bind host paths into their user namespace, without an idmapped mount")
+    if backend != "docker":
+        pytest.skip(f"{backend} sandboxes bind host paths into their user namespace, without an idmapped mount")
     ramfs = roots / "ramfs"  # a filesystem the kernel cannot idmap
     ramfs.mkdir()
     subprocess.run(["mount", "-t", "ramfs", "corral-test", str(ramfs)], check=True)

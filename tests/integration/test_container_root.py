@@ -51,7 +51,7 @@ def test_root_by_default_with_dockers_capabilities_only(root_sandbox):
 
 
 def test_no_raw_sockets_in_the_hosts_network(daemon, client):
-    """Apptainer's networked instances share the host's network namespace: root there gets no
+    """Apptainer's networked sandboxes share the host's network namespace: root there gets no
     raw sockets (which would see the node's traffic) and no privileged ports."""
     if daemon.backend != "singularity":
         pytest.skip("a networked sandbox has a network namespace of its own on this backend")
@@ -67,6 +67,18 @@ def test_programs_get_default_signal_dispositions(root_sandbox):
     get every signal as usual, none ignored and none blocked."""
     r = root_sandbox.exec("yes | head -n 1; grep -E '^Sig(Ign|Blk):' /proc/self/status", timeout=10)
     assert r.stdout == b"y\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n" and r.stderr == b"", r
+
+
+def test_killing_every_process_from_inside_spares_the_sandbox_and_orphans_are_reaped(root_sandbox):
+    """kill(-1) as root inside reaches every process of the sandbox but its pid 1 (the
+    evaluation of a rollout does it to stop the agent's): the sandbox must live on, and orphans
+    must not stay zombies (they count against the pids limit)."""
+    r = root_sandbox.exec("sleep 60 >/dev/null 2>&1 & kill -9 -1; echo survived", timeout=10)
+    assert r.stdout == b"survived\n", r
+    r = root_sandbox.exec(
+        "(sleep 0.1 >/dev/null 2>&1 &); sleep 1; grep -l '^State:.*Z' /proc/[0-9]*/status | wc -l", timeout=10
+    )
+    assert r.stdout == b"0\n", r
 
 
 def test_root_writes_anywhere_and_it_vanishes_with_the_sandbox(client, root_sandbox):

@@ -1,7 +1,7 @@
 """The size cap on a sandbox's writable space (limits.disk_bytes): writing past it fails
 with ENOSPC inside the sandbox, which keeps working; the host side never holds more than the cap;
 other sandboxes are unaffected. Under each local launcher (bubblewrap and unshare), and for the
-workspace of Apptainer instances. The test looks only at its own daemons' sandbox directories."""
+workspace of Apptainer sandboxes. The test looks only at its own daemons' sandbox directories."""
 
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ class LimitStatus(_message.Message):
     def __init__(self, kind: _Optional[_Union[LimitKind, str]] = ..., enforced: _Optional[bool] = ..., mechanism: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("sandbox_id", "backend", "image", "state", "isolation", "limits", "limit_status", "network", "labels", "created_at_unix_ms", "workdir", "idle_timeout_ms", "user", "mounts", "lease_ttl_ms", "lease_expires_at_unix_ms", "idempotency_key")
+    __slots__ = ("sandbox_id", "backend", "image", "state", "isolation", "limits", "limit_status", "network", "labels", "created_at_unix_ms", "workdir", "idle_timeout_ms", "user", "mounts", "lease_ttl_ms", "lease_expires_at_unix_ms", "idempotency_key", "host_id_first", "host_id_count")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,8 @@ class Sandbox(_message.Message):
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIRST_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_COUNT_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     backend: Backend
     image: str
@@ -148,7 +150,9 @@ class Sandbox(_message.Message):
     lease_ttl_ms: int
     lease_expires_at_unix_ms: int
     idempotency_key: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., limit_status: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., network: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at_unix_ms: _Optional[int] = ..., workdir: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ..., user: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., lease_expires_at_unix_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    host_id_first: int
+    host_id_count: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., backend: _Optional[_Union[Backend, str]] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., limit_status: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ..., network: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at_unix_ms: _Optional[int] = ..., workdir: _Optional[str] = ..., idle_timeout_ms: _Optional[int] = ..., user: _Optional[str] = ..., mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ..., lease_ttl_ms: _Optional[int] = ..., lease_expires_at_unix_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., host_id_first: _Optional[int] = ..., host_id_count: _Optional[int] = ...) -> None: ...
 
 class BindMount(_message.Message):
     __slots__ = ("host_path", "sandbox_path", "writable")

@@ -170,16 +170,17 @@ class SandboxServiceServicer:
 
     def ForkSandbox(self, request, context):
         """Forks a running sandbox `count` ways: new sandboxes whose writable filesystem (workspace, /tmp
-        and the root's writable layer) starts as a copy-on-write copy of the parent's at this moment,
-        with the parent's image, limits, network, env, user, bind mounts and labels, plus the request's
-        labels, "corral.fork.generation" (the parent's plus one) and "corral.fork.parent" (its id).
-        Running processes are not copied; the parent keeps running, paused only while its filesystem
-        is snapshot. All children or none: a fork that fails leaves nothing behind. count outside
-        1..64: INVALID_ARGUMENT; an unknown id: NOT_FOUND; a backend or node that cannot fork (today
-        the local and docker backends with local.storage / docker.storage = "btrfs" can):
-        FAILED_PRECONDITION. A fork is
-        `count` creates to the node's admission: more sandboxes than it admits, or past its caps
-        ([admission] max_starting, max_creates_per_s, each counting `count`): RESOURCE_EXHAUSTED (with
+        and the root's writable layer) starts as a copy-on-write copy of the parent's at this moment
+        (on apptainer a copy, reflinked where the filesystem can: docs/backends.md), with the parent's
+        image, limits, network, env, user, bind mounts and labels, plus the request's labels,
+        "corral.fork.generation" (the parent's plus one) and "corral.fork.parent" (its id). Running
+        processes are not copied; the parent keeps running, paused only while its filesystem is
+        snapshot (where its cgroup can be frozen). All children or none: a fork that fails leaves
+        nothing behind. count outside 1..64: INVALID_ARGUMENT; an unknown id: NOT_FOUND; a backend or
+        node that cannot fork (today the local and docker backends with local.storage /
+        docker.storage = "btrfs", and apptainer, can): FAILED_PRECONDITION. A fork is `count` creates
+        to the node's admission: more sandboxes than it admits, or past its caps ([admission]
+        max_starting, max_creates_per_s, each counting `count`): RESOURCE_EXHAUSTED (with
         `retry-after-ms` for the caps, as CreateSandbox); on a draining node (Drain): UNAVAILABLE.
         Children have no lease unless the request sets one (lease_ttl_ms), and no idempotency key.
         """
@@ -194,7 +195,8 @@ class SandboxServiceServicer:
         letters, digits, '.', '_', '-' (starting with a letter or digit), else INVALID_ARGUMENT;
         a taken name: ALREADY_EXISTS; past the node's store for them (local.snapshot_store_bytes,
         docker.snapshot_store_bytes, counted as the bytes each holds): RESOURCE_EXHAUSTED, and
-        nothing kept. Backends that cannot fork: FAILED_PRECONDITION.
+        nothing kept. Backends that cannot (all but local and docker with storage = "btrfs"):
+        FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
