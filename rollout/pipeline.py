@@ -520,8 +520,10 @@ class RolloutPipeline:
                 )
                 group.set_up_at = time.monotonic()
                 members = self._close_membership(group)
-                if len(members) == 1:  # nobody left to share with: no fork needed
-                    members[0].sandbox, parent = parent, None
+                group.shared_by = len(members)
+                if len(members) <= 1:  # nobody left to share with: no fork needed
+                    if members:
+                        members[0].sandbox, parent = parent, None
                     return
                 try:
                     children, group.fork_s = await fork_children(
@@ -562,14 +564,15 @@ class RolloutPipeline:
             if member.finished:
                 continue
             self._note_shared_init(group, member, ended)
+            if error is None and member.sandbox is None and group.fell_back:
+                member.shared_init = None
+                await self._queues[Stage.INIT].put(member)  # its INIT queue time runs on from joining
+                continue
             self._counters[Stage.INIT].record_completion()
             if isinstance(error, RolloutFiltered):
                 self._finish(member, self._filtered(member, error.reason, str(error)))
             elif member.sandbox is not None:
                 await self._enqueue(Stage.RUN, member)
-            elif group.fell_back:
-                member.shared_init = None
-                await self._queues[Stage.INIT].put(member)  # its INIT queue time runs on from joining
             else:  # the INIT was cancelled under it (the pipeline closing)
                 self._finish(
                     member,

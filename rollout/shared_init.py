@@ -82,7 +82,7 @@ class SharedInit(Generic[M]):
     taken_at: float | None = None
     set_up_at: float | None = None
     fork_s: float | None = None
-    # Members that were still waiting when the fork began.
+    # Members that were still waiting when the setup was done (the children forked).
     shared_by: int = 0
     fell_back: bool = False
     closed: bool = False
@@ -102,9 +102,7 @@ class SharedInit(Generic[M]):
     def close(self) -> list[M]:
         """Takes no more members; returns those still waiting."""
         self.closed = True
-        waiting = self.waiting()
-        self.shared_by = len(waiting)
-        return waiting
+        return self.waiting()
 
 
 async def fork_children(parent: AsyncSandbox, count: int, *, retries: int) -> tuple[list[AsyncSandbox], float]:

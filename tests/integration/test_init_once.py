@@ -181,18 +181,39 @@ async def test_a_backend_that_cannot_fork_falls_back_to_an_init_per_rollout(loca
         assert sandboxes == []
 
 
+async def setting_up(client: AsyncClient) -> bool:
+    return any(ROLLOUT_LABEL in s.labels for s in await client.list_sandboxes())
+
+
 async def test_cancelling_mid_init_leaves_nothing(client, btrfs_daemon) -> None:
-    task = counted_task("cancelled", setup_sleep_s=30)
+    """Every rollout of a shared INIT cancelled while it sets up: the INIT stops (its setup would
+    take a minute) and its sandbox is destroyed."""
+    task = counted_task("cancelled", setup_sleep_s=60)
     async with replay_server([task]) as server:
         await client.rollouts.register_llm(server.url)
         async with client.rollouts.open_stream() as stream:
             await stream.submit(task, n=3)
-
-            async def setting_up() -> bool:
-                return any(ROLLOUT_LABEL in s.labels for s in await client.list_sandboxes())
-
-            await wait_until(setting_up)
+            await wait_until(lambda: setting_up(client))
             await stream.cancel(task_id="cancelled")
             results = [result_of(await asyncio.wait_for(stream.__anext__(), 30)) for _ in range(3)]
     assert [r.status for r in results] == ["cancelled"] * 3
+    await no_sandboxes_left(client, btrfs_daemon)
+
+
+async def test_a_rollout_cancelled_mid_init_gets_no_fork_and_the_others_go_on(client, btrfs_daemon) -> None:
+    left, kept = (counted_task(f"part-{name}", setup_sleep_s=2, setup_key="part") for name in ("left", "kept"))
+    async with replay_server([left, kept]) as server:
+        await client.rollouts.register_llm(server.url)
+        async with client.rollouts.open_stream() as stream:
+            await stream.submit(left, n=2)
+            await stream.submit(kept, n=2)
+            await wait_until(lambda: setting_up(client))
+            await stream.cancel(task_id="part-left")
+            await stream.close_input()
+            results = [result_of(event) async for event in stream]
+    by_status = sorted((r.task_id, r.status) for r in results)
+    assert by_status == [("part-kept", "completed")] * 2 + [("part-left", "cancelled")] * 2
+    completed = [r for r in results if r.status == "completed"]
+    assert [(r.reward, r.init_shared_by) for r in completed] == [(1.0, 2)] * 2
+    assert len({setup_id(r) for r in completed}) == 1
     await no_sandboxes_left(client, btrfs_daemon)
