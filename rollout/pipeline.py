@@ -119,6 +119,19 @@ class PipelineClosed(Unavailable):
     """The pipeline is shutting down and takes no more rollouts."""
 
 
+async def _stage_work_done(work: asyncio.Task) -> None:
+    """Waits for a stage's work to end. When the worker waiting is cancelled (the pipeline is
+    closing), the work is cancelled too, unless a cancel (of its rollouts) is already under way:
+    a second one could cut its cleanup short."""
+    try:
+        await asyncio.wait({work})
+    except asyncio.CancelledError:
+        if not work.cancelling():
+            work.cancel()
+        await asyncio.wait({work})
+        raise
+
+
 class RolloutFiltered(Exception):
     """A rollout ends as FILTERED with this reason."""
 
@@ -393,11 +406,7 @@ class RolloutPipeline:
             work = asyncio.create_task(self._run_stage(stage, rollout))
             rollout.active = work
             try:
-                await asyncio.wait({work})
-            except asyncio.CancelledError:  # the pipeline is closing
-                work.cancel()
-                await asyncio.wait({work})
-                raise
+                await _stage_work_done(work)
             finally:
                 counters.in_flight -= 1
                 rollout.active = None
@@ -481,12 +490,7 @@ class RolloutPipeline:
         work = asyncio.create_task(self._shared_init(group))
         group.active = work
         try:
-            await asyncio.wait({work})
-        except asyncio.CancelledError:  # the pipeline is closing
-            if not work.cancelling():
-                work.cancel()
-            await asyncio.wait({work})
-            raise
+            await _stage_work_done(work)
         finally:
             counters.in_flight -= 1
             group.active = None
