@@ -217,3 +217,22 @@ async def test_a_rollout_cancelled_mid_init_gets_no_fork_and_the_others_go_on(cl
     assert [(r.reward, r.init_shared_by) for r in completed] == [(1.0, 2)] * 2
     assert len({setup_id(r) for r in completed}) == 1
     await no_sandboxes_left(client, btrfs_daemon)
+
+
+async def test_a_node_that_drains_mid_init_still_forks_for_rollouts_it_accepted(client, btrfs_daemon) -> None:
+    """Draining refuses new sandboxes, but not those of rollouts already accepted: the set-up
+    sandbox and its fork carry the shared INIT's id, a live rollout of the pipeline's."""
+    task = counted_task("draining", setup_sleep_s=2)
+    async with replay_server([task]) as server:
+        await client.rollouts.register_llm(server.url)
+        async with client.rollouts.open_stream() as stream:
+            await stream.submit(task, n=2)
+            await wait_until(lambda: setting_up(client))
+            await client.drain()
+            try:
+                await stream.close_input()
+                results = [result_of(event) async for event in stream]
+            finally:
+                await client.drain(False)
+    assert [(r.status, r.reward, r.init_shared_by) for r in results] == [("completed", 1.0, 2)] * 2
+    await no_sandboxes_left(client, btrfs_daemon)
