@@ -12,12 +12,14 @@ lineage, and no sibling's write shows in it)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from corral.cli.run import is_token_exact
 from corral.sdk import AsyncClient, RolloutResult
+from corral.sdk.rollouts import AsyncRolloutStream
 from tests.conftest import DaemonProcess, require_backend
 from tests.integration.test_disk_limits import own_daemon
 from tests.integration.test_fork import BTRFS, pool_entries
@@ -88,15 +90,22 @@ async def client(btrfs_daemon) -> AsyncIterator[AsyncClient]:
             await client.rollouts.remove_llm(server.address)
 
 
-async def run_all(client: AsyncClient, submissions: list[tuple], tasks) -> list[RolloutResult]:
-    """Submits (task, n) pairs on one stream against a replay server of `tasks`; all results."""
+@contextlib.asynccontextmanager
+async def replayed_stream(client: AsyncClient, tasks) -> AsyncIterator[AsyncRolloutStream]:
+    """A rollout stream of the daemon's, with a replay server of `tasks` registered."""
     async with replay_server(tasks) as server:
         await client.rollouts.register_llm(server.url)
         async with client.rollouts.open_stream() as stream:
-            for task, n in submissions:
-                await stream.submit(task, n=n)
-            await stream.close_input()
-            return [result_of(event) async for event in stream]
+            yield stream
+
+
+async def run_all(client: AsyncClient, submissions: list[tuple], tasks) -> list[RolloutResult]:
+    """Submits (task, n) pairs on one stream against a replay server of `tasks`; all results."""
+    async with replayed_stream(client, tasks) as stream:
+        for task, n in submissions:
+            await stream.submit(task, n=n)
+        await stream.close_input()
+        return [result_of(event) async for event in stream]
 
 
 async def no_sandboxes_left(client: AsyncClient, daemon: DaemonProcess) -> None:
@@ -189,28 +198,24 @@ async def test_cancelling_mid_init_leaves_nothing(client, btrfs_daemon) -> None:
     """Every rollout of a shared INIT cancelled while it sets up: the INIT stops (its setup would
     take a minute) and its sandbox is destroyed."""
     task = counted_task("cancelled", setup_sleep_s=60)
-    async with replay_server([task]) as server:
-        await client.rollouts.register_llm(server.url)
-        async with client.rollouts.open_stream() as stream:
-            await stream.submit(task, n=3)
-            await wait_until(lambda: setting_up(client))
-            await stream.cancel(task_id="cancelled")
-            results = [result_of(await asyncio.wait_for(stream.__anext__(), 30)) for _ in range(3)]
+    async with replayed_stream(client, [task]) as stream:
+        await stream.submit(task, n=3)
+        await wait_until(lambda: setting_up(client))
+        await stream.cancel(task_id="cancelled")
+        results = [result_of(await asyncio.wait_for(stream.__anext__(), 30)) for _ in range(3)]
     assert [r.status for r in results] == ["cancelled"] * 3
     await no_sandboxes_left(client, btrfs_daemon)
 
 
 async def test_a_rollout_cancelled_mid_init_gets_no_fork_and_the_others_go_on(client, btrfs_daemon) -> None:
     left, kept = (counted_task(f"part-{name}", setup_sleep_s=2, setup_key="part") for name in ("left", "kept"))
-    async with replay_server([left, kept]) as server:
-        await client.rollouts.register_llm(server.url)
-        async with client.rollouts.open_stream() as stream:
-            await stream.submit(left, n=2)
-            await stream.submit(kept, n=2)
-            await wait_until(lambda: setting_up(client))
-            await stream.cancel(task_id="part-left")
-            await stream.close_input()
-            results = [result_of(event) async for event in stream]
+    async with replayed_stream(client, [left, kept]) as stream:
+        await stream.submit(left, n=2)
+        await stream.submit(kept, n=2)
+        await wait_until(lambda: setting_up(client))
+        await stream.cancel(task_id="part-left")
+        await stream.close_input()
+        results = [result_of(event) async for event in stream]
     by_status = sorted((r.task_id, r.status) for r in results)
     assert by_status == [("part-kept", "completed")] * 2 + [("part-left", "cancelled")] * 2
     completed = [r for r in results if r.status == "completed"]
@@ -223,16 +228,14 @@ async def test_a_node_that_drains_mid_init_still_forks_for_rollouts_it_accepted(
     """Draining refuses new sandboxes, but not those of rollouts already accepted: the set-up
     sandbox and its fork carry the shared INIT's id, a live rollout of the pipeline's."""
     task = counted_task("draining", setup_sleep_s=2)
-    async with replay_server([task]) as server:
-        await client.rollouts.register_llm(server.url)
-        async with client.rollouts.open_stream() as stream:
-            await stream.submit(task, n=2)
-            await wait_until(lambda: setting_up(client))
-            await client.drain()
-            try:
-                await stream.close_input()
-                results = [result_of(event) async for event in stream]
-            finally:
-                await client.drain(False)
+    async with replayed_stream(client, [task]) as stream:
+        await stream.submit(task, n=2)
+        await wait_until(lambda: setting_up(client))
+        await client.drain()
+        try:
+            await stream.close_input()
+            results = [result_of(event) async for event in stream]
+        finally:
+            await client.drain(False)
     assert [(r.status, r.reward, r.init_shared_by) for r in results] == [("completed", 1.0, 2)] * 2
     await no_sandboxes_left(client, btrfs_daemon)
