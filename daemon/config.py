@@ -116,6 +116,9 @@ class RolloutConfig:
     eval_timeout_s: float = 600.0
     queue_size: int = 1024
     init_retries: int = 2
+    # INIT once: the samples of a submission (and tasks sharing a setup key) set up one sandbox
+    # and fork it (docs/rollouts.md); off: every rollout runs its own INIT.
+    init_once: bool = True
     # One LLM request: its timeout and how many servers to try before the rollout is filtered.
     llm_timeout_s: float = 600.0
     llm_attempts: int = 3

@@ -26,6 +26,7 @@ def pipeline_settings(config: RolloutConfig) -> PipelineSettings:
         eval=StageSettings(config.eval_workers, config.eval_timeout_s, config.queue_size),
         init_retries=config.init_retries,
         allow_host_harness=config.allow_host_harness,
+        init_once=config.init_once,
     )
 
 

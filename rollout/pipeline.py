@@ -10,6 +10,8 @@
 - Infrastructure failures become FILTERED results with a reason, never reward 0.
 - Every sandbox is destroyed when its rollout ends, whichever way it ends (result, filter,
   cancel, shutdown). Cancelling frees it at once.
+- INIT once (shared_init.py): rollouts that may share their INIT wait for one sandbox start and
+  setup, then each gets a fork of that sandbox; the set-up sandbox is destroyed once they exist.
 
 Sandboxes are reached through the SDK's AsyncClient, over the daemon's own socket: the pipeline
 uses exactly the interface trainers use, and the trainer adapters reuse its pieces.
@@ -38,6 +40,7 @@ from corral.rollout.evaluation import (
 )
 from corral.rollout.gateway import Gateway, GatewayCounters, GatewayOutcome, HistoryPolicy, SessionSettings
 from corral.rollout.harness import HarnessExit, HarnessHost, run_harness
+from corral.rollout.shared_init import ForkFailed, ForkUnavailable, SharedInit, fork_children, may_share, sharing_key
 from corral.rollout.tasks import (
     check_task,
     enabled_tools,
@@ -91,6 +94,9 @@ class PipelineSettings:
     init_retries: int = 2
     # Whether harness tasks may run their command on the node, outside the sandbox.
     allow_host_harness: bool = False
+    # INIT once: the samples of one submission, and tasks sharing a setup key, start and set up
+    # one sandbox and fork it into theirs (shared_init.py). Off: every rollout runs its own INIT.
+    init_once: bool = True
 
     def stage(self, stage: Stage) -> StageSettings:
         return getattr(self, stage.value)
@@ -111,6 +117,19 @@ class NoLLMServers(FailedPrecondition):
 
 class PipelineClosed(Unavailable):
     """The pipeline is shutting down and takes no more rollouts."""
+
+
+async def _stage_work_done(work: asyncio.Task) -> None:
+    """Waits for a stage's work to end. When the worker waiting is cancelled (the pipeline is
+    closing), the work is cancelled too, unless a cancel (of its rollouts) is already under way:
+    a second one could cut its cleanup short."""
+    try:
+        await asyncio.wait({work})
+    except asyncio.CancelledError:
+        if not work.cancelling():
+            work.cancel()
+        await asyncio.wait({work})
+        raise
 
 
 class RolloutFiltered(Exception):
@@ -151,6 +170,11 @@ class Rollout:
     # Why it is being stopped early: FILTER_REASON_SHUTDOWN for shutdown, None for a client cancel.
     stop_reason: pb.FilterReason | None = None
     finished: bool = False
+    # The INIT it waits for with others (INIT once), how many shared it (0: its own), and whether
+    # it was to share one but the backend cannot fork.
+    shared_init: SharedInit[Rollout] | None = None
+    init_shared_by: int = 0
+    init_fell_back: bool = False
 
 
 class StageCounters:
@@ -196,11 +220,19 @@ class RolloutPipeline:
         self._forget_rollout = forget_rollout
         # The LLM servers' context window (the agent loop ends a rollout as CONTEXT_FULL within it).
         self._context_length = context_length
-        self._queues = {stage: asyncio.Queue[Rollout](settings.stage(stage).queue_size) for stage in Stage}
+        self._queues = {
+            stage: asyncio.Queue[Rollout | SharedInit[Rollout]](settings.stage(stage).queue_size) for stage in Stage
+        }
         self._counters = {stage: StageCounters() for stage in Stage}
         self._workers: list[asyncio.Task] = []
         self._finishing: set[asyncio.Task] = set()
         self._live: dict[str, Rollout] = {}
+        # Shared INITs not yet finished, by their id (the set-up sandbox's rollout label); those
+        # that still take members, by sharing key (only tasks with a setup key join across
+        # submissions); and the backends that answered that they cannot fork, with why.
+        self._shared_inits: dict[str, SharedInit[Rollout]] = {}
+        self._open_inits: dict[bytes, SharedInit[Rollout]] = {}
+        self._cannot_fork: dict[int, str] = {}
         self._closed = False
         self.policy_version = 0
         self.totals = collections.Counter[int]()
@@ -273,9 +305,34 @@ class RolloutPipeline:
         ]
         for rollout in rollouts:
             self._live[rollout.rollout_id] = rollout
+        if self._settings.init_once and may_share(task, len(rollouts)):
+            if task.backend not in self._cannot_fork:
+                await self._join_shared_inits(rollouts)
+                return rollouts
+            for rollout in rollouts:
+                rollout.init_fell_back = True
         for rollout in rollouts:
             await self._enqueue(Stage.INIT, rollout)
         return rollouts
+
+    async def _join_shared_inits(self, rollouts: list[Rollout]) -> None:
+        """Puts the rollouts of a submission into shared INITs: the open one of their setup key
+        (if any) while it has room, then new ones, each queued for an INIT worker."""
+        task = rollouts[0].task
+        key = sharing_key(task) if task.setup_key else None
+        group = self._open_inits.get(key) if key is not None else None
+        for rollout in rollouts:
+            rollout.enqueued_at = time.monotonic()
+            if group is not None and not group.full:
+                group.members.append(rollout)
+                rollout.shared_init = group
+                continue
+            group = SharedInit[Rollout](task=rollout.task, members=[rollout], key=key)
+            rollout.shared_init = group
+            self._shared_inits[group.init_id] = group
+            if key is not None:
+                self._open_inits[key] = group
+            await self._queues[Stage.INIT].put(group)
 
     def _check_harness_allowed(self, task: pb.Task) -> None:
         if not is_harness_task(task):
@@ -306,8 +363,11 @@ class RolloutPipeline:
 
     def stage_stats(self, stage: Stage) -> pb.StageStats:
         counters = self._counters[stage]
+        queued = self._queues[stage].qsize()
+        if stage is Stage.INIT:  # a queued shared INIT is one entry for all its rollouts
+            queued += sum(len(g.waiting()) - 1 for g in self._shared_inits.values() if g.taken_at is None)
         return pb.StageStats(
-            queued=self._queues[stage].qsize(),
+            queued=max(queued, 0),
             in_flight=counters.in_flight,
             workers=self._settings.stage(stage).workers,
             completed=counters.completed,
@@ -319,8 +379,9 @@ class RolloutPipeline:
         return len(self._live)
 
     def is_live(self, rollout_id: str) -> bool:
-        """Whether a rollout was accepted and has not ended yet."""
-        return rollout_id in self._live
+        """Whether a rollout (or an INIT shared by rollouts: its set-up sandbox carries the shared
+        INIT's id as its rollout label) was accepted and has not ended yet."""
+        return rollout_id in self._live or rollout_id in self._shared_inits
 
     # -- stages --------------------------------------------------------------------------------
 
@@ -332,7 +393,11 @@ class RolloutPipeline:
         queue = self._queues[stage]
         counters = self._counters[stage]
         while True:
-            rollout = await queue.get()
+            item = await queue.get()
+            if isinstance(item, SharedInit):
+                await self._work_shared_init(item)
+                continue
+            rollout = item
             if rollout.finished:  # cancelled while it waited
                 continue
             taken = time.monotonic()
@@ -341,11 +406,7 @@ class RolloutPipeline:
             work = asyncio.create_task(self._run_stage(stage, rollout))
             rollout.active = work
             try:
-                await asyncio.wait({work})
-            except asyncio.CancelledError:  # the pipeline is closing
-                work.cancel()
-                await asyncio.wait({work})
-                raise
+                await _stage_work_done(work)
             finally:
                 counters.in_flight -= 1
                 rollout.active = None
@@ -386,7 +447,7 @@ class RolloutPipeline:
         return None
 
     async def _run_stage(self, stage: Stage, rollout: Rollout) -> None:
-        timeout = self._stage_timeout(stage, rollout)
+        timeout = self._stage_timeout(stage, rollout.task)
         if stage is Stage.INIT:
             await self._init(rollout, timeout)
         elif stage is Stage.RUN:
@@ -396,8 +457,8 @@ class RolloutPipeline:
             await self._eval(rollout, timeout)
             self._check_staleness(rollout)
 
-    def _stage_timeout(self, stage: Stage, rollout: Rollout) -> float:
-        limits = task_limits(rollout.task)
+    def _stage_timeout(self, stage: Stage, task: pb.Task) -> float:
+        limits = task_limits(task)
         own = {Stage.INIT: limits.init_timeout_s, Stage.RUN: limits.run_timeout_s, Stage.EVAL: limits.eval_timeout_s}[
             stage
         ]
@@ -418,6 +479,122 @@ class RolloutPipeline:
             raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
         except TimeoutError:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
+
+    # -- INIT once ------------------------------------------------------------------------------
+
+    async def _work_shared_init(self, group: SharedInit[Rollout]) -> None:
+        """An INIT worker's turn at a shared INIT: as _work for one rollout, for all its members."""
+        counters = self._counters[Stage.INIT]
+        group.taken_at = time.monotonic()
+        counters.in_flight += 1
+        work = asyncio.create_task(self._shared_init(group))
+        group.active = work
+        try:
+            await _stage_work_done(work)
+        finally:
+            counters.in_flight -= 1
+            group.active = None
+            self._close_membership(group)
+            self._shared_inits.pop(group.init_id, None)
+        await self._after_shared_init(group, work)
+
+    def _close_membership(self, group: SharedInit[Rollout]) -> list[Rollout]:
+        """No rollout joins `group` any more; returns its members still waiting."""
+        if group.key is not None and self._open_inits.get(group.key) is group:
+            del self._open_inits[group.key]
+        return group.close()
+
+    async def _shared_init(self, group: SharedInit[Rollout]) -> None:
+        """Starts and sets up one sandbox for the group, forks it into one per waiting member and
+        destroys it. A backend that cannot fork: the first member takes the set-up sandbox and
+        the others run INITs of their own (_after_shared_init). Raises RolloutFiltered."""
+        task = group.task
+        timeout_s = self._stage_timeout(Stage.INIT, task)
+        parent: AsyncSandbox | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                if not group.waiting():  # every member was cancelled while it queued
+                    return
+                parent = await start_task_sandbox(
+                    self._client,
+                    task,
+                    rollout_id=group.init_id,
+                    retries=self._settings.init_retries,
+                    action_timeout_s=task_limits(task).action_timeout_s,
+                )
+                group.set_up_at = time.monotonic()
+                members = self._close_membership(group)
+                group.shared_by = len(members)
+                if len(members) <= 1:  # nobody left to share with: no fork needed
+                    if members:
+                        members[0].sandbox, parent = parent, None
+                    return
+                try:
+                    children, group.fork_s = await fork_children(
+                        parent, len(members), retries=self._settings.init_retries
+                    )
+                except ForkUnavailable as error:
+                    self._cannot_fork[task.backend] = str(error)
+                    group.fell_back = True
+                    _log.info("INIT once falls back to an INIT per rollout: %s", error)
+                    first = next((m for m in members if not m.finished), None)
+                    if first is not None:
+                        first.sandbox, parent = parent, None
+                    return
+                for member, child in zip(members, children):
+                    if member.finished:  # cancelled during the fork
+                        self._destroy_later(child, member.rollout_id)
+                    else:
+                        member.sandbox = child
+        except SandboxStartFailed as error:
+            raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
+        except ForkFailed as error:
+            raise RolloutFiltered(pb.FILTER_REASON_FORK_FAILED, str(error)) from error
+        except TimeoutError:
+            raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
+        finally:
+            if parent is not None:
+                self._destroy_later(parent, group.init_id)
+
+    async def _after_shared_init(self, group: SharedInit[Rollout], work: asyncio.Task) -> None:
+        """Sends each waiting member on: to RUN with its sandbox, back to INIT for one of its own
+        (the backend cannot fork), or to its end as FILTERED."""
+        error = None if work.cancelled() else work.exception()
+        if error is not None and not isinstance(error, RolloutFiltered):
+            _log.error("shared INIT %s: unexpected failure", group.init_id, exc_info=error)
+            error = RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, f"{type(error).__name__}: {error}")
+        ended = time.monotonic()
+        for member in group.members:
+            if member.finished:
+                continue
+            self._note_shared_init(group, member, ended)
+            if error is None and member.sandbox is None and group.fell_back:
+                member.shared_init = None
+                await self._queues[Stage.INIT].put(member)  # its INIT queue time runs on from joining
+                continue
+            self._counters[Stage.INIT].record_completion()
+            if isinstance(error, RolloutFiltered):
+                self._finish(member, self._filtered(member, error.reason, str(error)))
+            elif member.sandbox is not None:
+                await self._enqueue(Stage.RUN, member)
+            else:  # the INIT was cancelled under it (the pipeline closing)
+                self._finish(
+                    member,
+                    self._filtered(member, member.stop_reason or pb.FILTER_REASON_SHUTDOWN, "INIT was cut short"),
+                )
+
+    @staticmethod
+    def _note_shared_init(group: SharedInit[Rollout], member: Rollout, ended: float) -> None:
+        """A member's INIT timings: its wait for a worker, the shared INIT from when it joined,
+        and the fork."""
+        assert group.taken_at is not None
+        started = max(group.taken_at, member.enqueued_at)
+        member.timings["init_queue"] = started - member.enqueued_at
+        member.timings["init"] = (group.set_up_at or ended) - started
+        if group.fork_s is not None:
+            member.timings["fork"] = group.fork_s
+            member.init_shared_by = group.shared_by
+        member.init_fell_back = group.fell_back
 
     async def _run(self, rollout: Rollout, timeout_s: float) -> None:
         if is_harness_task(rollout.task):
@@ -591,6 +768,11 @@ class RolloutPipeline:
             return
         rollout.finished = True
         self._live.pop(rollout.rollout_id, None)
+        group = rollout.shared_init
+        if group is not None and group.active is not None and not group.waiting():
+            # Nobody waits for the shared INIT any more: stop it (its sandboxes are destroyed).
+            self._close_membership(group)
+            group.active.cancel()
         self._forget_rollout(rollout.rollout_id)
         self.totals[result.status] += 1
         task = asyncio.create_task(self._destroy_then_deliver(rollout, result))
@@ -600,7 +782,11 @@ class RolloutPipeline:
     async def _destroy_then_deliver(self, rollout: Rollout, result: pb.RolloutResult) -> None:
         await self._destroy_sandbox(rollout)
         rollout.timings["total"] = time.monotonic() - rollout.submitted_at
-        result.timings.CopyFrom(results.stage_timings(rollout.timings))
+        result.timings.CopyFrom(
+            results.stage_timings(
+                rollout.timings, init_shared_by=rollout.init_shared_by, init_fell_back=rollout.init_fell_back
+            )
+        )
         try:
             rollout.deliver(result)
         except Exception:  # noqa: BLE001 - a caller's callback failing must not stop the pipeline
@@ -608,12 +794,20 @@ class RolloutPipeline:
 
     async def _destroy_sandbox(self, rollout: Rollout) -> None:
         sandbox, rollout.sandbox = rollout.sandbox, None
-        if sandbox is None:
-            return
+        if sandbox is not None:
+            await self._destroy(sandbox, rollout.rollout_id)
+
+    async def _destroy(self, sandbox: AsyncSandbox, owner: str) -> None:
         try:
             await asyncio.wait_for(sandbox.destroy(), DESTROY_TIMEOUT_S)
         except Exception as error:  # noqa: BLE001 - the daemon's reaper removes it later; the rollout must still end
-            _log.warning("rollout %s: destroying sandbox %s failed: %s", rollout.rollout_id, sandbox.id, error)
+            _log.warning("rollout %s: destroying sandbox %s failed: %s", owner, sandbox.id, error)
+
+    def _destroy_later(self, sandbox: AsyncSandbox, owner: str) -> None:
+        """Destroys a sandbox no rollout uses in the background (close() waits for it)."""
+        task = asyncio.create_task(self._destroy(sandbox, owner))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     def _result(
         self,

@@ -68,6 +68,12 @@ def fill_gateway(
         )
 
 
-def stage_timings(seconds: Mapping[str, float]) -> pb.StageTimings:
-    """StageTimings from {"init_queue": s, "init": s, ..., "total": s}; missing stages stay 0."""
-    return pb.StageTimings(**{f"{name}_ms": round(value * 1000) for name, value in seconds.items()})
+def stage_timings(
+    seconds: Mapping[str, float], *, init_shared_by: int = 0, init_fell_back: bool = False
+) -> pb.StageTimings:
+    """StageTimings from {"init_queue": s, "init": s, "fork": s, ..., "total": s} (missing stages
+    stay 0) and how the INIT went (INIT once)."""
+    timings = pb.StageTimings(init_shared_by=init_shared_by, init_fell_back=init_fell_back)
+    for name, value in seconds.items():
+        setattr(timings, f"{name}_ms", round(value * 1000))
+    return timings

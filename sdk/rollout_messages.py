@@ -111,13 +111,15 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
         messages=[{"role": m.role, "content": m.content} for m in result.messages],
         timings={
             name: getattr(timings, f"{name}_ms") / 1000
-            for name in ("init_queue", "init", "run_queue", "run", "eval_queue", "eval", "total")
+            for name in ("init_queue", "init", "fork", "run_queue", "run", "eval_queue", "eval", "total")
         },
         format_errors=result.format_errors,
         eval_output=result.eval_output,
         metadata=dict(result.metadata),
         extra_samples=[sample_from_proto(sample) for sample in result.extra_samples],
         gateway=gateway_counters_from_proto(result.gateway) if result.HasField("gateway") else None,
+        init_shared_by=timings.init_shared_by,
+        init_fell_back=timings.init_fell_back,
     )
 
 

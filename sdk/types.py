@@ -506,6 +506,7 @@ FilterReason = Literal[
     "stage_timeout",
     "harness_failed",
     "history_rewritten",
+    "fork_failed",
     "unspecified",
     "unknown",
 ]
@@ -598,7 +599,8 @@ class RolloutResult:
     turns: list[RolloutTurn]
     # The conversation as text: [{"role": ..., "content": ...}], the prompt first.
     messages: list[dict[str, str]]
-    # Seconds: "init_queue", "init", "run_queue", "run", "eval_queue", "eval", "total".
+    # Seconds: "init_queue", "init", "fork", "run_queue", "run", "eval_queue", "eval", "total".
+    # With INIT once, "init" is the INIT shared with others and "fork" what made this sandbox.
     timings: Mapping[str, float]
     format_errors: int
     eval_output: bytes
@@ -608,6 +610,10 @@ class RolloutResult:
     extra_samples: list[RolloutSample] = field(default_factory=list)
     # Set for harness rollouts.
     gateway: GatewayCounters | None = None
+    # INIT once (docs/rollouts.md): how many rollouts shared this one's INIT (0: its own), and
+    # whether it was to share one but the backend cannot fork.
+    init_shared_by: int = 0
+    init_fell_back: bool = False
 
     @property
     def completed(self) -> bool:

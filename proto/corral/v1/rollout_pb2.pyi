@@ -46,6 +46,7 @@ class FilterReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FILTER_REASON_STAGE_TIMEOUT: _ClassVar[FilterReason]
     FILTER_REASON_HARNESS_FAILED: _ClassVar[FilterReason]
     FILTER_REASON_HISTORY_REWRITTEN: _ClassVar[FilterReason]
+    FILTER_REASON_FORK_FAILED: _ClassVar[FilterReason]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -85,6 +86,7 @@ FILTER_REASON_STALENESS: FilterReason
 FILTER_REASON_STAGE_TIMEOUT: FilterReason
 FILTER_REASON_HARNESS_FAILED: FilterReason
 FILTER_REASON_HISTORY_REWRITTEN: FilterReason
+FILTER_REASON_FORK_FAILED: FilterReason
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_SUBMITTED: FinishReason
 FINISH_REASON_MAX_TURNS: FinishReason
@@ -96,7 +98,7 @@ LLM_PROTOCOL_SGLANG: LLMProtocol
 LLM_PROTOCOL_VLLM: LLMProtocol
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "backend", "image", "resources", "setup", "prompt", "tools", "tool_call_format", "limits", "evaluation", "sampling", "reference_solution", "metadata", "user", "harness")
+    __slots__ = ("task_id", "backend", "image", "resources", "setup", "prompt", "tools", "tool_call_format", "limits", "evaluation", "sampling", "reference_solution", "metadata", "user", "harness", "setup_key")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +121,7 @@ class Task(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     HARNESS_FIELD_NUMBER: _ClassVar[int]
+    SETUP_KEY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     backend: _sandbox_pb2.Backend
     image: str
@@ -134,7 +137,8 @@ class Task(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     user: str
     harness: TaskHarness
-    def __init__(self, task_id: _Optional[str] = ..., backend: _Optional[_Union[_sandbox_pb2.Backend, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[_sandbox_pb2.ResourceLimits, _Mapping]] = ..., setup: _Optional[_Union[TaskSetup, _Mapping]] = ..., prompt: _Optional[_Union[TaskPrompt, _Mapping]] = ..., tools: _Optional[_Iterable[str]] = ..., tool_call_format: _Optional[_Union[ToolCallFormat, str]] = ..., limits: _Optional[_Union[TaskLimits, _Mapping]] = ..., evaluation: _Optional[_Union[TaskEvaluation, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., reference_solution: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., harness: _Optional[_Union[TaskHarness, _Mapping]] = ...) -> None: ...
+    setup_key: str
+    def __init__(self, task_id: _Optional[str] = ..., backend: _Optional[_Union[_sandbox_pb2.Backend, str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[_sandbox_pb2.ResourceLimits, _Mapping]] = ..., setup: _Optional[_Union[TaskSetup, _Mapping]] = ..., prompt: _Optional[_Union[TaskPrompt, _Mapping]] = ..., tools: _Optional[_Iterable[str]] = ..., tool_call_format: _Optional[_Union[ToolCallFormat, str]] = ..., limits: _Optional[_Union[TaskLimits, _Mapping]] = ..., evaluation: _Optional[_Union[TaskEvaluation, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., reference_solution: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., harness: _Optional[_Union[TaskHarness, _Mapping]] = ..., setup_key: _Optional[str] = ...) -> None: ...
 
 class TaskHarness(_message.Message):
     __slots__ = ("command", "env", "place", "workdir", "history_policy")
@@ -168,12 +172,14 @@ class TaskFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., content: _Optional[bytes] = ..., mode: _Optional[int] = ...) -> None: ...
 
 class TaskSetup(_message.Message):
-    __slots__ = ("files", "commands")
+    __slots__ = ("files", "commands", "per_rollout")
     FILES_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    PER_ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[TaskFile]
     commands: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, files: _Optional[_Iterable[_Union[TaskFile, _Mapping]]] = ..., commands: _Optional[_Iterable[str]] = ...) -> None: ...
+    per_rollout: bool
+    def __init__(self, files: _Optional[_Iterable[_Union[TaskFile, _Mapping]]] = ..., commands: _Optional[_Iterable[str]] = ..., per_rollout: _Optional[bool] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -348,7 +354,7 @@ class Sample(_message.Message):
     def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("init_queue_ms", "init_ms", "run_queue_ms", "run_ms", "eval_queue_ms", "eval_ms", "total_ms")
+    __slots__ = ("init_queue_ms", "init_ms", "run_queue_ms", "run_ms", "eval_queue_ms", "eval_ms", "total_ms", "fork_ms", "init_shared_by", "init_fell_back")
     INIT_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     INIT_MS_FIELD_NUMBER: _ClassVar[int]
     RUN_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +362,9 @@ class StageTimings(_message.Message):
     EVAL_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     EVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    FORK_MS_FIELD_NUMBER: _ClassVar[int]
+    INIT_SHARED_BY_FIELD_NUMBER: _ClassVar[int]
+    INIT_FELL_BACK_FIELD_NUMBER: _ClassVar[int]
     init_queue_ms: int
     init_ms: int
     run_queue_ms: int
@@ -363,7 +372,10 @@ class StageTimings(_message.Message):
     eval_queue_ms: int
     eval_ms: int
     total_ms: int
-    def __init__(self, init_queue_ms: _Optional[int] = ..., init_ms: _Optional[int] = ..., run_queue_ms: _Optional[int] = ..., run_ms: _Optional[int] = ..., eval_queue_ms: _Optional[int] = ..., eval_ms: _Optional[int] = ..., total_ms: _Optional[int] = ...) -> None: ...
+    fork_ms: int
+    init_shared_by: int
+    init_fell_back: bool
+    def __init__(self, init_queue_ms: _Optional[int] = ..., init_ms: _Optional[int] = ..., run_queue_ms: _Optional[int] = ..., run_ms: _Optional[int] = ..., eval_queue_ms: _Optional[int] = ..., eval_ms: _Optional[int] = ..., total_ms: _Optional[int] = ..., fork_ms: _Optional[int] = ..., init_shared_by: _Optional[int] = ..., init_fell_back: _Optional[bool] = ...) -> None: ...
 
 class RolloutResult(_message.Message):
     __slots__ = ("rollout_id", "task_id", "group_id", "sample_index", "status", "filter_reason", "error", "reward", "finish_reason", "prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions", "turns", "messages", "timings", "format_errors", "eval_output", "metadata", "extra_samples", "gateway")
