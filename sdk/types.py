@@ -501,6 +501,7 @@ FilterReason = Literal[
     "stage_timeout",
     "harness_failed",
     "history_rewritten",
+    "node_lost",
     "unspecified",
     "unknown",
 ]
