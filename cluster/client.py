@@ -31,7 +31,15 @@ from corral.cluster.node import ACTOR_PREFIX, NAMESPACE, NodeReport
 from corral.cluster.placement import NodeSlot, Placer, slot_from_capacity
 from corral.sdk import AsyncClient, AsyncSandbox, SandboxInfo
 from corral.sdk._async_transport import AwaitableContext
-from corral.sdk.errors import CorralError, DeadlineExceeded, NotFound, ResourceExhausted, SandboxNotFound, Unavailable
+from corral.sdk.errors import (
+    AlreadyExists,
+    CorralError,
+    DeadlineExceeded,
+    NotFound,
+    ResourceExhausted,
+    SandboxNotFound,
+    Unavailable,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -81,6 +89,10 @@ class ClusterClient:
         self.nodes: dict[str, ClusterNode] = {}
         self._leased: dict[str, tuple[ClusterNode, AsyncSandbox, float]] = {}
         self._loss_listeners: list[Callable[[ClusterNode, str], None]] = []
+        # What every node's rollout service must know (ClusterRollouts), given again to a node
+        # whose daemon comes back: address -> (protocol, weight, model); the policy version.
+        self.llms: dict[str, tuple[str, int, str]] = {}
+        self.policy_version: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -152,7 +164,24 @@ class ClusterClient:
         except TimeoutError:
             node.slot.free_at_poll = 0  # unanswered: nothing new goes there until it answers
             return
+        if report.info is not None and (node.lost or report.restarts != node.report.restarts):
+            # Its daemon came back (restarted by its actor): it knows none of the LLM servers.
+            if report.restarts != node.report.restarts:
+                self.mark_lost(node, f"its daemon was restarted ({report.restarts} restarts)")
+            try:
+                await self._rejoin(node)
+            except CorralError as error:
+                _log.warning("corral node %s came back but could not be set up: %s", node.node_id, error)
+                return
         self._take_report(node, report, claims)
+
+    async def _rejoin(self, node: ClusterNode) -> None:
+        """Gives a returning node's daemon what the others were told: LLM servers, policy version."""
+        for address, (protocol, weight, model) in self.llms.items():
+            with contextlib.suppress(AlreadyExists):
+                await node.client.rollouts.register_llm(address, protocol, weight=weight, model=model)
+        if self.policy_version is not None:
+            await node.client.rollouts.set_policy_version(self.policy_version)
 
     def _take_report(self, node: ClusterNode, report: NodeReport, claims_when_asked: int) -> None:
         node.report = report
@@ -160,7 +189,9 @@ class ClusterClient:
             self.mark_lost(node, f"its daemon does not answer: {report.error}")
             return
         slot_from_capacity(node.slot, report.info.capacity, report.info.draining, claims_when_asked)
-        node.slot.lost = False
+        if node.slot.lost:
+            _log.info("corral node %s is back", node.node_id)
+            node.slot.lost = False
 
     async def _poll_forever(self) -> None:
         while True:

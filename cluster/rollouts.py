@@ -61,16 +61,20 @@ class ClusterRollouts:
         )
         if not infos:
             raise Unavailable("no live corral node to register the LLM server with")
+        self._cluster.llms[address] = (protocol, weight, model)
         return infos[0]
 
     async def remove_llm(self, address: str) -> None:
+        self._cluster.llms.pop(address, None)
         await asyncio.gather(*(n.client.rollouts.remove_llm(address) for n in self._cluster.live_nodes()))
 
     async def set_policy_version(self, version: int) -> int:
+        """AsyncRollouts.set_policy_version on every live node (and on nodes that come back)."""
         versions = await asyncio.gather(
             *(n.client.rollouts.set_policy_version(version) for n in self._cluster.live_nodes())
         )
-        return max(versions, default=version)
+        self._cluster.policy_version = max(versions, default=version)
+        return self._cluster.policy_version
 
     async def stats(self) -> dict[str, RolloutStats]:
         """Each live node's rollout statistics, by node id."""

@@ -41,6 +41,8 @@ NODE_CONFIG = (
 )
 # The rollouts of the node-loss test (the scale the cluster client is specified against).
 ROLLOUTS = int(os.environ.get("CORRAL_TEST_CLUSTER_ROLLOUTS", "200"))
+# Tasks (two samples each) of the test that reruns a crashed daemon's rollouts.
+RERUN_TASKS = 20
 
 
 @dataclass
@@ -191,6 +193,41 @@ async def test_a_create_whose_answer_is_lost_is_retried_without_a_second_sandbox
 def _quick_task(task_id: str) -> Any:
     """A rollout of one sandbox, one generation (submit) and an evaluation that passes."""
     return repair_task(task_id, eval_command="true", solution=[call("submit")])
+
+
+async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_asked(ray_nodes: RayNodes) -> None:
+    tasks = [_quick_task(f"rerun-{i}") for i in range(RERUN_TASKS)]
+    victim = 1
+    victim_id = ray_nodes.node_ids[victim]
+    async with replay_server(tasks) as server, ClusterClient(ray_nodes.actors, poll_interval_s=0.5) as cluster:
+        await cluster.rollouts.register_llm(server.url)
+        victim_report = await ray_nodes.actors[victim].report.remote()
+        results = []
+        async with cluster.rollouts.open_stream(resubmit_lost=True) as stream:
+            for task in tasks:
+                await stream.submit(task, n=2)
+            stream.close_input()
+            async for result in stream:
+                results.append(result)
+                if len(results) == 10:
+                    os.kill(victim_report.daemon_pid, signal.SIGKILL)  # the daemon alone: its actor lives on
+        # Each sample once, completed, the two of a task under one group id, some of them run twice.
+        assert collections.Counter((r.task_id, r.sample_index) for r in results) == {
+            (t.task_id, i): 1 for t in tasks for i in (0, 1)
+        }
+        assert all(r.completed and r.reward == 1.0 for r in results), collections.Counter(r.status for r in results)
+        groups = collections.defaultdict(set)
+        for r in results:
+            groups[r.task_id].add(r.group_id)
+        assert all(len(g) == 1 for g in groups.values())
+        assert 2 in stream.ledger.attempts.values()
+        # The actor restarted the daemon; the node comes back, with the LLM server given again.
+        deadline = time.monotonic() + 20
+        while cluster.nodes[victim_id].lost and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert not cluster.nodes[victim_id].lost
+        assert cluster.nodes[victim_id].report.restarts == 1
+        assert [s.address for s in await cluster.nodes[victim_id].client.rollouts.list_llms()] == [server.url]
 
 
 async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> None:
