@@ -28,7 +28,7 @@ from corral.cluster.ledger import Ledger, RolloutKey, Submission
 from corral.sdk import rollout_messages as core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._async_transport import AsyncBidiCall, AsyncTransport
-from corral.sdk.errors import CorralError, InvalidArgument, Unavailable
+from corral.sdk.errors import AlreadyExists, CorralError, InvalidArgument, Unavailable
 from corral.sdk.rollouts import TaskSource, _each
 from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import LLMServerInfo, RolloutResult, RolloutStats
@@ -52,16 +52,23 @@ class ClusterRollouts:
     async def register_llm(
         self, address: str, protocol: str = "sglang", *, weight: int = 1, model: str = ""
     ) -> LLMServerInfo:
-        """AsyncRollouts.register_llm on every live node (each node's rollouts generate from it)."""
-        infos = await asyncio.gather(
-            *(
-                n.client.rollouts.register_llm(address, protocol, weight=weight, model=model)
-                for n in self._cluster.live_nodes()
-            )
-        )
-        if not infos:
+        """AsyncRollouts.register_llm on every live node (each node's rollouts generate from it),
+        and on nodes that come back later. A node that has it already is left as it is;
+        AlreadyExists only when every node had it."""
+        nodes = self._cluster.live_nodes()
+        if not nodes:
             raise Unavailable("no live corral node to register the LLM server with")
+        outcomes = await asyncio.gather(
+            *(n.client.rollouts.register_llm(address, protocol, weight=weight, model=model) for n in nodes),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, AlreadyExists):
+                raise outcome
         self._cluster.llms[address] = (protocol, weight, model)
+        infos = [o for o in outcomes if isinstance(o, LLMServerInfo)]
+        if not infos:
+            raise AlreadyExists(f"LLM server {address} is registered on every node already")
         return infos[0]
 
     async def remove_llm(self, address: str) -> None:
