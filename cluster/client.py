@@ -120,7 +120,7 @@ class ClusterClient:
                 node_id=report.node_id,
                 actor=actor,
                 address=report.address,
-                client=AsyncClient(report.address, timeout=self._timeout),
+                client=AsyncClient(report.address, token=report.token, timeout=self._timeout),
                 slot=NodeSlot(report.node_id),
                 report=report,
             )

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from corral.cluster.supervisor import DaemonSupervisor, serving
+from corral.cluster.supervisor import DaemonSupervisor
 from corral.sdk import Client, CorralError
 from corral.sdk.types import NodeInfo
 
@@ -35,6 +35,8 @@ class NodeReport:
     """One poll of a node: where its daemon listens and what it has room for."""
 
     node_id: str
+    # The address clients use: the daemon's TCP listener when it has one, else its Unix socket
+    # (reachable from this machine only), with the bearer token the TCP listener wants.
     address: str
     # The daemon's process id when this actor supervises it (None: attached, or not running).
     daemon_pid: int | None
@@ -42,32 +44,38 @@ class NodeReport:
     # GetNodeInfo's answer; None with `error` set when the daemon did not answer.
     info: NodeInfo | None
     error: str = ""
+    token: str | None = field(default=None, repr=False)
 
 
 class CorralNode:
-    """A node's daemon, started (`root`, `config_text`) or attached to (`attach_address`)."""
+    """A node's daemon, started (`root`, `config_text`; with `tcp_host`, also listening on TCP
+    there for clients on other machines) or attached to (`attach_address`, a Unix socket of this
+    machine, e.g. the systemd unit's /run/corral/corral.sock; `attach_token` for a TCP one)."""
 
     def __init__(
         self,
         *,
         root: str | None = None,
         config_text: str = "",
+        tcp_host: str | None = None,
         attach_address: str | None = None,
+        attach_token: str | None = None,
         max_restarts: int = 5,
     ) -> None:
         self.node_id = ray.get_runtime_context().get_node_id()
         self._supervisor: DaemonSupervisor | None = None
+        self.token = attach_token
         if attach_address is not None:
-            self.address = attach_address
-            target = attach_address.removeprefix("unix://")
-            if not serving(f"unix:{target}" if target.startswith("/") else target):
-                raise RuntimeError(f"no corral daemon serves at {attach_address}")
+            self.address = self._local_address = attach_address
         else:
             root = root or tempfile.mkdtemp(prefix=f"corral-node-{self.node_id[:12]}-")
-            self._supervisor = DaemonSupervisor(root, config_text, max_restarts=max_restarts)
+            self._supervisor = DaemonSupervisor(root, config_text, tcp_host=tcp_host, max_restarts=max_restarts)
             self._supervisor.start()
-            self.address = self._supervisor.address
-        self._client = Client(self.address, timeout=10.0)
+            self._local_address = self._supervisor.address
+            self.address = self._supervisor.tcp_address or self._local_address
+            self.token = self._supervisor.token
+        self._client = Client(self._local_address, token=attach_token, timeout=10.0)
+        self._client.node_info()  # an attached address that serves nothing fails here
 
     def report(self) -> NodeReport:
         supervisor = self._supervisor
@@ -77,8 +85,8 @@ class CorralNode:
             info = self._client.node_info()
         except CorralError as error:
             reason = supervisor.failure if supervisor and supervisor.failure else str(error)
-            return NodeReport(self.node_id, self.address, pid, restarts, None, reason)
-        return NodeReport(self.node_id, self.address, pid, restarts, info)
+            return NodeReport(self.node_id, self.address, pid, restarts, None, reason, self.token)
+        return NodeReport(self.node_id, self.address, pid, restarts, info, token=self.token)
 
     def stop(self) -> None:
         """Stops a daemon this actor started (its sandboxes are destroyed); an attached one stays."""
@@ -99,15 +107,18 @@ def start_node(
     *,
     root: str | None = None,
     config_text: str = "",
+    tcp_host: str | None = None,
     attach_address: str | None = None,
+    attach_token: str | None = None,
     resources: dict[str, float] | None = None,
+    name: str | None = None,
 ) -> Any:
     """Starts the CorralNode actor on the Ray node `node_id`, named for it in NAMESPACE, and
     returns its handle. It takes no CPU (the daemon's sandboxes are the node's work, not Ray's)
     and is never restarted elsewhere: a node that dies is lost, and its replacement gets a new
     actor."""
     actor = _CorralNodeActor.options(
-        name=actor_name(node_id),
+        name=name or actor_name(node_id),
         namespace=NAMESPACE,
         num_cpus=0,
         resources=resources or {},
@@ -115,20 +126,28 @@ def start_node(
         max_restarts=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     )
-    return actor.remote(root=root, config_text=config_text, attach_address=attach_address)
+    return actor.remote(
+        root=root, config_text=config_text, tcp_host=tcp_host, attach_address=attach_address, attach_token=attach_token
+    )
 
 
 def start_nodes(
-    *, config_text: str = "", root_dir: str | None = None, resources: dict[str, float] | None = None
+    *,
+    config_text: str = "",
+    root_dir: str | None = None,
+    tcp: bool = False,
+    resources: dict[str, float] | None = None,
 ) -> list[Any]:
     """A CorralNode on every live Ray node, each starting its own daemon (under `root_dir`/<node
-    id> when given), ready when this returns."""
+    id> when given; with `tcp`, listening on the node's address too, as clients on other machines
+    need), ready when this returns."""
     handles = []
     for node in ray.nodes():
         if not node["Alive"]:
             continue
         node_id = node["NodeID"]
         root = os.path.join(root_dir, node_id[:12]) if root_dir else None
-        handles.append(start_node(node_id, root=root, config_text=config_text, resources=resources))
+        tcp_host = node["NodeManagerAddress"] if tcp else None
+        handles.append(start_node(node_id, root=root, config_text=config_text, tcp_host=tcp_host, resources=resources))
     ray.get([h.report.remote() for h in handles])
     return handles

@@ -134,7 +134,7 @@ class _NodeStream:
     def __init__(self, node: ClusterNode, events: asyncio.Queue[_Event]) -> None:
         self.node = node
         self._events = events
-        self._transport = AsyncTransport(resolve_address(node.address), resolve_token(None), 60.0)
+        self._transport = AsyncTransport(resolve_address(node.address), resolve_token(node.report.token), 60.0)
         self._call: AsyncBidiCall = self._transport.bidi_stream(self._transport.rollout_service.Stream)
         self._outbox: asyncio.Queue[pb.StreamRequest] = asyncio.Queue()
         self._tasks = [asyncio.create_task(self._write()), asyncio.create_task(self._read())]

@@ -12,7 +12,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +32,12 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
 def serving(address: str, timeout: float = 1.0) -> bool:
     """Whether the daemon at a gRPC address ("unix:/path", "host:port") answers SERVING."""
     with grpc.insecure_channel(address) as channel:
@@ -42,13 +50,16 @@ def serving(address: str, timeout: float = 1.0) -> bool:
 
 class DaemonSupervisor:
     """`corral serve` under `root` (root/corral.sock, root/state, root/daemon.log), restarted when
-    it exits, at most `max_restarts` times, a second apart."""
+    it exits, at most `max_restarts` times, a second apart. With `tcp_host` it also listens on
+    that host at a free port (the same one after a restart), with a fresh bearer token
+    (root/token): what clients on other machines reach it by."""
 
     def __init__(
         self,
         root: str | os.PathLike[str],
         config_text: str = "",
         *,
+        tcp_host: str | None = None,
         max_restarts: int = 5,
         start_timeout_s: float = 30.0,
     ) -> None:
@@ -56,6 +67,14 @@ class DaemonSupervisor:
         self.root.mkdir(parents=True, exist_ok=True)
         self.socket = self.root / "corral.sock"
         self.address = f"unix://{self.socket}"
+        self.tcp_address: str | None = None
+        self.token: str | None = None
+        if tcp_host is not None:
+            self.tcp_address = f"{f'[{tcp_host}]' if ':' in tcp_host else tcp_host}:{_free_port(tcp_host)}"
+            self.token = secrets.token_hex(16)
+            token_file = self.root / "token"
+            token_file.write_text(self.token)
+            token_file.chmod(0o600)
         self.log_path = self.root / "daemon.log"
         self.config = self.root / "corral.toml"
         self.config.write_text(config_text)
@@ -116,6 +135,8 @@ class DaemonSupervisor:
         """Starts one daemon process from this (the watching) thread and waits until it serves."""
         command = [sys.executable, "-m", "corral.cli", "serve", "--socket", str(self.socket)]
         command += ["--state-dir", str(self.root / "state"), "--config", str(self.config)]
+        if self.tcp_address is not None:
+            command += ["--tcp", self.tcp_address, "--token-file", str(self.root / "token")]
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, start_new_session=True

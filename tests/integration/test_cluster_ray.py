@@ -141,6 +141,34 @@ async def test_commands_go_to_the_chosen_daemon_directly(ray_nodes: RayNodes) ->
         assert (await cluster.get_sandbox(sandbox.id)).id == sandbox.id
 
 
+async def test_a_node_listening_on_tcp_is_reached_there_with_its_token(ray_nodes: RayNodes, tmp_path) -> None:
+    # A second CorralNode on the head node, as on a machine the client is not on: TCP and a token.
+    actor = start_node(
+        ray_nodes.node_ids[0],
+        root=str(tmp_path),
+        config_text=NODE_CONFIG.format(cap=2),
+        tcp_host="127.0.0.1",
+        name="corral-node-tcp-test",
+    )
+    try:
+        report = await actor.report.remote()
+        assert report.address.startswith("127.0.0.1:") and report.token
+        task = _quick_task("over-tcp")
+        async with replay_server([task]) as server, ClusterClient([actor]) as cluster:
+            async with cluster.create_sandbox() as sandbox:
+                assert sandbox._transport.address.transport == "tcp"
+                assert (await sandbox.exec(["true"], timeout=10)).exit_code == 0
+            await cluster.rollouts.register_llm(server.url)
+            [result] = [r async for r in cluster.rollouts.stream([task])]
+            assert result.completed, result.error
+        with pytest.raises(errors.Unauthenticated):
+            async with AsyncClient(report.address, token="not-the-token") as stranger:
+                await stranger.node_info()
+    finally:
+        await actor.stop.remote()
+        ray.kill(actor)
+
+
 async def test_leases_are_renewed_while_the_client_lives_and_reaped_after(ray_nodes: RayNodes) -> None:
     cluster = await ClusterClient(ray_nodes.actors, lease_ttl_s=1.5).start()
     sandbox = await cluster.create_sandbox(labels={"test": "lease"})
