@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
 from corral.cluster.node import ACTOR_PREFIX, NAMESPACE, NodeReport
 from corral.cluster.placement import NodeSlot, Placer, slot_from_capacity
@@ -161,7 +161,8 @@ class ClusterClient:
         except RayActorError as error:
             self.mark_lost(node, f"its CorralNode actor died: {error}")
             return
-        except TimeoutError:
+        except (TimeoutError, RayError) as error:
+            _log.warning("corral node %s did not report: %r", node.node_id, error)
             node.slot.free_at_poll = 0  # unanswered: nothing new goes there until it answers
             return
         if report.info is not None and (node.lost or report.restarts != node.report.restarts):

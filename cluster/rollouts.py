@@ -258,8 +258,11 @@ class ClusterRolloutStream:
         submission, key = settled
         self._cluster.placer.release(node.slot)
         if message.filter_reason == pb.FILTER_REASON_SHUTDOWN:
-            # The daemon stopped under it: from the cluster's side, the node went away.
-            self._lost_rollout(submission, key, f"node {node.node_id}'s daemon shut down: {message.error}")
+            # The daemon stops under it: from the cluster's side, the node goes away (and takes the
+            # rest of its rollouts with it, through the loss this reports).
+            reason = f"its daemon shut down: {message.error}"
+            self._cluster.mark_lost(node, reason)
+            self._lost_rollout(submission, key, f"node {node.node_id} was lost: {reason}")
             return
         result = core.result_from_proto(message)
         if (result.group_id, result.sample_index) != key:

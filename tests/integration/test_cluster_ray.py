@@ -101,6 +101,24 @@ async def test_each_actor_runs_on_its_own_node_with_its_own_daemon(ray_nodes: Ra
     assert len({r.info.daemon_id for r in reports}) == len(reports)
     assert [r.info.capacity.max_sandboxes for r in reports] == list(NODE_CAPS)
     assert all(r.daemon_pid and r.restarts == 0 for r in reports)
+    # A client finds them by name, one per node.
+    found = ClusterClient.from_ray()
+    async with found:
+        assert sorted(found.nodes) == sorted(ray_nodes.node_ids)
+
+
+async def test_an_actor_attaches_to_a_daemon_already_on_its_node(ray_nodes: RayNodes) -> None:
+    running = await ray_nodes.actors[0].report.remote()
+    attached = start_node(ray_nodes.node_ids[0], attach_address=running.address, name="corral-node-attach-test")
+    try:
+        report = await attached.report.remote()
+        assert report.info.daemon_id == running.info.daemon_id
+        assert report.daemon_pid is None and report.address == running.address
+    finally:
+        await attached.stop.remote()
+        ray.kill(attached)
+    # Stopping an attached actor leaves the daemon it did not start alone.
+    assert (await ray_nodes.actors[0].report.remote()).info is not None
 
 
 async def test_placement_fills_nodes_by_capacity_and_a_node_at_its_cap_gets_nothing(ray_nodes: RayNodes) -> None:
