@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,13 +242,24 @@ def _quick_task(task_id: str) -> Any:
     return repair_task(task_id, eval_command="true", solution=[call("submit")])
 
 
+@contextlib.asynccontextmanager
+async def _streaming_cluster(
+    ray_nodes: RayNodes, tasks: list[Any], victim: int
+) -> AsyncIterator[tuple[ClusterClient, str, int, str]]:
+    """A client of every node with a replay LLM server for `tasks` registered, and the daemon pid
+    and daemon id of the node a test is about to break."""
+    async with replay_server(tasks) as server, ClusterClient(ray_nodes.actors, poll_interval_s=0.5) as cluster:
+        await cluster.rollouts.register_llm(server.url)
+        report = await ray_nodes.actors[victim].report.remote()
+        assert report.daemon_pid is not None and report.info is not None
+        yield cluster, server.url, report.daemon_pid, report.info.daemon_id
+
+
 async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_asked(ray_nodes: RayNodes) -> None:
     tasks = [_quick_task(f"rerun-{i}") for i in range(RERUN_TASKS)]
     victim = 1
     victim_id = ray_nodes.node_ids[victim]
-    async with replay_server(tasks) as server, ClusterClient(ray_nodes.actors, poll_interval_s=0.5) as cluster:
-        await cluster.rollouts.register_llm(server.url)
-        victim_report = await ray_nodes.actors[victim].report.remote()
+    async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, llm_url, victim_pid, _):
         results = []
         async with cluster.rollouts.open_stream(resubmit_lost=True) as stream:
             for task in tasks:
@@ -256,7 +268,7 @@ async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_aske
             async for result in stream:
                 results.append(result)
                 if len(results) == 10:
-                    os.kill(victim_report.daemon_pid, signal.SIGKILL)  # the daemon alone: its actor lives on
+                    os.kill(victim_pid, signal.SIGKILL)  # the daemon alone: its actor lives on
         # Each sample once, completed, the two of a task under one group id, some of them run twice.
         assert collections.Counter((r.task_id, r.sample_index) for r in results) == {
             (t.task_id, i): 1 for t in tasks for i in (0, 1)
@@ -273,23 +285,21 @@ async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_aske
             await asyncio.sleep(0.2)
         assert not cluster.nodes[victim_id].lost
         assert cluster.nodes[victim_id].report.restarts == 1
-        assert [s.address for s in await cluster.nodes[victim_id].client.rollouts.list_llms()] == [server.url]
+        assert [s.address for s in await cluster.nodes[victim_id].client.rollouts.list_llms()] == [llm_url]
 
 
 async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> None:
     tasks = [_quick_task(f"loss-{i}") for i in range(ROLLOUTS)]
     victim = 2
     victim_id = ray_nodes.node_ids[victim]
-    async with replay_server(tasks) as server, ClusterClient(ray_nodes.actors, poll_interval_s=0.5) as cluster:
-        await cluster.rollouts.register_llm(server.url)
-        victim_report = await ray_nodes.actors[victim].report.remote()
+    async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, _, victim_pid, victim_daemon_id):
         results = []
         began = time.monotonic()
         async for result in cluster.rollouts.stream(tasks):
             results.append(result)
             if len(results) == ROLLOUTS // 4:
                 # The node dies at once: its daemon (as in a power cut) and its raylet.
-                os.kill(victim_report.daemon_pid, signal.SIGKILL)
+                os.kill(victim_pid, signal.SIGKILL)
                 ray_nodes.cluster.remove_node(ray_nodes.raylets[victim], allow_graceful=False)
         elapsed = time.monotonic() - began
 
@@ -313,6 +323,6 @@ async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> No
     returned = DaemonSupervisor(ray_nodes.roots[victim], NODE_CONFIG.format(cap=NODE_CAPS[victim]))
     returned.start()
     try:
-        assert alive_pids(sandbox_pids(victim_report.info.daemon_id)) == set()
+        assert alive_pids(sandbox_pids(victim_daemon_id)) == set()
     finally:
         returned.stop()
