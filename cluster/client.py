@@ -29,6 +29,7 @@ from ray.exceptions import RayActorError, RayError
 
 from corral.cluster.node import ACTOR_PREFIX, NAMESPACE, NodeReport
 from corral.cluster.placement import NodeSlot, Placer, slot_from_capacity
+from corral.cluster.rollouts import ClusterRollouts
 from corral.sdk import AsyncClient, AsyncSandbox, SandboxInfo
 from corral.sdk._async_transport import AwaitableContext
 from corral.sdk.errors import (
@@ -106,9 +107,8 @@ class ClusterClient:
         return cls(actors, **options)
 
     @property
-    def rollouts(self) -> Any:  # ClusterRollouts (imported late: it builds on this module)
-        from corral.cluster.rollouts import ClusterRollouts
-
+    def rollouts(self) -> ClusterRollouts:
+        """Every node's RolloutService: LLM servers registered on all, rollouts placed on one."""
         return ClusterRollouts(self)
 
     # -- nodes ------------------------------------------------------------------------------------

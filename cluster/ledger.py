@@ -27,6 +27,8 @@ class Submission:
     keys: list[RolloutKey]
     # Rollout ids the node gave them (its `accepted`), by wire sample index.
     rollout_ids: list[str] = field(default_factory=list)
+    # The options the caller gave (staleness bound), which a rerun keeps.
+    options: pb.RolloutOptions = field(default_factory=pb.RolloutOptions)
 
 
 class Ledger:

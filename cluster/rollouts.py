@@ -194,7 +194,6 @@ class ClusterRolloutStream:
         if self._input_closed:
             raise InvalidArgument("this stream's input is closed")
         task = task_from(task)
-        core.build_options(n=n)  # n < 1: InvalidArgument before anything is placed
         group = group_id or uuid.uuid4().hex
         options = core.build_options(n=n, max_staleness=max_staleness, group_id=group)
         if not self._place(task, options, [(group, i) for i in range(n)], wire_group=group):
@@ -218,7 +217,7 @@ class ClusterRolloutStream:
         ref = str(next(self._client_refs))
         self._by_ref[ref] = wire_group
         options.group_id = wire_group
-        self.ledger.send(Submission(wire_group, node.node_id, task, keys))
+        self.ledger.send(Submission(wire_group, node.node_id, task, keys, options=options))
         if node.node_id not in self._streams:
             self._streams[node.node_id] = _NodeStream(node, self._events)
         self._streams[node.node_id].send(core.build_submit(task, options, client_ref=ref))
@@ -300,7 +299,9 @@ class ClusterRolloutStream:
         """Runs one rollout again, alone, on the best live node, under a wire group of its own."""
         if not count_attempt:
             self.ledger.attempts[key] -= 1  # send() counts it again
-        options = core.build_options(n=1)
+        options = pb.RolloutOptions()
+        options.CopyFrom(submission.options)
+        options.n = 1
         return self._place(submission.task, options, [key], wire_group=f"{key[0]}~{key[1]}~{uuid.uuid4().hex[:8]}")
 
     async def close(self) -> None:
