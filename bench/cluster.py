@@ -73,8 +73,8 @@ async def measure(args, actors, node_ids) -> tuple[dict, dict]:
     from corral.rollout.reference.server import ReferenceServer
     from corral.sdk import AsyncClient, RolloutResult
 
-    n = 20 if args.quick else 100
-    rollouts = args.rollouts or (60 if args.quick else 300)
+    n = 20 if args.quick else 60
+    rollouts = args.rollouts or (60 if args.quick else 200)
     latency_tasks = [make_task(f"lat-{i}") for i in range(2 * n + 10)]
     throughput_tasks = [[make_task(f"tp{k}-{i}") for i in range(rollouts)] for k in range(4)]
     server = ReferenceServer(ReplayPolicy(latency_tasks + [t for ts in throughput_tasks for t in ts]))
