@@ -14,7 +14,10 @@ Variants (latency: alternating blocks, one at a time, so that each call is one p
   placement_only      the placement decision itself (Placer.choose + claim, in process, no I/O)
   direct_rollout      one rollout over a single-node AsyncClient stream: submit, then its result
   cluster_rollout     one rollout over a ClusterRolloutStream (placement, the node's stream)
-Throughput: `--rollouts` rollouts (one sandbox, one generation, an evaluation) streamed at once
+The latency rows use node 0 alone (the cluster client over that one node), so that they differ
+only by the cluster client; placement_only decides among the three nodes.
+Throughput: `--rollouts` rollouts per row (one sandbox, one generation, an evaluation), in two
+rounds of half as many streamed at once, the rows alternating:
   direct_1_node       AsyncClient.rollouts.stream on node 0
   cluster_N_nodes     ClusterClient.rollouts.stream over the first N nodes, N = 1, 2, 3
 
@@ -67,7 +70,7 @@ async def interleaved(variants: dict[str, Callable[[], Awaitable[float]]], n: in
     return samples
 
 
-async def measure(args, actors, node_ids) -> tuple[dict, dict]:
+async def measure(args, actors) -> tuple[dict, dict]:
     from corral.cluster import ClusterClient
     from corral.rollout.reference.replay import ReplayPolicy
     from corral.rollout.reference.server import ReferenceServer
@@ -75,89 +78,102 @@ async def measure(args, actors, node_ids) -> tuple[dict, dict]:
 
     n = 20 if args.quick else 60
     rollouts = args.rollouts or (60 if args.quick else 200)
+    rounds = 2
     latency_tasks = [make_task(f"lat-{i}") for i in range(2 * n + 10)]
-    throughput_tasks = [[make_task(f"tp{k}-{i}") for i in range(rollouts)] for k in range(4)]
-    server = ReferenceServer(ReplayPolicy(latency_tasks + [t for ts in throughput_tasks for t in ts]))
+    rows = ["direct_1_node", "cluster_1_nodes", "cluster_2_nodes", "cluster_3_nodes"]
+    batches = {
+        (row, r): [make_task(f"{row}-{r}-{i}") for i in range(rollouts // rounds)]
+        for row in rows
+        for r in range(rounds)
+    }
+    server = ReferenceServer(ReplayPolicy(latency_tasks + [t for batch in batches.values() for t in batch]))
     await server.start()
-    results: dict[str, dict] = {}
-    throughput: dict[str, float] = {}
+    clusters = {count: ClusterClient(actors[:count], lease_ttl_s=None) for count in (1, 2, 3)}
+    # The latency rows compare the same daemon (node 0) with and without the cluster client.
+    direct = AsyncClient((await actors[0].report.remote()).address)
     try:
-        async with ClusterClient(actors, lease_ttl_s=None) as cluster:
-            await cluster.rollouts.register_llm(server.url)
-            direct = AsyncClient(cluster.nodes[node_ids[0]].address)
+        for cluster in clusters.values():
+            await cluster.start()
+        await clusters[3].rollouts.register_llm(server.url)
+        cluster = clusters[1]
 
-            async def direct_create() -> float:
-                created: list[Any] = []
-                ms = await timed(lambda: _append(created, direct.create_sandbox(image="host")))
-                await created[0].destroy()
-                return ms
+        async def direct_create() -> float:
+            created: list[Any] = []
+            ms = await timed(lambda: _append(created, direct.create_sandbox(image="host")))
+            await created[0].destroy()
+            return ms
 
-            async def cluster_create() -> float:
-                created: list[Any] = []
-                ms = await timed(lambda: _append(created, cluster.create_sandbox(image="host")))
-                await created[0].destroy()
-                return ms
+        async def cluster_create() -> float:
+            created: list[Any] = []
+            ms = await timed(lambda: _append(created, cluster.create_sandbox(image="host")))
+            await created[0].destroy()
+            return ms
 
-            async def placement_only() -> float:
+        async def placement_only() -> float:
+            placer = clusters[3].placer
+            start = time.perf_counter()
+            slot = placer.choose("host")
+            assert slot is not None
+            placer.claim(slot)
+            ms = (time.perf_counter() - start) * 1000
+            placer.release(slot)
+            return ms
+
+        tasks = iter(latency_tasks)
+        direct_stream = direct.rollouts.open_stream()
+        cluster_stream = cluster.rollouts.open_stream()
+
+        async def direct_rollout() -> float:
+            async def one() -> None:
+                await direct_stream.submit(next(tasks))
+                result = await direct_stream.__anext__()
+                assert isinstance(result, RolloutResult) and result.completed, result
+
+            return await timed(one)
+
+        async def cluster_rollout() -> float:
+            async def one() -> None:
+                await cluster_stream.submit(next(tasks))
+                result = await cluster_stream.__anext__()
+                assert result.completed, result.error
+
+            return await timed(one)
+
+        for fn in (direct_create, cluster_create, direct_rollout, cluster_rollout):
+            await fn()  # warm-up: channels, first sandbox of each path
+        samples = await interleaved(
+            {
+                "direct_create": direct_create,
+                "cluster_create": cluster_create,
+                "placement_only": placement_only,
+                "direct_rollout": direct_rollout,
+                "cluster_rollout": cluster_rollout,
+            },
+            n,
+        )
+        await direct_stream.close()
+        await cluster_stream.close()
+        results = {name: summary(values) for name, values in samples.items()}
+
+        # Throughput: every row streams its batch at once, the rows in alternating rounds.
+        spent = dict.fromkeys(rows, 0.0)
+        done = dict.fromkeys(rows, 0)
+        for r in range(rounds):
+            for row in rows:
+                if row == "direct_1_node":
+                    stream = direct.rollouts.stream(batches[row, r])
+                else:
+                    stream = clusters[int(row.split("_")[1])].rollouts.stream(batches[row, r])
                 start = time.perf_counter()
-                slot = cluster.placer.choose("host")
-                assert slot is not None
-                cluster.placer.claim(slot)
-                ms = (time.perf_counter() - start) * 1000
-                cluster.placer.release(slot)
-                return ms
-
-            tasks = iter(latency_tasks)
-            direct_stream = direct.rollouts.open_stream()
-            cluster_stream = cluster.rollouts.open_stream()
-
-            async def direct_rollout() -> float:
-                async def one() -> None:
-                    await direct_stream.submit(next(tasks))
-                    result = await direct_stream.__anext__()
-                    assert isinstance(result, RolloutResult) and result.completed, result
-
-                return await timed(one)
-
-            async def cluster_rollout() -> float:
-                async def one() -> None:
-                    await cluster_stream.submit(next(tasks))
-                    result = await cluster_stream.__anext__()
-                    assert result.completed, result.error
-
-                return await timed(one)
-
-            for fn in (direct_create, cluster_create, direct_rollout, cluster_rollout):
-                await fn()  # warm-up: channels, first sandbox of each path
-            samples = await interleaved(
-                {
-                    "direct_create": direct_create,
-                    "cluster_create": cluster_create,
-                    "placement_only": placement_only,
-                    "direct_rollout": direct_rollout,
-                    "cluster_rollout": cluster_rollout,
-                },
-                n,
-            )
-            await direct_stream.close()
-            await cluster_stream.close()
-            results = {name: summary(values) for name, values in samples.items()}
-
-            async def rate(stream) -> float:
-                start = time.perf_counter()
-                count = 0
                 async for result in stream:
-                    assert result.completed, result.error
-                    count += 1
-                assert count == rollouts
-                return round(count / (time.perf_counter() - start), 2)
-
-            throughput["direct_1_node"] = await rate(direct.rollouts.stream(throughput_tasks[0]))
-            await direct.close()
-        for k, count in enumerate((1, 2, 3), start=1):
-            async with ClusterClient(actors[:count], lease_ttl_s=None) as subset:  # the daemons know the server
-                throughput[f"cluster_{count}_nodes"] = await rate(subset.rollouts.stream(throughput_tasks[k]))
+                    assert isinstance(result, RolloutResult) and result.completed, result
+                    done[row] += 1
+                spent[row] += time.perf_counter() - start
+        throughput = {row: round(done[row] / spent[row], 2) for row in rows}
     finally:
+        await direct.close()
+        for cluster in clusters.values():
+            await cluster.close()
         await server.stop()
     return results, throughput
 
@@ -186,7 +202,7 @@ def main() -> None:
         roots = [tempfile.mkdtemp(prefix="corral-bench-node-") for _ in node_ids]
         actors = [start_node(nid, root=root, config_text=NODE_CONFIG) for nid, root in zip(node_ids, roots)]
         ray.get([a.report.remote() for a in actors])
-        results, throughput = asyncio.run(measure(args, actors, node_ids))
+        results, throughput = asyncio.run(measure(args, actors))
     finally:
         for actor in actors:
             ray.get(actor.stop.remote())
