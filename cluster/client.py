@@ -157,7 +157,9 @@ class ClusterClient:
     async def _poll_node(self, node: ClusterNode) -> None:
         claims = node.slot.claims
         try:
-            report = await asyncio.wait_for(node.actor.report.remote(), timeout=max(5.0, 5 * self.poll_interval_s))
+            report = await asyncio.wait_for(
+                node.actor.report.remote(), timeout=min(30.0, max(5.0, 5 * self.poll_interval_s))
+            )
         except RayActorError as error:
             self.mark_lost(node, f"its CorralNode actor died: {error}")
             return
@@ -227,7 +229,17 @@ class ClusterClient:
     ) -> AsyncSandbox:
         tried: set[str] = set()
         last_error: CorralError | None = None
-        while (slot := self.placer.choose(image, exclude=tried)) is not None:
+        polled = False
+        while True:
+            slot = self.placer.choose(image, exclude=tried)
+            if slot is None and not polled:
+                # Full by this client's count, which does not see the sandboxes destroyed since the
+                # last poll: ask the nodes once before saying no.
+                polled = True
+                await self.poll()
+                continue
+            if slot is None:
+                break
             node = self.nodes[slot.node_id]
             tried.add(node.node_id)
             self.placer.claim(slot)
