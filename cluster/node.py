@@ -45,6 +45,8 @@ class NodeReport:
     info: NodeInfo | None
     error: str = ""
     token: str | None = field(default=None, repr=False)
+    # The actor's own process (its Ray worker).
+    actor_pid: int = 0
 
 
 class CorralNode:
@@ -85,8 +87,8 @@ class CorralNode:
             info = self._client.node_info()
         except CorralError as error:
             reason = supervisor.failure if supervisor and supervisor.failure else str(error)
-            return NodeReport(self.node_id, self.address, pid, restarts, None, reason, self.token)
-        return NodeReport(self.node_id, self.address, pid, restarts, info, token=self.token)
+            return NodeReport(self.node_id, self.address, pid, restarts, None, reason, self.token, os.getpid())
+        return NodeReport(self.node_id, self.address, pid, restarts, info, token=self.token, actor_pid=os.getpid())
 
     def stop(self) -> None:
         """Stops a daemon this actor started (its sandboxes are destroyed); an attached one stays."""

@@ -34,8 +34,9 @@ from tests.rollout_tasks import call, repair_task, replay_server  # noqa: E402
 
 MIB = 1 << 20
 # Sandboxes each node's daemon admits (daemon.max_sandboxes): head, second, third.
-NODE_CAPS = (5, 5, 7)
-# A node's rollouts hold at most init + run + eval workers' sandboxes at once: under every cap.
+NODE_CAPS = (6, 6, 8)
+# A node's rollouts hold at most init + run + eval workers' sandboxes at once (4), under every cap
+# with room for the teardowns still under way.
 NODE_CONFIG = (
     "[daemon]\nmemory_overcommit = 0.0\nmax_sandboxes = {cap}\n"
     "[rollout]\ninit_workers = 1\nrun_workers = 2\neval_workers = 1\nllm_unavailable_wait_s = 2\n"
@@ -187,11 +188,11 @@ async def test_a_node_listening_on_tcp_is_reached_there_with_its_token(ray_nodes
 
 
 async def test_leases_are_renewed_while_the_client_lives_and_reaped_after(ray_nodes: RayNodes) -> None:
-    cluster = await ClusterClient(ray_nodes.actors, lease_ttl_s=1.5).start()
+    cluster = await ClusterClient(ray_nodes.actors, lease_ttl_s=2.0).start()
     sandbox = await cluster.create_sandbox(labels={"test": "lease"})
     node = cluster.node_of(sandbox.id)
-    assert node is not None and sandbox.info.lease_ttl == 1.5
-    await asyncio.sleep(3.5)  # more than twice the TTL: only the background renewal keeps it
+    assert node is not None and sandbox.info.lease_ttl == 2.0
+    await asyncio.sleep(4.5)  # more than twice the TTL: only the background renewal keeps it
     assert (await sandbox.exec(["true"], timeout=10)).exit_code == 0
     await cluster.close()  # the client is gone (as if it crashed): nobody renews the lease
     async with AsyncClient(node.address) as direct:
@@ -240,24 +241,33 @@ def _quick_task(task_id: str) -> Any:
     return repair_task(task_id, eval_command="true", solution=[call("submit")])
 
 
+@dataclass
+class Victim:
+    """The processes of the node a test is about to break."""
+
+    daemon_pid: int
+    daemon_id: str
+    actor_pid: int
+
+
 @contextlib.asynccontextmanager
 async def _streaming_cluster(
     ray_nodes: RayNodes, tasks: list[Any], victim: int
-) -> AsyncIterator[tuple[ClusterClient, str, int, str]]:
-    """A client of every node with a replay LLM server for `tasks` registered, and the daemon pid
-    and daemon id of the node a test is about to break."""
+) -> AsyncIterator[tuple[ClusterClient, str, Victim]]:
+    """A client of every node with a replay LLM server for `tasks` registered (and its URL), and
+    the node a test is about to break."""
     async with replay_server(tasks) as server, ClusterClient(ray_nodes.actors, poll_interval_s=0.5) as cluster:
         await cluster.rollouts.register_llm(server.url)
         report = await ray_nodes.actors[victim].report.remote()
         assert report.daemon_pid is not None and report.info is not None
-        yield cluster, server.url, report.daemon_pid, report.info.daemon_id
+        yield cluster, server.url, Victim(report.daemon_pid, report.info.daemon_id, report.actor_pid)
 
 
 async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_asked(ray_nodes: RayNodes) -> None:
     tasks = [_quick_task(f"rerun-{i}") for i in range(RERUN_TASKS)]
     victim = 1
     victim_id = ray_nodes.node_ids[victim]
-    async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, llm_url, victim_pid, _):
+    async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, llm_url, doomed):
         results = []
         async with cluster.rollouts.open_stream(resubmit_lost=True) as stream:
             for task in tasks:
@@ -266,7 +276,7 @@ async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_aske
             async for result in stream:
                 results.append(result)
                 if len(results) == 10:
-                    os.kill(victim_pid, signal.SIGKILL)  # the daemon alone: its actor lives on
+                    os.kill(doomed.daemon_pid, signal.SIGKILL)  # the daemon alone: its actor lives on
         # Each sample once, completed, the two of a task under one group id, some of them run twice.
         assert collections.Counter((r.task_id, r.sample_index) for r in results) == {
             (t.task_id, i): 1 for t in tasks for i in (0, 1)
@@ -290,14 +300,16 @@ async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> No
     tasks = [_quick_task(f"loss-{i}") for i in range(ROLLOUTS)]
     victim = 2
     victim_id = ray_nodes.node_ids[victim]
-    async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, _, victim_pid, victim_daemon_id):
+    async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, _, doomed):
         results = []
         began = time.monotonic()
         async for result in cluster.rollouts.stream(tasks):
             results.append(result)
             if len(results) == ROLLOUTS // 4:
-                # The node dies at once: its daemon (as in a power cut) and its raylet.
-                os.kill(victim_pid, signal.SIGKILL)
+                # The node dies at once: its daemon (as in a power cut), its CorralNode (which would
+                # otherwise start the daemon again) and its raylet.
+                os.kill(doomed.daemon_pid, signal.SIGKILL)
+                os.kill(doomed.actor_pid, signal.SIGKILL)
                 ray_nodes.cluster.remove_node(ray_nodes.raylets[victim], allow_graceful=False)
         elapsed = time.monotonic() - began
 
@@ -321,6 +333,6 @@ async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> No
     returned = DaemonSupervisor(ray_nodes.roots[victim], NODE_CONFIG.format(cap=NODE_CAPS[victim]))
     returned.start()
     try:
-        assert alive_pids(sandbox_pids(victim_daemon_id)) == set()
+        assert alive_pids(sandbox_pids(doomed.daemon_id)) == set()
     finally:
         returned.stop()
