@@ -507,6 +507,7 @@ FilterReason = Literal[
     "harness_failed",
     "history_rewritten",
     "fork_failed",
+    "node_lost",
     "unspecified",
     "unknown",
 ]

@@ -32,6 +32,7 @@ from corral.v1 import shell_pb2, shell_pb2_grpc
 REQUIRED = {b.strip() for b in os.environ.get("CORRAL_REQUIRE_BACKENDS", "").split(",") if b.strip()}
 REQUIRED_TRAINERS = {t.strip() for t in os.environ.get("CORRAL_REQUIRE_TRAINERS", "").split(",") if t.strip()}
 REQUIRED_HARNESSES = {h.strip() for h in os.environ.get("CORRAL_REQUIRE_HARNESSES", "").split(",") if h.strip()}
+REQUIRED_CLUSTERS = {c.strip() for c in os.environ.get("CORRAL_REQUIRE_CLUSTERS", "").split(",") if c.strip()}
 
 
 def require_trainer(name: str, module: str, extra: str) -> None:
@@ -45,6 +46,12 @@ def require_harness(name: str, module: str, extra: str) -> None:
     """require_trainer's twin for the agent harnesses of corral.integrations (extra minisweagent),
     required by CORRAL_REQUIRE_HARNESSES."""
     _require_package("CORRAL_REQUIRE_HARNESSES", REQUIRED_HARNESSES, name, module, extra)
+
+
+def require_cluster(name: str, module: str, extra: str) -> None:
+    """require_trainer's twin for the cluster engines corral.cluster runs on (extra ray), required
+    by CORRAL_REQUIRE_CLUSTERS."""
+    _require_package("CORRAL_REQUIRE_CLUSTERS", REQUIRED_CLUSTERS, name, module, extra)
 
 
 def _require_package(variable: str, required: set[str], name: str, module: str, extra: str) -> None:

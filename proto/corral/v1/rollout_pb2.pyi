@@ -47,6 +47,7 @@ class FilterReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FILTER_REASON_HARNESS_FAILED: _ClassVar[FilterReason]
     FILTER_REASON_HISTORY_REWRITTEN: _ClassVar[FilterReason]
     FILTER_REASON_FORK_FAILED: _ClassVar[FilterReason]
+    FILTER_REASON_NODE_LOST: _ClassVar[FilterReason]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -87,6 +88,7 @@ FILTER_REASON_STAGE_TIMEOUT: FilterReason
 FILTER_REASON_HARNESS_FAILED: FilterReason
 FILTER_REASON_HISTORY_REWRITTEN: FilterReason
 FILTER_REASON_FORK_FAILED: FilterReason
+FILTER_REASON_NODE_LOST: FilterReason
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_SUBMITTED: FinishReason
 FINISH_REASON_MAX_TURNS: FinishReason
