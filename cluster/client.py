@@ -3,7 +3,7 @@
 It mirrors `corral.sdk.AsyncClient` (create_sandbox, get_sandbox, list_sandboxes, rollouts): each
 sandbox or rollout goes to the node with the most room (cluster/placement.py), and from then on
 the caller talks to that node's daemon directly: the handle create_sandbox returns is the node's
-own `AsyncSandbox`, so commands, shells, kernels and files never pass through Ray. Ray serves to
+own `AsyncSandbox` (a `ClusterSandbox`, whose destroy also frees its place in placement), so commands, shells, kernels and files never pass through Ray. Ray serves to
 find the nodes and to watch them: a background poll of each node's CorralNode actor (once a
 second by default) refreshes capacity and notices a node that died.
 
@@ -392,6 +392,7 @@ class ClusterClient:
                 await self._renew(functools.partial(_due_by, time.monotonic()))
             except Exception:  # noqa: BLE001 - one failed round must not end the renewals
                 _log.exception("renewing sandbox leases failed")
+                await asyncio.sleep(1.0)  # not at once: what failed may fail again
 
     # -- lifetime ---------------------------------------------------------------------------------
 
