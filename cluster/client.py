@@ -40,6 +40,7 @@ from corral.sdk.errors import (
     AlreadyExists,
     CorralError,
     DeadlineExceeded,
+    InvalidArgument,
     NotFound,
     ResourceExhausted,
     SandboxNotFound,
@@ -120,6 +121,8 @@ class ClusterClient:
         poll_interval_s: float = 1.0,
         timeout: float = 60.0,
     ) -> None:
+        if lease_ttl_s is not None and lease_ttl_s <= 0:
+            raise InvalidArgument(f"lease_ttl_s must be a positive number of seconds or None, got {lease_ttl_s}")
         self._actors = list(nodes)
         self.lease_ttl_s = lease_ttl_s
         self.poll_interval_s = poll_interval_s

@@ -25,7 +25,7 @@ from corral.cluster.ledger import Ledger, Submission  # noqa: E402
 from corral.cluster.node import NodeReport  # noqa: E402
 from corral.cluster.placement import NodeSlot, Placer, slot_from_capacity  # noqa: E402
 from corral.sdk import AsyncSandbox, _core  # noqa: E402
-from corral.sdk.errors import NotFound, Unavailable  # noqa: E402
+from corral.sdk.errors import InvalidArgument, NotFound, Unavailable  # noqa: E402
 from corral.sdk.types import LLMServerInfo, NodeCapacity, NodeInfo, RolloutResult  # noqa: E402
 from corral.v1 import rollout_pb2 as pb  # noqa: E402
 from corral.v1 import sandbox_pb2 as sandbox_pb  # noqa: E402
@@ -209,6 +209,8 @@ async def test_a_call_that_gives_no_lease_gets_none(fake_nodes: list[_FakeNode])
         await cluster.create_sandbox()
         await cluster.create_sandbox(lease_ttl_s=5.0)
     assert fake_nodes[0].leases == [None, 30.0, 5.0]
+    with pytest.raises(InvalidArgument):
+        ClusterClient(fake_nodes, lease_ttl_s=0)  # not "no lease": that is None
 
 
 async def test_renewal_goes_on_after_an_error_and_close_closes_the_node_clients(fake_nodes: list[_FakeNode]) -> None:
