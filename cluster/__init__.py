@@ -6,7 +6,7 @@ and talks to the chosen daemon directly. See docs/cluster.md.
     from corral.cluster import ClusterClient, start_nodes
 
     ray.init()
-    nodes = start_nodes()
+    nodes = start_nodes(tcp=True)  # daemons reachable from other machines (tcp=False: this one only)
     async with ClusterClient(nodes) as cluster:
         async with cluster.create_sandbox() as sandbox:
             print((await sandbox.exec(["hostname"])).stdout)
@@ -15,7 +15,7 @@ and talks to the chosen daemon directly. See docs/cluster.md.
             ...
 """
 
-from corral.cluster.client import ClusterClient, ClusterNode
+from corral.cluster.client import ClusterClient, ClusterNode, ClusterSandbox
 from corral.cluster.node import CorralNode, NodeReport, start_node, start_nodes
 from corral.cluster.rollouts import ClusterRollouts, ClusterRolloutStream
 from corral.cluster.supervisor import DaemonSupervisor
@@ -25,6 +25,7 @@ __all__ = [
     "ClusterNode",
     "ClusterRolloutStream",
     "ClusterRollouts",
+    "ClusterSandbox",
     "CorralNode",
     "DaemonSupervisor",
     "NodeReport",

@@ -3,21 +3,25 @@
 It mirrors `corral.sdk.AsyncClient` (create_sandbox, get_sandbox, list_sandboxes, rollouts): each
 sandbox or rollout goes to the node with the most room (cluster/placement.py), and from then on
 the caller talks to that node's daemon directly: the handle create_sandbox returns is the node's
-own `AsyncSandbox`, so commands, shells, kernels and files never pass through Ray. Ray serves to
+own `AsyncSandbox` (a `ClusterSandbox`, whose destroy also frees its place in placement), so commands, shells, kernels and files never pass through Ray. Ray serves to
 find the nodes and to watch them: a background poll of each node's CorralNode actor (once a
 second by default) refreshes capacity and notices a node that died.
 
 Creates carry an idempotency key (the caller's, or a fresh one per call), so retrying a create
 whose answer was lost returns the sandbox made the first time, never a second one. Sandboxes get
-a lease by default, renewed in the background while this client lives: a crashed trainer leaks
-nothing past one lease TTL.
+a lease by default, each renewed in the background every third of its own TTL while this client
+lives: a crashed trainer leaks nothing past one lease TTL. Destroying a sandbox through the handle
+this client gave frees its place in placement's count at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+import functools
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,11 +35,12 @@ from corral.cluster.node import ACTOR_PREFIX, NAMESPACE, NodeReport
 from corral.cluster.placement import NodeSlot, Placer, slot_from_capacity
 from corral.cluster.rollouts import ClusterRollouts
 from corral.sdk import AsyncClient, AsyncSandbox, SandboxInfo
-from corral.sdk._async_transport import AwaitableContext
+from corral.sdk._async_transport import AsyncTransport, AwaitableContext
 from corral.sdk.errors import (
     AlreadyExists,
     CorralError,
     DeadlineExceeded,
+    InvalidArgument,
     NotFound,
     ResourceExhausted,
     SandboxNotFound,
@@ -46,6 +51,13 @@ _log = logging.getLogger(__name__)
 
 # Create attempts on one node whose answer did not arrive (the same idempotency key each time).
 CREATE_ATTEMPTS_PER_NODE = 3
+
+
+class _ClientLease(enum.Enum):
+    """create_sandbox's `lease_ttl_s` when the call does not give one: the client's lease (None
+    given means no lease, as AsyncClient.create_sandbox's)."""
+
+    DEFAULT = enum.auto()
 
 
 @dataclass
@@ -64,12 +76,39 @@ class ClusterNode:
         return self.slot.lost
 
 
+@dataclass
+class _Placed:
+    """A sandbox this client created: where, and its lease (renewed every third of it)."""
+
+    node: ClusterNode
+    sandbox: AsyncSandbox
+    lease_ttl_s: float | None
+    renew_at: float = 0.0  # time.monotonic() of its next renewal
+
+
+def _due_by(now: float, placed: _Placed) -> bool:
+    return placed.renew_at <= now
+
+
+class ClusterSandbox(AsyncSandbox):
+    """The node's own sandbox handle (everything goes to its daemon directly); destroying it also
+    frees its place in the cluster client's placement count."""
+
+    def __init__(self, transport: AsyncTransport, info: SandboxInfo, on_destroyed: Callable[[str], None]) -> None:
+        super().__init__(transport, info)
+        self._on_destroyed = on_destroyed
+
+    async def destroy(self) -> None:
+        await super().destroy()
+        self._on_destroyed(self.id)
+
+
 class ClusterClient:
     """A client of the corral daemons of a Ray cluster's nodes (their CorralNode actors).
 
     `nodes`: the actors (cluster.start_nodes' handles); `from_ray()` finds them by name instead.
-    `lease_ttl_s`: the lease of each sandbox created without its own (None: no lease unless the
-    call asks); renewed every third of it. `poll_interval_s`: how often each node's capacity and
+    `lease_ttl_s`: the lease of each sandbox created without one of its own (None: no lease unless
+    the call asks); each sandbox's lease is renewed every third of its own TTL. `poll_interval_s`: how often each node's capacity and
     liveness are asked for. Use as `async with ClusterClient(...) as cluster:`, or `await start()`
     and `await close()`.
     """
@@ -82,13 +121,16 @@ class ClusterClient:
         poll_interval_s: float = 1.0,
         timeout: float = 60.0,
     ) -> None:
+        if lease_ttl_s is not None and lease_ttl_s <= 0:
+            raise InvalidArgument(f"lease_ttl_s must be a positive number of seconds or None, got {lease_ttl_s}")
         self._actors = list(nodes)
         self.lease_ttl_s = lease_ttl_s
         self.poll_interval_s = poll_interval_s
         self._timeout = timeout
         self.placer = Placer()
         self.nodes: dict[str, ClusterNode] = {}
-        self._leased: dict[str, tuple[ClusterNode, AsyncSandbox, float]] = {}
+        self._placed: dict[str, _Placed] = {}  # by sandbox id
+        self._leases_changed = asyncio.Event()  # a lease to renew sooner than the renewal sleeps
         self._loss_listeners: list[Callable[[ClusterNode, str], None]] = []
         # What every node's rollout service must know (ClusterRollouts), given again to a node
         # whose daemon comes back: address -> (protocol, weight, model); the policy version.
@@ -128,8 +170,7 @@ class ClusterClient:
             self.placer.slots[node.node_id] = node.slot
             self._take_report(node, report, node.slot.claims)
         self._tasks.append(asyncio.create_task(self._poll_forever()))
-        if self.lease_ttl_s:
-            self._tasks.append(asyncio.create_task(self._renew_forever(self.lease_ttl_s / 3)))
+        self._tasks.append(asyncio.create_task(self._renew_forever()))
         return self
 
     def live_nodes(self) -> list[ClusterNode]:
@@ -199,7 +240,10 @@ class ClusterClient:
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval_s)
-            await self.poll()
+            try:
+                await self.poll()
+            except Exception:  # noqa: BLE001 - one failed poll must not end the polling
+                _log.exception("polling the corral nodes failed")
 
     # -- sandboxes --------------------------------------------------------------------------------
 
@@ -208,20 +252,21 @@ class ClusterClient:
         image: str | None = None,
         backend: str | None = None,
         *,
-        lease_ttl_s: float | None = None,
+        lease_ttl_s: float | None | _ClientLease = _ClientLease.DEFAULT,
         idempotency_key: str | None = None,
         **options: Any,
     ) -> AwaitableContext[AsyncSandbox]:
         """AsyncClient.create_sandbox on the node with the most room (one holding `image` first);
-        the same arguments. Returns that node's own handle. `lease_ttl_s` defaults to the client's
-        lease, which it renews while it lives. A create whose answer is lost is retried on the same
+        the same arguments. Returns that node's own handle (a ClusterSandbox: destroying it frees
+        its place in placement at once). `lease_ttl_s`: the client's lease when not given, None
+        for no lease, else this sandbox's own; the client renews it every third of its TTL while
+        it lives. A create whose answer is lost is retried on the same
         node with the same idempotency key (so never two sandboxes); a node that refuses
         (ResourceExhausted) or stays unreachable gives way to the next. ResourceExhausted when no
         node has room."""
+        lease = self.lease_ttl_s if isinstance(lease_ttl_s, _ClientLease) else lease_ttl_s
         return AwaitableContext(
-            self._create_sandbox(
-                image, backend, lease_ttl_s or self.lease_ttl_s, idempotency_key or uuid.uuid4().hex, options
-            )
+            self._create_sandbox(image, backend, lease, idempotency_key or uuid.uuid4().hex, options)
         )
 
     async def _create_sandbox(
@@ -257,9 +302,12 @@ class ClusterClient:
             except BaseException:
                 self.placer.release(slot)
                 raise
-            if lease_ttl_s:
-                self._leased[sandbox.id] = (node, sandbox, lease_ttl_s)
-            return sandbox
+            placed = _Placed(node, sandbox, lease_ttl_s)
+            if lease_ttl_s is not None:
+                placed.renew_at = time.monotonic() + lease_ttl_s / 3
+                self._leases_changed.set()
+            self._placed[sandbox.id] = placed
+            return ClusterSandbox(sandbox._transport, sandbox.info, self._forget)
         message = "no corral node has room for another sandbox"
         if last_error is not None:
             message += f" (last refusal: {last_error})"
@@ -288,9 +336,15 @@ class ClusterClient:
         raise AssertionError("unreachable")
 
     def node_of(self, sandbox_id: str) -> ClusterNode | None:
-        """The node of a sandbox this client created and still renews, if any."""
-        entry = self._leased.get(sandbox_id)
-        return entry[0] if entry else None
+        """The node of a sandbox this client created and has not seen go, if any."""
+        placed = self._placed.get(sandbox_id)
+        return placed.node if placed else None
+
+    def _forget(self, sandbox_id: str) -> None:
+        """A sandbox this client created is gone: no more renewals, and its node's slot is free."""
+        placed = self._placed.pop(sandbox_id, None)
+        if placed is not None:
+            self.placer.release(placed.node.slot)
 
     async def get_sandbox(self, sandbox_id: str) -> AsyncSandbox:
         """A handle on a sandbox of any live node (SandboxNotFound if none has it)."""
@@ -307,37 +361,56 @@ class ClusterClient:
         return [info for listing in listings for info in listing]
 
     async def renew_leases(self) -> None:
-        """Renews every lease this client keeps (the background renewal does it periodically);
-        a sandbox that is gone, or whose node is, is no longer renewed."""
-        entries = list(self._leased.items())
-        outcomes = await asyncio.gather(
-            *(sandbox.renew_lease(ttl) for _, (_, sandbox, ttl) in entries), return_exceptions=True
-        )
-        for (sandbox_id, (node, _, _)), outcome in zip(entries, outcomes):
-            if isinstance(outcome, NotFound) or node.lost:
-                self._leased.pop(sandbox_id, None)
-            elif isinstance(outcome, CorralError):
-                _log.warning("could not renew the lease of sandbox %s on %s: %s", sandbox_id, node.node_id, outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
+        """Renews every lease this client keeps (the background renewal renews each every third
+        of its TTL); a sandbox that is gone, or whose node is, is no longer renewed. A renewal that
+        fails otherwise is logged and tried again at the next."""
+        await self._renew(lambda placed: True)
 
-    async def _renew_forever(self, interval_s: float) -> None:
+    async def _renew(self, due: Callable[[_Placed], bool]) -> None:
+        entries = [(i, p) for i, p in self._placed.items() if p.lease_ttl_s is not None and due(p)]
+        outcomes = await asyncio.gather(
+            *(p.sandbox.renew_lease(p.lease_ttl_s) for _, p in entries if p.lease_ttl_s is not None),
+            return_exceptions=True,
+        )
+        now = time.monotonic()
+        for (sandbox_id, placed), outcome in zip(entries, outcomes):
+            assert placed.lease_ttl_s is not None
+            placed.renew_at = now + placed.lease_ttl_s / 3
+            if isinstance(outcome, NotFound) or placed.node.lost:
+                self._forget(sandbox_id)
+            elif isinstance(outcome, BaseException):
+                _log.warning(
+                    "could not renew the lease of sandbox %s on %s: %r", sandbox_id, placed.node.node_id, outcome
+                )
+
+    async def _renew_forever(self) -> None:
         while True:
-            await asyncio.sleep(interval_s)
-            await self.renew_leases()
+            renew_ats = [p.renew_at for p in self._placed.values() if p.lease_ttl_s is not None]
+            delay = max(0.0, min(renew_ats) - time.monotonic()) if renew_ats else None
+            self._leases_changed.clear()
+            # Sleeps until the next renewal is due, or a new lease (maybe a shorter one) is added.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._leases_changed.wait(), delay)
+            try:
+                await self._renew(functools.partial(_due_by, time.monotonic()))
+            except Exception:  # noqa: BLE001 - one failed round must not end the renewals
+                _log.exception("renewing sandbox leases failed")
+                await asyncio.sleep(1.0)  # not at once: what failed may fail again
 
     # -- lifetime ---------------------------------------------------------------------------------
 
     async def close(self) -> None:
         """Stops polling and renewing and closes the connections; sandboxes stay until destroyed
         or their leases run out."""
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
-        await asyncio.gather(*(n.client.close() for n in self.nodes.values()))
+        try:
+            for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+                if not isinstance(outcome, asyncio.CancelledError | type(None)):
+                    _log.warning("a background task of the cluster client had failed: %r", outcome)
+        finally:
+            await asyncio.gather(*(n.client.close() for n in self.nodes.values()), return_exceptions=True)
 
     async def __aenter__(self) -> ClusterClient:
         return await self.start()

@@ -2,8 +2,9 @@
 
 Room comes from each node's capacity as last polled (GetNodeInfo's free slots, memory admission
 included) less what this client placed there since the poll was asked for, and plus what of its
-own finished since: a client that places a thousand sandboxes between two polls still counts each
-one. No I/O here; the cluster client feeds in the polls and the placements.
+own finished since (rollouts whose results came back, sandboxes destroyed through the cluster
+client's handle or found gone by its lease renewal): a client that places a thousand sandboxes
+between two polls still counts each one. No I/O here; the cluster client feeds in the polls and the placements.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ When a node is lost (its stream breaks, its daemon shuts down, or the cluster cl
 its actor dead), every rollout it still owed comes back at once, `filtered` with reason
 `node_lost`, or, with `resubmit_lost`, runs again on another node (under the caller's group id and
 sample index). Either way each rollout is reported exactly once: a late answer from a node that
-was given up on is dropped (cluster/ledger.py).
+was given up on is dropped (cluster/ledger.py). A submission a node rejects affects only its own
+rollouts: rejected because the node drains, they go to another node, or come back `node_lost`
+when no live node takes work; rejected for another reason, they come back `node_lost` with the
+node's answer in `error`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from corral.cluster.ledger import Ledger, RolloutKey, Submission
 from corral.sdk import rollout_messages as core
 from corral.sdk._address import resolve_address, resolve_token
 from corral.sdk._async_transport import AsyncBidiCall, AsyncTransport
-from corral.sdk.errors import AlreadyExists, CorralError, InvalidArgument, Unavailable
+from corral.sdk.errors import AlreadyExists, CorralError, InvalidArgument, NotFound, Unavailable
 from corral.sdk.rollouts import TaskSource, _each
 from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import LLMServerInfo, RolloutResult, RolloutStats
@@ -54,7 +57,9 @@ class ClusterRollouts:
     ) -> LLMServerInfo:
         """AsyncRollouts.register_llm on every live node (each node's rollouts generate from it),
         and on nodes that come back later. A node that has it already is left as it is;
-        AlreadyExists only when every node had it."""
+        AlreadyExists only when every node had it. Once one node has it, the cluster keeps it
+        (nodes that come back get it) even if another node's call failed, whose error is raised
+        then (calling again registers it where it is missing)."""
         nodes = self._cluster.live_nodes()
         if not nodes:
             raise Unavailable("no live corral node to register the LLM server with")
@@ -62,18 +67,27 @@ class ClusterRollouts:
             *(n.client.rollouts.register_llm(address, protocol, weight=weight, model=model) for n in nodes),
             return_exceptions=True,
         )
+        if any(isinstance(o, LLMServerInfo | AlreadyExists) for o in outcomes):
+            self._cluster.llms[address] = (protocol, weight, model)
         for outcome in outcomes:
             if isinstance(outcome, BaseException) and not isinstance(outcome, AlreadyExists):
                 raise outcome
-        self._cluster.llms[address] = (protocol, weight, model)
         infos = [o for o in outcomes if isinstance(o, LLMServerInfo)]
         if not infos:
             raise AlreadyExists(f"LLM server {address} is registered on every node already")
         return infos[0]
 
     async def remove_llm(self, address: str) -> None:
+        """AsyncRollouts.remove_llm on every live node that has it (nodes that come back no longer
+        get it); NotFound only when no live node had it."""
         self._cluster.llms.pop(address, None)
-        await asyncio.gather(*(n.client.rollouts.remove_llm(address) for n in self._cluster.live_nodes()))
+        nodes = self._cluster.live_nodes()
+        outcomes = await asyncio.gather(*(n.client.rollouts.remove_llm(address) for n in nodes), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, NotFound):
+                raise outcome
+        if nodes and all(isinstance(o, NotFound) for o in outcomes):
+            raise NotFound(f"no live corral node has LLM server {address}")
 
     async def set_policy_version(self, version: int) -> int:
         """AsyncRollouts.set_policy_version on every live node (and on nodes that come back)."""
@@ -269,16 +283,22 @@ class ClusterRolloutStream:
         self._ready.append(result)
 
     def _take_rejection(self, node: ClusterNode, rejected: pb.RolloutRejected) -> None:
+        """A node refused a submission: only its rollouts are affected. Refused because the node
+        drains, they never started and go to another node (or come back node_lost when no node
+        takes work); refused for another reason, they come back node_lost with the node's answer."""
         withdrawn = self.ledger.withdraw(self._by_ref.get(rejected.client_ref, ""))
         for _ in withdrawn:
             self._cluster.placer.release(node.slot)
-        if rejected.code != "UNAVAILABLE":
-            raise core.rejection_error(rejected)
-        # The node drains: the rollouts never started there and go to another node.
-        self._cluster.placer.refuse(node.slot)
-        node.slot.draining = True
+        draining = rejected.code == "UNAVAILABLE"
+        if draining:
+            self._cluster.placer.refuse(node.slot)
+            node.slot.draining = True
+            reason = f"node {node.node_id} drains and no other live node takes rollouts"
+        else:
+            reason = f"node {node.node_id} rejected it: {core.rejection_error(rejected)}"
         for submission, key in withdrawn:
-            self._resend(submission, key, count_attempt=False)
+            if not (draining and self._resend(submission, key, count_attempt=False)):
+                self._ready.append(_node_lost_result(submission, key, reason))
 
     async def _lose(self, node: ClusterNode, reason: str) -> None:
         self._cluster.mark_lost(node, reason)
@@ -296,13 +316,16 @@ class ClusterRolloutStream:
         self._ready.append(_node_lost_result(submission, key, reason))
 
     def _resend(self, submission: Submission, key: RolloutKey, *, count_attempt: bool) -> bool:
-        """Runs one rollout again, alone, on the best live node, under a wire group of its own."""
-        if not count_attempt:
-            self.ledger.attempts[key] -= 1  # send() counts it again
+        """Runs one rollout again, alone, on the best live node, under a wire group of its own;
+        False when no live node takes rollouts."""
         options = pb.RolloutOptions()
         options.CopyFrom(submission.options)
         options.n = 1
-        return self._place(submission.task, options, [key], wire_group=f"{key[0]}~{key[1]}~{uuid.uuid4().hex[:8]}")
+        wire_group = f"{key[0]}~{key[1]}~{uuid.uuid4().hex[:8]}"
+        placed = self._place(submission.task, options, [key], wire_group=wire_group)
+        if placed and not count_attempt:
+            self.ledger.attempts[key] -= 1  # send() counted it as another attempt
+        return placed
 
     async def close(self) -> None:
         self._input_closed = True
@@ -320,7 +343,8 @@ class ClusterRolloutStream:
 
 
 def _node_lost_result(submission: Submission, key: RolloutKey, reason: str) -> RolloutResult:
-    """The result of a rollout whose node was lost: filtered, node_lost, nothing of a trajectory."""
+    """The result of a rollout whose node was lost, or that no node would run: filtered,
+    node_lost, nothing of a trajectory."""
     wire_index = submission.keys.index(key)
     ids = submission.rollout_ids
     message = pb.RolloutResult(

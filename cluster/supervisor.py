@@ -115,24 +115,32 @@ class DaemonSupervisor:
     def _watch(self) -> None:
         try:
             while not self._stopping.is_set():
-                if not self._launch():
-                    return
-                assert self._proc is not None
-                code = self._proc.wait()
+                failure = self._launch()
                 if self._stopping.is_set():
                     return
+                if failure and not self._started.is_set():
+                    self.failure = failure  # the first start: start() raises it
+                    return
+                if not failure:
+                    assert self._proc is not None
+                    code = self._proc.wait()
+                    if self._stopping.is_set():
+                        return
+                    failure = f"the daemon exited ({code})"
+                # A daemon that exited and a restart that did not come up both count as restarts.
                 if self.restarts >= self.max_restarts:
-                    self.failure = f"the daemon exited ({code}) {self.restarts + 1} times; not restarted again"
+                    self.failure = f"{failure}; not restarted again after {self.restarts} restarts"
                     _log.error("%s: %s", self.root, self.failure)
                     return
                 self.restarts += 1
-                _log.warning("%s: the daemon exited (%s); restarting it (%d)", self.root, code, self.restarts)
+                _log.warning("%s: %s; restarting it (%d)", self.root, failure.splitlines()[0], self.restarts)
                 self._stopping.wait(1.0)
         finally:
             self._started.set()
 
-    def _launch(self) -> bool:
-        """Starts one daemon process from this (the watching) thread and waits until it serves."""
+    def _launch(self) -> str:
+        """Starts one daemon process from this (the watching) thread and waits until it serves;
+        why it did not ("" once it serves, or when stopped meanwhile)."""
         command = [sys.executable, "-m", "corral.cli", "serve", "--socket", str(self.socket)]
         command += ["--state-dir", str(self.root / "state"), "--config", str(self.config)]
         if self.tcp_address is not None:
@@ -147,12 +155,12 @@ class DaemonSupervisor:
                 break
             if self.socket.exists() and serving(f"unix:{self.socket}"):
                 self._started.set()
-                return True
+                return ""
             time.sleep(0.05)
-        if not self._stopping.is_set():
-            tail = self.log_path.read_text(errors="replace")[-2000:]
-            self.failure = f"the daemon under {self.root} did not start serving:\n{tail}"
-            if self._proc.poll() is None:
-                self._proc.kill()
-                self._proc.wait()
-        return False
+        if self._stopping.is_set():
+            return ""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        tail = self.log_path.read_text(errors="replace")[-2000:]
+        return f"the daemon under {self.root} did not start serving:\n{tail}"
