@@ -551,14 +551,28 @@ class SandboxManager:
         for child in children:  # (in the table before any await: admitted together)
             self._sandboxes[child.sandbox_id] = child
         with self.gate.starting_slots(count):
-            made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
+            try:
+                made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
+            except BaseException:
+                # Cancelled (the caller's deadline passed, or it stopped waiting): the children
+                # already up would have no owner, so they go as a failed fork's do. (The gather
+                # finishes only once every _add has, each one that was cut short undoing itself.)
+                await asyncio.shield(asyncio.ensure_future(self._drop_children(children)))
+                raise
         failed = [r for r in made if isinstance(r, BaseException)]
         if failed:
-            await asyncio.gather(
-                *(self.destroy(r.sandbox_id) for r in made if isinstance(r, Sandbox)), return_exceptions=True
-            )
+            await self._drop_children(children)
             raise failed[0]
         return children
+
+    async def _drop_children(self, children: builtins.list[Sandbox]) -> None:
+        """Destroys those of a fork's children that came up (all of them or none)."""
+        up = [child for child in children if child.sandbox_id in self._sandboxes]
+        for child, result in zip(
+            up, await asyncio.gather(*(self.destroy(c.sandbox_id) for c in up), return_exceptions=True), strict=True
+        ):
+            if isinstance(result, Exception) and not isinstance(result, NotFound):
+                log.error("could not tear down sandbox %s of a failed fork: %s", child.sandbox_id, result)
 
     # -- named snapshots ---------------------------------------------------------------------------
 

@@ -103,3 +103,32 @@ def test_children_have_a_lease_only_when_the_fork_asks_for_one() -> None:
                 assert len(await client.list_sandboxes()) == 4
 
     asyncio.run(run())
+
+
+class _HalfForkingFakeBackend(_ForkingFakeBackend):
+    """Forks whose first child starts at once and whose others never finish starting (until
+    their creation is cancelled)."""
+
+    async def create(self, spec: SandboxSpec) -> SandboxRuntime:
+        if spec.fork is not None:
+            self.children_started = getattr(self, "children_started", 0) + 1
+            if self.children_started > 1:
+                await asyncio.Event().wait()
+        return await FakeBackend.create(self, spec)
+
+
+def test_a_cancelled_fork_leaves_no_child_behind() -> None:
+    async def run() -> None:
+        async with embedded_daemon(_config(), backend_classes={"local": _HalfForkingFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                with pytest.raises(errors.DeadlineExceeded):
+                    await parent.fork(3, timeout=1.0)  # one child up, two starting when it ends
+                for _ in range(100):
+                    if [sb.id for sb in await client.list_sandboxes()] == [parent.id]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert [sb.id for sb in await client.list_sandboxes()] == [parent.id]
+                await client.create_sandbox()  # no start slot or table entry left taken
+
+    asyncio.run(run())
