@@ -31,7 +31,7 @@ from corral.sdk.errors import (
 
 from . import rules
 from .admission import CreateGate, admit_memory, node_memory_bytes
-from .backends.base import Backend, BindMount, ForkPoint, Limits, SandboxRuntime, SandboxSpec
+from .backends.base import Backend, BindMount, CannotFork, ForkPoint, Limits, SandboxRuntime, SandboxSpec
 from .commands import sandbox_environment
 from .config import Config, ConfigError, PoolEntry
 from .fsaccess import Entry, SandboxFiles
@@ -518,6 +518,10 @@ class SandboxManager:
                 point = await impl.fork_point(parent.runtime)
             except OSError as err:
                 raise node_error(f"sandbox {sandbox_id} could not be forked", err) from err
+            except CannotFork:
+                raise
+            except FailedPrecondition as err:
+                raise _fork_failure(f"sandbox {sandbox_id} could not be forked", err) from err
         try:
             return await self._make_children(source, point, count, labels, lease_ttl_s)
         finally:
@@ -562,6 +566,8 @@ class SandboxManager:
         failed = [r for r in made if isinstance(r, BaseException)]
         if failed:
             await self._drop_children(children)
+            if isinstance(failed[0], FailedPrecondition):
+                raise _fork_failure("a child of the fork could not be started", failed[0]) from failed[0]
             raise failed[0]
         return children
 
@@ -899,6 +905,14 @@ class SandboxManager:
 
     async def remove_tree(self, sandbox_id: str, path: str) -> None:
         await self._files(sandbox_id, lambda files: files.remove_tree(path))
+
+
+def _fork_failure(what: str, err: FailedPrecondition) -> Unavailable:
+    """ForkSandbox answers FAILED_PRECONDITION only for a backend that cannot fork at all here
+    (CannotFork, and a parent that is not running), which a caller may remember as such; any
+    other refusal met on the way (a child the backend could not start, a parent the engine could
+    not resume) failed this fork only: UNAVAILABLE, to be retried."""
+    return Unavailable(f"{what}: {err}")
 
 
 def node_error(what: str, err: OSError) -> ResourceExhausted | Unavailable:

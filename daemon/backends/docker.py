@@ -36,7 +36,7 @@ from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument, 
 
 from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
 from . import engine_layer
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
+from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, CannotFork, ForkPoint, SandboxRuntime
 from .container_enter import ImageUserSandbox
 from .idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
 from .local_storage import (
@@ -450,7 +450,7 @@ class DockerBackend(Backend):
 
     def _forkable(self, sandbox: SandboxRuntime) -> DockerSandbox:
         if not isinstance(sandbox, DockerSandbox) or sandbox.subvolume is None or sandbox.container is None:
-            raise FailedPrecondition(
+            raise CannotFork(
                 'forking docker sandboxes needs their writable layer on the btrfs pool: set docker.storage = "btrfs" '
                 '(docs/backends.md, "Disk and fork on Docker and Podman")'
             )

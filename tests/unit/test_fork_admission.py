@@ -132,3 +132,33 @@ def test_a_cancelled_fork_leaves_no_child_behind() -> None:
                 await client.create_sandbox()  # no start slot or table entry left taken
 
     asyncio.run(run())
+
+
+class _ChildRefusingFakeBackend(_ForkingFakeBackend):
+    """Forks whose second child the backend refuses to start (as apptainer's launch failing,
+    or the engine's checks of one container)."""
+
+    async def create(self, spec: SandboxSpec) -> SandboxRuntime:
+        if spec.fork is not None:
+            self.children_started = getattr(self, "children_started", 0) + 1
+            if self.children_started == 2:
+                raise errors.FailedPrecondition("this child's start was refused")
+        return await FakeBackend.create(self, spec)
+
+
+def test_only_a_backend_that_cannot_fork_answers_failed_precondition() -> None:
+    async def run() -> None:
+        async with embedded_daemon(_config(), backend_classes={"local": FakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                with pytest.raises(errors.FailedPrecondition, match="cannot fork"):
+                    await parent.fork(2)
+        async with embedded_daemon(_config(), backend_classes={"local": _ChildRefusingFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                with pytest.raises(errors.Unavailable, match="this child's start was refused"):
+                    await parent.fork(3)  # failed this once: no sign that the backend cannot fork
+                assert [sb.id for sb in await client.list_sandboxes()] == [parent.id]
+                assert len(await parent.fork(2)) == 2
+
+    asyncio.run(run())
