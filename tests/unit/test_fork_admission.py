@@ -105,16 +105,28 @@ def test_children_have_a_lease_only_when_the_fork_asks_for_one() -> None:
     asyncio.run(run())
 
 
-class _HalfForkingFakeBackend(_ForkingFakeBackend):
-    """Forks whose first child starts at once and whose others never finish starting (until
-    their creation is cancelled)."""
+class _ChildCountingFakeBackend(_ForkingFakeBackend):
+    """Forks whose children start at once, but for what `starting` does to the n-th (from 1)."""
+
+    children_started = 0
+
+    async def starting(self, n: int) -> None:
+        pass
 
     async def create(self, spec: SandboxSpec) -> SandboxRuntime:
         if spec.fork is not None:
-            self.children_started = getattr(self, "children_started", 0) + 1
-            if self.children_started > 1:
-                await asyncio.Event().wait()
+            self.children_started += 1
+            await self.starting(self.children_started)
         return await FakeBackend.create(self, spec)
+
+
+class _HalfForkingFakeBackend(_ChildCountingFakeBackend):
+    """Forks whose first child starts at once and whose others never finish starting (until
+    their creation is cancelled)."""
+
+    async def starting(self, n: int) -> None:
+        if n > 1:
+            await asyncio.Event().wait()
 
 
 def test_a_cancelled_fork_leaves_no_child_behind() -> None:
@@ -134,16 +146,13 @@ def test_a_cancelled_fork_leaves_no_child_behind() -> None:
     asyncio.run(run())
 
 
-class _ChildRefusingFakeBackend(_ForkingFakeBackend):
+class _ChildRefusingFakeBackend(_ChildCountingFakeBackend):
     """Forks whose second child the backend refuses to start (as apptainer's launch failing,
     or the engine's checks of one container)."""
 
-    async def create(self, spec: SandboxSpec) -> SandboxRuntime:
-        if spec.fork is not None:
-            self.children_started = getattr(self, "children_started", 0) + 1
-            if self.children_started == 2:
-                raise errors.FailedPrecondition("this child's start was refused")
-        return await FakeBackend.create(self, spec)
+    async def starting(self, n: int) -> None:
+        if n == 2:
+            raise errors.FailedPrecondition("this child's start was refused")
 
 
 def test_only_a_backend_that_cannot_fork_answers_failed_precondition() -> None:
