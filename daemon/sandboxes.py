@@ -487,8 +487,8 @@ class SandboxManager:
         """`count` new sandboxes whose writable filesystem starts as a copy-on-write copy of the
         parent's at this moment (or of a named snapshot's, see `snapshot`), with its image,
         limits, network, env, user, mounts and labels (plus `labels` and the fork's generation and
-        parent); its processes are not copied. All of them or none: a fork that fails leaves no
-        child and no fork point behind.
+        parent); its processes are not copied. All of them or none: a fork that fails, or is
+        cancelled (its caller's deadline passed), leaves no child and no fork point behind.
 
         A fork is `count` creates to admission: refused while the node drains (UNAVAILABLE), and
         `count` sandboxes against daemon.max_sandboxes, the memory and the pace caps of
