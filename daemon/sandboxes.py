@@ -31,7 +31,7 @@ from corral.sdk.errors import (
 
 from . import rules
 from .admission import CreateGate, admit_memory, node_memory_bytes
-from .backends.base import Backend, BindMount, ForkPoint, Limits, SandboxRuntime, SandboxSpec
+from .backends.base import Backend, BindMount, CannotFork, ForkPoint, Limits, SandboxRuntime, SandboxSpec
 from .commands import sandbox_environment
 from .config import Config, ConfigError, PoolEntry
 from .fsaccess import Entry, SandboxFiles
@@ -487,8 +487,8 @@ class SandboxManager:
         """`count` new sandboxes whose writable filesystem starts as a copy-on-write copy of the
         parent's at this moment (or of a named snapshot's, see `snapshot`), with its image,
         limits, network, env, user, mounts and labels (plus `labels` and the fork's generation and
-        parent); its processes are not copied. All of them or none: a fork that fails leaves no
-        child and no fork point behind.
+        parent); its processes are not copied. All of them or none: a fork that fails, or is
+        cancelled (its caller's deadline passed), leaves no child and no fork point behind.
 
         A fork is `count` creates to admission: refused while the node drains (UNAVAILABLE), and
         `count` sandboxes against daemon.max_sandboxes, the memory and the pace caps of
@@ -518,6 +518,10 @@ class SandboxManager:
                 point = await impl.fork_point(parent.runtime)
             except OSError as err:
                 raise node_error(f"sandbox {sandbox_id} could not be forked", err) from err
+            except CannotFork:
+                raise
+            except FailedPrecondition as err:
+                raise _fork_failure(f"sandbox {sandbox_id} could not be forked", err) from err
         try:
             return await self._make_children(source, point, count, labels, lease_ttl_s)
         finally:
@@ -551,14 +555,30 @@ class SandboxManager:
         for child in children:  # (in the table before any await: admitted together)
             self._sandboxes[child.sandbox_id] = child
         with self.gate.starting_slots(count):
-            made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
+            try:
+                made = await asyncio.gather(*(self._add(c, impl, point) for c in children), return_exceptions=True)
+            except BaseException:
+                # Cancelled (the caller's deadline passed, or it stopped waiting): the children
+                # already up would have no owner, so they go as a failed fork's do. (The gather
+                # finishes only once every _add has, each one that was cut short undoing itself.)
+                await asyncio.shield(asyncio.ensure_future(self._drop_children(children)))
+                raise
         failed = [r for r in made if isinstance(r, BaseException)]
         if failed:
-            await asyncio.gather(
-                *(self.destroy(r.sandbox_id) for r in made if isinstance(r, Sandbox)), return_exceptions=True
-            )
+            await self._drop_children(children)
+            if isinstance(failed[0], FailedPrecondition):
+                raise _fork_failure("a child of the fork could not be started", failed[0]) from failed[0]
             raise failed[0]
         return children
+
+    async def _drop_children(self, children: builtins.list[Sandbox]) -> None:
+        """Destroys those of a fork's children that came up (all of them or none)."""
+        up = [child for child in children if child.sandbox_id in self._sandboxes]
+        for child, result in zip(
+            up, await asyncio.gather(*(self.destroy(c.sandbox_id) for c in up), return_exceptions=True), strict=True
+        ):
+            if isinstance(result, Exception) and not isinstance(result, NotFound):
+                log.error("could not tear down sandbox %s of a failed fork: %s", child.sandbox_id, result)
 
     # -- named snapshots ---------------------------------------------------------------------------
 
@@ -885,6 +905,14 @@ class SandboxManager:
 
     async def remove_tree(self, sandbox_id: str, path: str) -> None:
         await self._files(sandbox_id, lambda files: files.remove_tree(path))
+
+
+def _fork_failure(what: str, err: FailedPrecondition) -> Unavailable:
+    """ForkSandbox answers FAILED_PRECONDITION only for a backend that cannot fork at all here
+    (CannotFork, and a parent that is not running), which a caller may remember as such; any
+    other refusal met on the way (a child the backend could not start, a parent the engine could
+    not resume) failed this fork only: UNAVAILABLE, to be retried."""
+    return Unavailable(f"{what}: {err}")
 
 
 def node_error(what: str, err: OSError) -> ResourceExhausted | Unavailable:

@@ -105,10 +105,17 @@ class SharedInit(Generic[M]):
         return self.waiting()
 
 
+async def _still_running(sandbox: AsyncSandbox) -> bool:
+    with contextlib.suppress(CorralError):
+        return (await sandbox.refresh()).state == "running"
+    return False
+
+
 async def fork_children(parent: AsyncSandbox, count: int, *, retries: int) -> tuple[list[AsyncSandbox], float]:
     """`count` forks of `parent` and the seconds the successful ForkSandbox call took. A node that
     refuses for now (no room, a child failing to start) is retried `retries` times with a doubling
-    pause. Raises ForkUnavailable when the backend cannot fork, ForkFailed when it could not here.
+    pause. Raises ForkUnavailable when the backend cannot fork (the daemon's FAILED_PRECONDITION
+    while the parent runs), ForkFailed when it could not here.
     Cancelled midway, it lets the fork finish and destroys the children, so nothing is left."""
     attempts = retries + 1
     for attempt in range(1, attempts + 1):
@@ -122,7 +129,11 @@ async def fork_children(parent: AsyncSandbox, count: int, *, retries: int) -> tu
                 await asyncio.gather(*(c.destroy() for c in children), return_exceptions=True)
             raise
         except FailedPrecondition as error:
-            raise ForkUnavailable(str(error)) from error
+            # The daemon's answer for a backend that cannot fork at all, and for a parent that is
+            # no longer running (reaped, failed): only the first is the backend's to remember.
+            if await _still_running(parent):
+                raise ForkUnavailable(str(error)) from error
+            raise ForkFailed(f"forking the set-up sandbox failed: {error}") from error
         except (NotFound, InvalidArgument) as error:
             raise ForkFailed(f"forking the set-up sandbox failed: {error}") from error
         except CorralError as error:

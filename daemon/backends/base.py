@@ -56,6 +56,13 @@ class BindMount:
     read_only: bool = True
 
 
+class CannotFork(FailedPrecondition):
+    """A backend that cannot fork at all here (its kind, or its storage setting on this node):
+    the one refusal ForkSandbox answers FAILED_PRECONDITION for, which a caller may remember
+    until the node's configuration changes (a fork that failed otherwise is another code:
+    SandboxManager.fork)."""
+
+
 @dataclass(frozen=True)
 class ForkPoint:
     """A read-only copy of a sandbox's writable filesystem at the moment of a fork, which its
@@ -501,7 +508,7 @@ class Backend(abc.ABC):
     async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
         """Freezes a copy of a running sandbox's writable filesystem for ForkSandbox's children
         (spec.fork); the sandbox is paused at most for the instant the copy takes."""
-        raise FailedPrecondition(
+        raise CannotFork(
             f'the {self.name} backend cannot fork sandboxes (local and docker can, with storage = "btrfs"; singularity can)'
         )
 

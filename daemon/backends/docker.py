@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING
 from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
+from ..diskcap import unmount
 from . import engine_layer
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
+from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, CannotFork, ForkPoint, SandboxRuntime
 from .container_enter import ImageUserSandbox
 from .idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
 from .local_storage import (
@@ -254,10 +255,24 @@ class DockerSandbox(ImageUserSandbox):
         await asyncio.to_thread(unstage, self.bind_staging)
 
     async def destroy(self) -> None:
-        await super().destroy()
-        if self.subvolume is not None:
-            await asyncio.to_thread(delete_subvolume, self.subvolume)
-            self.subvolume = None
+        try:
+            await super().destroy()
+        except BaseException:
+            with contextlib.suppress(OSError):  # (the teardown's own error is the one to report)
+                await self._drop_subvolume()
+            raise
+        await self._drop_subvolume()
+
+    async def _drop_subvolume(self) -> None:
+        """Deletes the sandbox's subvolume, also after a teardown that failed half-way; but not
+        while the engine's layer directory still shows the sandbox's layer (its container may
+        still write there): the subvolume then waits for the next start's reap."""
+        subvolume = self.subvolume
+        if subvolume is None or (self.layer_dir is not None and os.path.ismount(self.layer_dir)):
+            return
+        await asyncio.to_thread(unmount, self.sandbox_dir)  # (its bind of the subvolume, if still there)
+        await asyncio.to_thread(delete_subvolume, subvolume)
+        self.subvolume = None
 
     def record_extra(self) -> dict:
         return {"container_id": self.container.id if self.container else ""}
@@ -271,13 +286,22 @@ class DockerSandbox(ImageUserSandbox):
         frozen = cgroup is not None and await asyncio.to_thread(cgroup.freeze, True)
         if not frozen:
             await self.backend.engine(container.pause)
+        made = False
         try:
             await asyncio.to_thread(snapshot_paused, self.subvolume, point)
+            made = True
         finally:
-            if frozen:
-                await asyncio.to_thread(cgroup.freeze, False)  # type: ignore[union-attr]
-            else:
-                await self._resume(container)
+            try:
+                if frozen:
+                    await asyncio.to_thread(cgroup.freeze, False)  # type: ignore[union-attr]
+                else:
+                    await self._resume(container)
+            except BaseException:
+                # The fork fails with the parent's resume (retried in _resume): its snapshot is
+                # nobody's to drop, so it goes now rather than at the daemon's next start.
+                if made:
+                    await asyncio.to_thread(delete_subvolume, point)
+                raise
         return ForkPoint(self.spec.sandbox_id, str(point), self.uid)
 
     async def _resume(self, container: Container) -> None:
@@ -335,6 +359,7 @@ class DockerBackend(Backend):
         settings = context.settings
         self.pool = node_pool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
         self._pool_open = False
+        self._pool_opening = asyncio.Lock()
         self.snapshot_store = SnapshotStore("docker.snapshot_store_bytes", settings.snapshot_store_bytes)
         super().__init__(context)
 
@@ -412,6 +437,8 @@ class DockerBackend(Backend):
         if not self._status.available:
             # The engine may have come up since the daemon started: look again before refusing.
             self._status = await asyncio.get_running_loop().run_in_executor(self._pool, self.probe)
+        if self._status.available:
+            await self._open_pool(reap=False)  # (once; the pool's leftovers wait for the next start)
         if not self._status.available:
             if self._unreachable:
                 raise Unavailable(f"the docker backend cannot make sandboxes now: {self._status.detail}")
@@ -450,7 +477,7 @@ class DockerBackend(Backend):
 
     def _forkable(self, sandbox: SandboxRuntime) -> DockerSandbox:
         if not isinstance(sandbox, DockerSandbox) or sandbox.subvolume is None or sandbox.container is None:
-            raise FailedPrecondition(
+            raise CannotFork(
                 'forking docker sandboxes needs their writable layer on the btrfs pool: set docker.storage = "btrfs" '
                 '(docs/backends.md, "Disk and fork on Docker and Podman")'
             )
@@ -488,11 +515,25 @@ class DockerBackend(Backend):
         if self._status.available:
             await self._remove_containers({})
         await asyncio.to_thread(unstage_all, staging_root(self.context.state_dir, self.name))
-        if self.pool is not None and self._status.available:
+        if self._status.available:
+            await self._open_pool(reap=True)
+
+    async def _open_pool(self, *, reap: bool) -> None:
+        """Mounts the btrfs pool (docker.storage = "btrfs") the first time the backend is
+        available: at the daemon's start, or when the engine first answers after it. `reap`:
+        deletes what an earlier daemon run left in it, only at the start (the pool is the local
+        backend's too, whose sandboxes may live there by the time the engine answers). A pool that
+        cannot be opened makes the backend unavailable, saying why."""
+        if self.pool is None or self._pool_open:
+            return
+        async with self._pool_opening:
+            if self._pool_open:
+                return
             try:
                 await asyncio.to_thread(self.pool.open)
                 self._pool_open = True
-                await asyncio.to_thread(self.pool.reap)
+                if reap:
+                    await asyncio.to_thread(self.pool.reap)
             except OSError as err:
                 log.error("the docker backend cannot make sandboxes: %s", err)
                 self._status = replace(

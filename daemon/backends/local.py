@@ -41,7 +41,7 @@ from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
 from ..process import in_cgroup, is_process
 from ..seccomp import loader_argv, program, supported
 from ..users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
-from .base import Backend, BackendStatus, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
+from .base import Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
 from .local_images import ImageCache, parse_reference
 from .local_launch import (
     INIT_READY,
@@ -537,7 +537,7 @@ class LocalBackend(Backend):
 
     def _forkable(self, sandbox: SandboxRuntime) -> tuple[StoragePool, LocalSandbox]:
         if self.pool is None or not isinstance(sandbox, LocalSandbox) or sandbox.subvolume is None:
-            raise FailedPrecondition(
+            raise CannotFork(
                 'forking local sandboxes needs copy-on-write storage: set local.storage = "btrfs" '
                 '(docs/local-backend.md, "Fork")'
             )

@@ -103,3 +103,71 @@ def test_children_have_a_lease_only_when_the_fork_asks_for_one() -> None:
                 assert len(await client.list_sandboxes()) == 4
 
     asyncio.run(run())
+
+
+class _ChildCountingFakeBackend(_ForkingFakeBackend):
+    """Forks whose children start at once, but for what `starting` does to the n-th (from 1)."""
+
+    children_started = 0
+
+    async def starting(self, n: int) -> None:
+        pass
+
+    async def create(self, spec: SandboxSpec) -> SandboxRuntime:
+        if spec.fork is not None:
+            self.children_started += 1
+            await self.starting(self.children_started)
+        return await FakeBackend.create(self, spec)
+
+
+class _HalfForkingFakeBackend(_ChildCountingFakeBackend):
+    """Forks whose first child starts at once and whose others never finish starting (until
+    their creation is cancelled)."""
+
+    async def starting(self, n: int) -> None:
+        if n > 1:
+            await asyncio.Event().wait()
+
+
+def test_a_cancelled_fork_leaves_no_child_behind() -> None:
+    async def run() -> None:
+        async with embedded_daemon(_config(), backend_classes={"local": _HalfForkingFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                with pytest.raises(errors.DeadlineExceeded):
+                    await parent.fork(3, timeout=1.0)  # one child up, two starting when it ends
+                for _ in range(100):
+                    if [sb.id for sb in await client.list_sandboxes()] == [parent.id]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert [sb.id for sb in await client.list_sandboxes()] == [parent.id]
+                await client.create_sandbox()  # no start slot or table entry left taken
+
+    asyncio.run(run())
+
+
+class _ChildRefusingFakeBackend(_ChildCountingFakeBackend):
+    """Forks whose second child the backend refuses to start (as apptainer's launch failing,
+    or the engine's checks of one container)."""
+
+    async def starting(self, n: int) -> None:
+        if n == 2:
+            raise errors.FailedPrecondition("this child's start was refused")
+
+
+def test_only_a_backend_that_cannot_fork_answers_failed_precondition() -> None:
+    async def run() -> None:
+        async with embedded_daemon(_config(), backend_classes={"local": FakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                with pytest.raises(errors.FailedPrecondition, match="cannot fork"):
+                    await parent.fork(2)
+        async with embedded_daemon(_config(), backend_classes={"local": _ChildRefusingFakeBackend}) as address:
+            async with AsyncClient(address) as client:
+                parent = await client.create_sandbox()
+                with pytest.raises(errors.Unavailable, match="this child's start was refused"):
+                    await parent.fork(3)  # failed this once: no sign that the backend cannot fork
+                assert [sb.id for sb in await client.list_sandboxes()] == [parent.id]
+                assert len(await parent.fork(2)) == 2
+
+    asyncio.run(run())
