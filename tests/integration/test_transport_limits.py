@@ -60,7 +60,10 @@ def test_tcp_flood_is_bounded_and_the_unix_socket_keeps_answering(tmp_path: Path
     idle: list[socket.socket] = []
     try:
         with Client(d.address) as local:
+            # GetNodeInfo asks every backend (engine clients open their connections on first use):
+            # the baseline is taken after both calls the test makes, so only the flood counts.
             local.list_sandboxes()
+            local.node_info()
             baseline = _open_fds(d.proc.pid)
             # A bounded flood on loopback: 300 sockets that never say a word, and 8 that open
             # HTTP/2 and then make no call.
