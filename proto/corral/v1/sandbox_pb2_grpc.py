@@ -176,8 +176,9 @@ class SandboxServiceServicer:
         "corral.fork.generation" (the parent's plus one) and "corral.fork.parent" (its id). Running
         processes are not copied; the parent keeps running, paused only while its filesystem is
         snapshot (where its cgroup can be frozen). All children or none: a fork that fails, or is
-        cancelled (its deadline passes), leaves nothing behind. count outside 1..64: INVALID_ARGUMENT; an unknown id: NOT_FOUND; a backend or
-        node that cannot fork (today the local and docker backends with local.storage /
+        cancelled (its deadline passes), leaves nothing behind. count outside 1..64:
+        INVALID_ARGUMENT; an unknown id: NOT_FOUND; a backend or node that cannot fork (today the
+        local and docker backends with local.storage /
         docker.storage = "btrfs", and apptainer, can): FAILED_PRECONDITION, as for a parent that is
         not running, and for nothing else. A fork that failed on its way (a child that could not
         start, a parent the engine could not resume, the node short of disk or time): UNAVAILABLE,
