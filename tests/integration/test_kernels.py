@@ -556,11 +556,14 @@ def test_a_kernel_that_dies_between_cells_is_reported_by_the_next_cell(stub, ker
 
 # -- late output ------------------------------------------------------------------------------------
 
+# The thread writes its line in one write: print() writes the text and its newline separately,
+# and the child's line (captured from fd 1 by the kernel's own thread) may land between the two.
 LATE_THREAD = (
-    "import threading, time\n"
+    "import sys, threading, time\n"
     "def later():\n"
     "    time.sleep(0.3)\n"
-    "    print('from a thread', flush=True)\n"
+    "    sys.stdout.write('from a thread\\n')\n"
+    "    sys.stdout.flush()\n"
     "threading.Thread(target=later).start()\n"
 )
 LATE_CHILD = "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 0.3; echo from a child; echo child err >&2'])\n"
