@@ -17,6 +17,9 @@ enters its namespaces, its user namespace last (container_enter.py), as root ins
 request names, for commands, shells and kernels, with Docker's default capabilities for root
 (within the sandbox's user namespace only), no_new_privs and a seccomp filter. Files go through
 /proc/<init>/root as the user's host ids, as for the other backends.
+ForkSandbox and named snapshots copy the root's writable layer and the workspace (fork_point;
+snapshots are kept under the state directory, bounded by snapshot_store_bytes, until deleted or
+the daemon's next start), and each new sandbox moves the copy's owners to its own block.
 Works with either binary name, `apptainer` or `singularity`.
 """
 
