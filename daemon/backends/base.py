@@ -516,7 +516,7 @@ class Backend(abc.ABC):
         """A fork point kept under `name` (a named snapshot, removed by drop_fork_point) and the
         bytes it holds; RESOURCE_EXHAUSTED past the backend's store for them."""
         raise FailedPrecondition(
-            f'the {self.name} backend cannot snapshot sandboxes (local and docker can, with storage = "btrfs")'
+            f'the {self.name} backend cannot snapshot sandboxes (local and docker can, with storage = "btrfs"; singularity can)'
         )
 
     async def drop_fork_point(self, point: ForkPoint) -> None:  # noqa: B027 - an optional hook

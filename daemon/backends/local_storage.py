@@ -36,9 +36,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from corral.sdk.errors import ResourceExhausted
-
 from ..diskcap import run_step
+from . import snapshot_store
 from .mount_api import (
     MOUNT_ATTR_IDMAP,
     MOUNT_ATTR_NODEV,
@@ -301,36 +300,12 @@ def snapshot_paused(subvolume: Path, point: Path, pause: Callable[[bool], bool] 
             pause(False)  # type: ignore[misc]
 
 
-class SnapshotStore:
-    """The named snapshots a backend keeps in the pool, bounded by what they hold together
-    (`setting`: the key that sets `limit_bytes`, for the error)."""
+class SnapshotStore(snapshot_store.SnapshotStore):
+    """The named snapshots a backend keeps in the pool (read-only subvolumes), each counted as its
+    quota group's referenced bytes (`setting`: the key that sets `limit_bytes`, for the error)."""
 
     def __init__(self, setting: str, limit_bytes: int) -> None:
-        self.setting = setting
-        self.limit_bytes = limit_bytes
-        self._sizes: dict[str, int] = {}  # by path
-
-    def admit(self, point: Path, sandbox_id: str) -> int:
-        """Counts a snapshot just taken at `point` and returns its size; deletes it and raises
-        RESOURCE_EXHAUSTED when the store has no room for it."""
-        try:
-            size = referenced_bytes(point)
-            held = sum(self._sizes.values())
-            if held + size > self.limit_bytes:
-                raise ResourceExhausted(
-                    f"a snapshot of sandbox {sandbox_id} would hold {size} bytes, and the named snapshots "
-                    f"already hold {held} of the {self.limit_bytes} {self.setting} allows: delete some"
-                )
-        except BaseException:
-            delete_subvolume(point)
-            raise
-        self._sizes[str(point)] = size
-        return size
-
-    def drop(self, point: Path) -> None:
-        """Deletes a fork point or named snapshot."""
-        self._sizes.pop(str(point), None)
-        delete_subvolume(point)
+        super().__init__(setting, limit_bytes, referenced_bytes, delete_subvolume)
 
 
 def referenced_bytes(path: Path) -> int:

@@ -17,6 +17,9 @@ enters its namespaces, its user namespace last (container_enter.py), as root ins
 request names, for commands, shells and kernels, with Docker's default capabilities for root
 (within the sandbox's user namespace only), no_new_privs and a seccomp filter. Files go through
 /proc/<init>/root as the user's host ids, as for the other backends.
+ForkSandbox and named snapshots copy the root's writable layer and the workspace (fork_point;
+snapshots are kept under the state directory, bounded by snapshot_store_bytes, until deleted or
+the daemon's next start), and each new sandbox moves the copy's owners to its own block.
 Works with either binary name, `apptainer` or `singularity`.
 """
 
@@ -43,11 +46,13 @@ from ..users import INSIDE_ID_COUNT, SandboxUser
 from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
 from .container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
 from .idmapped_binds import check_shown
+from .local_images import disk_usage
 from .local_launch import INIT_READY
 from .local_root import RootMount, build_root, kernel_support, make_mount_points, refusing_unbuildable, unmount_root
 from .mount_api import detach, make_user_namespace
 from .nsenter import HOST_ENV
 from .sif_mount import mount_sif
+from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +129,15 @@ class SingularitySettings:
     """The [singularity] configuration section."""
 
     default_image: str = ""  # absolute path of the SIF file or sandbox directory for requests naming none
+    # What named snapshots (SnapshotSandbox) of singularity sandboxes may hold together, each
+    # counted as the disk its copy takes.
+    snapshot_store_bytes: int = 64 << 30
 
     def validate(self) -> None:
         if self.default_image and not os.path.isabs(self.default_image):
             raise ValueError("default_image must be an absolute path")
+        if self.snapshot_store_bytes < 0:
+            raise ValueError("snapshot_store_bytes must be 0 (no named snapshots) or positive")
 
 
 class SingularitySandbox(ImageUserSandbox):
@@ -365,6 +375,15 @@ def _nested_pid(pid: int) -> bool:
     return False
 
 
+async def _copy_point(sandbox: SingularitySandbox, point: Path) -> ForkPoint:
+    point.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    return await asyncio.to_thread(sandbox.fork_point, point)
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _kill(pid: int) -> None:
     """SIGKILL to the launcher's process group (it leads its own session)."""
     with contextlib.suppress(ProcessLookupError):
@@ -388,6 +407,9 @@ class SingularityBackend(Backend):
 
     def __init__(self, context) -> None:
         self.binary = shutil.which("apptainer") or shutil.which("singularity")
+        self.snapshot_store = SnapshotStore(
+            "singularity.snapshot_store_bytes", context.settings.snapshot_store_bytes, disk_usage, _remove_tree
+        )
         super().__init__(context)
 
     def probe(self) -> BackendStatus:
@@ -440,15 +462,26 @@ class SingularityBackend(Backend):
         """Where fork points wait for their children (removed once they exist)."""
         return self.context.state_dir / "forks" / self.name
 
+    def snapshots(self) -> Path:
+        """Where named snapshots are kept (fork points under a name, until DeleteSnapshot or the
+        daemon's next start)."""
+        return self.context.state_dir / "snapshots" / self.name
+
     async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
         assert isinstance(sandbox, SingularitySandbox)
-        self.fork_points().mkdir(parents=True, mode=0o700, exist_ok=True)
-        point = self.fork_points() / f"{sandbox.spec.sandbox_id}-{tokens.token_hex(4)}"
-        return await asyncio.to_thread(sandbox.fork_point, point)
+        return await _copy_point(sandbox, self.fork_points() / f"{sandbox.spec.sandbox_id}-{tokens.token_hex(4)}")
+
+    async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
+        """The fork's copy, kept under `name` and counted against singularity.snapshot_store_bytes
+        (RESOURCE_EXHAUSTED and nothing kept past it)."""
+        assert isinstance(sandbox, SingularitySandbox)
+        point = await _copy_point(sandbox, self.snapshots() / name)
+        return point, await asyncio.to_thread(self.snapshot_store.admit, Path(point.path), sandbox.spec.sandbox_id)
 
     async def drop_fork_point(self, point: ForkPoint) -> None:
-        if Path(point.path).parent == self.fork_points():
-            await asyncio.to_thread(shutil.rmtree, point.path, True)
+        path = Path(point.path)
+        if path.parent in (self.fork_points(), self.snapshots()):
+            await asyncio.to_thread(self.snapshot_store.drop, path)
 
     async def release(self, record: dict) -> None:
         # (A killed daemon's sandboxes end by themselves: their init's stdin was the daemon's.)
@@ -460,7 +493,9 @@ class SingularityBackend(Backend):
             await asyncio.to_thread(unmount_sandbox, sandbox_dir)
 
     async def reap_orphans(self) -> None:
-        await asyncio.to_thread(shutil.rmtree, self.fork_points(), True)  # a killed daemon's
+        # A killed daemon's fork points and named snapshots (no snapshot outlives its daemon).
+        for kept in (self.fork_points(), self.snapshots()):
+            await asyncio.to_thread(_remove_tree, kept)
         if self.context.sandboxes_dir.is_dir():
             for leftover in self.context.sandboxes_dir.iterdir():
                 await asyncio.to_thread(unmount_sandbox, leftover)

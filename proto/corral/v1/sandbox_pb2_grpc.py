@@ -198,9 +198,9 @@ class SandboxServiceServicer:
         the sandbox is gone too, until DeleteSnapshot or the daemon's next start. A name of 1 to 128
         letters, digits, '.', '_', '-' (starting with a letter or digit), else INVALID_ARGUMENT;
         a taken name: ALREADY_EXISTS; past the node's store for them (local.snapshot_store_bytes,
-        docker.snapshot_store_bytes, counted as the bytes each holds): RESOURCE_EXHAUSTED, and
-        nothing kept. Backends that cannot (all but local and docker with storage = "btrfs"):
-        FAILED_PRECONDITION.
+        docker.snapshot_store_bytes, singularity.snapshot_store_bytes, counted as the bytes each
+        holds): RESOURCE_EXHAUSTED, and nothing kept. A backend or node that cannot fork cannot
+        snapshot either (see ForkSandbox): FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
