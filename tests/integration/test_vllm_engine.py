@@ -111,7 +111,7 @@ class VLLMEngine:
             "--seed",
             "0",
             "--enable-scale-out",
-            "--disable-log-stats",
+            # (Stats on: a test reads the generated-token counter of /metrics.)
             "--uvicorn-log-level",
             "warning",
         ]
@@ -388,6 +388,15 @@ async def test_noise_rollouts_are_token_exact_with_the_engines_logprobs(client, 
     assert {v for v, mask in zip(result.weight_versions, result.response_mask) if mask} == {0}
 
 
+async def generated_tokens(session: aiohttp.ClientSession, url: str) -> float:
+    """The tokens the engine has generated so far (its Prometheus counter)."""
+    async with session.get(f"{url}/metrics") as answer:
+        text = await answer.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")
+    )
+
+
 async def test_weight_versions_come_from_the_engines_labels_across_a_paused_update(client, proxy, engine):
     """A trainer labels the engine's weights (vLLM's /update_weight_version) and updates them
     between /pause (keeping requests in flight) and /resume; /inference/v1/generate reports the
@@ -406,7 +415,12 @@ async def test_weight_versions_come_from_the_engines_labels_across_a_paused_upda
             while not any(key.startswith("labelled/") and n >= 2 for key, n in proxy.started.items()):
                 assert time.monotonic() < deadline and not running.done(), "the second turn did not start"
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)  # the second turn has generated a few tokens
+            # The second turn has generated a few tokens (the engine's own count: a fixed wait
+            # could outlast a whole turn on an idle machine or fall short on a loaded one).
+            base = await generated_tokens(session, engine.url)
+            while await generated_tokens(session, engine.url) < base + 8:
+                assert time.monotonic() < deadline and not running.done(), "the second turn generated nothing"
+                await asyncio.sleep(0.01)
             await post(session, "/pause?mode=keep")
             await post(session, "/update_weight_version", new_version="8")
             await post(session, "/resume")
