@@ -170,6 +170,20 @@ async def test_a_failed_fork_filters_the_rollouts_and_leaves_nothing(tmp_path) -
             await no_sandboxes_left(client, daemon)
 
 
+async def test_init_once_turned_off_sets_up_every_rollout_on_a_node_that_can_fork(tmp_path) -> None:
+    """`[rollout] init_once = false`: on copy-on-write storage, the samples of one submission each
+    set up a sandbox of their own, and none says it forked or fell back."""
+    require_backend("local")
+    task = counted_task("init-once-off")
+    with own_daemon(tmp_path, BTRFS + "[rollout]\ninit_once = false\n") as daemon:
+        async with AsyncClient(daemon.address) as client:
+            results = await run_all(client, [(task, 3)], [task])
+            await no_sandboxes_left(client, daemon)
+    assert all(r.status == "completed" and r.reward == 1.0 for r in results), [r.error for r in results]
+    assert len({setup_id(r) for r in results}) == 3
+    assert all((r.init_shared_by, r.init_fell_back, r.timings["fork"]) == (0, False, 0) for r in results)
+
+
 async def test_a_backend_that_cannot_fork_falls_back_to_an_init_per_rollout(local_daemon) -> None:
     """The shared local daemon has no copy-on-write storage: ForkSandbox is FAILED_PRECONDITION.
     The first rollout gets the set-up sandbox, the others set up their own; all say so."""
