@@ -258,6 +258,8 @@ class Summary:
     finish_reasons: Counter = field(default_factory=Counter)
     turns: list[int] = field(default_factory=list)
     response_tokens: list[int] = field(default_factory=list)
+    init_shared: int = 0  # rollouts forked from an INIT shared with others (INIT once)
+    init_fell_back: int = 0  # rollouts meant to share an INIT whose backend could not fork
     stage_seconds: dict[str, list[float]] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -278,7 +280,9 @@ def summarize(results: Sequence[RolloutResult], wall_s: float = 0.0) -> Summary:
     summary.finish_reasons = Counter(r.finish_reason or "none" for r in completed)
     summary.turns = [len(r.turns) for r in results]
     summary.response_tokens = [len(r.response_ids) for r in results]
-    for name in ("init_queue", "init", "run_queue", "run", "eval_queue", "eval", "total"):
+    summary.init_shared = sum(r.init_shared_by > 0 for r in results)
+    summary.init_fell_back = sum(r.init_fell_back for r in results)
+    for name in ("init_queue", "init", "fork", "run_queue", "run", "eval_queue", "eval", "total"):
         summary.stage_seconds[name] = [r.timings[name] for r in results]
     return summary
 
@@ -306,6 +310,9 @@ def print_summary(summary: Summary, file: TextIO | None = None) -> None:
     overview.add_row("finish reasons", ", ".join(f"{k} {v}" for k, v in summary.finish_reasons.items()) or "-")
     overview.add_row("turns (mean / max)", _mean_max(summary.turns))
     overview.add_row("response tokens (mean / max)", _mean_max(summary.response_tokens))
+    overview.add_row(
+        "INIT once", f"{summary.init_shared} forked, {summary.init_fell_back} fell back"
+    )
     overview.add_row("throughput", f"{summary.rollouts_per_s:.2f} rollouts/s over {summary.wall_s:.1f} s")
     console.print(overview)
     stages = Table(title="stage time (s)")

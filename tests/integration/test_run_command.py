@@ -83,6 +83,8 @@ def test_summary_counts_filtered_reasons_and_token_exactness() -> None:
         weight_versions=[0, -1, -1],
     )
     good.turns.add(generated_ids=[5], observation_ids=[6, 7])
+    good.timings.init_shared_by = 4
+    good.timings.fork_ms = 250
     broken = pb.RolloutResult(
         status=pb.ROLLOUT_STATUS_FILTERED,
         filter_reason=pb.FILTER_REASON_LLM_UNREACHABLE,
@@ -96,3 +98,4 @@ def test_summary_counts_filtered_reasons_and_token_exactness() -> None:
     assert summary.filtered == {"llm_unreachable": 1}
     assert summary.token_exact == 1 and not is_token_exact(result_from_proto(broken))
     assert summary.rollouts_per_s == 1.0
+    assert (summary.init_shared, summary.init_fell_back) == (1, 0) and summary.stage_seconds["fork"] == [0.25, 0.0]
