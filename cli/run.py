@@ -310,9 +310,7 @@ def print_summary(summary: Summary, file: TextIO | None = None) -> None:
     overview.add_row("finish reasons", ", ".join(f"{k} {v}" for k, v in summary.finish_reasons.items()) or "-")
     overview.add_row("turns (mean / max)", _mean_max(summary.turns))
     overview.add_row("response tokens (mean / max)", _mean_max(summary.response_tokens))
-    overview.add_row(
-        "INIT once", f"{summary.init_shared} forked, {summary.init_fell_back} fell back"
-    )
+    overview.add_row("INIT once", f"{summary.init_shared} forked, {summary.init_fell_back} fell back")
     overview.add_row("throughput", f"{summary.rollouts_per_s:.2f} rollouts/s over {summary.wall_s:.1f} s")
     console.print(overview)
     stages = Table(title="stage time (s)")
