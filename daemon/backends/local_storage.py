@@ -6,7 +6,8 @@ all of it and a sandbox can be forked in O(1).
 
 - **The pool**: one btrfs filesystem per node, `<state_dir>/storage`, the state directory's own
   when that is btrfs, else a sparse image file (`<state_dir>/storage.img`) formatted btrfs and
-  loop-mounted there at start, reused across restarts; every backend that keeps sandboxes in it
+  loop-mounted there (by the local backend at start, by the docker backend when its first
+  container needs it), reused across restarts; every backend that keeps sandboxes in it
   shares the one object (`node_pool`). `sandboxes/` holds one subvolume per sandbox, `forks/` the
   read-only snapshots of parents at the moment of a fork. Nothing in it outlives a daemon run: a
   restart detaches every mount of it left outside the pool and deletes every subvolume (`reap`).
