@@ -45,7 +45,7 @@ have chroot || need coreutils "chroot"
 # Container images (docker-archive:, oci:, docker: ...) are exported by skopeo and unpacked by umoci.
 have skopeo || need skopeo "skopeo"
 have umoci || need umoci "umoci"
-# Copy-on-write sandbox storage (local.storage / docker.storage = "btrfs": forks, snapshots and the
+# Copy-on-write sandbox storage (local.storage = "btrfs", docker.storage = "auto"/"btrfs": forks, snapshots and the
 # engines' disk caps) formats and manages its pool with btrfs-progs.
 have mkfs.btrfs || need btrfs-progs "mkfs.btrfs"
 have btrfs || need btrfs-progs "btrfs"

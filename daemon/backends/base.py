@@ -509,14 +509,16 @@ class Backend(abc.ABC):
         """Freezes a copy of a running sandbox's writable filesystem for ForkSandbox's children
         (spec.fork); the sandbox is paused at most for the instant the copy takes."""
         raise CannotFork(
-            f'the {self.name} backend cannot fork sandboxes (local and docker can, with storage = "btrfs"; singularity can)'
+            f'the {self.name} backend cannot fork sandboxes (local can with local.storage = "btrfs", '
+            "docker on its btrfs pool, the default where the node has one, and singularity)"
         )
 
     async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
         """A fork point kept under `name` (a named snapshot, removed by drop_fork_point) and the
         bytes it holds; RESOURCE_EXHAUSTED past the backend's store for them."""
         raise FailedPrecondition(
-            f'the {self.name} backend cannot snapshot sandboxes (local and docker can, with storage = "btrfs"; singularity can)'
+            f'the {self.name} backend cannot snapshot sandboxes (local can with local.storage = "btrfs", '
+            "docker on its btrfs pool, the default where the node has one, and singularity)"
         )
 
     async def drop_fork_point(self, point: ForkPoint) -> None:  # noqa: B027 - an optional hook

@@ -11,10 +11,11 @@ timeout can kill the whole tree. Files use the same in-root openat2 access as lo
 through /proc/<container init>/root, as the same user. That is why this backend needs the daemon
 on the engine's host, as root; a remote engine is not supported.
 
-With `docker.storage = "btrfs"` the sandbox's directory is a subvolume of the node's btrfs pool,
-capped at limits.disk_bytes (local_storage.py), and the container's writable layer is placed in it
-before the container starts (engine_layer.py): one limit covers the workspace and every write to
-the container's root, and ForkSandbox snapshots both.
+With `docker.storage = "btrfs"` (and "auto", the default, wherever the node can have it) the
+sandbox's directory is a subvolume of the node's btrfs pool, capped at limits.disk_bytes
+(local_storage.py), and the container's writable layer is placed in it before the container starts
+(engine_layer.py): one limit covers the workspace and every write to the container's root, and
+ForkSandbox snapshots both.
 
 Containers carry labels naming the daemon and the sandbox, so a restarted daemon finds and
 removes whatever a crashed one left.
@@ -90,7 +91,8 @@ class DockerSettings:
     # workspace are on a subvolume of the node's btrfs pool capped at limits.disk_bytes, which
     # ForkSandbox needs (engine_layer.py, local_storage.py); the pool is an image of storage_bytes
     # (0: the size of the state directory's disk, sparse), shared with local.storage = "btrfs".
-    storage: str = "engine"
+    # "auto": "btrfs" where the node and the engine can have it, else "engine", saying why.
+    storage: str = "auto"
     storage_bytes: int = 0
     # What named snapshots (SnapshotSandbox) of docker sandboxes may hold together.
     snapshot_store_bytes: int = 64 << 30
@@ -106,7 +108,7 @@ class DockerSettings:
             raise ValueError("snapshot_store_bytes must be 0 (no named snapshots) or positive")
 
 
-STORAGE_KINDS = ("engine", "btrfs")
+STORAGE_KINDS = ("auto", "btrfs", "engine")
 
 
 def parse_ulimit(entry: str) -> tuple[str, int, int]:
@@ -326,15 +328,15 @@ class DockerSandbox(ImageUserSandbox):
         return [CgroupGroup([p / n for p in self.cgroup.paths], self.cgroup.hierarchies) for n in names]
 
 
-def _disk_not_capped(storage_driver: str) -> LimitSupport:
-    """Why a container's writable space has no cap: only the engine could cap its writable layer
-    (`--storage-opt size`, which some storage drivers accept: overlay2 on xfs with pquota, btrfs,
-    zfs), and the workspace is a host directory the engine binds (in its own mount namespace,
-    where the daemon's mounts may not reach)."""
+def _disk_not_capped(storage_driver: str, storage: str) -> LimitSupport:
+    """Why a container's writable space has no cap: its writable layer is the engine's (only the
+    engine could cap it, with `--storage-opt size`, which some storage drivers accept: overlay2 on
+    xfs with pquota, btrfs, zfs), and the workspace is a host directory the engine binds.
+    `storage`: why the layer is the engine's (the setting, or what "auto" found lacking)."""
     return LimitSupport(
         False,
-        reason=f"not capped: the container's writable layer (storage driver {storage_driver}) and its "
-        "bind-mounted workspace can grow until the host's disk is full",
+        reason=f"not capped ({storage}): the container's writable layer (storage driver {storage_driver}) "
+        "and its bind-mounted workspace can grow until the host's disk is full",
     )
 
 
@@ -357,7 +359,10 @@ class DockerBackend(Backend):
         self.client: DockerClient | None = None
         self._unreachable = False
         settings = context.settings
-        self.pool = node_pool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
+        self.pool = node_pool(context.state_dir, settings.storage_bytes) if settings.storage != "engine" else None
+        # Why the layer is the engine's: the setting, or what "auto" found lacking on this node.
+        self.engine_storage = 'docker.storage = "engine"' if self.pool is None else ""
+        self._driver = "unknown"  # the engine's storage driver, as the last probe found it
         self._pool_open = False
         self._pool_opening = asyncio.Lock()
         self.snapshot_store = SnapshotStore("docker.snapshot_store_bytes", settings.snapshot_store_bytes)
@@ -381,7 +386,7 @@ class DockerBackend(Backend):
             "cpu": LimitSupport(True, "docker engine (container cgroup)"),
             "wall_clock": LimitSupport(True, "process group + leaf cgroup kill"),
             "network": LimitSupport(True, 'docker network mode "none"'),
-            "disk": _disk_not_capped("unknown"),
+            "disk": _disk_not_capped("unknown", self.engine_storage or "the engine is not reachable"),
         }
         try:
             docker = _docker()
@@ -398,25 +403,39 @@ class DockerBackend(Backend):
             self.client = client
             version = _engine_name(client.version())
             info = client.info()
-            limits["disk"] = _disk_not_capped(_storage_driver(info))
+            self._driver = _storage_driver(info)
+            limits["disk"] = _disk_not_capped(self._driver, self.engine_storage)
         except docker.errors.DockerException as err:
             problems.append(f"cannot reach the Docker engine at {self.address}: {err}")
             self._unreachable = True
             version, info = "", {}
         if self.pool is not None and not self._unreachable:
-            if lacking := self.pool.lacking():
+            lacking = self.pool.lacking() or engine_layer.lacking(info, self.address)
+            if lacking and self.settings.storage == "auto":
+                self._use_engine_storage(lacking)
+                limits["disk"] = _disk_not_capped(self._driver, self.engine_storage)
+            elif lacking:
                 problems.append(f'docker.storage = "btrfs": {lacking}')
-            elif info.get("Driver") not in engine_layer.OVERLAY_DRIVERS:
-                problems.append(
-                    f'docker.storage = "btrfs" needs the engine\'s overlay storage driver; it uses {_storage_driver(info)}'
+            else:
+                limits["disk"] = LimitSupport(
+                    True,
+                    "btrfs subvolume per sandbox (workspace and the container's writable layer), capped by a quota group",
                 )
-            limits["disk"] = LimitSupport(
-                True,
-                "btrfs subvolume per sandbox (workspace and the container's writable layer), capped by a quota group",
-            )
         if problems:
             return BackendStatus(False, "; ".join(problems), "none", limits)
         return BackendStatus(True, f"{version} at {self.address}", "container", limits)
+
+    def _use_engine_storage(self, lacking: str) -> None:
+        """docker.storage = "auto" on a node without the pool: containers keep the engine's
+        writable layer (not capped, no fork), said once in the log and in the disk limit's
+        status (GetNodeInfo, `corral doctor`)."""
+        self.pool = None
+        self.engine_storage = f'docker.storage = "auto" found no btrfs pool here: {lacking}'
+        log.warning(
+            "the docker backend keeps containers' writable layers on the engine (not capped by "
+            "limits.disk_bytes; ForkSandbox unavailable): %s",
+            self.engine_storage,
+        )
 
     def default_image(self) -> str:
         return self.settings.default_image
@@ -478,8 +497,8 @@ class DockerBackend(Backend):
     def _forkable(self, sandbox: SandboxRuntime) -> DockerSandbox:
         if not isinstance(sandbox, DockerSandbox) or sandbox.subvolume is None or sandbox.container is None:
             raise CannotFork(
-                'forking docker sandboxes needs their writable layer on the btrfs pool: set docker.storage = "btrfs" '
-                '(docs/backends.md, "Disk and fork on Docker and Podman")'
+                "forking docker sandboxes needs their writable layer on the btrfs pool, which this node does not "
+                f'use ({self.engine_storage}; docs/backends.md, "Disk and fork on Docker and Podman")'
             )
         return sandbox
 
@@ -515,15 +534,16 @@ class DockerBackend(Backend):
         if self._status.available:
             await self._remove_containers({})
         await asyncio.to_thread(unstage_all, staging_root(self.context.state_dir, self.name))
-        if self._status.available:
+        if self._status.available and self.pool is not None and self.pool.used_before():
             await self._open_pool(reap=True)
 
     async def _open_pool(self, *, reap: bool) -> None:
-        """Mounts the btrfs pool (docker.storage = "btrfs") the first time the backend is
-        available: at the daemon's start, or when the engine first answers after it. `reap`:
-        deletes what an earlier daemon run left in it, only at the start (the pool is the local
-        backend's too, whose sandboxes may live there by the time the engine answers). A pool that
-        cannot be opened makes the backend unavailable, saying why."""
+        """Mounts the btrfs pool (docker.storage = "btrfs" or "auto") when the first sandbox needs
+        it, or at the daemon's start where an earlier run used it: a daemon that makes no
+        container holds no pool (no loop device, no mount). `reap`: deletes what an earlier daemon
+        run left in it, only at the start (the pool is the local backend's too, whose sandboxes
+        may live there by the time the engine answers). A pool that cannot be opened makes the
+        backend unavailable, saying why ("auto": keeps the engine's layers instead)."""
         if self.pool is None or self._pool_open:
             return
         async with self._pool_opening:
@@ -535,6 +555,14 @@ class DockerBackend(Backend):
                 if reap:
                     await asyncio.to_thread(self.pool.reap)
             except OSError as err:
+                if self.settings.storage == "auto":
+                    if self._pool_open:  # (mounted, but what an earlier run left cannot be deleted)
+                        self._pool_open = False
+                        await asyncio.to_thread(self.pool.close)
+                    self._use_engine_storage(f"its pool cannot be used: {err.strerror or err}")
+                    limits = {**self._status.limits, "disk": _disk_not_capped(self._driver, self.engine_storage)}
+                    self._status = replace(self._status, limits=limits)
+                    return
                 log.error("the docker backend cannot make sandboxes: %s", err)
                 self._status = replace(
                     self._status, available=False, detail=f'docker.storage = "btrfs": {err.strerror or err}'

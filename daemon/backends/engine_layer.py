@@ -27,6 +27,8 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
+import struct
 from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition
@@ -37,6 +39,37 @@ from .mount_api import MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, attach_tree, detach,
 OVERLAY_DRIVERS = ("overlay2", "overlay")
 LAYER = "layer"  # the engine's layer directory's copy, in the sandbox's directory
 UPPER = "diff"  # (the name both engines give the overlay upper directory)
+
+
+def lacking(info: dict, address: str) -> str:
+    """ "" when the engine (its /info reply, and the address the daemon reaches it at) can have
+    its containers' layers placed on the pool, else why not: a storage driver other than
+    overlay, or an engine that runs in another mount namespace than the daemon's (found from the
+    engine socket's peer; an engine whose process cannot be told is left to `check_used`)."""
+    driver = info.get("Driver") or "unknown"
+    if driver not in OVERLAY_DRIVERS:
+        return f"the engine's storage driver is {driver}, not {' or '.join(OVERLAY_DRIVERS)}"
+    pid = _engine_pid(address)
+    if pid:
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
+                return f"the engine (pid {pid}) runs in a mount namespace of its own: it would not see the layer's bind"
+    return ""
+
+
+def _engine_pid(address: str) -> int:
+    """The pid of the process serving the engine's Unix socket (0: not a Unix socket, or a
+    process of another pid namespace)."""
+    if not address.startswith("unix://"):
+        return 0
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            sock.connect(address.removeprefix("unix://"))
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return 0
+    return struct.unpack("3i", creds)[0]
 
 
 def layer_dir(attrs: dict) -> Path:

@@ -6,7 +6,8 @@ all of it and a sandbox can be forked in O(1).
 
 - **The pool**: one btrfs filesystem per node, `<state_dir>/storage`, the state directory's own
   when that is btrfs, else a sparse image file (`<state_dir>/storage.img`) formatted btrfs and
-  loop-mounted there at start, reused across restarts; every backend that keeps sandboxes in it
+  loop-mounted there (by the local backend at start, by the docker backend when its first
+  container needs it), reused across restarts; every backend that keeps sandboxes in it
   shares the one object (`node_pool`). `sandboxes/` holds one subvolume per sandbox, `forks/` the
   read-only snapshots of parents at the moment of a fork. Nothing in it outlives a daemon run: a
   restart detaches every mount of it left outside the pool and deletes every subvolume (`reap`).
@@ -25,6 +26,7 @@ well under a millisecond); the pool is formatted and its quotas turned on with b
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -170,6 +172,25 @@ def syncfs(path: Path) -> None:
         os.close(fd)
 
 
+def kernel_has_btrfs() -> bool:
+    """Whether the kernel has btrfs now (/proc/filesystems) or can load it (its modules.dep)."""
+    if any(line.split()[-1:] == ["btrfs"] for line in Path("/proc/filesystems").read_text().splitlines()):
+        return True
+    modules = Path("/lib/modules") / os.uname().release
+    for listing in ("modules.dep", "modules.builtin"):
+        with contextlib.suppress(OSError):
+            if "/btrfs.ko" in (modules / listing).read_text():
+                return True
+    return False
+
+
+def _on_btrfs(path: Path) -> bool:
+    """Whether `path`, or the nearest directory above it that exists, is on btrfs."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return is_btrfs(path)
+
+
 _NODE_POOLS: dict[Path, StoragePool] = {}
 
 
@@ -195,11 +216,16 @@ class StoragePool:
         self._users = 0  # backends that opened it and have not closed it
 
     def lacking(self) -> str:
-        """ "" when this node can have the pool, else what it lacks."""
+        """ "" when this node can have the pool, else what it lacks: btrfs-progs, a kernel with
+        btrfs, and loop devices for the image (unless the state directory is btrfs itself)."""
         for tool in ("mkfs.btrfs", "btrfs"):
             if not shutil.which(tool):
                 return f"{tool} is not installed (apt-get install btrfs-progs)"
-        return ""  # (the kernel's btrfs is found when the daemon mounts the pool)
+        if not kernel_has_btrfs():
+            return f"the kernel ({os.uname().release}) has no btrfs filesystem (built in or as a module)"
+        if not _on_btrfs(self.root.parent) and not os.path.exists("/dev/loop-control"):
+            return "no loop devices (/dev/loop-control) for the pool's image, and the state directory is not on btrfs"
+        return ""
 
     def open(self) -> None:
         """Mounts the pool (formatting its image the first time) with quotas on; idempotent, and
@@ -219,6 +245,11 @@ class StoragePool:
         _run(["btrfs", "quota", "enable", str(self.root)], "turn quotas on in")
         for sub in (self.sandboxes, self.forks, self.snapshots):
             sub.mkdir(mode=0o700, exist_ok=True)
+
+    def used_before(self) -> bool:
+        """Whether an earlier daemon run may have left sandboxes in the pool: its image exists, or
+        the pool is mounted (or the state directory's own btrfs)."""
+        return self.image.exists() or (self.root.is_dir() and is_btrfs(self.root))
 
     def close(self) -> None:
         """Unmounts the pool's image (lazily) when its last backend closes it (the daemon stops);

@@ -36,12 +36,14 @@ NOBODY = 65534
 
 
 def mounts_under(path: Path) -> list[tuple[str, str]]:
-    """(mount point, its options) of this process's mounts that lie under `path` (the test's own)."""
+    """(mount point, its options) of this process's mounts that lie under `path` (the test's own),
+    but the daemon's btrfs pool (`<state_dir>/storage`: the docker backend's, mounted from its
+    first container until the daemon stops, no sandbox's)."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         point = fields[4].encode().decode("unicode_escape")
-        if point.startswith(f"{path}/"):
+        if point.startswith(f"{path}/") and not point.endswith("/state/storage"):
             found.append((point, fields[5]))
     return found
 

@@ -1,7 +1,8 @@
-"""`docker.storage = "btrfs"` on Docker and on Podman: a container's writable layer and its
-workspace lie on one btrfs subvolume of the node's pool, capped at limits.disk_bytes, so a write
-anywhere in the container's root counts against the sandbox's disk limit (engine_layer.py); and
-ForkSandbox children start from a snapshot of both. The tests look only at their own daemons'
+"""`docker.storage = "btrfs"` (and "auto", the default, where the node can have it) on Docker and
+on Podman: a container's writable layer and its workspace lie on one btrfs subvolume of the
+node's pool, capped at limits.disk_bytes, so a write anywhere in the container's root counts
+against the sandbox's disk limit (engine_layer.py); and ForkSandbox children start from a
+snapshot of both; with "engine" the layer is the engine's, not capped, and nothing forks. The tests look only at their own daemons'
 sandboxes, containers and storage pool."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.daemon.backends.local_storage import create_subvolume
+from corral.daemon.backends.local_storage import StoragePool, create_subvolume
 from corral.sdk import Client, errors
 from tests.conftest import DOCKER_TEST_IMAGE, DaemonProcess, require_backend, require_image
 from tests.integration.test_container_backends import ENGINES, _containers
@@ -201,14 +202,88 @@ def test_fork_of_a_fork_and_the_disk_limit_of_children(client):
             sb.destroy()
 
 
-def test_without_btrfs_storage_fork_is_failed_precondition(engine_daemon, tmp_path):
-    engine, _ = engine_daemon
-    config = engine_config(engine).replace('storage = "btrfs"\n', "")
+def docker_disk_status(client: Client):
+    backend = next(b for b in client.node_info().backends if b.backend == "docker")
+    return next(s for s in backend.limits if s.kind == "disk")
+
+
+def attached_loops(image: Path) -> str:
+    """The loop devices backed by this daemon's pool image."""
+    return subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_default_storage_caps_the_writable_layer_and_forks(engine, tmp_path):
+    """No docker.storage in the configuration ("auto"): on a node that can have the btrfs pool,
+    writes anywhere in the container's root count against limits.disk_bytes and the sandbox
+    forks. The pool is mounted when the first container needs it and let go when the daemon
+    stops: no loop device or mount outlives it."""
+    require_backend(engine)
+    require_image(engine)
+    if lacking := StoragePool(tmp_path, 0).lacking():
+        pytest.skip(f"this node cannot have the btrfs pool: {lacking}")
+    with own_daemon(tmp_path, ENGINES[engine][1]) as daemon, Client(daemon.address) as c:
+        pool, image = daemon.state_dir / "storage", daemon.state_dir / "storage.img"
+        disk = docker_disk_status(c)
+        assert disk.enforced and "btrfs" in disk.mechanism, disk
+        assert not os.path.ismount(pool)  # (nothing made yet: no pool)
+        with create(c, disk_bytes=64 * MIB) as parent:
+            result = parent.exec("dd if=/dev/zero of=/usr/fill bs=1M count=100; sync; rm -f /usr/fill", timeout=60)
+            assert b"Disk quota exceeded" in result.stderr, result.stderr
+            sh(parent, "echo kept > /usr/kept")
+            (child,) = parent.fork(1)
+            with child:
+                assert sh(child, "cat /usr/kept") == "kept\n"
+                sh(child, "echo mine > /usr/kept")
+            assert sh(parent, "cat /usr/kept") == "kept\n"
+        assert os.path.ismount(pool) and attached_loops(image)
+    assert not os.path.ismount(pool)
+    # (The kernel lets go of the loop device once the filesystem's last user is gone: soon.)
+    deadline = time.monotonic() + 10
+    while attached_loops(image) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert attached_loops(image) == ""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_engine_storage_is_not_capped_and_cannot_fork(engine, tmp_path):
+    """docker.storage = "engine", the operator's choice: the layer is the engine's, GetNodeInfo
+    says the disk is not capped and why, ForkSandbox is FAILED_PRECONDITION, and the daemon
+    makes no pool."""
+    require_backend(engine)
+    require_image(engine)
+    config = '[docker]\nstorage = "engine"\n' + ENGINES[engine][1].removeprefix("[docker]\n")
     with own_daemon(tmp_path, config) as daemon, Client(daemon.address) as c:
+        disk = docker_disk_status(c)
+        assert not disk.enforced and 'docker.storage = "engine"' in disk.reason, disk
         with create(c) as parent:
-            with pytest.raises(errors.FailedPrecondition, match='docker.storage = "btrfs"'):
+            with pytest.raises(errors.FailedPrecondition, match='docker.storage = "engine"'):
                 parent.fork(1)
             assert [sb.id for sb in c.list_sandboxes()] == [parent.id]
+        assert not (daemon.state_dir / "storage.img").exists()
+
+
+def test_auto_storage_falls_back_to_the_engine_saying_why(tmp_path):
+    """The default on a node without btrfs-progs (here: a PATH without mkfs.btrfs): containers
+    keep the engine's layer, and GetNodeInfo and ForkSandbox say what the node lacks."""
+    require_backend("docker")
+    require_image("docker")
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    path = ":".join(p for p in os.environ["PATH"].split(":") if not os.path.exists(os.path.join(p, "mkfs.btrfs")))
+    daemon = DaemonProcess(tmp_path, "--config", str(config), env={"PATH": path}).start()
+    try:
+        with Client(daemon.address) as c:
+            disk = docker_disk_status(c)
+            assert not disk.enforced and "mkfs.btrfs is not installed" in disk.reason, disk
+            with create(c) as parent:
+                sh(parent, "echo x > /usr/x")
+                with pytest.raises(errors.FailedPrecondition, match='docker.storage = "auto" found no btrfs pool'):
+                    parent.fork(1)
+        assert not (daemon.state_dir / "storage.img").exists()
+        assert "ForkSandbox unavailable" in daemon.log.read_text()
+    finally:
+        daemon.stop()
 
 
 def test_a_fork_that_fails_half_way_leaves_nothing(engine_daemon, tmp_path):

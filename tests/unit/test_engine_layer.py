@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,8 +143,38 @@ def test_docker_storage_settings_are_checked(tmp_path):
     toml.write_text('[docker]\nstorage = "btrfs"\nstorage_bytes = 8589934592\nsnapshot_store_bytes = 0\n')
     settings = load_config(toml, environ={}).backend("docker")
     assert (settings.storage, settings.storage_bytes, settings.snapshot_store_bytes) == ("btrfs", 8 << 30, 0)
-    assert load_config(None, environ={}).backend("docker").storage == "engine"
-    for bad, says in (('storage = "xfs"', "engine, btrfs"), ("storage_bytes = -1", "storage_bytes")):
+    assert load_config(None, environ={}).backend("docker").storage == "auto"
+    for bad, says in (('storage = "xfs"', "auto, btrfs, engine"), ("storage_bytes = -1", "storage_bytes")):
         toml.write_text(f"[docker]\n{bad}\n")
         with pytest.raises(ConfigError, match=f"docker.*{says}"):
             load_config(toml, environ={})
+
+
+def serve(path: Path, *prefix: str) -> subprocess.Popen:
+    """A process listening on a Unix socket at `path` (an engine's socket, as the daemon sees it)."""
+    script = (
+        "import socket, sys, time\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        f"s.bind({str(path)!r}); s.listen()\n"
+        "print('up', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    return proc
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of its own needs root")
+def test_auto_storage_wants_an_overlay_engine_in_the_daemons_mount_namespace(tmp_path):
+    """docker.storage = "auto" keeps the engine's layer where the engine would not see the bind
+    of the sandbox's layer: a process serving the socket in a mount namespace of its own."""
+    overlay = {"Driver": "overlay2"}
+    assert "vfs" in engine_layer.lacking({"Driver": "vfs"}, "")
+    assert engine_layer.lacking(overlay, "tcp://127.0.0.1:2375") == ""  # (left to the start's proof)
+    for prefix, says in (((), ""), (("unshare", "--mount"), "mount namespace of its own")):
+        server = serve(tmp_path / f"engine{len(prefix)}.sock", *prefix)
+        try:
+            lacking = engine_layer.lacking(overlay, f"unix://{tmp_path}/engine{len(prefix)}.sock")
+            assert says in lacking and bool(lacking) == bool(says), lacking
+        finally:
+            server.kill()
+            server.wait()
