@@ -318,3 +318,35 @@ async def write_all(fd: int, data: bytes, timeout: float | None = None) -> None:
             await asyncio.wait_for(writable, None if deadline is None else max(0.0, deadline - loop.time()))
         finally:
             loop.remove_writer(fd)
+
+
+async def read_line(fd: int, timeout: float, limit: int = 4096) -> bytes:
+    """The next line a child writes to the pipe `fd` (with its newline; shorter at end of file or
+    past `limit` bytes), waited for on the event loop (add_reader), not in a worker thread: many
+    sandboxes starting at once (a fork's children) would otherwise each hold one of the loop's few
+    workers until their init answers, and queue the other steps of every start behind them.
+    Reads byte by byte, so nothing after the line is taken from the pipe; leaves the pipe's
+    blocking mode as it found it. TimeoutError when no line came within `timeout`."""
+    loop = asyncio.get_running_loop()
+    blocking = os.get_blocking(fd)
+    os.set_blocking(fd, False)
+    line = bytearray()
+    deadline = loop.time() + timeout
+    try:
+        while len(line) < limit:
+            try:
+                byte = os.read(fd, 1)
+            except BlockingIOError:
+                readable = loop.create_future()
+                loop.add_reader(fd, readable.set_result, None)
+                try:
+                    await asyncio.wait_for(readable, max(0.0, deadline - loop.time()))
+                finally:
+                    loop.remove_reader(fd)
+                continue
+            line += byte
+            if not byte or byte == b"\n":
+                break
+        return bytes(line)
+    finally:
+        os.set_blocking(fd, blocking)

@@ -38,7 +38,7 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Per
 from .. import diskcap
 from ..cgroups import LimitSupport
 from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
-from ..process import in_cgroup, is_process
+from ..process import in_cgroup, is_process, read_line
 from ..seccomp import loader_argv, program, supported
 from ..users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
 from .base import Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
@@ -76,6 +76,10 @@ from .nsenter import HOST_ENV, inside_env, nsenter_argv
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
+# Sandboxes whose root is being built and whose launcher is starting, at most, at once (the
+# others wait their turn: see LocalSandbox._start_init). Each holds its slot for a few
+# milliseconds unless its launcher hangs (START_TIMEOUT_S).
+LAUNCH_SLOTS = 8
 
 
 def _version(tool: str) -> str:
@@ -233,6 +237,22 @@ class LocalSandbox(ManagedSandbox):
             await self._check_image_readable()
         layout = await asyncio.to_thread(self._layout)
         self._userns_fd = await asyncio.to_thread(make_user_namespace, self.uid)
+        async with backend.launch_slots:
+            await self._start_init(layout)
+            # The init's mount namespace holds its own copy of the root now: the daemon's goes.
+            await asyncio.to_thread(unmount_root, self.sandbox_dir)
+
+    async def _start_init(self, layout: list[RootMount]) -> None:
+        """Builds the root in the daemon's mount namespace and starts the launcher on it, until
+        its init answers (or raises FailedPrecondition with what the launcher said).
+
+        Every launcher copies the daemon's whole mount namespace (and drops the copy again at
+        pivot_root), under a lock of the kernel that all of them share: a root left there for
+        each sandbox, or built for each of many starting at once (a fork's children), makes n
+        starts cost O(n^2) mount copies in series (a fork of 64 children spent seconds there).
+        So the roots go once their init holds its copy (launch), and only LAUNCH_SLOTS starts
+        at a time are here (LocalBackend.launch_slots)."""
+        backend = self.backend
         with refusing_unbuildable(self.spec.image or "host"):
             root = await asyncio.to_thread(
                 build_root,
@@ -282,7 +302,7 @@ class LocalSandbox(ManagedSandbox):
             for fd in pass_fds:
                 os.close(fd)
         assert self._launcher.stdout is not None and self._launcher.stderr is not None
-        ready = await asyncio.wait_for(asyncio.to_thread(self._launcher.stdout.readline), START_TIMEOUT_S)
+        ready = await read_line(self._launcher.stdout.fileno(), START_TIMEOUT_S)
         if ready != INIT_READY:
             said = await asyncio.to_thread(self._launcher.stderr.read)
             raise FailedPrecondition(
@@ -416,6 +436,7 @@ class LocalBackend(Backend):
         self.nsenter = shutil.which("nsenter")
         self.unshare = shutil.which("unshare")
         self.launcher = ""
+        self.launch_slots = asyncio.Semaphore(LAUNCH_SLOTS)
         settings = context.settings
         self.images = ImageCache(
             Path(settings.image_cache_dir or context.state_dir / "images"),

@@ -234,8 +234,14 @@ def test_destroy_and_a_crash_leave_no_mount_of_the_root(launcher, disk_bytes, tm
     d.start()
     try:
         with Client(d.address) as c:
-            with c.create_sandbox(image="host"), c.create_sandbox(image=str(image)):
-                assert mounts_under(d.state_dir)
+            with c.create_sandbox(image="host") as on_host, c.create_sandbox(image=str(image)) as on_image:
+                # A running sandbox's root is its init's alone: the daemon's copy went once the init
+                # held one (every launcher copies the daemon's mounts, so they must not pile up).
+                for sb in (on_host, on_image):
+                    assert mounts_under(d.state_dir / "sandboxes" / sb.id / "root") == []
+                    assert sb.exec(["ls", "/etc", "/bin/sh"]).exit_code == 0
+                # What stays mounted: the capped filesystems, one per sandbox.
+                assert len(mounts_under(d.state_dir)) == (2 if disk_bytes else 0)
             assert mounts_under(d.state_dir) == []
             c.create_sandbox(image="host")
             c.create_sandbox(image=str(image))
