@@ -320,6 +320,11 @@ async def write_all(fd: int, data: bytes, timeout: float | None = None) -> None:
             loop.remove_writer(fd)
 
 
+def _resolve_once(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 async def read_line(fd: int, timeout: float, limit: int = 4096) -> bytes:
     """The next line a child writes to the pipe `fd` (with its newline; shorter at end of file or
     past `limit` bytes), waited for on the event loop (add_reader), not in a worker thread: many
@@ -338,7 +343,8 @@ async def read_line(fd: int, timeout: float, limit: int = 4096) -> bytes:
                 byte = os.read(fd, 1)
             except BlockingIOError:
                 readable = loop.create_future()
-                loop.add_reader(fd, readable.set_result, None)
+                # (The reader may fire again before the waiting task runs and removes it.)
+                loop.add_reader(fd, _resolve_once, readable)
                 try:
                     await asyncio.wait_for(readable, max(0.0, deadline - loop.time()))
                 finally:
