@@ -144,10 +144,12 @@ class _Turn(_Relabeled):
         self.done: asyncio.Future[tuple[int, bool]] = asyncio.get_running_loop().create_future()
         self.last_output = time.monotonic()
 
-    def on_output(self, data: bytes) -> None:
+    def on_output(self, data: bytes) -> bytes:
+        """Takes the terminal's next bytes; returns those that come after this turn's marker (the
+        output of background jobs, which belongs to the next turn): all of `data` once it ended."""
         self.last_output = time.monotonic()
         if self.done.done():
-            return
+            return data
         self.pending += data
         match = _MARKER.search(self.pending)
         while match and match.group(1) != self.nonce:  # one the command printed itself: output
@@ -155,10 +157,12 @@ class _Turn(_Relabeled):
         if match:
             result = (int(match.group(2)), bool(match.group(3)))  # before the buffer changes under it
             self._emit(bytes(self.pending[: match.start()]))
+            after = bytes(self.pending[match.end() :])
             del self.pending[:]
             self.done.set_result(result)
-            return
+            return after
         self._release(len(self.pending) - self.hold)
+        return b""
 
 
 class ShellSession:
@@ -332,6 +336,8 @@ class ShellSession:
             await self._release()
             raise RuntimeError(f"the shell did not start within {START_TIMEOUT_S:g}s") from None
         finally:
+            if self._terminal is terminal and not turn.done.done():
+                terminal.drain(terminal.master, self._on_output)  # what it said before exiting
             self._turn = None
         if terminal.exited.done():
             turn.flush()
@@ -401,9 +407,11 @@ class ShellSession:
     # -- output routing ------------------------------------------------------------------------------
 
     def _on_output(self, data: bytes) -> None:
+        # What comes after a turn's marker (in the same read, or before the turn is put away) was
+        # written after the turn ended: background output between turns, for the next one.
         if self._turn:
-            self._turn.on_output(data)
-        elif len(self._stray) < STRAY_LIMIT:  # background output between turns goes to the next one
+            data = self._turn.on_output(data)
+        if data and len(self._stray) < STRAY_LIMIT:
             self._stray += data[: STRAY_LIMIT - len(self._stray)]
 
     def _open_stderr(self) -> None:
@@ -494,6 +502,12 @@ class ShellSession:
                 timed_out, reason = True, outcome
                 outcome = await self._interrupt(turn, terminal, before)
         finally:
+            if not turn.done.done():
+                # The shell exited (or was replaced, or is stuck) without a marker: what it and its
+                # commands wrote before is in the terminal, maybe not yet delivered to its reader
+                # (the kernel hands a pty's output over from a worker, late under load); a read
+                # waits for that hand-over, so draining now takes every byte written before the end.
+                terminal.drain(terminal.master, self._on_output)
             if self._err_ends is not None:
                 self._on_stderr()  # what the command wrote before its end is in the fifo by now
             self._turn = self._err_turn = None
@@ -546,7 +560,12 @@ class ShellSession:
                 return "timeout"
             if idle_timeout_s and now - turn.last_output >= idle_timeout_s:
                 return "idle_timeout"
-            if self._cmdline() != self._shell_cmdline:
+            cmdline = self._cmdline()
+            if cmdline != self._shell_cmdline:
+                if not cmdline:
+                    # The shell is exiting (a zombie, or reaped by a wrapper that has not exited
+                    # yet): its exit, with its code, is a moment away.
+                    continue
                 # The command exec'd another program in the shell's place (`exec bash`, `exec
                 # python`): it reads the terminal, not the command pipe, so the session cannot go
                 # on with it. What it printed until now is the turn's output.
