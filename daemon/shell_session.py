@@ -16,7 +16,9 @@ How a turn works, and why (docs/shells.md has the whole story):
   command wrote), carrying the exit code and a fresh random nonce per turn, so a marker a command
   prints itself (or saw in an earlier turn) ends nothing. It is printed by `trap -p` with the
   shell in POSIX mode, where special builtins outrank functions: no function or alias a command
-  defines (`builtin`, `printf`, `trap`) can take it over. It is removed from the output.
+  defines (`builtin`, `printf`, `trap`) can take it over. It is removed from the output. What
+  follows it (background jobs) goes to the next turn; a shell that exits instead has its terminal
+  read to the end first.
 - Before each turn the daemon puts the terminal's modes back and drops unread input, so `stty
   sane`, `reset` or a full-screen program killed mid-way change nothing for the next turn.
 - On timeout: SIGINT to the shell (its INT trap then unwinds the sourced command) and to the
@@ -53,6 +55,10 @@ START_TIMEOUT_S = 20.0
 GRACE_S = 1.0
 EXEC_POLL_S = 0.05
 STRAY_LIMIT = 64 << 10
+# More than a terminal holds (Linux lets a pty's flip buffers grow past 1 MiB, plus 4 KiB in its line
+# discipline): what a shell wrote before it exited is all read, and a writer that lives on cannot
+# keep the daemon reading.
+DRAIN_LIMIT = 4 << 20
 # Two signals no program uses, which the session reserves: the marker's trap carries the end of
 # a turn for a moment (printed with `trap -p`, then removed); the abort signal's trap stops a
 # timed-out command (the user's own INT trap, if any, is left alone).
@@ -337,7 +343,7 @@ class ShellSession:
             raise RuntimeError(f"the shell did not start within {START_TIMEOUT_S:g}s") from None
         finally:
             if self._terminal is terminal and not turn.done.done():
-                terminal.drain(terminal.master, self._on_output)  # what it said before exiting
+                terminal.drain(terminal.master, self._on_output, DRAIN_LIMIT)  # what it said before exiting
             self._turn = None
         if terminal.exited.done():
             turn.flush()
@@ -502,12 +508,12 @@ class ShellSession:
                 timed_out, reason = True, outcome
                 outcome = await self._interrupt(turn, terminal, before)
         finally:
-            if not turn.done.done():
+            if not turn.done.done() and self._terminal is terminal:  # (not closed meanwhile)
                 # The shell exited (or was replaced, or is stuck) without a marker: what it and its
                 # commands wrote before is in the terminal, maybe not yet delivered to its reader
                 # (the kernel hands a pty's output over from a worker, late under load); a read
                 # waits for that hand-over, so draining now takes every byte written before the end.
-                terminal.drain(terminal.master, self._on_output)
+                terminal.drain(terminal.master, self._on_output, DRAIN_LIMIT)
             if self._err_ends is not None:
                 self._on_stderr()  # what the command wrote before its end is in the fifo by now
             self._turn = self._err_turn = None
