@@ -135,15 +135,18 @@ class Terminal:
         else:
             asyncio.get_running_loop().remove_reader(fd)
 
-    def drain(self, fd: int, sink: Callable[[bytes], None]) -> None:
-        """Reads whatever is buffered now, without waiting."""
-        while True:
+    def drain(self, fd: int, sink: Callable[[bytes], None], limit: int | None = None) -> None:
+        """Reads whatever is buffered now, without waiting (at most about `limit` bytes: a writer
+        that keeps writing would otherwise keep this reading)."""
+        taken = 0
+        while limit is None or taken < limit:
             try:
                 data = os.read(fd, READ_CHUNK)
             except (BlockingIOError, OSError):
                 return
             if not data:
                 return
+            taken += len(data)
             sink(data)
 
     def _on_exit(self) -> None:

@@ -16,7 +16,9 @@ How a turn works, and why (docs/shells.md has the whole story):
   command wrote), carrying the exit code and a fresh random nonce per turn, so a marker a command
   prints itself (or saw in an earlier turn) ends nothing. It is printed by `trap -p` with the
   shell in POSIX mode, where special builtins outrank functions: no function or alias a command
-  defines (`builtin`, `printf`, `trap`) can take it over. It is removed from the output.
+  defines (`builtin`, `printf`, `trap`) can take it over. It is removed from the output. What
+  follows it (background jobs) goes to the next turn; a shell that exits instead has its terminal
+  read to the end first.
 - Before each turn the daemon puts the terminal's modes back and drops unread input, so `stty
   sane`, `reset` or a full-screen program killed mid-way change nothing for the next turn.
 - On timeout: SIGINT to the shell (its INT trap then unwinds the sourced command) and to the
@@ -53,6 +55,10 @@ START_TIMEOUT_S = 20.0
 GRACE_S = 1.0
 EXEC_POLL_S = 0.05
 STRAY_LIMIT = 64 << 10
+# More than a terminal holds (Linux lets a pty's flip buffers grow past 1 MiB, plus 4 KiB in its line
+# discipline): what a shell wrote before it exited is all read, and a writer that lives on cannot
+# keep the daemon reading.
+DRAIN_LIMIT = 4 << 20
 # Two signals no program uses, which the session reserves: the marker's trap carries the end of
 # a turn for a moment (printed with `trap -p`, then removed); the abort signal's trap stops a
 # timed-out command (the user's own INT trap, if any, is left alone).
@@ -144,10 +150,12 @@ class _Turn(_Relabeled):
         self.done: asyncio.Future[tuple[int, bool]] = asyncio.get_running_loop().create_future()
         self.last_output = time.monotonic()
 
-    def on_output(self, data: bytes) -> None:
+    def on_output(self, data: bytes) -> bytes:
+        """Takes the terminal's next bytes; returns those that come after this turn's marker (the
+        output of background jobs, which belongs to the next turn): all of `data` once it ended."""
         self.last_output = time.monotonic()
         if self.done.done():
-            return
+            return data
         self.pending += data
         match = _MARKER.search(self.pending)
         while match and match.group(1) != self.nonce:  # one the command printed itself: output
@@ -155,10 +163,12 @@ class _Turn(_Relabeled):
         if match:
             result = (int(match.group(2)), bool(match.group(3)))  # before the buffer changes under it
             self._emit(bytes(self.pending[: match.start()]))
+            after = bytes(self.pending[match.end() :])
             del self.pending[:]
             self.done.set_result(result)
-            return
+            return after
         self._release(len(self.pending) - self.hold)
+        return b""
 
 
 class ShellSession:
@@ -332,6 +342,8 @@ class ShellSession:
             await self._release()
             raise RuntimeError(f"the shell did not start within {START_TIMEOUT_S:g}s") from None
         finally:
+            if self._terminal is terminal and not turn.done.done():
+                terminal.drain(terminal.master, self._on_output, DRAIN_LIMIT)  # what it said before exiting
             self._turn = None
         if terminal.exited.done():
             turn.flush()
@@ -401,9 +413,11 @@ class ShellSession:
     # -- output routing ------------------------------------------------------------------------------
 
     def _on_output(self, data: bytes) -> None:
+        # What comes after a turn's marker (in the same read, or before the turn is put away) was
+        # written after the turn ended: background output between turns, for the next one.
         if self._turn:
-            self._turn.on_output(data)
-        elif len(self._stray) < STRAY_LIMIT:  # background output between turns goes to the next one
+            data = self._turn.on_output(data)
+        if data and len(self._stray) < STRAY_LIMIT:
             self._stray += data[: STRAY_LIMIT - len(self._stray)]
 
     def _open_stderr(self) -> None:
@@ -494,6 +508,12 @@ class ShellSession:
                 timed_out, reason = True, outcome
                 outcome = await self._interrupt(turn, terminal, before)
         finally:
+            if not turn.done.done() and self._terminal is terminal:  # (not closed meanwhile)
+                # The shell exited (or was replaced, or is stuck) without a marker: what it and its
+                # commands wrote before is in the terminal, maybe not yet delivered to its reader
+                # (the kernel hands a pty's output over from a worker, late under load); a read
+                # waits for that hand-over, so draining now takes every byte written before the end.
+                terminal.drain(terminal.master, self._on_output, DRAIN_LIMIT)
             if self._err_ends is not None:
                 self._on_stderr()  # what the command wrote before its end is in the fifo by now
             self._turn = self._err_turn = None
@@ -546,7 +566,12 @@ class ShellSession:
                 return "timeout"
             if idle_timeout_s and now - turn.last_output >= idle_timeout_s:
                 return "idle_timeout"
-            if self._cmdline() != self._shell_cmdline:
+            cmdline = self._cmdline()
+            if cmdline != self._shell_cmdline:
+                if not cmdline:
+                    # The shell is exiting (a zombie, or reaped by a wrapper that has not exited
+                    # yet): its exit, with its code, is a moment away.
+                    continue
                 # The command exec'd another program in the shell's place (`exec bash`, `exec
                 # python`): it reads the terminal, not the command pipe, so the session cannot go
                 # on with it. What it printed until now is the turn's output.

@@ -4,7 +4,9 @@ kernels that never lose, reorder or fake a byte), on every backend case."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -33,6 +35,16 @@ def stop(burning: list) -> None:
         pool.shutdown(wait=False)
 
 
+@contextlib.contextmanager
+def under_load(client) -> Iterator[None]:
+    """The block runs while burners load the CPU."""
+    burning = burners(client)
+    try:
+        yield
+    finally:
+        stop(burning)
+
+
 def test_stderr_is_never_lost_or_reordered_under_load(sh, client):
     burning = burners(client)
     try:
@@ -41,6 +53,32 @@ def test_stderr_is_never_lost_or_reordered_under_load(sh, client):
             assert r.output == f"a{i}\nb{i}\nc{i}\nd{i}".encode() and r.exit_code == 0, (i, r.output)
     finally:
         stop(burning)
+
+
+def test_what_a_background_job_writes_across_a_turns_end_is_all_in_the_next_turn_under_load(sh, client):
+    # The job is still writing when the shell prints the turn's marker: what follows the marker in
+    # the same read, or is read before the turn is put away, goes to the next turn (it used to be
+    # dropped); what comes before it stays in this one. Nothing the job wrote is lost or doubled.
+    with under_load(client):
+        for i in range(25):
+            ended = sh.run(f"{{ for k in {{1..3000}}; do echo b{i}-$k; done >&2; }} & sleep 0.02")
+            rest = sh.run("wait")
+            want = "".join(f"b{i}-{k}\n" for k in range(1, 3001)).encode()
+            got = ended.output + rest.output
+            assert got == want, (i, len(ended.output), len(rest.output), len(want))
+
+
+def test_a_shell_that_exits_keeps_every_byte_it_wrote_before_under_load(sh, client):
+    # The exit is seen (pidfd) while the end of the output still sits in the terminal, not yet
+    # handed to the daemon's reader: it is read before the shell is restarted (it used to be lost
+    # with the old terminal).
+    with under_load(client):
+        for i in range(12):
+            # One write of the shell's own right before it exits: as much as possible left unread.
+            r = sh.run(f"out=$(head -c 600000 /dev/zero | tr '\\0' x); echo \"$out\"; echo last{i} >&2; exit 3")
+            want = b"x" * 600000 + f"\nlast{i}\n".encode()
+            assert r.shell_restarted and r.exit_code == 3, (i, r.exit_code)
+            assert r.output == want, (i, len(r.output), r.output[-60:])
 
 
 def test_terminal_modes_a_command_changes_do_not_break_the_next_turns(sh):
