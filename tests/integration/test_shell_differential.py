@@ -179,7 +179,18 @@ def test_shell_turns_match_bash_dash_c_byte_for_byte_under_load(local_daemon):
             for number, ((_prelude, command), (want, want_code)) in enumerate(zip(turns, expected)):
                 got = shell.run(command, timeout=60)
                 if (got.output, got.exit_code) != (want, want_code) or got.timed_out or got.shell_restarted:
-                    mismatches.append((number, command, got.output, got.exit_code, want, want_code))
+                    mismatches.append(
+                        (
+                            number,
+                            command,
+                            got.output,
+                            got.exit_code,
+                            want,
+                            want_code,
+                            got.timed_out,
+                            got.shell_restarted,
+                        )
+                    )
                     if len(mismatches) >= 5:
                         break
         finally:
