@@ -300,6 +300,26 @@ class HostProcess:
                 pipe.close()
 
 
+async def _ready(
+    fd: int, watch: Callable[..., object], unwatch: Callable[[int], object], deadline: float | None
+) -> None:
+    """Waits on the event loop until `fd` is ready (`watch`/`unwatch`: the loop's add_reader and
+    remove_reader, or add_writer and remove_writer); TimeoutError past `deadline` (loop time)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    watch(fd, _resolve_once, ready)
+    try:
+        await asyncio.wait_for(ready, None if deadline is None else max(0.0, deadline - loop.time()))
+    finally:
+        unwatch(fd)
+
+
+def _resolve_once(future: asyncio.Future) -> None:
+    # (The loop may call a watcher again before the waiting task runs and removes it.)
+    if not future.done():
+        future.set_result(None)
+
+
 async def write_all(fd: int, data: bytes, timeout: float | None = None) -> None:
     """Writes all of `data` to a non-blocking fd, waiting on the event loop (add_writer) while it
     is full; TimeoutError when the reader has not made room within `timeout`."""
@@ -312,17 +332,7 @@ async def write_all(fd: int, data: bytes, timeout: float | None = None) -> None:
             continue
         except BlockingIOError:
             pass
-        writable = loop.create_future()
-        loop.add_writer(fd, writable.set_result, None)
-        try:
-            await asyncio.wait_for(writable, None if deadline is None else max(0.0, deadline - loop.time()))
-        finally:
-            loop.remove_writer(fd)
-
-
-def _resolve_once(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
+        await _ready(fd, loop.add_writer, loop.remove_writer, deadline)
 
 
 async def read_line(fd: int, timeout: float, limit: int = 4096) -> bytes:
@@ -342,13 +352,7 @@ async def read_line(fd: int, timeout: float, limit: int = 4096) -> bytes:
             try:
                 byte = os.read(fd, 1)
             except BlockingIOError:
-                readable = loop.create_future()
-                # (The reader may fire again before the waiting task runs and removes it.)
-                loop.add_reader(fd, _resolve_once, readable)
-                try:
-                    await asyncio.wait_for(readable, max(0.0, deadline - loop.time()))
-                finally:
-                    loop.remove_reader(fd)
+                await _ready(fd, loop.add_reader, loop.remove_reader, deadline)
                 continue
             line += byte
             if not byte or byte == b"\n":

@@ -46,13 +46,10 @@ def under_load(client) -> Iterator[None]:
 
 
 def test_stderr_is_never_lost_or_reordered_under_load(sh, client):
-    burning = burners(client)
-    try:
+    with under_load(client):
         for i in range(150):
             r = sh.run(f"echo a{i}; echo b{i} >&2; echo c{i}; printf 'd{i}' >&2")
             assert r.output == f"a{i}\nb{i}\nc{i}\nd{i}".encode() and r.exit_code == 0, (i, r.output)
-    finally:
-        stop(burning)
 
 
 def test_what_a_background_job_writes_across_a_turns_end_is_all_in_the_next_turn_under_load(sh, client):
@@ -171,8 +168,7 @@ def test_errors_read_as_bash_and_no_host_path_is_visible(sh, sandbox, daemon, cl
 
 
 def test_stderr_apart_is_complete_in_order_and_relabelled_under_load(sh, client):
-    burning = burners(client)
-    try:
+    with under_load(client):
         for i in range(60):
             r = sh.run(
                 f"echo a{i}; echo b{i} >&2; echo c{i}; printf 'd{i}' >&2; no_such_command_{i}",
@@ -182,8 +178,6 @@ def test_stderr_apart_is_complete_in_order_and_relabelled_under_load(sh, client)
             expected = f"b{i}\nd{i}bash: line 1: no_such_command_{i}: command not found\n".encode()
             assert r.HasField("stderr") and r.stderr == expected and r.stderr_total_bytes == len(expected), (i, r)
             assert r.exit_code == 127
-    finally:
-        stop(burning)
     # Without the option, stderr is the terminal again.
     r = sh.run("echo out; echo err >&2")
     assert r.output == b"out\nerr\n" and not r.HasField("stderr")
