@@ -178,4 +178,4 @@ def test_auto_storage_wants_an_overlay_engine_in_the_daemons_mount_namespace(tmp
         finally:
             server.kill()
             server.wait()
-            server.stdout.close()  # type: ignore[union-attr]
+            server.stdout.close()
