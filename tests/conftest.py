@@ -28,6 +28,9 @@ from corral.daemon.commands import DEFAULT_PATH
 from corral.daemon.config import load_config
 from corral.daemon.doctor import probe
 from corral.v1 import shell_pb2, shell_pb2_grpc
+from tests.timing import tag_backend_case
+
+pytest_plugins = ["tests.timing"]
 
 REQUIRED = {b.strip() for b in os.environ.get("CORRAL_REQUIRE_BACKENDS", "").split(",") if b.strip()}
 REQUIRED_TRAINERS = {t.strip() for t in os.environ.get("CORRAL_REQUIRE_TRAINERS", "").split(",") if t.strip()}
@@ -247,10 +250,42 @@ def require_image(
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="session", params=list(BACKEND_CASES))
+# Which backend cases a test that takes `daemon` runs on (tests/README.md states the rule): every
+# case by default, the conformance core; one case for a test of logic above the backend (marker
+# `above_backend`); one local and one engine case for a load test (marker `load`).
+EVERY_CASE = tuple(BACKEND_CASES)
+ONE_CASE = ("local-bwrap",)
+LOAD_CASES = ("local-bwrap", "docker")
+
+
+def backend_cases_of(definition: pytest.Function) -> tuple[str, ...]:
+    if definition.get_closest_marker("above_backend"):
+        return ONE_CASE
+    if definition.get_closest_marker("load"):
+        return LOAD_CASES
+    return EVERY_CASE
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    definitions = metafunc._arg2fixturedefs.get("daemon", ())
+    # (Only where `daemon` is this module's: a test module may define a `daemon` of its own.)
+    if definitions and definitions[-1].func.__module__ == __name__:
+        metafunc.parametrize("daemon", backend_cases_of(metafunc.definition), indirect=True, scope="session")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        case = callspec.params.get("daemon") if callspec is not None else None
+        if case is not None:
+            tag_backend_case(item, case)
+
+
+@pytest.fixture(scope="session")
 def daemon(request, tmp_path_factory) -> Iterator[DaemonProcess]:
     """One daemon per backend case for the whole session (tests that kill or restart daemons make
-    their own). Sandboxes created without an image get the case's test image."""
+    their own). Sandboxes created without an image get the case's test image. Its cases come from
+    pytest_generate_tests."""
     requirement, backend, config_text = BACKEND_CASES[request.param]
     require_backend(requirement)
     require_image(requirement)
