@@ -179,7 +179,7 @@ def backend_missing(backend: str) -> str | None:
 
 class ApptainerInstance:
     """An `apptainer instance start` of the test SIF with the daemon's own flags (see
-    daemon/backends/singularity.py): --containall --no-home --hostname corral, a workspace and a
+    daemon/backends/singularity/backend.py): --containall --no-home --hostname corral, a workspace and a
     run directory bound as in a corral sandbox, no network. Its binds live in `base` (made here
     if None) so that a benchmark can start many without making directories inside the timing."""
 

@@ -17,7 +17,7 @@ from corral.sdk.types import NodeInfo
 
 from .admission import GIB, node_memory_bytes
 from .backends.base import BackendStatus
-from .backends.local_images import TOOL_PACKAGES, image_tools
+from .backends.local.images import TOOL_PACKAGES, image_tools
 from .cgroups import CgroupDriver
 from .commands import DEFAULT_PATH
 from .config import Config

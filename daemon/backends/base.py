@@ -1,9 +1,10 @@
 """The one interface every backend implements, and the lifecycle they share.
 
-A backend is one file: a `Backend` subclass (what the node supports, how to check an image, the
-sandbox class it makes, how to release leftovers of a crashed run) with its `Settings` (its
-section of the configuration), and a `ManagedSandbox` subclass (how to launch and shut down one
-sandbox, and how to enter it). `registry.py` lists them.
+A backend is one folder, daemon/backends/NAME/, whose backend.py holds a `Backend` subclass (what
+the node supports, how to check an image, the sandbox class it makes, how to release leftovers of
+a crashed run) with its `Settings` (its section of the configuration), and a `ManagedSandbox`
+subclass (how to launch and shut down one sandbox, and how to enter it). `registry.py` lists them.
+What more than one backend uses lives beside this file (storage.py, root.py, nsenter.py, ...).
 
 The lifecycle around those hooks is written once, here:
 
@@ -67,7 +68,7 @@ class CannotFork(FailedPrecondition):
 class ForkPoint:
     """A read-only copy of a sandbox's writable filesystem at the moment of a fork, which its
     children start from (ForkSandbox): where the backend keeps it, and the block of host ids its
-    files carry (daemon/backends/local_storage.py)."""
+    files carry (daemon/backends/storage.py)."""
 
     source_id: str
     path: str

@@ -13,7 +13,7 @@ on the engine's host, as root; a remote engine is not supported.
 
 With `docker.storage = "btrfs"` (and "auto", the default, wherever the node can have it) the
 sandbox's directory is a subvolume of the node's btrfs pool, capped at limits.disk_bytes
-(local_storage.py), and the container's writable layer is placed in it before the container starts
+(storage.py), and the container's writable layer is placed in it before the container starts
 (engine_layer.py): one limit covers the workspace and every write to the container's root, and
 ForkSandbox snapshots both.
 
@@ -35,13 +35,12 @@ from typing import TYPE_CHECKING
 
 from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
-from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
-from ..diskcap import unmount
-from . import engine_layer
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, CannotFork, ForkPoint, SandboxRuntime
-from .container_enter import ImageUserSandbox
-from .idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
-from .local_storage import (
+from ...cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
+from ...diskcap import unmount
+from ..base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, CannotFork, ForkPoint, SandboxRuntime
+from ..container_enter import ImageUserSandbox
+from ..idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
+from ..storage import (
     SnapshotStore,
     StoragePool,
     bind_subvolume,
@@ -50,6 +49,7 @@ from .local_storage import (
     node_pool,
     snapshot_paused,
 )
+from . import engine_layer
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -89,7 +89,7 @@ class DockerSettings:
     ulimits: list[str] = field(default_factory=list)
     # "engine": the container's writable layer is the engine's (not capped); "btrfs": it and the
     # workspace are on a subvolume of the node's btrfs pool capped at limits.disk_bytes, which
-    # ForkSandbox needs (engine_layer.py, local_storage.py); the pool is an image of storage_bytes
+    # ForkSandbox needs (engine_layer.py, storage.py); the pool is an image of storage_bytes
     # (0: the size of the state directory's disk, sparse), shared with local.storage = "btrfs".
     # "auto": "btrfs" where the node and the engine can have it, else "engine", saying why.
     storage: str = "auto"

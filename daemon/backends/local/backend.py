@@ -1,13 +1,13 @@
 """The local backend: a sandbox is a set of Linux namespaces on the host, made by bubblewrap (or,
-where it is missing, util-linux unshare + chroot; see local_launch.py).
+where it is missing, util-linux unshare + chroot; see launch.py).
 
 Per sandbox the daemon keeps a directory on a size-capped filesystem of its own
 (limits.disk_bytes, diskcap.py) with `workspace/` (mounted read-write at the workdir), `tmp/`
-(mounted at /tmp) and the sandbox's root (local_root.py): the image through idmapped read-only
+(mounted at /tmp) and the sandbox's root (root.py): the image through idmapped read-only
 mounts under a writable overlay, in a user namespace of the sandbox's own that maps ids 0-65535
 to its block of host ids (daemon/uids.py). /proc, /dev (a private writable /dev/shm included) and
 /run are private. A container image (an archive, an OCI layout, an engine's image) is unpacked
-once into a cached root filesystem directory first (local_images.py). The daemon's state
+once into a cached root filesystem directory first (images.py). The daemon's state
 directory and socket directory are hidden behind empty tmpfs mounts.
 
 A long-lived init process, host root without capabilities outside the sandbox's user namespace
@@ -35,24 +35,16 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 
-from .. import diskcap
-from ..cgroups import LimitSupport
-from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
-from ..process import in_cgroup, is_process, read_line
-from ..seccomp import loader_argv, program, supported
-from ..users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
-from .base import Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
-from .local_images import ImageCache, parse_reference
-from .local_launch import (
+from ... import diskcap
+from ...cgroups import LimitSupport
+from ...fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
+from ...process import in_cgroup, is_process, read_line
+from ...seccomp import loader_argv, program, supported
+from ...users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
+from ..base import Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
+from ..nsenter import HOST_ENV, inside_env, nsenter_argv
+from ..root import (
     INIT_READY,
-    bwrap_argv,
-    bwrap_options,
-    host_paths_over_own_mounts,
-    init_pid,
-    root_layout,
-    unshare_argv,
-)
-from .local_root import (
     RootMount,
     build_root,
     kernel_support,
@@ -62,7 +54,7 @@ from .local_root import (
     secrets,
     unmount_root,
 )
-from .local_storage import (
+from ..storage import (
     SnapshotStore,
     StoragePool,
     bind_subvolume,
@@ -71,7 +63,15 @@ from .local_storage import (
     node_pool,
     snapshot_paused,
 )
-from .nsenter import HOST_ENV, inside_env, nsenter_argv
+from .images import ImageCache, parse_reference
+from .launch import (
+    bwrap_argv,
+    bwrap_options,
+    host_paths_over_own_mounts,
+    init_pid,
+    root_layout,
+    unshare_argv,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class LocalSettings:
     image_cache_bytes: int = 20 << 30
     engine_socket: str = ""
     # "capfs": each sandbox's writable space on a filesystem of its own (diskcap.py); "btrfs": a
-    # subvolume of the node's btrfs pool, which ForkSandbox needs (local_storage.py), the pool
+    # subvolume of the node's btrfs pool, which ForkSandbox needs (storage.py), the pool
     # being an image of storage_bytes (0: the size of the state directory's disk, sparse).
     storage: str = "capfs"
     storage_bytes: int = 0
@@ -159,14 +159,14 @@ class LocalSandbox(ManagedSandbox):
     def __init__(self, backend: LocalBackend, spec, uid: int) -> None:
         super().__init__(backend, spec, uid)
         self.rootfs = backend.rootfs(spec.image)
-        # A cached container image stays in the cache while the sandbox lives (local_images.py).
+        # A cached container image stays in the cache while the sandbox lives (images.py).
         self._image_hold = backend.images.hold(self.rootfs)
         self._launcher: subprocess.Popen | None = None
         # The sandbox's user namespace (a file descriptor of the daemon's) and its default user.
         self._userns_fd = -1
         self.user = ROOT
         # With the btrfs pool: the sandbox's subvolume, and the block of host ids its files carry
-        # on disk (its own, or the first ancestor's for a fork's child; local_storage.py).
+        # on disk (its own, or the first ancestor's for a fork's child; storage.py).
         self.subvolume: Path | None = None
         self.disk_base = uid
         if backend.launcher != "none":
@@ -519,7 +519,7 @@ class LocalBackend(Backend):
 
     @property
     def host_secrets(self) -> list[str]:
-        """What the host's /etc keeps from other users, covered in "host" sandboxes (local_root.py):
+        """What the host's /etc keeps from other users, covered in "host" sandboxes (root.py):
         looked for once, when the first sandbox starts."""
         if self._host_secrets is None:
             self._host_secrets = secrets()
