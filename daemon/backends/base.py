@@ -147,6 +147,15 @@ class BackendStatus:
     limits: dict[str, LimitSupport]  # memory, pids, cpu, wall_clock, network, disk
 
 
+# How every backend's probe begins the problem it reports when the daemon is not root, and what
+# `corral doctor` says to do about it (Backend.fixes).
+NOT_ROOT = "the daemon is not root"
+FIX_ROOT = "run the daemon as root (it gives each sandbox its own uid and cgroup); see deploy/corral.service"
+FIX_CGROUPS = (
+    "give the daemon writable cgroups: run it as root, under systemd with Delegate=yes (deploy/corral.service)"
+)
+
+
 class SandboxRuntime(abc.ABC):
     """A live sandbox as the managers see it: how to run programs in it and reach its files."""
 
@@ -436,6 +445,26 @@ class Backend(abc.ABC):
 
     def status(self) -> BackendStatus:
         return self._status
+
+    @classmethod
+    def fixes(cls, status: BackendStatus) -> list[str]:
+        """What to do about the parts of this backend that `status` reports missing or second
+        best, in the words `corral doctor` prints: running as root first, then the backend's own
+        (`own_fixes`), then writable cgroups when a limit lacks them. `status` is this backend's
+        probe, here or in a running daemon (GetNodeInfo), so only what it says counts."""
+        found = [FIX_ROOT] if NOT_ROOT in status.detail else []
+        found += cls.own_fixes(status)
+        if FIX_ROOT not in found and any(
+            not limit.enforced and "cgroup" in limit.reason for limit in status.limits.values()
+        ):
+            found.append(FIX_CGROUPS)
+        return found
+
+    @classmethod
+    def own_fixes(cls, status: BackendStatus) -> list[str]:
+        """The fixes for what only this backend needs (its tools, its engine), from the problems
+        its `probe` names in `status.detail`."""
+        return []
 
     @abc.abstractmethod
     def default_image(self) -> str:

@@ -41,7 +41,7 @@ from ...fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
 from ...process import in_cgroup, is_process, read_line
 from ...seccomp import loader_argv, program, supported
 from ...users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
-from ..base import Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
+from ..base import NOT_ROOT, Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
 from ..nsenter import HOST_ENV, inside_env, nsenter_argv
 from ..root import (
     INIT_READY,
@@ -80,6 +80,16 @@ START_TIMEOUT_S = 30.0
 # others wait their turn: see LocalSandbox._start_init). Each holds its slot for a few
 # milliseconds unless its launcher hangs (START_TIMEOUT_S).
 LAUNCH_SLOTS = 8
+# What the probe says is missing, and what `corral doctor` says to do about it (own_fixes).
+NO_NSENTER = "nsenter is not installed"
+NO_BWRAP = "bubblewrap is not installed"
+NO_LAUNCHER = "neither bubblewrap nor util-linux unshare and chroot are installed"
+FIX_NSENTER = "apt-get install util-linux (for nsenter)"
+FIX_BWRAP = "apt-get install bubblewrap"
+FIX_BWRAP_OVER_UNSHARE = (
+    "apt-get install bubblewrap, then restart the daemon: without it local sandboxes fall back to "
+    "util-linux unshare + chroot (bubblewrap is the preferred launcher)"
+)
 
 
 def _version(tool: str) -> str:
@@ -471,9 +481,9 @@ class LocalBackend(Backend):
         }
         missing = []
         if not self.nsenter:
-            missing.append("nsenter is not installed (apt-get install util-linux)")
+            missing.append(f"{NO_NSENTER} (apt-get install util-linux)")
         if os.geteuid() != 0:
-            missing.append("the daemon is not root: it needs root to give each sandbox its own uid and cgroup")
+            missing.append(f"{NOT_ROOT}: it needs root to give each sandbox its own uid and cgroup")
         if mode == "none":
             self.pool = None  # (no root of the sandbox's own to fork)
             # Only reachable with local.allow_no_isolation (config validation): commands run as
@@ -488,9 +498,7 @@ class LocalBackend(Backend):
                 False, reason='local.isolation = "none": commands can write wherever their uid may on the host'
             )
             if os.geteuid() != 0:
-                return BackendStatus(
-                    False, "the daemon is not root: it needs root to run commands as another uid", "none", limits
-                )
+                return BackendStatus(False, f"{NOT_ROOT}: it needs root to run commands as another uid", "none", limits)
             return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "none", limits)
         if mode in ("auto", "bwrap") and self.bwrap:
             self.launcher, detail = "bwrap", _version(self.bwrap) or "bubblewrap"
@@ -498,11 +506,7 @@ class LocalBackend(Backend):
             self.launcher, detail = "unshare", (_version(self.unshare) or "util-linux unshare") + " + chroot"
         else:
             self.launcher, detail = "", ""
-            missing.append(
-                "bubblewrap is not installed (apt-get install bubblewrap)"
-                if mode == "bwrap"
-                else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
-            )
+            missing.append(f"{NO_BWRAP if mode == 'bwrap' else NO_LAUNCHER} (apt-get install bubblewrap)")
         if not missing and self.pool is not None:
             # (Mounted when the daemon starts, reap_orphans: a probe, as `corral doctor`'s, makes nothing.)
             if lacking := self.pool.lacking():
@@ -516,6 +520,16 @@ class LocalBackend(Backend):
             return BackendStatus(False, "; ".join(missing), "none", limits)
         users = f"root inside a user namespace of {self.context.uids.block} host ids per sandbox"
         return BackendStatus(True, f"{detail}; {users}; {self._seccomp_detail()}", "namespaces", limits)
+
+    @classmethod
+    def own_fixes(cls, status: BackendStatus) -> list[str]:
+        found = [FIX_NSENTER] if NO_NSENTER in status.detail else []
+        if NO_BWRAP in status.detail or NO_LAUNCHER in status.detail:
+            found.append(FIX_BWRAP)
+        # Working, on the fallback launcher, where bubblewrap could be installed.
+        if status.available and "unshare" in status.detail and shutil.which("bwrap") is None:
+            found.append(FIX_BWRAP_OVER_UNSHARE)
+        return found
 
     @property
     def host_secrets(self) -> list[str]:

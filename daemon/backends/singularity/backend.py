@@ -43,7 +43,7 @@ from ...cgroups import CgroupGroup, LimitSupport
 from ...diskcap import DiskCapError, disk_usage, run_step
 from ...process import in_cgroup, is_process
 from ...users import INSIDE_ID_COUNT, SandboxUser
-from ..base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
+from ..base import NOT_ROOT, RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
 from ..container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
 from ..idmapped_binds import check_shown
 from ..mount_api import detach, make_user_namespace
@@ -63,6 +63,9 @@ from .sif_mount import mount_sif
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0
+# What the probe says is missing, and what `corral doctor` says to do about it (own_fixes).
+NO_APPTAINER = "neither apptainer nor singularity is installed"
+FIX_APPTAINER = "install Apptainer: https://apptainer.org/docs/admin/main/installation.html"
 # Where, under the daemon's run directories (searchable by all: run_dir_base), the launcher shows
 # apptainer what it needs, in a mount namespace of its own (see _LAUNCH_SCRIPT): apptainer runs as
 # the sandbox's block, which may not search the directories above the daemon's state (a private
@@ -435,12 +438,12 @@ class SingularityBackend(Backend):
         }
         problems = []
         if not self.binary:
-            problems.append("neither apptainer nor singularity is installed")
+            problems.append(NO_APPTAINER)
         problems += [
             f"{tool} (util-linux) is not installed" for tool in ("unshare", "nsenter") if not shutil.which(tool)
         ]
         if os.geteuid() != 0:
-            problems.append("the daemon is not root: it makes sandboxes' user namespaces and roots itself")
+            problems.append(f"{NOT_ROOT}: it makes sandboxes' user namespaces and roots itself")
         elif why_not := kernel_support():
             problems.append(why_not)
         version = ""
@@ -454,6 +457,10 @@ class SingularityBackend(Backend):
         if problems or not self.binary:
             return BackendStatus(False, "; ".join(problems), "none", limits)
         return BackendStatus(True, f"{os.path.basename(self.binary)} {version}", "container", limits)
+
+    @classmethod
+    def own_fixes(cls, status: BackendStatus) -> list[str]:
+        return [FIX_APPTAINER] if NO_APPTAINER in status.detail else []
 
     def default_image(self) -> str:
         return self.settings.default_image
