@@ -342,7 +342,9 @@ def main() -> None:
             for backend in backends:
                 if reason := backend_missing(backend):
                     skipped.update(
-                        dict.fromkeys([f"corral_{backend}", f"corral_{backend}_swe", *RAW_VARIANTS[backend]], reason)
+                        dict.fromkeys(
+                            [f"corral_{backend}", f"corral_{backend}_swe", *RAW_VARIANTS.get(backend, ())], reason
+                        )
                     )
                     continue
                 backend_client = podman_client if backend == "podman" else client
