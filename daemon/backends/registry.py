@@ -2,7 +2,8 @@
 `Settings` and its `ManagedSandbox` in NAME/backend.py), one entry here, and a `BACKEND_<NAME>`
 value in the `Backend` enum of proto/corral/v1/sandbox.proto (the SDK, the CLI and the servicer
 take their names from that enum). Configuration sections, `corral doctor`, the default images and
-the daemon's wiring all follow from this table.
+the daemon's wiring all follow from this table; what else still names backends one by one is
+listed in docs/architecture.md ("To add ... A backend").
 """
 
 from __future__ import annotations
