@@ -25,6 +25,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from corral.sdk.enums import BACKEND_NAMES
+
 
 def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
@@ -124,9 +126,12 @@ class Daemon:
 # The test images of scripts/build_test_images.sh, as the test suite names them.
 DOCKER_IMAGE = os.environ.get("CORRAL_TEST_DOCKER_IMAGE", "corral-test/python:bookworm")
 SIF_IMAGE = os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif")
-# "podman": the docker backend on Podman's Docker-compatible socket (a daemon of its own).
+# What the benchmarks measure: every backend of the contract (corral.sdk.enums), and after docker
+# "podman", the docker backend on Podman's Docker-compatible socket (a daemon of its own).
+BACKENDS = list(BACKEND_NAMES)
+BACKENDS.insert(BACKENDS.index("docker") + 1, "podman")
+# The test image each runs; a backend without one here is skipped (backend_missing).
 BACKEND_IMAGES = {"local": "host", "docker": DOCKER_IMAGE, "podman": DOCKER_IMAGE, "singularity": SIF_IMAGE}
-BACKENDS = list(BACKEND_IMAGES)
 # The SWE-bench-style test image (scripts/build_swe_test_image.sh) as each backend runs it.
 SWE_DOCKER_IMAGE = os.environ.get("CORRAL_TEST_SWE_IMAGE", "corral-test/swe-textkit:bookworm")
 SWE_IMAGES = {
@@ -156,6 +161,8 @@ def apptainer_binary() -> str | None:
 
 def backend_missing(backend: str) -> str | None:
     """Why `backend` (its test image, its engine) cannot be measured here; None if it can."""
+    if backend not in BACKEND_IMAGES:
+        return f"no test image for backend {backend!r} in bench/_common.py"
     if os.geteuid() != 0:
         return "needs root (the daemon and the raw engines run as root)"
     if backend == "local":
@@ -179,7 +186,7 @@ def backend_missing(backend: str) -> str | None:
 
 class ApptainerInstance:
     """An `apptainer instance start` of the test SIF with the daemon's own flags (see
-    daemon/backends/singularity.py): --containall --no-home --hostname corral, a workspace and a
+    daemon/backends/singularity/backend.py): --containall --no-home --hostname corral, a workspace and a
     run directory bound as in a corral sandbox, no network. Its binds live in `base` (made here
     if None) so that a benchmark can start many without making directories inside the timing."""
 

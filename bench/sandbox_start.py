@@ -174,7 +174,7 @@ class RawDocker:
             (self.base / sub).mkdir()
 
     def as_corral(self) -> dict:
-        """The arguments daemon/backends/docker.py gives containers.run, with the default limits
+        """The arguments daemon/backends/docker/backend.py gives containers.run, with the default limits
         (4 GiB memory without swap, 1024 pids, no CPU limit) and labels of our own."""
         return dict(
             command=["sleep", "infinity"],
@@ -342,7 +342,9 @@ def main() -> None:
             for backend in backends:
                 if reason := backend_missing(backend):
                     skipped.update(
-                        dict.fromkeys([f"corral_{backend}", f"corral_{backend}_swe", *RAW_VARIANTS[backend]], reason)
+                        dict.fromkeys(
+                            [f"corral_{backend}", f"corral_{backend}_swe", *RAW_VARIANTS.get(backend, ())], reason
+                        )
                     )
                     continue
                 backend_client = podman_client if backend == "podman" else client

@@ -114,6 +114,19 @@ def run_step(argv: list[str], step: str, what: str = "the sandbox's filesystem",
     return done.stdout.strip()
 
 
+def disk_usage(path: Path) -> int:
+    """The bytes a directory tree takes on disk, each hard-linked file once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for parent, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            st = os.lstat(os.path.join(parent, name))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
 def unmount(target: Path) -> None:
     """Detaches whatever is mounted at `target` (a loop mount frees its image); nothing when
     nothing is. Lazy, so that a process still holding a file there cannot keep it busy."""

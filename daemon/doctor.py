@@ -16,31 +16,17 @@ from dataclasses import dataclass
 from corral.sdk.types import NodeInfo
 
 from .admission import GIB, node_memory_bytes
-from .backends.base import BackendStatus
-from .backends.local_images import TOOL_PACKAGES, image_tools
-from .cgroups import CgroupDriver
+from .backends import base
+from .backends.base import FIX_ROOT, BackendStatus
+from .backends.local.images import TOOL_PACKAGES, image_tools
+from .backends.registry import BACKENDS
+from .cgroups import CgroupDriver, LimitSupport
 from .commands import DEFAULT_PATH
 from .config import Config
 from .node import make_backends
 
-# What doctor says to do about each kind of missing part. The backends' details say what is
-# missing; these say what to run.
-FIX_ROOT = "run the daemon as root (it gives each sandbox its own uid and cgroup); see deploy/corral.service"
-FIX_NSENTER = "apt-get install util-linux (for nsenter)"
-FIX_BWRAP = "apt-get install bubblewrap"
-FIX_BWRAP_OVER_UNSHARE = (
-    "apt-get install bubblewrap, then restart the daemon: without it local sandboxes fall back to "
-    "util-linux unshare + chroot (bubblewrap is the preferred launcher)"
-)
-FIX_DOCKER_PACKAGE = "pip install 'corral[docker]'"
-FIX_DOCKER_ENGINE = (
-    "start the Docker engine (systemctl start docker; apt-get install docker.io where there is none), "
-    "or point docker.socket / $DOCKER_HOST at a running one"
-)
-FIX_APPTAINER = "install Apptainer: https://apptainer.org/docs/admin/main/installation.html"
-FIX_CGROUPS = (
-    "give the daemon writable cgroups: run it as root, under systemd with Delegate=yes (deploy/corral.service)"
-)
+# What doctor says to do about what is missing beside the backends (each backend names the fixes
+# for its own: Backend.fixes).
 FIX_IPYKERNEL = "apt-get install python3-ipykernel"
 FIX_IMAGE_TOOLS = f"apt-get install {' '.join(TOOL_PACKAGES.values())}"
 FIX_NO_DAEMON = "start one: `corral serve` (or systemctl start corral), or point --address / $CORRAL_ADDRESS at it"
@@ -99,26 +85,11 @@ def daemon_backends(node: NodeInfo) -> list[Backend]:
 
 
 def fixes(backend: Backend) -> list[str]:
-    """What to do about the parts of a backend that are missing or second best."""
-    detail = backend.detail
-    found: list[str] = []
-    if "not root" in detail:
-        found.append(FIX_ROOT)
-    if "nsenter is not installed" in detail:
-        found.append(FIX_NSENTER)
-    if "bubblewrap is not installed" in detail or "neither bubblewrap" in detail:
-        found.append(FIX_BWRAP)
-    if backend.name == "local" and backend.available and "unshare" in detail and shutil.which("bwrap") is None:
-        found.append(FIX_BWRAP_OVER_UNSHARE)
-    if "docker Python package" in detail:
-        found.append(FIX_DOCKER_PACKAGE)
-    if "cannot reach the Docker engine" in detail:
-        found.append(FIX_DOCKER_ENGINE)
-    if "neither apptainer nor singularity" in detail:
-        found.append(FIX_APPTAINER)
-    if any(not limit.enforced and "cgroup" in limit.reason for limit in backend.limits) and FIX_ROOT not in found:
-        found.append(FIX_CGROUPS)
-    return found
+    """What to do about the parts of a backend that are missing or second best: its class's
+    `fixes` (one this corral does not know, from a newer daemon, gets those every backend shares)."""
+    limits = {limit.kind: LimitSupport(limit.enforced, limit.mechanism, limit.reason) for limit in backend.limits}
+    status = BackendStatus(backend.available, backend.detail, backend.isolation, limits)
+    return BACKENDS.get(backend.name, base.Backend).fixes(status)
 
 
 def backend_lines(backends: Iterable[Backend], indent: str = "") -> list[str]:

@@ -25,10 +25,10 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from corral.sdk.enums import BACKEND_NAMES, backend_number
 from corral.sdk.errors import InvalidArgument
 from corral.sdk.tasks import task_to_json
 from corral.v1 import rollout_pb2 as pb
-from corral.v1 import sandbox_pb2
 
 DEFAULT_WORKDIR = "/testbed"
 DEFAULT_IMAGE_PATTERN = "swebench/sweb.eval.x86_64.{instance_id_lower}:latest"
@@ -40,7 +40,7 @@ DEFAULT_ACTIVATE = ". /opt/miniconda3/bin/activate && conda activate testbed"
 # last path component with ":" as "_" (how `apptainer pull` names a SIF), and {instance_id},
 # {instance_id_lower} as in the image pattern.
 DEFAULT_IMAGE_MAP = "{image}"
-BACKENDS = ("docker", "singularity", "local")
+BACKENDS = BACKEND_NAMES  # every backend of the contract (corral.v1's Backend enum)
 TEST_PATCH_PATH = "/tmp/corral_eval/test.patch"
 GOLD_PATCH_PATH = "/tmp/corral_gold.patch"
 REPORT_PATH = "/tmp/corral_eval/report.xml"
@@ -99,7 +99,7 @@ def instance_to_task(
 
     task = pb.Task(
         task_id=instance_id,
-        backend=sandbox_pb2.Backend.Value(f"BACKEND_{backend.upper()}"),
+        backend=backend_number(backend),
         image=_fill(image_map, "image map", image=image, image_file=image_file, **names),
         tools=["bash", "editor", "submit"],
         limits=pb.TaskLimits(max_turns=max_turns),

@@ -1,9 +1,10 @@
 """The one interface every backend implements, and the lifecycle they share.
 
-A backend is one file: a `Backend` subclass (what the node supports, how to check an image, the
-sandbox class it makes, how to release leftovers of a crashed run) with its `Settings` (its
-section of the configuration), and a `ManagedSandbox` subclass (how to launch and shut down one
-sandbox, and how to enter it). `registry.py` lists them.
+A backend is one folder, daemon/backends/NAME/, whose backend.py holds a `Backend` subclass (what
+the node supports, how to check an image, the sandbox class it makes, how to release leftovers of
+a crashed run) with its `Settings` (its section of the configuration), and a `ManagedSandbox`
+subclass (how to launch and shut down one sandbox, and how to enter it). `registry.py` lists them.
+What more than one backend uses lives beside this file (storage.py, root.py, nsenter.py, ...).
 
 The lifecycle around those hooks is written once, here:
 
@@ -67,7 +68,7 @@ class CannotFork(FailedPrecondition):
 class ForkPoint:
     """A read-only copy of a sandbox's writable filesystem at the moment of a fork, which its
     children start from (ForkSandbox): where the backend keeps it, and the block of host ids its
-    files carry (daemon/backends/local_storage.py)."""
+    files carry (daemon/backends/storage.py)."""
 
     source_id: str
     path: str
@@ -144,6 +145,15 @@ class BackendStatus:
     detail: str
     isolation: str  # none | namespaces | container
     limits: dict[str, LimitSupport]  # memory, pids, cpu, wall_clock, network, disk
+
+
+# How every backend's probe begins the problem it reports when the daemon is not root, and what
+# `corral doctor` says to do about it (Backend.fixes).
+NOT_ROOT = "the daemon is not root"
+FIX_ROOT = "run the daemon as root (it gives each sandbox its own uid and cgroup); see deploy/corral.service"
+FIX_CGROUPS = (
+    "give the daemon writable cgroups: run it as root, under systemd with Delegate=yes (deploy/corral.service)"
+)
 
 
 class SandboxRuntime(abc.ABC):
@@ -435,6 +445,26 @@ class Backend(abc.ABC):
 
     def status(self) -> BackendStatus:
         return self._status
+
+    @classmethod
+    def fixes(cls, status: BackendStatus) -> list[str]:
+        """What to do about the parts of this backend that `status` reports missing or second
+        best, in the words `corral doctor` prints: running as root first, then the backend's own
+        (`own_fixes`), then writable cgroups when a limit lacks them. `status` is this backend's
+        probe, here or in a running daemon (GetNodeInfo), so only what it says counts."""
+        found = [FIX_ROOT] if NOT_ROOT in status.detail else []
+        found += cls.own_fixes(status)
+        if FIX_ROOT not in found and any(
+            not limit.enforced and "cgroup" in limit.reason for limit in status.limits.values()
+        ):
+            found.append(FIX_CGROUPS)
+        return found
+
+    @classmethod
+    def own_fixes(cls, status: BackendStatus) -> list[str]:
+        """The fixes for what only this backend needs (its tools, its engine), from the problems
+        its `probe` names in `status.detail`."""
+        return []
 
     @abc.abstractmethod
     def default_image(self) -> str:

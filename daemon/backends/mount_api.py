@@ -1,6 +1,6 @@
 """The kernel's new mount API (open_tree, mount_setattr, move_mount) and user namespaces, as the
 daemon uses them to show host trees to a sandbox through its block of host ids: a sandbox's root
-on the local backend (local_root.py) and the host bind mounts of container sandboxes
+on the local and singularity backends (root.py) and the host bind mounts of container sandboxes
 (idmapped_binds.py)."""
 
 from __future__ import annotations

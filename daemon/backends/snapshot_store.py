@@ -1,7 +1,7 @@
 """The named snapshots (SnapshotSandbox) a backend keeps, bounded by what they hold together.
 
 Each backend keeps its snapshots its own way (a read-only btrfs subvolume in the node's pool on
-local and docker, local_storage.py; a copied directory on singularity) and says how to size one
+local and docker, storage.py; a copied directory on singularity) and says how to size one
 and how to delete one; the store counts them against the backend's `snapshot_store_bytes`.
 """
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from corral.daemon import diskcap
-from corral.daemon.backends.local_storage import StoragePool
+from corral.daemon.backends.storage import StoragePool
 from corral.sdk import Client, errors
 from tests.conftest import SIF_TEST_IMAGE, DaemonProcess, require_backend, require_image
 

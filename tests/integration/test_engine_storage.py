@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.daemon.backends.local_storage import StoragePool, create_subvolume
+from corral.daemon.backends.storage import StoragePool, create_subvolume
 from corral.sdk import Client, errors
 from tests.conftest import DOCKER_TEST_IMAGE, DaemonProcess, require_backend, require_image
 from tests.integration.test_container_backends import ENGINES, _containers

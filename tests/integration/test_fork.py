@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from corral.daemon.backends.local_storage import create_subvolume
+from corral.daemon.backends.storage import create_subvolume
 from corral.sdk import Client, errors
 from tests.conftest import DaemonProcess, require_backend
 from tests.integration.test_disk_limits import own_daemon

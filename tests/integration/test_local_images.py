@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.daemon.backends.local_images import image_config
+from corral.daemon.backends.local.images import image_config
 from corral.sdk import Client, errors
 from tests.conftest import DaemonProcess, require_backend
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from corral.daemon.backends.base import Limits, SandboxSpec
-from corral.daemon.backends.local import LocalBackend, LocalSandbox
+from corral.daemon.backends.local.backend import LocalBackend, LocalSandbox
 from corral.daemon.cgroups import CgroupDriver
 from corral.daemon.commands import DEFAULT_PATH
 from corral.daemon.config import load_config

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from corral.daemon.backends.docker import LABEL_DAEMON
+from corral.daemon.backends.docker.backend import LABEL_DAEMON
 from corral.sdk import Client
 from corral.sdk.errors import InvalidArgument
 from tests.conftest import (

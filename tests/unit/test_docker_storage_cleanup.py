@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from corral.daemon.backends import docker as docker_backend
 from corral.daemon.backends.base import BackendStatus, ManagedSandbox
-from corral.daemon.backends.docker import DockerBackend, DockerSandbox
+from corral.daemon.backends.docker import backend as docker_backend
+from corral.daemon.backends.docker.backend import DockerBackend, DockerSandbox
 from corral.sdk.errors import FailedPrecondition
 
 

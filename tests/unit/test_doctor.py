@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from corral.daemon import doctor
+from corral.daemon.backends.base import FIX_CGROUPS, FIX_ROOT
+from corral.daemon.backends.docker.backend import FIX_DOCKER_ENGINE, FIX_DOCKER_PACKAGE
+from corral.daemon.backends.local.backend import FIX_BWRAP, FIX_BWRAP_OVER_UNSHARE, FIX_NSENTER
+from corral.daemon.backends.registry import BACKENDS
+from corral.daemon.backends.singularity.backend import FIX_APPTAINER
 from corral.daemon.config import load_config
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.testing import fake_backends
@@ -51,24 +57,22 @@ def backend(name: str, detail: str, available: bool = False, **unenforced: str) 
 def test_every_missing_part_names_its_fix(monkeypatch) -> None:
     monkeypatch.setattr(doctor.shutil, "which", lambda *args, **kwargs: None)
     unshare = backend("local", "util-linux unshare 2.38.1 + chroot", available=True)
-    assert doctor.fixes(unshare) == [doctor.FIX_BWRAP_OVER_UNSHARE]
+    assert doctor.fixes(unshare) == [FIX_BWRAP_OVER_UNSHARE]
     missing = backend("local", "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get ...)")
-    assert doctor.fixes(missing) == [doctor.FIX_BWRAP]
+    assert doctor.fixes(missing) == [FIX_BWRAP]
     not_root = backend("local", "nsenter is not installed (apt-get install util-linux); the daemon is not root: ...")
-    assert doctor.fixes(not_root) == [doctor.FIX_ROOT, doctor.FIX_NSENTER]
+    assert doctor.fixes(not_root) == [FIX_ROOT, FIX_NSENTER]
     engine = backend("docker", "cannot reach the Docker engine at unix:///var/run/docker.sock: ...")
-    assert doctor.fixes(engine) == [doctor.FIX_DOCKER_ENGINE]
+    assert doctor.fixes(engine) == [FIX_DOCKER_ENGINE]
     package = backend("docker", "the docker Python package is not installed (pip install 'corral[docker]')")
-    assert doctor.fixes(package) == [doctor.FIX_DOCKER_PACKAGE]
-    assert doctor.fixes(backend("singularity", "neither apptainer nor singularity is installed")) == [
-        doctor.FIX_APPTAINER
-    ]
+    assert doctor.fixes(package) == [FIX_DOCKER_PACKAGE]
+    assert doctor.fixes(backend("singularity", "neither apptainer nor singularity is installed")) == [FIX_APPTAINER]
     cgroup = backend(
         "local", "bubblewrap 0.8.0", available=True, memory="cgroup v1 memory hierarchy at /x is not writable"
     )
-    assert doctor.fixes(cgroup) == [doctor.FIX_CGROUPS]
+    assert doctor.fixes(cgroup) == [FIX_CGROUPS]
     lines = doctor.backend_lines([unshare])
-    assert lines[-1] == f"  fix: {doctor.FIX_BWRAP_OVER_UNSHARE}"
+    assert lines[-1] == f"  fix: {FIX_BWRAP_OVER_UNSHARE}"
 
 
 def test_bubblewrap_is_not_suggested_where_it_is_installed(monkeypatch) -> None:
@@ -95,4 +99,21 @@ def test_kernels_need_ipykernel_in_the_hosts_python3(tmp_path: Path, monkeypatch
 @pytest.mark.skipif(os.geteuid() == 0, reason="checks the advice given to a user who is not root")
 def test_not_root_is_told_to_run_as_root() -> None:
     host = doctor.host_section(load_config(environ={}), "default settings")
-    assert f"  fix: {doctor.FIX_ROOT}" in host
+    assert f"  fix: {FIX_ROOT}" in host
+
+
+def test_each_backend_names_the_fixes_for_what_its_probe_finds_missing(tmp_path: Path, monkeypatch) -> None:
+    """The registered backends probed on a host without their tools (nothing on PATH) or engine (none
+    at the docker socket): each status names its backend's own fix, and doctor prints exactly what
+    the backend's `fixes` says, in its order."""
+    monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
+    config = load_config(environ={})
+    config.backend("docker").socket = f"unix://{tmp_path}/absent.sock"
+    _, statuses = doctor.probe(config)
+    assert set(statuses) == set(BACKENDS)
+    own = {name: BACKENDS[name].own_fixes(status) for name, status in statuses.items()}
+    assert own == {"local": [FIX_NSENTER, FIX_BWRAP], "docker": [FIX_DOCKER_ENGINE], "singularity": [FIX_APPTAINER]}
+    for name, status in statuses.items():
+        lines = doctor.backend_lines(doctor.host_backends({name: status}))
+        printed = [line.removeprefix("  fix: ") for line in lines if line.startswith("  fix: ")]
+        assert printed == BACKENDS[name].fixes(status) and set(own[name]) <= set(printed)

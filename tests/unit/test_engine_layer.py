@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.daemon.backends import engine_layer
+from corral.daemon.backends.docker import engine_layer
 from corral.daemon.config import ConfigError, load_config
 from corral.sdk.errors import FailedPrecondition
 

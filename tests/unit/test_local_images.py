@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from corral.daemon import doctor
-from corral.daemon.backends import local_images
-from corral.daemon.backends.local_images import ImageCache, ImageSource, image_config, parse_reference
+from corral.daemon.backends.local import images as local_images
+from corral.daemon.backends.local.images import ImageCache, ImageSource, image_config, parse_reference
 from corral.daemon.config import load_config
 from corral.sdk.errors import FailedPrecondition, InvalidArgument
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from corral.daemon.backends.base import BindMount
-from corral.daemon.backends.local_launch import HOST_OS_ENTRIES, host_paths_over_own_mounts, root_layout
-from corral.daemon.backends.local_root import RootMount as Mount
+from corral.daemon.backends.local.launch import HOST_OS_ENTRIES, host_paths_over_own_mounts, root_layout
+from corral.daemon.backends.root import RootMount as Mount
 from corral.daemon.config import ConfigError, load_config
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from corral.daemon import seccomp
-from corral.daemon.backends.local import LocalSettings
+from corral.daemon.backends.local.backend import LocalSettings
 
 pytestmark = pytest.mark.skipif(bool(seccomp.supported()), reason=seccomp.supported() or "")
 

@@ -9,7 +9,8 @@ import struct
 
 import pytest
 
-from corral.daemon.backends.sif_mount import (
+from corral.daemon.backends.singularity.backend import shift_ids
+from corral.daemon.backends.singularity.sif_mount import (
     DATA_PARTITION,
     DESCRIPTOR,
     DESCRIPTOR_SIZE,
@@ -17,7 +18,6 @@ from corral.daemon.backends.sif_mount import (
     SIF_MAGIC,
     squashfs_partition,
 )
-from corral.daemon.backends.singularity import shift_ids
 from corral.sdk.errors import FailedPrecondition
 
 

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from corral.daemon.backends.local_images import disk_usage
 from corral.daemon.backends.snapshot_store import SnapshotStore
 from corral.daemon.config import ConfigError, load_config
+from corral.daemon.diskcap import disk_usage
 from corral.sdk.errors import ResourceExhausted
 
 

@@ -113,7 +113,7 @@ def test_bad_instances_name_the_problem(change: dict, message: str) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"backend": "podman"}, "backend must be one of docker, singularity, local"),
+        ({"backend": "podman"}, "backend must be one of local, docker, singularity"),
         ({"image_map": "/images/{name}.sif"}, r"image map .* cannot be filled in .*its fields: \{image\}"),
         ({"image_pattern": "x/{id}"}, "image pattern .* cannot be filled in"),
     ],

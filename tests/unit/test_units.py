@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corral.daemon import rules
-from corral.daemon.backends.docker import parse_ulimit
+from corral.daemon.backends.docker.backend import parse_ulimit
 from corral.daemon.config import ConfigError, ExecConfig, load_config
 from corral.daemon.output import HeadTailBuffer
 from corral.sdk.errors import InvalidArgument

@@ -1,6 +1,7 @@
-"""A local sandbox's user namespace and writable root filesystem, made by the daemon (as root, in the
-host's mount namespace, under the sandbox's directory) before the launcher starts; the launcher
-binds the finished root at / and adds /proc, /dev, /run, /tmp and the workdir.
+"""A sandbox's user namespace and writable root filesystem, made by the daemon (as root, in the host's
+mount namespace, under the sandbox's directory) before the launcher starts, for the local and the
+singularity backends; the launcher binds the finished root at / and adds /proc, /dev, /run, /tmp
+and the workdir.
 
 - The user namespace maps ids 0 .. INSIDE_ID_COUNT - 1 inside to the sandbox's own block of host
   ids (daemon/uids.py). Only commands join it (nsenter --user): the mount, pid, ipc, uts, net and
@@ -49,6 +50,9 @@ from .mount_api import (
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_PRIVATE = 0x1, 0x2, 0x4, 1 << 18
 # What the host's "etc" keeps from other users (shadow, private keys) is covered in "host" sandboxes.
 SECRET_DIRS = ("/etc",)
+# What a sandbox's init writes to its stdout once the sandbox's namespaces are up (the local
+# launchers' inits, singularity's INIT_SCRIPT); the daemon waits for it before it enters them.
+INIT_READY = b"corral-init-ready\n"
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def _inside_id(host_id: int) -> int:
 def _overlay(src: str, dst: Path, layers: Path, name: str, first_id: int, userns_fd: int) -> None:
     """src's tree at dst, read-only and idmapped, under a writable layer in layers/name."""
     upper, work = layers / "upper" / name, layers / "work" / name
-    upper.mkdir(parents=True, exist_ok=True)  # (a fork's child keeps its parent's, local_storage.py)
+    upper.mkdir(parents=True, exist_ok=True)  # (a fork's child keeps its parent's, storage.py)
     work.mkdir(parents=True, exist_ok=True)
     # The overlay's top directory shows the upper directory's owner and mode: the image's own.
     top = os.stat(src)
@@ -107,10 +111,10 @@ def _bind_read_only(src: str, dst: Path) -> None:
 def build_root(
     layout: Sequence[RootMount], sandbox_dir: Path, first_id: int, userns_fd: int, mountpoints: Sequence[str]
 ) -> Path:
-    """Builds the sandbox's root at sandbox_dir/root from `layout` (local_launch.root_layout) and
-    returns it; `mountpoints` are made for the launcher. Undone by unmount_root. What a fork's
-    child finds there already (its parent's root directory and layers, as the fork copied them)
-    is kept."""
+    """Builds the sandbox's root at sandbox_dir/root from `layout` (local/launch.py's root_layout,
+    or singularity's one overlay) and returns it; `mountpoints` are made for the launcher. Undone
+    by unmount_root. What a fork's child finds there already (its parent's root directory and
+    layers, as the fork copied them) is kept."""
     if os.path.ismount(sandbox_dir):
         # The sandbox's own filesystem: nothing mounted below it reaches other mount namespaces.
         _mount("none", sandbox_dir, "", _MS_PRIVATE, "")

@@ -57,7 +57,8 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 
-from .nsenter import HOST_ENV
+from ...diskcap import disk_usage
+from ..nsenter import HOST_ENV
 
 log = logging.getLogger(__name__)
 
@@ -559,16 +560,3 @@ def _recorded_size(image_dir: str) -> int:
         return int(json.loads(Path(image_dir, "image.json").read_text())["size_bytes"])
     except (OSError, ValueError, KeyError, TypeError):
         return disk_usage(Path(image_dir))
-
-
-def disk_usage(path: Path) -> int:
-    """The bytes a directory tree takes on disk, each hard-linked file once."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for parent, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            st = os.lstat(os.path.join(parent, name))
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total

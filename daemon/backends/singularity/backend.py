@@ -3,7 +3,7 @@
 
 The daemon makes the sandbox's user namespace itself, as for the local backend: ids 0 .. 65535
 inside are the sandbox's block of host ids (daemon/uids.py), so root inside is an unprivileged host
-uid of its own. It builds the sandbox's root as the local backend does (local_root.py): the image
+uid of its own. It builds the sandbox's root as the local backend does (root.py): the image
 (a directory, or the root partition of a SIF file, loop-mounted read-only: sif_mount.py) shown
 through the block's ids by an idmapped mount, under a writable overlay layer in the sandbox's
 disk-capped directory. Apptainer then runs inside that user namespace as its root, unprivileged
@@ -39,24 +39,33 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 
-from ..cgroups import CgroupGroup, LimitSupport
-from ..diskcap import DiskCapError, run_step
-from ..process import in_cgroup, is_process
-from ..users import INSIDE_ID_COUNT, SandboxUser
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
-from .container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
-from .idmapped_binds import check_shown
-from .local_images import disk_usage
-from .local_launch import INIT_READY
-from .local_root import RootMount, build_root, kernel_support, make_mount_points, refusing_unbuildable, unmount_root
-from .mount_api import detach, make_user_namespace
-from .nsenter import HOST_ENV
+from ...cgroups import CgroupGroup, LimitSupport
+from ...diskcap import DiskCapError, disk_usage, run_step
+from ...process import in_cgroup, is_process
+from ...users import INSIDE_ID_COUNT, SandboxUser
+from ..base import NOT_ROOT, RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
+from ..container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
+from ..idmapped_binds import check_shown
+from ..mount_api import detach, make_user_namespace
+from ..nsenter import HOST_ENV
+from ..root import (
+    INIT_READY,
+    RootMount,
+    build_root,
+    kernel_support,
+    make_mount_points,
+    refusing_unbuildable,
+    unmount_root,
+)
+from ..snapshot_store import SnapshotStore
 from .sif_mount import mount_sif
-from .snapshot_store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0
+# What the probe says is missing, and what `corral doctor` says to do about it (own_fixes).
+NO_APPTAINER = "neither apptainer nor singularity is installed"
+FIX_APPTAINER = "install Apptainer: https://apptainer.org/docs/admin/main/installation.html"
 # Where, under the daemon's run directories (searchable by all: run_dir_base), the launcher shows
 # apptainer what it needs, in a mount namespace of its own (see _LAUNCH_SCRIPT): apptainer runs as
 # the sandbox's block, which may not search the directories above the daemon's state (a private
@@ -284,7 +293,7 @@ class SingularitySandbox(ImageUserSandbox):
     def _build_root(self) -> Path:
         """The sandbox's root: the image (a directory, or a SIF file's root partition mounted at
         image/) shown through the block's ids, under a writable layer of the sandbox's own
-        (local_root.py, as on the local backend), with the mount points apptainer binds on."""
+        (root.py, as on the local backend), with the mount points apptainer binds on."""
         if self.spec.fork is not None:
             # (An OS error, as a node's: a copy past the child's disk cap is RESOURCE_EXHAUSTED,
             # one cut short UNAVAILABLE; never the FAILED_PRECONDITION of a backend that cannot fork.)
@@ -429,12 +438,12 @@ class SingularityBackend(Backend):
         }
         problems = []
         if not self.binary:
-            problems.append("neither apptainer nor singularity is installed")
+            problems.append(NO_APPTAINER)
         problems += [
             f"{tool} (util-linux) is not installed" for tool in ("unshare", "nsenter") if not shutil.which(tool)
         ]
         if os.geteuid() != 0:
-            problems.append("the daemon is not root: it makes sandboxes' user namespaces and roots itself")
+            problems.append(f"{NOT_ROOT}: it makes sandboxes' user namespaces and roots itself")
         elif why_not := kernel_support():
             problems.append(why_not)
         version = ""
@@ -448,6 +457,10 @@ class SingularityBackend(Backend):
         if problems or not self.binary:
             return BackendStatus(False, "; ".join(problems), "none", limits)
         return BackendStatus(True, f"{os.path.basename(self.binary)} {version}", "container", limits)
+
+    @classmethod
+    def own_fixes(cls, status: BackendStatus) -> list[str]:
+        return [FIX_APPTAINER] if NO_APPTAINER in status.detail else []
 
     def default_image(self) -> str:
         return self.settings.default_image

@@ -5,7 +5,7 @@ their own (`<graph root>/overlay2/<id>/`: `diff/`, the overlay upper directory; 
 scratch space, which must be on the same filesystem; `merged/`, where the root is mounted; `link`
 and `lower`, the names of the image's layers). Between the engine's create and start, the daemon
 copies that directory's few entries into `layer/` of the sandbox's directory (a btrfs subvolume of
-the node's pool, capped by a quota group: local_storage.py) and binds it over the engine's
+the node's pool, capped by a quota group: storage.py) and binds it over the engine's
 directory. The engine then mounts the container's root with its upper and work directories on
 the sandbox's subvolume, beside its workspace: one limit (`limits.disk_bytes`) covers both, and a
 write past it fails inside with EDQUOT ("Disk quota exceeded"). A fork's child starts with its
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition
 
-from .mount_api import MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, attach_tree, detach, detached_tree
+from ..mount_api import MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, attach_tree, detach, detached_tree
 
 # The engines' storage drivers whose container layer is an overlay upper directory on the host.
 OVERLAY_DRIVERS = ("overlay2", "overlay")

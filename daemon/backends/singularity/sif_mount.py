@@ -1,6 +1,6 @@
 """The root filesystem of a SIF file, as a directory: its primary squashfs partition, loop-mounted
 read-only by the daemon (the kernel's squashfs, no FUSE process), for the Apptainer backend to
-show through a sandbox's ids (singularity.py).
+show through a sandbox's ids (backend.py).
 
 A SIF file (sylabs/sif, format version 01) is a 128-byte global header, a table of fixed-size
 descriptors, then the data objects they point at. The header and descriptors are little-endian and
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition
 
-from ..diskcap import run_step
+from ...diskcap import run_step
 
 SIF_MAGIC = b"SIF_MAGIC\0"
 HEADER = struct.Struct("<32s10s3s3s16sqqqqqqqq")  # launch, magic, version, arch, uuid, then 8 int64

@@ -13,7 +13,7 @@ on the engine's host, as root; a remote engine is not supported.
 
 With `docker.storage = "btrfs"` (and "auto", the default, wherever the node can have it) the
 sandbox's directory is a subvolume of the node's btrfs pool, capped at limits.disk_bytes
-(local_storage.py), and the container's writable layer is placed in it before the container starts
+(storage.py), and the container's writable layer is placed in it before the container starts
 (engine_layer.py): one limit covers the workspace and every write to the container's root, and
 ForkSandbox snapshots both.
 
@@ -35,13 +35,12 @@ from typing import TYPE_CHECKING
 
 from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
-from ..cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
-from ..diskcap import unmount
-from . import engine_layer
-from .base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, CannotFork, ForkPoint, SandboxRuntime
-from .container_enter import ImageUserSandbox
-from .idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
-from .local_storage import (
+from ...cgroups import CgroupGroup, LimitSupport, v1_cpu_shares
+from ...diskcap import unmount
+from ..base import NOT_ROOT, RUN_DIR_IN_SANDBOX, Backend, BackendStatus, CannotFork, ForkPoint, SandboxRuntime
+from ..container_enter import ImageUserSandbox
+from ..idmapped_binds import check_shown, release_staging, stage, staging_dir, staging_root, unstage, unstage_all
+from ..storage import (
     SnapshotStore,
     StoragePool,
     bind_subvolume,
@@ -50,6 +49,7 @@ from .local_storage import (
     node_pool,
     snapshot_paused,
 )
+from . import engine_layer
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -62,6 +62,14 @@ LABEL_SANDBOX = "io.corral.sandbox"
 ENGINE_THREADS = 8
 # GetNodeInfo waits this long at most for the engine's list of images.
 ENGINE_LIST_TIMEOUT_S = 2.0
+# What the probe says is missing, and what `corral doctor` says to do about it (own_fixes).
+NO_PACKAGE = "the docker Python package is not installed"
+UNREACHABLE = "cannot reach the Docker engine"
+FIX_DOCKER_PACKAGE = "pip install 'corral[docker]'"
+FIX_DOCKER_ENGINE = (
+    "start the Docker engine (systemctl start docker; apt-get install docker.io where there is none), "
+    "or point docker.socket / $DOCKER_HOST at a running one"
+)
 
 
 def _docker():
@@ -89,7 +97,7 @@ class DockerSettings:
     ulimits: list[str] = field(default_factory=list)
     # "engine": the container's writable layer is the engine's (not capped); "btrfs": it and the
     # workspace are on a subvolume of the node's btrfs pool capped at limits.disk_bytes, which
-    # ForkSandbox needs (engine_layer.py, local_storage.py); the pool is an image of storage_bytes
+    # ForkSandbox needs (engine_layer.py, storage.py); the pool is an image of storage_bytes
     # (0: the size of the state directory's disk, sparse), shared with local.storage = "btrfs".
     # "auto": "btrfs" where the node and the engine can have it, else "engine", saying why.
     storage: str = "auto"
@@ -391,13 +399,11 @@ class DockerBackend(Backend):
         try:
             docker = _docker()
         except ImportError:
-            return BackendStatus(
-                False, "the docker Python package is not installed (pip install 'corral[docker]')", "none", limits
-            )
+            return BackendStatus(False, f"{NO_PACKAGE} (pip install 'corral[docker]')", "none", limits)
         problems = []
         self._unreachable = False
         if os.geteuid() != 0:
-            problems.append("the daemon is not root: it enters containers' namespaces itself")
+            problems.append(f"{NOT_ROOT}: it enters containers' namespaces itself")
         try:
             client = docker.DockerClient(base_url=self.address, timeout=60)
             self.client = client
@@ -406,7 +412,7 @@ class DockerBackend(Backend):
             self._driver = _storage_driver(info)
             limits["disk"] = _disk_not_capped(self._driver, self.engine_storage)
         except docker.errors.DockerException as err:
-            problems.append(f"cannot reach the Docker engine at {self.address}: {err}")
+            problems.append(f"{UNREACHABLE} at {self.address}: {err}")
             self._unreachable = True
             version, info = "", {}
         if self.pool is not None and not self._unreachable:
@@ -424,6 +430,13 @@ class DockerBackend(Backend):
         if problems:
             return BackendStatus(False, "; ".join(problems), "none", limits)
         return BackendStatus(True, f"{version} at {self.address}", "container", limits)
+
+    @classmethod
+    def own_fixes(cls, status: BackendStatus) -> list[str]:
+        found = [FIX_DOCKER_PACKAGE] if NO_PACKAGE in status.detail else []
+        if UNREACHABLE in status.detail:
+            found.append(FIX_DOCKER_ENGINE)
+        return found
 
     def _use_engine_storage(self, lacking: str) -> None:
         """docker.storage = "auto" on a node without the pool: containers keep the engine's

@@ -1,13 +1,13 @@
 """The local backend: a sandbox is a set of Linux namespaces on the host, made by bubblewrap (or,
-where it is missing, util-linux unshare + chroot; see local_launch.py).
+where it is missing, util-linux unshare + chroot; see launch.py).
 
 Per sandbox the daemon keeps a directory on a size-capped filesystem of its own
 (limits.disk_bytes, diskcap.py) with `workspace/` (mounted read-write at the workdir), `tmp/`
-(mounted at /tmp) and the sandbox's root (local_root.py): the image through idmapped read-only
+(mounted at /tmp) and the sandbox's root (root.py): the image through idmapped read-only
 mounts under a writable overlay, in a user namespace of the sandbox's own that maps ids 0-65535
 to its block of host ids (daemon/uids.py). /proc, /dev (a private writable /dev/shm included) and
 /run are private. A container image (an archive, an OCI layout, an engine's image) is unpacked
-once into a cached root filesystem directory first (local_images.py). The daemon's state
+once into a cached root filesystem directory first (images.py). The daemon's state
 directory and socket directory are hidden behind empty tmpfs mounts.
 
 A long-lived init process, host root without capabilities outside the sandbox's user namespace
@@ -35,24 +35,16 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 
-from .. import diskcap
-from ..cgroups import LimitSupport
-from ..fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
-from ..process import in_cgroup, is_process, read_line
-from ..seccomp import loader_argv, program, supported
-from ..users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
-from .base import Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
-from .local_images import ImageCache, parse_reference
-from .local_launch import (
+from ... import diskcap
+from ...cgroups import LimitSupport
+from ...fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
+from ...process import in_cgroup, is_process, read_line
+from ...seccomp import loader_argv, program, supported
+from ...users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
+from ..base import NOT_ROOT, Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
+from ..nsenter import HOST_ENV, inside_env, nsenter_argv
+from ..root import (
     INIT_READY,
-    bwrap_argv,
-    bwrap_options,
-    host_paths_over_own_mounts,
-    init_pid,
-    root_layout,
-    unshare_argv,
-)
-from .local_root import (
     RootMount,
     build_root,
     kernel_support,
@@ -62,7 +54,7 @@ from .local_root import (
     secrets,
     unmount_root,
 )
-from .local_storage import (
+from ..storage import (
     SnapshotStore,
     StoragePool,
     bind_subvolume,
@@ -71,7 +63,15 @@ from .local_storage import (
     node_pool,
     snapshot_paused,
 )
-from .nsenter import HOST_ENV, inside_env, nsenter_argv
+from .images import ImageCache, parse_reference
+from .launch import (
+    bwrap_argv,
+    bwrap_options,
+    host_paths_over_own_mounts,
+    init_pid,
+    root_layout,
+    unshare_argv,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,16 @@ START_TIMEOUT_S = 30.0
 # others wait their turn: see LocalSandbox._start_init). Each holds its slot for a few
 # milliseconds unless its launcher hangs (START_TIMEOUT_S).
 LAUNCH_SLOTS = 8
+# What the probe says is missing, and what `corral doctor` says to do about it (own_fixes).
+NO_NSENTER = "nsenter is not installed"
+NO_BWRAP = "bubblewrap is not installed"
+NO_LAUNCHER = "neither bubblewrap nor util-linux unshare and chroot are installed"
+FIX_NSENTER = "apt-get install util-linux (for nsenter)"
+FIX_BWRAP = "apt-get install bubblewrap"
+FIX_BWRAP_OVER_UNSHARE = (
+    "apt-get install bubblewrap, then restart the daemon: without it local sandboxes fall back to "
+    "util-linux unshare + chroot (bubblewrap is the preferred launcher)"
+)
 
 
 def _version(tool: str) -> str:
@@ -111,7 +121,7 @@ class LocalSettings:
     image_cache_bytes: int = 20 << 30
     engine_socket: str = ""
     # "capfs": each sandbox's writable space on a filesystem of its own (diskcap.py); "btrfs": a
-    # subvolume of the node's btrfs pool, which ForkSandbox needs (local_storage.py), the pool
+    # subvolume of the node's btrfs pool, which ForkSandbox needs (storage.py), the pool
     # being an image of storage_bytes (0: the size of the state directory's disk, sparse).
     storage: str = "capfs"
     storage_bytes: int = 0
@@ -159,14 +169,14 @@ class LocalSandbox(ManagedSandbox):
     def __init__(self, backend: LocalBackend, spec, uid: int) -> None:
         super().__init__(backend, spec, uid)
         self.rootfs = backend.rootfs(spec.image)
-        # A cached container image stays in the cache while the sandbox lives (local_images.py).
+        # A cached container image stays in the cache while the sandbox lives (images.py).
         self._image_hold = backend.images.hold(self.rootfs)
         self._launcher: subprocess.Popen | None = None
         # The sandbox's user namespace (a file descriptor of the daemon's) and its default user.
         self._userns_fd = -1
         self.user = ROOT
         # With the btrfs pool: the sandbox's subvolume, and the block of host ids its files carry
-        # on disk (its own, or the first ancestor's for a fork's child; local_storage.py).
+        # on disk (its own, or the first ancestor's for a fork's child; storage.py).
         self.subvolume: Path | None = None
         self.disk_base = uid
         if backend.launcher != "none":
@@ -471,9 +481,9 @@ class LocalBackend(Backend):
         }
         missing = []
         if not self.nsenter:
-            missing.append("nsenter is not installed (apt-get install util-linux)")
+            missing.append(f"{NO_NSENTER} (apt-get install util-linux)")
         if os.geteuid() != 0:
-            missing.append("the daemon is not root: it needs root to give each sandbox its own uid and cgroup")
+            missing.append(f"{NOT_ROOT}: it needs root to give each sandbox its own uid and cgroup")
         if mode == "none":
             self.pool = None  # (no root of the sandbox's own to fork)
             # Only reachable with local.allow_no_isolation (config validation): commands run as
@@ -488,9 +498,7 @@ class LocalBackend(Backend):
                 False, reason='local.isolation = "none": commands can write wherever their uid may on the host'
             )
             if os.geteuid() != 0:
-                return BackendStatus(
-                    False, "the daemon is not root: it needs root to run commands as another uid", "none", limits
-                )
+                return BackendStatus(False, f"{NOT_ROOT}: it needs root to run commands as another uid", "none", limits)
             return BackendStatus(True, f"{detail}; {self._seccomp_detail()}", "none", limits)
         if mode in ("auto", "bwrap") and self.bwrap:
             self.launcher, detail = "bwrap", _version(self.bwrap) or "bubblewrap"
@@ -498,11 +506,7 @@ class LocalBackend(Backend):
             self.launcher, detail = "unshare", (_version(self.unshare) or "util-linux unshare") + " + chroot"
         else:
             self.launcher, detail = "", ""
-            missing.append(
-                "bubblewrap is not installed (apt-get install bubblewrap)"
-                if mode == "bwrap"
-                else "neither bubblewrap nor util-linux unshare and chroot are installed (apt-get install bubblewrap)"
-            )
+            missing.append(f"{NO_BWRAP if mode == 'bwrap' else NO_LAUNCHER} (apt-get install bubblewrap)")
         if not missing and self.pool is not None:
             # (Mounted when the daemon starts, reap_orphans: a probe, as `corral doctor`'s, makes nothing.)
             if lacking := self.pool.lacking():
@@ -517,9 +521,19 @@ class LocalBackend(Backend):
         users = f"root inside a user namespace of {self.context.uids.block} host ids per sandbox"
         return BackendStatus(True, f"{detail}; {users}; {self._seccomp_detail()}", "namespaces", limits)
 
+    @classmethod
+    def own_fixes(cls, status: BackendStatus) -> list[str]:
+        found = [FIX_NSENTER] if NO_NSENTER in status.detail else []
+        if NO_BWRAP in status.detail or NO_LAUNCHER in status.detail:
+            found.append(FIX_BWRAP)
+        # Working, on the fallback launcher, where bubblewrap could be installed.
+        if status.available and "unshare" in status.detail and shutil.which("bwrap") is None:
+            found.append(FIX_BWRAP_OVER_UNSHARE)
+        return found
+
     @property
     def host_secrets(self) -> list[str]:
-        """What the host's /etc keeps from other users, covered in "host" sandboxes (local_root.py):
+        """What the host's /etc keeps from other users, covered in "host" sandboxes (root.py):
         looked for once, when the first sandbox starts."""
         if self._host_secrets is None:
             self._host_secrets = secrets()

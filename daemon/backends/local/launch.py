@@ -1,6 +1,6 @@
 """How the local backend lays out a sandbox's root and starts its init: bubblewrap, or util-linux
 `unshare` + mount + chroot where bubblewrap is missing. The daemon builds the root itself
-(local_root.py, from `root_layout`); both launchers bind it at / and add the same private mounts,
+(root.py, from `root_layout`); both launchers bind it at / and add the same private mounts,
 so the two cannot drift in what a sandbox sees."""
 
 from __future__ import annotations
@@ -10,14 +10,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..seccomp import LOAD_FUNCTION
-from .base import RUN_DIR_IN_SANDBOX, BindMount
-from .local_root import RootMount
+from ...seccomp import LOAD_FUNCTION
+from ..base import RUN_DIR_IN_SANDBOX, BindMount
+from ..root import INIT_READY, RootMount
 
 # What a sandbox on the "host" image sees of the host's root: the operating system, no data
 # (/home, /root, /srv, /opt, /var, /mnt... stay out unless listed in local.host_paths).
 HOST_OS_ENTRIES = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr")
-INIT_READY = b"corral-init-ready\n"
 # Directories the launchers mount over every sandbox's root (tmpfs or the sandbox's own).
 OWN_MOUNTS = ("/tmp", "/run")
 # bubblewrap's init: keeps the namespaces alive until its stdin (held by the daemon) closes. It
@@ -28,11 +27,11 @@ INIT_SCRIPT = "printf 'corral-init-ready\\n'; read -r _"
 def root_layout(
     rootfs: str, hidden_paths: Sequence[str], host_paths: Sequence[str] = (), secrets: Sequence[str] = ()
 ) -> list[RootMount]:
-    """How local_root.build_root makes a sandbox's root. A root filesystem directory: one writable
+    """How root.build_root makes a sandbox's root. A root filesystem directory: one writable
     overlay of it. The host ("/"): a writable overlay of each operating-system directory, the
     directories of `host_paths` (absolute, symlinks resolved) read-only at their own paths, the
     daemon's own paths covered wherever they fall inside what is shown, and `secrets` (host files
-    other users may not read, local_root.secrets) masked, and an empty /root."""
+    other users may not read, root.secrets) masked, and an empty /root."""
     if rootfs != "/":
         return [RootMount("overlay", rootfs, "/")]
     layout = []
