@@ -38,6 +38,9 @@ from .capacity import detect_resources, disk_free_bytes, node_capacity
 from .cgroups import CgroupDriver
 from .config import Config, TcpConfig
 from .errors import map_errors
+from .execs import ExecManager
+from .files import FileManager
+from .forks import ForkManager
 from .interceptors import GuardInterceptor, bearer_token_guard, metrics_guard
 from .kernels import KernelManager
 from .metrics import Metrics
@@ -157,6 +160,9 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics.watch_cgroups(self.cgroups.held)
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
+        self.files = FileManager(self.manager)
+        self.execs = ExecManager(config, self.manager, self.files, self.metrics)
+        self.forks = ForkManager(config, self.manager)
         self.shells = ShellManager(config, self.manager)
         self.processes = ProcessManager(config, self.manager)
         self.kernels = KernelManager(config, self.manager)
@@ -167,7 +173,15 @@ class Daemon:
             "kernel": KernelServicer(self.kernels),
             "rollout": RolloutServicer(self.rollouts.pipeline, self.rollouts.llms, lambda: self.manager.draining),
             "shell": ShellServicer(self.shells, self.processes),
-            "sandbox": SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager), self.drain),
+            "sandbox": SandboxServicer(
+                self.manager,
+                self.forks,
+                self.execs,
+                self.files,
+                TarTransfer(self.files, self.execs),
+                self.node_info,
+                self.drain,
+            ),
         }
         self.server: grpc.aio.Server | None = None  # the Unix socket's
         self.tcp_server: grpc.aio.Server | None = None
@@ -276,6 +290,7 @@ class Daemon:
         await self.processes.close()
         await self.kernels.close()
         await self.manager.close()
+        self.files.close()
         for backend in self.backends.values():
             await backend.close()
         if self._socket_bound:  # never remove the socket of another daemon we refused to replace

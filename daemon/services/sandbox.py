@@ -1,4 +1,6 @@
-"""SandboxService: translates corral.v1 messages to SandboxManager calls and back. No logic here."""
+"""SandboxService: translates corral.v1 messages to calls on the sandbox table (SandboxManager),
+forks and snapshots (ForkManager), commands (ExecManager) and files (FileManager, TarTransfer), and
+back. No logic here."""
 
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
 
 from ..backends.base import BackendStatus, Limits
+from ..execs import ExecManager, ExecOutcome, Exited, Keepalive, Output, Started
+from ..files import FileManager
+from ..forks import ForkManager, NamedSnapshot
 from ..mounts import MountRequest
 from ..node import NodeInfo
 from ..process import STDERR, STDOUT
 from ..rules import CommandRequest
-from ..sandboxes import ExecOutcome, Exited, Keepalive, NamedSnapshot, Output, Sandbox, SandboxManager, Started
+from ..sandboxes import Sandbox, SandboxManager
 from ..transfer import TarTransfer
 
 log = logging.getLogger(__name__)
@@ -172,13 +177,19 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(
         self,
         manager: SandboxManager,
-        node_info: Callable[[], Awaitable[NodeInfo]],
+        forks: ForkManager,
+        execs: ExecManager,
+        files: FileManager,
         transfer: TarTransfer,
+        node_info: Callable[[], Awaitable[NodeInfo]],
         drain: Callable[[bool], Awaitable[tuple[bool, bool]]],
     ) -> None:
         self.manager = manager
-        self.node_info = node_info
+        self.forks = forks
+        self.execs = execs
+        self.files = files
         self.transfer = transfer
+        self.node_info = node_info
         self.drain = drain  # (drain?) -> (draining, empty)
 
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context) -> pb.CreateSandboxResponse:
@@ -218,20 +229,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return pb.DestroySandboxResponse()
 
     async def ForkSandbox(self, request: pb.ForkSandboxRequest, context) -> pb.ForkSandboxResponse:
-        children = await self.manager.fork(
+        children = await self.forks.fork(
             request.sandbox_id, request.count, dict(request.labels), request.snapshot, request.lease_ttl_ms
         )
         return pb.ForkSandboxResponse(sandboxes=[sandbox_summary(sb) for sb in children])
 
     async def SnapshotSandbox(self, request: pb.SnapshotSandboxRequest, context) -> pb.SnapshotSandboxResponse:
-        named = await self.manager.snapshot(request.sandbox_id, request.name)
+        named = await self.forks.snapshot(request.sandbox_id, request.name)
         return pb.SnapshotSandboxResponse(snapshot=snapshot_message(named))
 
     async def ListSnapshots(self, request, context) -> pb.ListSnapshotsResponse:
-        return pb.ListSnapshotsResponse(snapshots=[snapshot_message(s) for s in self.manager.snapshots()])
+        return pb.ListSnapshotsResponse(snapshots=[snapshot_message(s) for s in self.forks.snapshots()])
 
     async def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest, context) -> pb.DeleteSnapshotResponse:
-        await self.manager.delete_snapshot(request.name)
+        await self.forks.delete_snapshot(request.name)
         return pb.DeleteSnapshotResponse()
 
     @staticmethod
@@ -249,7 +260,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
 
     async def Exec(self, request: pb.ExecRequest, context) -> pb.ExecResponse:
-        outcome = await self.manager.exec(request.sandbox_id, self._command(request.command))
+        outcome = await self.execs.exec(request.sandbox_id, self._command(request.command))
         return pb.ExecResponse(
             status=exit_status(outcome),
             stdout=outcome.stdout,
@@ -261,7 +272,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def ExecStream(self, request: pb.ExecStreamRequest, context) -> AsyncIterator[pb.ExecStreamResponse]:
         spec = self._command(request.command)
-        events = self.manager.exec_stream(request.sandbox_id, spec, request.keepalive_interval_ms)
+        events = self.execs.exec_stream(request.sandbox_id, spec, request.keepalive_interval_ms)
         try:
             async for event in events:
                 if isinstance(event, Output):
@@ -286,19 +297,19 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             await events.aclose()
 
     async def ReadFile(self, request, context) -> pb.ReadFileResponse:
-        data, size, truncated = await self.manager.read_file(
+        data, size, truncated = await self.files.read_file(
             request.sandbox_id, request.path, request.offset, request.limit_bytes
         )
         return pb.ReadFileResponse(data=data, size_bytes=size, truncated=truncated)
 
     async def WriteFile(self, request, context) -> pb.WriteFileResponse:
-        written = await self.manager.write_file(
+        written = await self.files.write_file(
             request.sandbox_id, request.path, request.data, request.mode, request.make_parents
         )
         return pb.WriteFileResponse(bytes_written=written)
 
     async def ListDir(self, request, context) -> pb.ListDirResponse:
-        entries = await self.manager.list_dir(request.sandbox_id, request.path)
+        entries = await self.files.list_dir(request.sandbox_id, request.path)
         return pb.ListDirResponse(
             entries=[
                 pb.FileInfo(
