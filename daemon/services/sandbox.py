@@ -1,12 +1,12 @@
 """SandboxService: translates corral.v1 messages to calls on the sandbox table (SandboxManager),
-forks and snapshots (ForkManager), commands (ExecManager) and files (FileManager, TarTransfer), and
-back. No logic here."""
+forks and snapshots (ForkManager), commands (ExecManager), files (FileManager, TarTransfer) and
+the node (Node), and back. No logic here."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from corral.sdk.enums import BACKEND_NUMBERS, backend_name
 from corral.sdk.errors import InvalidArgument
@@ -18,7 +18,7 @@ from ..execs import ExecManager, ExecOutcome, Exited, Keepalive, Output, Started
 from ..files import FileManager
 from ..forks import ForkManager, NamedSnapshot
 from ..mounts import MountRequest
-from ..node import NodeInfo
+from ..node import Node, NodeInfo
 from ..process import STDERR, STDOUT
 from ..rules import CommandRequest
 from ..sandboxes import Sandbox, SandboxManager
@@ -181,16 +181,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         execs: ExecManager,
         files: FileManager,
         transfer: TarTransfer,
-        node_info: Callable[[], Awaitable[NodeInfo]],
-        drain: Callable[[bool], Awaitable[tuple[bool, bool]]],
+        node: Node,
     ) -> None:
         self.manager = manager
         self.forks = forks
         self.execs = execs
         self.files = files
         self.transfer = transfer
-        self.node_info = node_info
-        self.drain = drain  # (drain?) -> (draining, empty)
+        self.node = node
 
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context) -> pb.CreateSandboxResponse:
         backend = "" if request.backend == pb.BACKEND_UNSPECIFIED else backend_name(request.backend)
@@ -344,12 +342,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             yield pb.DownloadResponse(chunk=chunk)
 
     async def GetNodeInfo(self, request, context) -> pb.GetNodeInfoResponse:
-        return node_info_message(await self.node_info())
+        return node_info_message(await self.node.info())
 
     async def RenewLease(self, request: pb.RenewLeaseRequest, context) -> pb.RenewLeaseResponse:
         sb = self.manager.renew_lease(request.sandbox_id, request.ttl_ms)
         return pb.RenewLeaseResponse(sandbox=sandbox_summary(sb))
 
     async def Drain(self, request: pb.DrainRequest, context) -> pb.DrainResponse:
-        draining, empty = await self.drain(request.drain)
+        draining, empty = await self.node.drain(request.drain)
         return pb.DrainResponse(draining=draining, empty=empty)
