@@ -25,6 +25,7 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Res
 from . import rules
 from .admission import CreateGate, admit_memory, node_memory_bytes
 from .backends.base import Backend, BindMount, ForkPoint, Limits, SandboxRuntime, SandboxSpec
+from .cgroups import LimitSupport
 from .config import Config, ConfigError, PoolEntry
 from .idempotency import IdempotentCreates
 from .metrics import Metrics
@@ -64,6 +65,16 @@ class Sandbox:
     # mid-creation waits for the first, a second destroy for the second.
     created: asyncio.Event = field(default_factory=asyncio.Event)
     destroyed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def limit_support(self) -> dict[str, LimitSupport]:
+        """Which of its limits hold, by kind: its backend's, less the network isolation it was
+        created without and the disk cap the node does not set."""
+        limits = dict(self.runtime.limits) if self.runtime else {}
+        if "network" in limits and self.network:
+            limits["network"] = LimitSupport(False, reason="the sandbox was created with network access")
+        if "disk" in limits and not self.limits.disk_bytes:
+            limits["disk"] = LimitSupport(False, reason="no cap: limits.disk_bytes is 0 on this node")
+        return limits
 
 
 @dataclass(frozen=True)

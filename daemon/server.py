@@ -172,7 +172,7 @@ class Daemon:
         self.health = health.aio.HealthServicer()
         self.servicers = {
             "kernel": KernelServicer(self.kernels),
-            "rollout": RolloutServicer(self.rollouts.pipeline, self.rollouts.llms, lambda: self.manager.draining),
+            "rollout": RolloutServicer(self.rollouts),
             "shell": ShellServicer(self.shells, self.processes),
             "sandbox": SandboxServicer(
                 self.manager, self.forks, self.execs, self.files, TarTransfer(self.files, self.execs), self.node

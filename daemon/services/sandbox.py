@@ -63,11 +63,6 @@ def limit_status(limits) -> list[pb.LimitStatus]:
 
 def sandbox_message(sb: Sandbox) -> pb.Sandbox:
     runtime = sb.runtime
-    limits = dict(runtime.limits) if runtime else {}
-    if "network" in limits and sb.network:
-        limits["network"] = type(limits["network"])(False, reason="the sandbox was created with network access")
-    if "disk" in limits and not sb.limits.disk_bytes:
-        limits["disk"] = type(limits["disk"])(False, reason="no cap: limits.disk_bytes is 0 on this node")
     host_id_first, host_id_count = runtime.host_id_block() if runtime else (0, 0)
     return pb.Sandbox(
         sandbox_id=sb.sandbox_id,
@@ -81,7 +76,7 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
             cpu_millicores=sb.limits.cpu_millicores,
             disk_bytes=sb.limits.disk_bytes,
         ),
-        limit_status=limit_status(limits),
+        limit_status=limit_status(sb.limit_support()),
         network=sb.network,
         labels=sb.labels,
         created_at_unix_ms=int(sb.created_at * 1000),

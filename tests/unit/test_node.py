@@ -1,5 +1,6 @@
 """Node, the node-level calls (GetNodeInfo, Drain), on its own: over a SandboxManager on the fake
-backend, with the rollout pipeline stood in for by a count of live rollouts."""
+backend, with the rollout pipeline stood in for by a count of live rollouts. And what a drain
+means for rollouts, on a whole daemon."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from corral.daemon.embedded import embedded_daemon
 from corral.daemon.node import Node, version
 from corral.daemon.state import StateStore
-from corral.sdk.errors import Unavailable
+from corral.daemon.testing import fake_backends
+from corral.sdk import AsyncClient
+from corral.sdk.errors import FailedPrecondition, Unavailable
+from tests.rollout_tasks import repair_task
+from tests.unit.test_fake_daemon import config_in
 from tests.unit.test_sandbox_managers import Managers, managers
 
 
@@ -80,3 +86,18 @@ async def test_info_describes_the_node_and_what_it_holds(node, parts, rollouts) 
     await node.drain(True)
     info = await node.info()
     assert (info.sandbox_count, info.capacity.running, info.draining, info.empty) == (1, 1, True, False)
+
+
+async def test_a_drained_node_refuses_new_rollouts_until_undone(tmp_path) -> None:
+    refusal = r"this node is draining: it takes no new rollouts \(submit them to another node\)$"
+    async with embedded_daemon(config_in(tmp_path), backend_classes=fake_backends()) as address:
+        async with AsyncClient(address) as client:
+            await client.drain()
+            with pytest.raises(Unavailable, match=refusal):
+                await client.rollouts.run(repair_task("refused"))
+            with pytest.raises(Unavailable, match=refusal):  # a Stream's submission, rejected in-band
+                async for _ in client.rollouts.stream([repair_task("refused")]):
+                    pass
+            await client.drain(False)
+            with pytest.raises(FailedPrecondition, match="no LLM server is registered"):  # taken: no LLM to run it
+                await client.rollouts.run(repair_task("taken"))

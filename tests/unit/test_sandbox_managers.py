@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from corral.daemon.backends.base import Backend, ForkPoint, Limits, SandboxRuntime
-from corral.daemon.cgroups import CgroupDriver
+from corral.daemon.backends.base import Backend, BackendStatus, ForkPoint, Limits, SandboxRuntime
+from corral.daemon.cgroups import CgroupDriver, LimitSupport
 from corral.daemon.config import Config, load_config
 from corral.daemon.execs import ExecManager, Exited, Output, Started
 from corral.daemon.files import FileManager
@@ -44,9 +44,9 @@ class Managers:
     execs: ExecManager
     forks: ForkManager
 
-    async def create(self, **labels: str) -> Sandbox:
+    async def create(self, *, network: bool = False, **labels: str) -> Sandbox:
         return await self.sandboxes.create(
-            backend="", image="", limits=Limits(), network=False, env={}, labels=labels, idle_timeout_ms=0
+            backend="", image="", limits=Limits(), network=network, env={}, labels=labels, idle_timeout_ms=0
         )
 
 
@@ -159,6 +159,32 @@ async def test_a_closed_table_refuses_creates_forks_and_snapshots(tmp_path) -> N
             await m.forks.fork(sandbox.sandbox_id, 1, {})
         with pytest.raises(Unavailable, match="the daemon is shutting down"):
             await m.forks.snapshot(sandbox.sandbox_id, "kept")
+
+
+class _EnforcingFakeBackend(FakeBackend):
+    """The fake backend claiming that it isolates the network and caps the disk."""
+
+    def probe(self) -> BackendStatus:
+        status = super().probe()
+        enforced = {"network": LimitSupport(True, "test"), "disk": LimitSupport(True, "test")}
+        return BackendStatus(status.available, status.detail, status.isolation, {**status.limits, **enforced})
+
+
+async def test_limits_a_sandbox_was_made_without_are_not_enforced_for_it(tmp_path) -> None:
+    async with managers(tmp_path, _EnforcingFakeBackend) as m:
+        isolated, networked = await m.create(), await m.create(network=True)
+        assert isolated.limits.disk_bytes  # the node's default cap
+        assert isolated.limit_support()["network"] == isolated.limit_support()["disk"] == LimitSupport(True, "test")
+        assert networked.limit_support()["network"] == LimitSupport(
+            False, reason="the sandbox was created with network access"
+        )
+        m.config.limits.disk_bytes = 0  # a node without a default cap
+        uncapped = await m.create()
+        assert uncapped.limit_support()["disk"] == LimitSupport(
+            False, reason="no cap: limits.disk_bytes is 0 on this node"
+        )
+        for sandbox in (isolated, networked, uncapped):
+            assert sandbox.limit_support()["memory"] == m.backends["local"].status().limits["memory"]
 
 
 # -- files and a command's working directory -------------------------------------------------------
