@@ -1,19 +1,27 @@
-"""What this node offers: its backends, built from the registry, and a summary of them for
-GetNodeInfo and `corral doctor`."""
+"""What this node offers: its backends, built from the registry, and `Node`, the node-level calls
+(GetNodeInfo: what the node runs, holds and has room for; Drain: taking it out of service and
+back)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Protocol
 
 from corral.sdk.types import NodeCapacity, PoolInfo
 
 from .backends.base import Backend, BackendContext, BackendStatus, run_dir_base
 from .backends.registry import BACKENDS
+from .capacity import detect_resources, disk_free_bytes, node_capacity
 from .cgroups import CgroupDriver
 from .config import Config
+from .sandboxes import SandboxManager
 from .uids import UidPool
+
+log = logging.getLogger(__name__)
 
 
 def version() -> str:
@@ -67,3 +75,71 @@ class NodeInfo:
     capacity: NodeCapacity = NodeCapacity()
     draining: bool = False
     empty: bool = False
+
+
+class LiveRollouts(Protocol):
+    """What the node needs to know of the rollout pipeline: its rollouts not finished yet."""
+
+    @property
+    def live_count(self) -> int: ...
+
+
+class Node:
+    """The node as a whole: its description and capacity (info), whether anything is left on it
+    (empty), and draining (drain). Its resources are detected once, when it is made."""
+
+    def __init__(
+        self,
+        config: Config,
+        daemon_id: str,
+        backends: Mapping[str, Backend],
+        cgroups: CgroupDriver,
+        sandboxes: SandboxManager,
+        rollouts: LiveRollouts,
+    ) -> None:
+        self.config = config
+        self.daemon_id = daemon_id
+        self.backends = backends
+        self.cgroups = cgroups
+        self.sandboxes = sandboxes
+        self.rollouts = rollouts
+        self.resources = detect_resources()
+
+    async def info(self) -> NodeInfo:
+        images = await asyncio.gather(*(backend.cached_images() for backend in self.backends.values()))
+        config = self.config
+        capacity = node_capacity(
+            live=[(sb.state, sb.limits) for sb in self.sandboxes.list()],
+            max_sandboxes=config.daemon.max_sandboxes,
+            default_memory_bytes=config.limits.memory_bytes,
+            resources=self.resources,
+            node_memory=self.sandboxes.node_memory_bytes,
+            overcommit=config.daemon.memory_overcommit,
+            disk_free=await asyncio.to_thread(disk_free_bytes, config.state_path),
+            images=[f"{name}:{image}" for name, held in zip(self.backends, images, strict=True) for image in held],
+        )
+        return NodeInfo(
+            version=version(),
+            daemon_id=self.daemon_id,
+            default_backend=config.daemon.default_backend,
+            backends={name: b.status() for name, b in self.backends.items()},
+            cgroup_mode=self.cgroups.mode,
+            sandbox_count=len(self.sandboxes),
+            pools=self.sandboxes.pools.status(),
+            capacity=capacity,
+            draining=self.sandboxes.draining,
+            empty=self.empty(),
+        )
+
+    def empty(self) -> bool:
+        """Nothing left on the node: no sandbox, live or starting, and no rollout unfinished."""
+        return not len(self.sandboxes) and not self.rollouts.live_count
+
+    async def drain(self, draining: bool) -> tuple[bool, bool]:
+        """Drains the node (no new sandboxes or rollouts; SandboxManager.set_draining) or takes it
+        back into service; (draining, empty)."""
+        await self.sandboxes.set_draining(draining)
+        log.info(
+            "%s", "draining: no new sandboxes or rollouts" if draining else "taking new sandboxes and rollouts again"
+        )
+        return self.sandboxes.draining, self.empty()

@@ -1,6 +1,6 @@
 """The daemon's rollout machinery, built from the `[rollout]` configuration: the LLM server pool,
 the tokenizer, the LLM gateway of harness tasks and the INIT / RUN / EVAL pipeline, with their
-start and shutdown order."""
+start and shutdown order; and the submission of rollouts, which a draining node refuses."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from corral.daemon.sandboxes import SandboxManager
 from corral.rollout.evaluation import ROLLOUT_LABEL
 from corral.rollout.gateway import Gateway
 from corral.rollout.harness import HarnessHost
-from corral.rollout.pipeline import PipelineSettings, RolloutPipeline, StageSettings
+from corral.rollout.pipeline import PipelineSettings, ResultSink, Rollout, RolloutPipeline, StageSettings, TurnSink
 from corral.rollout.tokenizer import load_tokenizer
 from corral.sdk import AsyncClient
+from corral.sdk.errors import Unavailable
+from corral.v1 import rollout_pb2 as pb
 
 
 def pipeline_settings(config: RolloutConfig) -> PipelineSettings:
@@ -40,6 +42,7 @@ class RolloutRuntime:
             max_attempts=config.llm_attempts,
             unavailable_wait_s=config.llm_unavailable_wait_s,
         )
+        self.sandboxes = sandboxes
         self.address = f"unix://{socket_path}"
         self.client = AsyncClient(self.address)
         self.metrics = metrics
@@ -78,6 +81,14 @@ class RolloutRuntime:
             on_session_closed=self.metrics.count_gateway_session,
         )
         self.pipeline.start()
+
+    async def submit(
+        self, task: pb.Task, options: pb.RolloutOptions, deliver: ResultSink, on_turn: TurnSink | None = None
+    ) -> list[Rollout]:
+        """pipeline.submit, refused (UNAVAILABLE) while the node drains."""
+        if self.sandboxes.draining:
+            raise Unavailable("this node is draining: it takes no new rollouts (submit them to another node)")
+        return await self.pipeline.submit(task, options, deliver, on_turn)
 
     async def close(self) -> None:
         """Ends unfinished rollouts (FILTERED, reason SHUTDOWN) and destroys their sandboxes; call

@@ -66,7 +66,7 @@ def working_directory(cwd: str) -> str:
 def command_directory(cwd: str) -> str:
     """An Exec or ExecStream command's working directory as sent: "" (the sandbox's workdir), an
     absolute path, or a path relative to the workdir, as in the file calls. The manager resolves it
-    in the sandbox and refuses one that is not a directory there (SandboxManager.run_command)."""
+    in the sandbox and refuses one that is not a directory there (ExecManager.run_command)."""
     return no_nul("cwd", cwd)
 
 

@@ -34,14 +34,16 @@ from corral.v1 import (
 )
 
 from .backends.base import Backend
-from .capacity import detect_resources, disk_free_bytes, node_capacity
 from .cgroups import CgroupDriver
 from .config import Config, TcpConfig
 from .errors import map_errors
+from .execs import ExecManager
+from .files import FileManager
+from .forks import ForkManager
 from .interceptors import GuardInterceptor, bearer_token_guard, metrics_guard
 from .kernels import KernelManager
 from .metrics import Metrics
-from .node import NodeInfo, make_backends, version
+from .node import Node, make_backends
 from .notify import sd_notify
 from .processes import ProcessManager
 from .reserved_signals import reset_ignored_reserved_signals
@@ -157,60 +159,29 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics.watch_cgroups(self.cgroups.held)
         self.manager = SandboxManager(config, self.backends, self.state, self.metrics)
+        self.files = FileManager(self.manager)
+        self.execs = ExecManager(config, self.manager, self.files, self.metrics)
+        self.forks = ForkManager(config, self.manager)
         self.shells = ShellManager(config, self.manager)
         self.processes = ProcessManager(config, self.manager)
         self.kernels = KernelManager(config, self.manager)
         self.rollouts = RolloutRuntime(config.rollout, self.socket_path, self.manager, self.metrics)
-        self.resources = detect_resources()
+        self.node = Node(
+            config, self.state.daemon_id, self.backends, self.cgroups, self.manager, self.rollouts.pipeline
+        )
         self.health = health.aio.HealthServicer()
         self.servicers = {
             "kernel": KernelServicer(self.kernels),
-            "rollout": RolloutServicer(self.rollouts.pipeline, self.rollouts.llms, lambda: self.manager.draining),
+            "rollout": RolloutServicer(self.rollouts),
             "shell": ShellServicer(self.shells, self.processes),
-            "sandbox": SandboxServicer(self.manager, self.node_info, TarTransfer(self.manager), self.drain),
+            "sandbox": SandboxServicer(
+                self.manager, self.forks, self.execs, self.files, TarTransfer(self.files, self.execs), self.node
+            ),
         }
         self.server: grpc.aio.Server | None = None  # the Unix socket's
         self.tcp_server: grpc.aio.Server | None = None
         self._socket_bound = False
         self._stop = asyncio.Event()
-
-    async def node_info(self) -> NodeInfo:
-        images = await asyncio.gather(*(backend.cached_images() for backend in self.backends.values()))
-        config = self.config
-        capacity = node_capacity(
-            live=[(sb.state, sb.limits) for sb in self.manager.list()],
-            max_sandboxes=config.daemon.max_sandboxes,
-            default_memory_bytes=config.limits.memory_bytes,
-            resources=self.resources,
-            node_memory=self.manager.node_memory_bytes,
-            overcommit=config.daemon.memory_overcommit,
-            disk_free=await asyncio.to_thread(disk_free_bytes, config.state_path),
-            images=[f"{name}:{image}" for name, held in zip(self.backends, images, strict=True) for image in held],
-        )
-        return NodeInfo(
-            version=version(),
-            daemon_id=self.state.daemon_id,
-            default_backend=config.daemon.default_backend,
-            backends={name: b.status() for name, b in self.backends.items()},
-            cgroup_mode=self.cgroups.mode,
-            sandbox_count=len(self.manager),
-            pools=self.manager.pools.status(),
-            capacity=capacity,
-            draining=self.manager.draining,
-            empty=self.empty(),
-        )
-
-    def empty(self) -> bool:
-        """Nothing left on the node: no sandbox, live or starting, and no rollout unfinished."""
-        return not len(self.manager) and not self.rollouts.pipeline.live_count
-
-    async def drain(self, draining: bool) -> tuple[bool, bool]:
-        """Drains the node or takes it back into service; (draining, empty)."""
-        await self.manager.set_draining(draining)
-        log.info(
-            "%s", "draining: no new sandboxes or rollouts" if draining else "taking new sandboxes and rollouts again"
-        )
-        return self.manager.draining, self.empty()
 
     async def start(self) -> None:
         reset_inherited_signals()
@@ -276,6 +247,7 @@ class Daemon:
         await self.processes.close()
         await self.kernels.close()
         await self.manager.close()
+        self.files.close()
         for backend in self.backends.values():
             await backend.close()
         if self._socket_bound:  # never remove the socket of another daemon we refused to replace

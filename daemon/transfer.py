@@ -15,9 +15,10 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 from corral.sdk.errors import CorralError, FailedPrecondition, InvalidArgument
 
+from .execs import ExecManager, Exited, Output
+from .files import FileManager
 from .fsaccess import STAGING_PREFIX
 from .rules import CommandSpec
-from .sandboxes import Exited, Output, SandboxManager
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,9 @@ _ARCHIVE_SCRIPT = (
 
 
 class TarTransfer:
-    def __init__(self, manager: SandboxManager) -> None:
-        self.manager = manager
+    def __init__(self, files: FileManager, execs: ExecManager) -> None:
+        self.files = files
+        self.execs = execs
 
     def _spec(self, argv: list[str], stdin=None, output_limit: int = NO_CAP) -> CommandSpec:
         return CommandSpec(argv=argv, shell=None, stdin=stdin, timeout_s=TRANSFER_TIMEOUT_S, output_limit=output_limit)
@@ -44,15 +46,15 @@ class TarTransfer:
         """Unpacks the archive into a hidden staging directory inside `path`, then moves its entries
         into place (see SandboxFiles.move_into): an upload that fails or is cancelled part way,
         whether the archive was bad, the disk filled or the client went away, leaves nothing behind."""
-        dest = await self.manager.make_dirs(sandbox_id, path)
+        dest = await self.files.make_dirs(sandbox_id, path)
         # Named here, and made in a shielded task that the cleanup waits for, so that a call
         # cancelled while the directory is being made still removes it.
         staging = os.path.join(dest, STAGING_PREFIX + secrets.token_hex(8))
-        making = asyncio.ensure_future(self.manager.make_staging_dir(sandbox_id, staging))
+        making = asyncio.ensure_future(self.files.make_staging_dir(sandbox_id, staging))
         try:
             await asyncio.shield(making)
             received = await self._unpack(sandbox_id, staging, chunks, dest)
-            await self.manager.move_into(sandbox_id, staging, dest)
+            await self.files.move_into(sandbox_id, staging, dest)
         finally:
             # Shielded too: a second cancellation must not leave the staging directory behind.
             await asyncio.shield(asyncio.ensure_future(self._remove(sandbox_id, staging, making)))
@@ -62,7 +64,7 @@ class TarTransfer:
         with contextlib.suppress(Exception):
             await making  # its error, if any, is the call's
         try:
-            await self.manager.remove_tree(sandbox_id, staging)
+            await self.files.remove_tree(sandbox_id, staging)
         except CorralError as err:  # the sandbox went away meanwhile, with its files
             log.info("could not remove upload staging directory %s in %s: %s", staging, sandbox_id, err)
 
@@ -99,7 +101,7 @@ class TarTransfer:
         reader = asyncio.ensure_future(read_requests())
         spec = self._spec(["tar", "-x", "-f", "-", "-C", staging, "--no-same-owner"], tar_input(), 1 << 16)
         try:
-            outcome = await self.manager.run_command(sandbox_id, spec)
+            outcome = await self.execs.run_command(sandbox_id, spec)
             tar_done = True  # tar may stop reading at the end-of-archive marker: read on, unqueued
             while not queue.empty():
                 queue.get_nowait()
@@ -116,11 +118,11 @@ class TarTransfer:
         return received
 
     async def download(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
-        absolute, _ = await self.manager.path_kind(sandbox_id, path)
+        absolute, _ = await self.files.path_kind(sandbox_id, path)
         parent, name = os.path.split(absolute.rstrip("/")) if absolute != "/" else ("/", ".")
         spec = self._spec(["/bin/sh", "-c", _ARCHIVE_SCRIPT, "corral-download", parent or "/", name])
         errors = b""
-        events = self.manager.stream_command(sandbox_id, spec, keepalive_s=0)
+        events = self.execs.stream_command(sandbox_id, spec, keepalive_s=0)
         try:
             async for event in events:
                 if isinstance(event, Output):

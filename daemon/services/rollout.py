@@ -1,19 +1,21 @@
-"""RolloutService: translates corral.v1 rollout messages to RolloutPipeline and LLMPool calls."""
+"""RolloutService: translates corral.v1 rollout messages to calls on the daemon's rollout runtime
+(RolloutRuntime: its pipeline and LLM pool) and back."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 
-from corral.rollout.pipeline import ResultSink, Rollout, RolloutPipeline, Stage, TurnSink
-from corral.sdk.errors import CorralError, InvalidArgument, Unavailable
+from corral.rollout.pipeline import Stage
+from corral.sdk.errors import CorralError, InvalidArgument
 from corral.v1 import rollout_pb2 as pb
 from corral.v1 import rollout_pb2_grpc
 
-from ..llm_pool import LLMPool, ServerStats
+from ..llm_pool import ServerStats
+from ..rollout_runtime import RolloutRuntime
 
 _PROTOCOL_NAMES = {
     pb.LLM_PROTOCOL_UNSPECIFIED: "sglang",
@@ -37,18 +39,10 @@ def server_to_proto(server: ServerStats) -> pb.LLMServer:
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    def __init__(self, pipeline: RolloutPipeline, llms: LLMPool, draining: Callable[[], bool] = lambda: False) -> None:
-        self.pipeline = pipeline
-        self.llms = llms
-        self.draining = draining  # the node drains: no new rollouts
-
-    async def submit(
-        self, task: pb.Task, options: pb.RolloutOptions, deliver: ResultSink, on_turn: TurnSink | None = None
-    ) -> list[Rollout]:
-        """pipeline.submit, refused (UNAVAILABLE) while the node drains."""
-        if self.draining():
-            raise Unavailable("this node is draining: it takes no new rollouts (submit them to another node)")
-        return await self.pipeline.submit(task, options, deliver, on_turn)
+    def __init__(self, rollouts: RolloutRuntime) -> None:
+        self.rollouts = rollouts
+        self.pipeline = rollouts.pipeline
+        self.llms = rollouts.llms
 
     async def RegisterLLM(self, request: pb.RegisterLLMRequest, context) -> pb.RegisterLLMResponse:
         protocol = _PROTOCOL_NAMES.get(request.protocol)
@@ -80,7 +74,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if not done.done():
                 done.set_result(result)
 
-        rollouts = await self.submit(request.task, options, deliver)
+        rollouts = await self.rollouts.submit(request.task, options, deliver)
         try:
             return pb.RunResponse(result=await done)
         finally:
@@ -145,7 +139,7 @@ class _StreamSession:
 
     async def submit(self, submit: pb.SubmitRollout) -> None:
         try:
-            rollouts = await self.servicer.submit(submit.task, submit.options, self.deliver, self.send_turn)
+            rollouts = await self.servicer.rollouts.submit(submit.task, submit.options, self.deliver, self.send_turn)
         except CorralError as error:
             # One bad submission must not end the stream: it is answered in-band, with the status
             # code the call would have had on its own.

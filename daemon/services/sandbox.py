@@ -1,10 +1,12 @@
-"""SandboxService: translates corral.v1 messages to SandboxManager calls and back. No logic here."""
+"""SandboxService: translates corral.v1 messages to calls on the sandbox table (SandboxManager),
+forks and snapshots (ForkManager), commands (ExecManager), files (FileManager, TarTransfer) and
+the node (Node), and back. No logic here."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from corral.sdk.enums import BACKEND_NUMBERS, backend_name
 from corral.sdk.errors import InvalidArgument
@@ -12,11 +14,14 @@ from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
 
 from ..backends.base import BackendStatus, Limits
+from ..execs import ExecManager, ExecOutcome, Exited, Keepalive, Output, Started
+from ..files import FileManager
+from ..forks import ForkManager, NamedSnapshot
 from ..mounts import MountRequest
-from ..node import NodeInfo
+from ..node import Node, NodeInfo
 from ..process import STDERR, STDOUT
 from ..rules import CommandRequest
-from ..sandboxes import ExecOutcome, Exited, Keepalive, NamedSnapshot, Output, Sandbox, SandboxManager, Started
+from ..sandboxes import Sandbox, SandboxManager
 from ..transfer import TarTransfer
 
 log = logging.getLogger(__name__)
@@ -58,11 +63,6 @@ def limit_status(limits) -> list[pb.LimitStatus]:
 
 def sandbox_message(sb: Sandbox) -> pb.Sandbox:
     runtime = sb.runtime
-    limits = dict(runtime.limits) if runtime else {}
-    if "network" in limits and sb.network:
-        limits["network"] = type(limits["network"])(False, reason="the sandbox was created with network access")
-    if "disk" in limits and not sb.limits.disk_bytes:
-        limits["disk"] = type(limits["disk"])(False, reason="no cap: limits.disk_bytes is 0 on this node")
     host_id_first, host_id_count = runtime.host_id_block() if runtime else (0, 0)
     return pb.Sandbox(
         sandbox_id=sb.sandbox_id,
@@ -76,7 +76,7 @@ def sandbox_message(sb: Sandbox) -> pb.Sandbox:
             cpu_millicores=sb.limits.cpu_millicores,
             disk_bytes=sb.limits.disk_bytes,
         ),
-        limit_status=limit_status(limits),
+        limit_status=limit_status(sb.limit_support()),
         network=sb.network,
         labels=sb.labels,
         created_at_unix_ms=int(sb.created_at * 1000),
@@ -172,14 +172,18 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(
         self,
         manager: SandboxManager,
-        node_info: Callable[[], Awaitable[NodeInfo]],
+        forks: ForkManager,
+        execs: ExecManager,
+        files: FileManager,
         transfer: TarTransfer,
-        drain: Callable[[bool], Awaitable[tuple[bool, bool]]],
+        node: Node,
     ) -> None:
         self.manager = manager
-        self.node_info = node_info
+        self.forks = forks
+        self.execs = execs
+        self.files = files
         self.transfer = transfer
-        self.drain = drain  # (drain?) -> (draining, empty)
+        self.node = node
 
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context) -> pb.CreateSandboxResponse:
         backend = "" if request.backend == pb.BACKEND_UNSPECIFIED else backend_name(request.backend)
@@ -218,20 +222,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return pb.DestroySandboxResponse()
 
     async def ForkSandbox(self, request: pb.ForkSandboxRequest, context) -> pb.ForkSandboxResponse:
-        children = await self.manager.fork(
+        children = await self.forks.fork(
             request.sandbox_id, request.count, dict(request.labels), request.snapshot, request.lease_ttl_ms
         )
         return pb.ForkSandboxResponse(sandboxes=[sandbox_summary(sb) for sb in children])
 
     async def SnapshotSandbox(self, request: pb.SnapshotSandboxRequest, context) -> pb.SnapshotSandboxResponse:
-        named = await self.manager.snapshot(request.sandbox_id, request.name)
+        named = await self.forks.snapshot(request.sandbox_id, request.name)
         return pb.SnapshotSandboxResponse(snapshot=snapshot_message(named))
 
     async def ListSnapshots(self, request, context) -> pb.ListSnapshotsResponse:
-        return pb.ListSnapshotsResponse(snapshots=[snapshot_message(s) for s in self.manager.snapshots()])
+        return pb.ListSnapshotsResponse(snapshots=[snapshot_message(s) for s in self.forks.snapshots()])
 
     async def DeleteSnapshot(self, request: pb.DeleteSnapshotRequest, context) -> pb.DeleteSnapshotResponse:
-        await self.manager.delete_snapshot(request.name)
+        await self.forks.delete_snapshot(request.name)
         return pb.DeleteSnapshotResponse()
 
     @staticmethod
@@ -249,7 +253,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
 
     async def Exec(self, request: pb.ExecRequest, context) -> pb.ExecResponse:
-        outcome = await self.manager.exec(request.sandbox_id, self._command(request.command))
+        outcome = await self.execs.exec(request.sandbox_id, self._command(request.command))
         return pb.ExecResponse(
             status=exit_status(outcome),
             stdout=outcome.stdout,
@@ -261,7 +265,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def ExecStream(self, request: pb.ExecStreamRequest, context) -> AsyncIterator[pb.ExecStreamResponse]:
         spec = self._command(request.command)
-        events = self.manager.exec_stream(request.sandbox_id, spec, request.keepalive_interval_ms)
+        events = self.execs.exec_stream(request.sandbox_id, spec, request.keepalive_interval_ms)
         try:
             async for event in events:
                 if isinstance(event, Output):
@@ -286,19 +290,19 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             await events.aclose()
 
     async def ReadFile(self, request, context) -> pb.ReadFileResponse:
-        data, size, truncated = await self.manager.read_file(
+        data, size, truncated = await self.files.read_file(
             request.sandbox_id, request.path, request.offset, request.limit_bytes
         )
         return pb.ReadFileResponse(data=data, size_bytes=size, truncated=truncated)
 
     async def WriteFile(self, request, context) -> pb.WriteFileResponse:
-        written = await self.manager.write_file(
+        written = await self.files.write_file(
             request.sandbox_id, request.path, request.data, request.mode, request.make_parents
         )
         return pb.WriteFileResponse(bytes_written=written)
 
     async def ListDir(self, request, context) -> pb.ListDirResponse:
-        entries = await self.manager.list_dir(request.sandbox_id, request.path)
+        entries = await self.files.list_dir(request.sandbox_id, request.path)
         return pb.ListDirResponse(
             entries=[
                 pb.FileInfo(
@@ -333,12 +337,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             yield pb.DownloadResponse(chunk=chunk)
 
     async def GetNodeInfo(self, request, context) -> pb.GetNodeInfoResponse:
-        return node_info_message(await self.node_info())
+        return node_info_message(await self.node.info())
 
     async def RenewLease(self, request: pb.RenewLeaseRequest, context) -> pb.RenewLeaseResponse:
         sb = self.manager.renew_lease(request.sandbox_id, request.ttl_ms)
         return pb.RenewLeaseResponse(sandbox=sandbox_summary(sb))
 
     async def Drain(self, request: pb.DrainRequest, context) -> pb.DrainResponse:
-        draining, empty = await self.drain(request.drain)
+        draining, empty = await self.node.drain(request.drain)
         return pb.DrainResponse(draining=draining, empty=empty)

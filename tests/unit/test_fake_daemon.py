@@ -232,7 +232,7 @@ async def test_a_restarted_daemon_reaps_what_a_crashed_one_left(tmp_path) -> Non
     sandbox = await first.manager.create(
         backend="", image="", limits=Limits(), network=False, env={}, labels={}, idle_timeout_ms=0
     )
-    await first.manager.exec(sandbox.sandbox_id, CommandRequest(argv=None, shell="sleep 1002 >/dev/null 2>&1 &"))
+    await first.execs.exec(sandbox.sandbox_id, CommandRequest(argv=None, shell="sleep 1002 >/dev/null 2>&1 &"))
     record = json.loads((first.state.records_dir / f"{sandbox.sandbox_id}.json").read_text())
     assert record["backend"] == "local" and Path(record["sandbox_dir"]).is_dir()
     # A crash: the first daemon never tears down (only its server stops, to free the socket).

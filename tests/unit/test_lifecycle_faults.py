@@ -15,8 +15,8 @@ from collections import Counter
 import grpc
 import pytest
 
+from corral.daemon.execs import Started
 from corral.daemon.rules import CommandRequest
-from corral.daemon.sandboxes import Started
 from corral.daemon.server import Daemon
 from corral.daemon.testing import fake_backends, marked_pids
 from corral.sdk import AsyncClient, NotFound, ResourceExhausted
@@ -146,7 +146,7 @@ async def test_unreadable_state_records_do_not_stop_the_daemon(tmp_path) -> None
 
 async def test_a_stream_abandoned_at_its_first_event_kills_its_command(daemon, client) -> None:
     sandbox = await client.create_sandbox()
-    events = daemon.manager.exec_stream(sandbox.id, CommandRequest(argv=None, shell="sleep 1001"), 0)
+    events = daemon.execs.exec_stream(sandbox.id, CommandRequest(argv=None, shell="sleep 1001"), 0)
     assert isinstance(await anext(events), Started)
     await events.aclose()  # the client went away before reading on
     for _ in range(200):
