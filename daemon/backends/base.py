@@ -61,7 +61,7 @@ class CannotFork(FailedPrecondition):
     """A backend that cannot fork at all here (its kind, or its storage setting on this node):
     the one refusal ForkSandbox answers FAILED_PRECONDITION for, which a caller may remember
     until the node's configuration changes (a fork that failed otherwise is another code:
-    SandboxManager.fork)."""
+    ForkManager.fork)."""
 
 
 @dataclass(frozen=True)

@@ -57,3 +57,9 @@ def test_each_backend_is_one_folder_that_imports_no_other_backend() -> None:
                     f"{source.relative_to(BACKENDS_DIR)} imports {module}: what two backends share lives in "
                     "daemon/backends/ itself"
                 )
+
+
+def test_the_conformance_suite_has_a_case_for_every_backend() -> None:
+    from tests.conftest import BACKEND_CASES
+
+    assert {backend for _, backend, _ in BACKEND_CASES.values()} == set(BACKENDS)
