@@ -29,6 +29,9 @@ BUF_AGAINST ?=
 
 .PHONY: venv test test-unit demo lint format typecheck sync-client protos lint-protos clean system-deps
 
+# Extra pytest arguments for `make test` (e.g. PYTEST_ARGS='-k shells').
+PYTEST_ARGS ?=
+
 # Extras installed into .venv; CI adds the trainer and harness packages: make test EXTRAS=dev,verl,tunix,minisweagent,swerex
 EXTRAS ?= dev
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
@@ -58,9 +61,13 @@ system-deps:
 	@PYTHON='$(PYTHON)' bash scripts/install_system_deps.sh
 
 # The packages first, then the venv (which may need python3-venv), in that order even under -j.
+# Then the suite, and where its time went (tests/timing.py wrote it; tests/README.md, "The budget"),
+# printed whether it passed or not.
 test: system-deps
 	@$(MAKE) --no-print-directory venv
-	$(VENV_PY) -m pytest -q --durations=40
+	@status=0; $(VENV_PY) -m pytest -q --durations=20 $(PYTEST_ARGS) || status=$$?; \
+	  $(VENV_PY) scripts/test_durations.py "$${CORRAL_TEST_DURATIONS:-build/test-durations.json}" || true; \
+	  exit $$status
 
 test-unit: venv
 	$(VENV_PY) -m pytest -q tests/unit

@@ -4,6 +4,7 @@
 
     scripts/test_durations.py [FILE]                      the table (default build/test-durations.json)
     scripts/test_durations.py FILE --elapsed S --check    also fail when S seconds exceed the budget
+                                                          (--no-table: the verdict alone)
 
 The budget lives in one place: `[tool.corral.tests] budget_minutes` in pyproject.toml.
 """
@@ -65,11 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", nargs="?", default="build/test-durations.json", type=Path)
     parser.add_argument("--elapsed", type=float, help="seconds `make test` took, to hold against the budget")
     parser.add_argument("--check", action="store_true", help="exit 1 when --elapsed exceeds the budget")
+    parser.add_argument("--no-table", action="store_true", help="only the budget's verdict")
     args = parser.parse_args(argv)
     if not args.file.exists():
         print(f"no test durations at {args.file} (tests/timing.py writes them when pytest runs)", file=sys.stderr)
         return 1
-    print(table(json.loads(args.file.read_text())))
+    if not args.no_table:
+        print(table(json.loads(args.file.read_text())))
     if args.elapsed is None:
         return 0
     budget_s = budget_minutes() * 60

@@ -1,7 +1,9 @@
 """Background processes and terminals through the blocking SDK (`Sandbox.start_process`,
-`Process`, `Sandbox.terminal`, `Terminal`) against a real daemon on every backend case: an
-interactive REPL and shell driven by expect, an interrupted sleep, a server used while it runs,
-output past the ring buffer, waits with a timeout, and processes ending with their sandbox."""
+`Process`, `Sandbox.terminal`, `Terminal`) against a real daemon: an interactive shell on a
+terminal and processes ending with their sandbox on every backend case; an interactive REPL driven
+by expect, an interrupted sleep, a server used while it runs, output past the ring buffer and
+waits with a timeout, the daemon's logic above the backend, on one (tests/README.md; the unit tier
+runs them on the fake backend too)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from corral.sdk import ExpectFailed, FailedPrecondition
 pytestmark = pytest.mark.local
 
 
+@pytest.mark.above_backend
 def test_python_repl_expect_and_input(sandbox):
     with sandbox.start_process(["python3", "-i", "-q"]) as repl:
         repl.expect(">>> ", timeout=20)
@@ -45,6 +48,7 @@ def test_interactive_bash_terminal(sandbox):
         assert not terminal.wait(20).running
 
 
+@pytest.mark.above_backend
 def test_interrupt_and_wait_with_a_timeout(sandbox):
     sleeper = sandbox.start_process("sleep 60")
     started = time.monotonic()
@@ -55,6 +59,7 @@ def test_interrupt_and_wait_with_a_timeout(sandbox):
     assert not ended.running and ended.exit_code == 130
 
 
+@pytest.mark.above_backend
 def test_a_server_answers_while_other_calls_happen(sandbox):
     server = sandbox.start_process(["python3", "-u", "-m", "http.server", "0", "--bind", "127.0.0.1"], cwd="/")
     port = server.expect(re.compile(r"port (\d+)"), timeout=30).group(1)
@@ -69,6 +74,7 @@ def test_a_server_answers_while_other_calls_happen(sandbox):
     assert sandbox.list_processes() == []
 
 
+@pytest.mark.above_backend
 def test_output_past_the_ring_buffer_is_counted_as_dropped(sandbox):
     process = sandbox.start_process("seq 1 20000; echo END", buffer_size=4096)
     assert not process.wait(20).running

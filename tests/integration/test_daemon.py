@@ -37,6 +37,7 @@ def test_sandbox_lifecycle(client):
         sb.exec(["true"], timeout=5)
 
 
+@pytest.mark.above_backend
 def test_socket_mode(daemon):
     assert (daemon.socket.stat().st_mode & 0o777) == 0o660
 
@@ -48,6 +49,7 @@ def test_node_info(client, backend):
     assert info.cgroup_mode in ("v1", "v2", "hybrid", "none")
 
 
+@pytest.mark.above_backend
 def test_reflection_lists_services(daemon):
     with grpc.insecure_channel(f"unix:{daemon.socket}") as ch:
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
@@ -174,6 +176,7 @@ def test_sd_notify_ready(tmp_path):
         notify.close()
 
 
+@pytest.mark.above_backend
 def test_second_daemon_on_same_socket_refused(daemon, tmp_path):
     proc = subprocess.run(
         [
@@ -194,6 +197,7 @@ def test_second_daemon_on_same_socket_refused(daemon, tmp_path):
     assert daemon.serving()
 
 
+@pytest.mark.above_backend
 def test_idle_timeout_destroys_sandbox(client):
     sb = client.create_sandbox(idle_timeout=1.0)
     deadline = time.monotonic() + 10
@@ -204,6 +208,7 @@ def test_idle_timeout_destroys_sandbox(client):
     pytest.fail("idle sandbox was not destroyed")
 
 
+@pytest.mark.above_backend
 def test_cli_doctor_and_exec(daemon, tmp_path):
     env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}
     cli = [sys.executable, "-m", "corral.cli"]

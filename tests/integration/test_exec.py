@@ -1,4 +1,5 @@
-"""Exec and ExecStream against a real daemon and the local backend."""
+"""Exec and ExecStream against a real daemon: what a command sees and how it ends on every backend
+case; output caps, event order and request checks, above the backend, on one (tests/README.md)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_binary_output_is_bytes_end_to_end(sandbox):
     assert r.stdout == b"\xff\xfe\x00\x80abc"
 
 
+@pytest.mark.above_backend
 def test_huge_output_keeps_head_and_tail(sandbox):
     # 50 MB of numbered lines: the first and the last lines must both survive the cap.
     r = sandbox.exec("seq 1 6000000", timeout=60, output_limit=1 << 20)
@@ -68,6 +70,7 @@ def test_background_child_does_not_hold_the_call(sandbox):
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.above_backend
 def test_exec_stream_event_order(sandbox):
     events = list(
         sandbox.exec_stream("for i in 1 2 3; do echo $i; sleep 0.3; done; echo e >&2", timeout=30, keepalive=0.1)
@@ -95,6 +98,7 @@ def test_exec_stream_cancel_kills_command(sandbox):
     pytest.fail("the streamed command survived its cancelled call")
 
 
+@pytest.mark.above_backend
 def test_bad_input(client, sandbox):
     with pytest.raises(errors.SandboxNotFound):
         client.get_sandbox("sb-doesnotexist")
@@ -104,6 +108,7 @@ def test_bad_input(client, sandbox):
         sandbox.exec(["true"], timeout=10**9)
 
 
+@pytest.mark.above_backend
 def test_cwd_relative_to_the_workdir_and_missing_cwd_is_a_clear_error(sandbox):
     """A relative cwd resolves against the workdir, as file paths do; a missing one is
     FAILED_PRECONDITION naming the path (it used to be exit 126 from the `cd` wrapper)."""
@@ -115,11 +120,13 @@ def test_cwd_relative_to_the_workdir_and_missing_cwd_is_a_clear_error(sandbox):
         list(sandbox.exec_stream(["pwd"], cwd="/no/such/dir", timeout=10))
 
 
+@pytest.mark.above_backend
 def test_missing_program_gives_a_nonzero_exit(sandbox):
     r = sandbox.exec(["no-such-program-xyz"], timeout=10)
     assert r.exit_code != 0 and b"no-such-program-xyz" in r.stderr
 
 
+@pytest.mark.load
 def test_200_concurrent_execs_over_20_sandboxes(client):
     sandboxes = [client.create_sandbox() for _ in range(20)]
     try:
@@ -136,6 +143,7 @@ def test_200_concurrent_execs_over_20_sandboxes(client):
             sb.destroy()
 
 
+@pytest.mark.above_backend
 async def test_async_client_against_the_daemon(daemon):
     from corral.sdk import AsyncClient
 

@@ -70,6 +70,7 @@ def test_symlink_cannot_escape(sandbox, backend, tmp_path):
         sandbox.write_file("/usr/bin/evil", b"x")
 
 
+@pytest.mark.above_backend
 def test_missing_file_is_not_found(sandbox):
     with pytest.raises(errors.SandboxNotFound):
         sandbox.read_file("does/not/exist")
@@ -100,6 +101,7 @@ def test_fifo_is_refused_without_blocking(sandbox):
     assert sandbox.read_file("still-works.txt") == b"ok"
 
 
+@pytest.mark.above_backend
 def test_upload_rejects_a_bad_message_after_the_archive(daemon, sandbox):
     import io
     import tarfile
@@ -126,6 +128,7 @@ def test_upload_rejects_a_bad_message_after_the_archive(daemon, sandbox):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.above_backend
 def test_huge_offset_is_invalid(sandbox):
     sandbox.write_file("small.txt", b"x")
     with pytest.raises(errors.InvalidArgument):

@@ -1,7 +1,11 @@
-"""KernelService against a real daemon: ipykernel processes inside local sandboxes (bubblewrap and
-unshare launchers, and one test without namespaces), driven through the raw gRPC stubs.
+"""KernelService against a real daemon: ipykernel processes inside sandboxes, driven through the
+raw gRPC stubs. What differs per backend (a kernel's start, interrupts and kills inside the
+sandbox, its sockets in the shared run directory, death, memory) runs on every backend case; event
+shapes, caps and late output, the daemon's logic above the kernel, on one (tests/README.md); one
+test runs without namespaces.
 
-The sandbox's python is the host image's python3, which needs ipykernel (Debian: python3-ipykernel).
+A local sandbox's python is the host image's python3, which needs ipykernel (Debian:
+python3-ipykernel).
 """
 
 from __future__ import annotations
@@ -101,6 +105,7 @@ def test_state_persists_across_cells(stub, kernel):
     assert reply.done.execution_count == 2 and not reply.done.failed
 
 
+@pytest.mark.above_backend
 def test_stdout_and_stderr_arrive_as_stream_events_then_one_done(stub, kernel):
     code = "import sys\nprint('to out')\nsys.stdout.flush()\nprint('to err', file=sys.stderr)\nsys.stderr.flush()"
     events = list(stream(stub, kernel, code))
@@ -114,12 +119,14 @@ def test_stdout_and_stderr_arrive_as_stream_events_then_one_done(stub, kernel):
     assert not gathered.HasField("result")
 
 
+@pytest.mark.above_backend
 def test_last_expression_is_the_result_as_text_plain(stub, kernel):
     reply = run(stub, kernel, "'ab' * 2")
     assert reply.result.data["text/plain"] == b"'abab'"
     assert not run(stub, kernel, "y = 1").HasField("result")  # an assignment has no value
 
 
+@pytest.mark.above_backend
 def test_display_data_carries_decoded_png_bytes_and_html(stub, kernel):
     png = tiny_png()
     code = (
@@ -137,6 +144,7 @@ def test_display_data_carries_decoded_png_bytes_and_html(stub, kernel):
     assert json.loads(json_reply.result.data["application/json"]) == {"a": [1, 2]}
 
 
+@pytest.mark.above_backend
 def test_an_exception_is_an_error_event_and_the_kernel_goes_on(stub, kernel):
     events = list(stream(stub, kernel, "raise ValueError('bad value')"))
     (error,) = [e.error for e in events if e.HasField("error")]
@@ -146,6 +154,7 @@ def test_an_exception_is_an_error_event_and_the_kernel_goes_on(stub, kernel):
     assert run(stub, kernel, "1 + 1").result.data["text/plain"] == b"2"
 
 
+@pytest.mark.above_backend
 def test_timeout_interrupts_the_cell_and_keeps_the_state(stub, kernel):
     run(stub, kernel, "survivor = 'still here'")
     started = time.monotonic()
@@ -180,6 +189,7 @@ def test_a_cell_that_ignores_the_interrupt_is_killed_after_its_grace(stub, kerne
     assert state_of(stub, kernel) == kpb.KERNEL_STATE_DEAD
 
 
+@pytest.mark.above_backend
 def test_a_cell_whose_caller_goes_away_is_interrupted(stub, kernel):
     events = stream(stub, kernel, "import time\nprint('started', flush=True)\ntime.sleep(60)")
     assert next(events).stream.text == "started\n"
@@ -209,6 +219,7 @@ def test_kernel_death_is_reported_and_restart_gives_a_fresh_kernel(stub, kernel)
     assert run(stub, kernel, "'before_death' in dir()").result.data["text/plain"] == b"False"
 
 
+@pytest.mark.above_backend
 def test_restart_during_a_cell_ends_it_as_kernel_died(stub, kernel):
     events = stream(stub, kernel, "import time\nprint('started', flush=True)\ntime.sleep(60)")
     assert next(events).stream.text == "started\n"
@@ -233,6 +244,7 @@ def test_missing_ipykernel_is_failed_precondition(stub, sandbox):
     assert stub.ListKernels(kpb.ListKernelsRequest(sandbox_id=sandbox.id)).kernels == []
 
 
+@pytest.mark.above_backend
 def test_unknown_kernel_or_sandbox_is_not_found(stub, sandbox):
     ids = {"sandbox_id": sandbox.id, "kernel_id": "k-00000000"}
     calls = [
@@ -250,6 +262,7 @@ def test_unknown_kernel_or_sandbox_is_not_found(stub, sandbox):
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.above_backend
 def test_shutdown_stops_the_kernel_and_forgets_it(stub, sandbox):
     marker = f"CORRAL_TEST_{uuid.uuid4().hex}"
     kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id, env={marker: "1"}), timeout=60).kernel
@@ -399,6 +412,7 @@ BIG_STDOUT = (
 BIG_STDOUT_BYTES = 6 + 3000 * 1000 + 4
 
 
+@pytest.mark.above_backend
 def test_gathered_output_over_the_cap_is_cut_in_the_middle_and_counted(stub, kernel):
     """Head and tail are kept, and the result says how much there was; a cut never leaves half a
     character (stderr here is two-byte characters cut at an odd place)."""
@@ -414,6 +428,7 @@ def test_gathered_output_over_the_cap_is_cut_in_the_middle_and_counted(stub, ker
     assert (small.done.stdout_total_bytes, small.done.stderr_total_bytes) == (6, 0)
 
 
+@pytest.mark.above_backend
 def test_streamed_output_stops_at_the_cap_and_done_counts_the_rest(stub, kernel):
     """Execute forwards each stream up to the cap, so a slow reader cannot make the daemon hold
     more; the done event says it was truncated and how much was printed."""
@@ -434,6 +449,7 @@ def rss_mib(pid: int) -> int:
         return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS:"))
 
 
+@pytest.mark.above_backend
 def test_a_cell_printing_a_gigabyte_leaves_the_daemon_small_and_counts_it_exactly(daemon, stub, kernel):
     """The kernel's output governor holds back all but each stream's head and tail, so the daemon
     neither holds the flood (it once peaked past 1 GiB for 3 GB printed) nor loses count of it
@@ -468,6 +484,7 @@ def test_a_cell_printing_a_gigabyte_leaves_the_daemon_small_and_counts_it_exactl
 # -- death ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.above_backend
 def test_a_cell_that_calls_exit_reports_the_kernel_died_with_its_exit_code(daemon, stub, kernel):
     """exit() makes ipykernel reply (status ok) and then stop: the cell says the kernel died, not
     ok; later cells are refused, saying why. The daemon's log states the status, not ipykernel's
@@ -491,6 +508,7 @@ def test_a_cell_that_calls_exit_reports_the_kernel_died_with_its_exit_code(daemo
     assert quit_reply.done.kernel_died and quit_reply.done.exit_code == 0
 
 
+@pytest.mark.above_backend
 def test_exit_keeping_the_kernel_and_sys_exit_are_not_deaths(stub, kernel):
     """What stays true: exit(True) asks IPython to keep the kernel, and sys.exit() raises
     SystemExit, which IPython catches (the cell fails, the kernel goes on). Neither is reported as
@@ -534,6 +552,7 @@ def test_a_kernel_killed_for_memory_says_oom_killed(daemon, stub, client):
         assert f"kernel {kernel.kernel_id} in {sb.id} died: killed by signal 9, out of memory" in daemon.log.read_text()
 
 
+@pytest.mark.above_backend
 def test_a_kernel_that_dies_between_cells_is_reported_by_the_next_cell(stub, kernel, client):
     """A thread the cell left behind kills the kernel after the cell's result: the next cell does
     not run; its result says the kernel died and why, with what the thread printed first."""
@@ -569,6 +588,7 @@ LATE_THREAD = (
 LATE_CHILD = "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 0.3; echo from a child; echo child err >&2'])\n"
 
 
+@pytest.mark.above_backend
 def test_output_after_a_cell_finished_reaches_the_next_cell(stub, kernel, client):
     """A thread and a child process print after their cell's result: the next cell's result has
     that apart from its own output (gathered: late_output; streamed: a first late_output event)."""
@@ -591,6 +611,7 @@ def test_output_after_a_cell_finished_reaches_the_next_cell(stub, kernel, client
     assert events[0].late_output.stdout == "from a thread\n" and events[1].stream.text == "third\n"
 
 
+@pytest.mark.above_backend
 def test_late_output_is_capped_keeping_head_and_tail(stub, kernel):
     code = (
         "import threading, time, sys\n"
@@ -607,6 +628,7 @@ def test_late_output_is_capped_keeping_head_and_tail(stub, kernel):
     assert len(late.stdout.encode()) == CAP and late.stdout.startswith("HEAD\n") and late.stdout.endswith("\nTAIL\n")
 
 
+@pytest.mark.above_backend
 def test_the_rest_of_an_abandoned_cell_reaches_the_next_cell(stub, kernel):
     """A streamed cell whose caller went away is interrupted; what it prints then and its
     KeyboardInterrupt come with the next cell instead of vanishing."""
@@ -628,6 +650,7 @@ def test_the_rest_of_an_abandoned_cell_reaches_the_next_cell(stub, kernel):
 # -- invalid requests -----------------------------------------------------------------------------
 
 
+@pytest.mark.above_backend
 def test_invalid_kernel_requests_are_invalid_argument_and_leave_nothing(stub, sandbox):
     marker = f"CORRAL_TEST_{uuid.uuid4().hex}"
     invalid = [

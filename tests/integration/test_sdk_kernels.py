@@ -1,5 +1,6 @@
 """IPython kernels through the SDK (`Sandbox.kernel`, `Kernel`, their asyncio twins) against a real
-daemon on both local launchers.
+daemon: the SDK's wrappers, above the backend, on one backend case (tests/README.md;
+test_kernels.py holds what differs per backend).
 
 The sandbox's python is the host image's python3, which needs ipykernel (Debian: python3-ipykernel).
 """
@@ -28,7 +29,7 @@ from corral.sdk import (
 )
 
 # Every test here starts kernels (or checks what happens when it cannot): see kernel_python.
-pytestmark = [pytest.mark.local, pytest.mark.usefixtures("kernel_python")]
+pytestmark = [pytest.mark.local, pytest.mark.above_backend, pytest.mark.usefixtures("kernel_python")]
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Shell sessions through the SDK (`Sandbox.shell`, `Shell`, their asyncio twins) and the
-interactive `corral shell ID`, against a real daemon on both local launchers."""
+interactive `corral shell ID`, against a real daemon: the SDK's wrappers, above the backend, on one
+backend case (tests/README.md; test_shells.py holds what differs per backend)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from corral.sdk import AsyncClient, CommandExitError, InvalidArgument, NotFound, ShellInfo, ShellResult
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.above_backend]
 
 CLI = [sys.executable, "-m", "corral.cli"]
 

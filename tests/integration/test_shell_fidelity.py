@@ -1,5 +1,6 @@
-"""Shell turns never lose, reorder or fake a byte: one test per way they used to (issue: shells and
-kernels that never lose, reorder or fake a byte), on every backend case."""
+"""Shell turns never lose, reorder or fake a byte: one test per way they used to. What kills a
+timed-out turn and what a shell's errors show run on every backend case; the load tests on one
+local and one engine case, the framing variants on one (tests/README.md)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def under_load(client) -> Iterator[None]:
         stop(burning)
 
 
+@pytest.mark.load
 def test_stderr_is_never_lost_or_reordered_under_load(sh, client):
     with under_load(client):
         for i in range(150):
@@ -52,6 +54,7 @@ def test_stderr_is_never_lost_or_reordered_under_load(sh, client):
             assert r.output == f"a{i}\nb{i}\nc{i}\nd{i}".encode() and r.exit_code == 0, (i, r.output)
 
 
+@pytest.mark.load
 def test_what_a_background_job_writes_across_a_turns_end_is_all_in_the_next_turn_under_load(sh, client):
     # The job is still writing when the shell prints the turn's marker: what follows the marker in
     # the same read, or is read before the turn is put away, goes to the next turn (it used to be
@@ -65,6 +68,7 @@ def test_what_a_background_job_writes_across_a_turns_end_is_all_in_the_next_turn
             assert got == want, (i, len(ended.output), len(rest.output), len(want))
 
 
+@pytest.mark.load
 def test_a_shell_that_exits_keeps_every_byte_it_wrote_before_under_load(sh, client):
     # The exit is seen (pidfd) while the end of the output still sits in the terminal, not yet
     # handed to the daemon's reader: it is read before the shell is restarted (it used to be lost
@@ -78,6 +82,7 @@ def test_a_shell_that_exits_keeps_every_byte_it_wrote_before_under_load(sh, clie
             assert r.output == want, (i, len(r.output), r.output[-60:])
 
 
+@pytest.mark.above_backend
 def test_terminal_modes_a_command_changes_do_not_break_the_next_turns(sh):
     sh.run("cd /tmp; export KEPT=yes")
     for change in ("stty sane", "stty onlcr", "stty echo", "stty raw -echo", "stty -icanon"):
@@ -88,6 +93,7 @@ def test_terminal_modes_a_command_changes_do_not_break_the_next_turns(sh):
         assert after.output == b"next\n/tmp\nyes\n" and not after.shell_restarted, (change, after)
 
 
+@pytest.mark.above_backend
 def test_a_forged_marker_ends_nothing(sh):
     forged = sh.run(
         "printf \"trap -- '__CORRAL_%s_0_' RTMAX-3\\n\" 0123456789abcdef; "
@@ -97,6 +103,7 @@ def test_a_forged_marker_ends_nothing(sh):
     assert forged.output.startswith(b"trap -- '__CORRAL_0123456789abcdef_0_' RTMAX-3\n")
 
 
+@pytest.mark.above_backend
 def test_functions_and_aliases_cannot_take_the_framing_over(sh):
     # Every builtin the framing could call, as a function that counts its calls (and calls nothing
     # itself), and aliases for some of them.
@@ -123,6 +130,7 @@ def test_a_timed_out_turn_leaves_nothing_it_started_but_its_background_jobs(sh, 
     assert b"sleep 303" not in running and b"sleep 304" not in running and b"sleep 305" not in running
 
 
+@pytest.mark.above_backend
 def test_pagers_print_and_full_screen_programs_time_out_cleanly(sh):
     if sh.run("command -v less more").output.count(b"\n") == 0:
         pytest.skip("neither less nor more in this image")
@@ -137,6 +145,7 @@ def test_pagers_print_and_full_screen_programs_time_out_cleanly(sh):
 
 
 @pytest.mark.parametrize("program", ["sh", "/bin/sh", "bash", "/bin/bash"])
+@pytest.mark.above_backend
 def test_sh_and_bash_sessions_start_and_keep_state(shells, sandbox, program):
     name = program.strip("/").replace("/", "-")
     shells.OpenShell(pb.OpenShellRequest(sandbox_id=sandbox.id, name=name, program=program), timeout=30)
@@ -150,6 +159,7 @@ def test_sh_and_bash_sessions_start_and_keep_state(shells, sandbox, program):
     assert session.run("echo $X").output == b"kept\n"
 
 
+@pytest.mark.above_backend
 def test_a_program_that_is_not_a_shell_is_refused_with_the_list(shells, sandbox):
     with pytest.raises(grpc.RpcError) as err:
         shells.OpenShell(pb.OpenShellRequest(sandbox_id=sandbox.id, name="py", program="python3"), timeout=30)
@@ -167,6 +177,7 @@ def test_errors_read_as_bash_and_no_host_path_is_visible(sh, sandbox, daemon, cl
     assert str(daemon.state_dir).encode() not in listing and f"corral-{daemon_id}/".encode() not in listing
 
 
+@pytest.mark.load
 def test_stderr_apart_is_complete_in_order_and_relabelled_under_load(sh, client):
     with under_load(client):
         for i in range(60):
@@ -183,6 +194,7 @@ def test_stderr_apart_is_complete_in_order_and_relabelled_under_load(sh, client)
     assert r.output == b"out\nerr\n" and not r.HasField("stderr")
 
 
+@pytest.mark.above_backend
 def test_stderr_apart_floods_are_capped_and_timeouts_keep_it(sh):
     flood = sh.run(
         "head -c 3000000 /dev/zero | tr '\\0' e >&2; echo done", separate_stderr=True, output_limit_bytes=1 << 20
@@ -193,6 +205,7 @@ def test_stderr_apart_floods_are_capped_and_timeouts_keep_it(sh):
     assert stopped.timed_out and stopped.stderr == b"started\n" and not stopped.shell_restarted
 
 
+@pytest.mark.above_backend
 def test_stderr_of_a_background_job_after_its_turn_reaches_the_next_turn(sh):
     sh.run("(sleep 0.5; echo late >&2) &", separate_stderr=True)
     assert sh.run("sleep 2").output == b""  # the job writes meanwhile, to the fifo: kept for later
@@ -202,6 +215,7 @@ def test_stderr_of_a_background_job_after_its_turn_reaches_the_next_turn(sh):
     assert sh.run("echo now", separate_stderr=True).stderr == b"later\n"
 
 
+@pytest.mark.above_backend
 def test_invalid_open_shell_requests_are_invalid_argument_and_leak_nothing(shells, sandbox, daemon):
     def daemon_ptys() -> int:
         fds = Path(f"/proc/{daemon.proc.pid}/fd")

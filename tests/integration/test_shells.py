@@ -27,6 +27,7 @@ def test_state_persists_across_turns(sh):
     assert r.output == b"/tmp\nhello 42\nhey!\n" and r.exit_code == 0
 
 
+@pytest.mark.above_backend
 def test_exit_codes(sh):
     assert sh.run("false").exit_code == 1
     assert sh.run("(exit 7)").exit_code == 7
@@ -46,6 +47,7 @@ def test_exit_codes(sh):
         "exec bash",
     ],
 )
+@pytest.mark.above_backend
 def test_sentinel_survives(sh, setup):
     sh.run(setup)
     r = sh.run("echo ok; false")
@@ -53,6 +55,7 @@ def test_sentinel_survives(sh, setup):
     assert sh.run("echo again").output == b"again\n"
 
 
+@pytest.mark.above_backend
 def test_activated_environment_persists(sh):
     r = sh.run("python3 -m venv /tmp/venv && . /tmp/venv/bin/activate && command -v python", timeout=120)
     assert r.output == b"/tmp/venv/bin/python\n", r.output
@@ -68,6 +71,7 @@ def test_multiline_heredoc_and_no_trailing_newline(sh):
 
 
 @pytest.mark.parametrize("reader", ["read x", "cat", "python3", "head -n 1"])
+@pytest.mark.above_backend
 def test_stdin_reader_times_out_without_swallowing_next_command(sh, reader):
     r = sh.run(reader, timeout=1)
     assert r.timed_out and r.timeout_reason == "timeout" and not r.shell_restarted
@@ -101,6 +105,7 @@ def test_a_shell_that_is_slow_to_die_after_an_interrupt_does_not_eat_the_next_co
         assert follow.output == b"next\n" and not follow.shell_restarted
 
 
+@pytest.mark.above_backend
 def test_idle_timeout(sh):
     r = sh.run("echo start; sleep 60", timeout=30, idle_timeout_ms=500)
     assert r.timed_out and r.timeout_reason == "idle_timeout" and r.output == b"start\n"
@@ -115,6 +120,7 @@ def test_background_job_does_not_hold_the_turn(sh):
     assert sh.run("jobs -p | wc -l; ps -eo args | grep -c '[s]leep 100'").output.split()[-1] == b"1"
 
 
+@pytest.mark.above_backend
 def test_pagers_and_editors_disarmed(sh):
     r = sh.run(
         "echo $PAGER $GIT_PAGER; printf 'a\\nb\\n' | $PAGER; git --version >/dev/null && cd /tmp && git init -q p && cd p && git log 2>&1 | head -1"
@@ -122,6 +128,7 @@ def test_pagers_and_editors_disarmed(sh):
     assert r.output.startswith(b"cat cat\na\nb\n") and not r.timed_out
 
 
+@pytest.mark.above_backend
 def test_huge_output_keeps_head_and_tail(sh):
     r = sh.run("seq 1 6000000", timeout=60, output_limit_bytes=1 << 20)
     assert r.truncated and r.output_total_bytes > 45_000_000
@@ -129,6 +136,7 @@ def test_huge_output_keeps_head_and_tail(sh):
     assert sh.run("echo fine").output == b"fine\n"
 
 
+@pytest.mark.above_backend
 def test_binary_output_and_split_multibyte_characters(sh):
     assert sh.run(r"printf '\377\000\200'").output == b"\xff\x00\x80"
     r = sh.run(r"printf '\344'; sleep 0.2; printf '\270\255'")  # 中 written in two pieces
@@ -138,11 +146,13 @@ def test_binary_output_and_split_multibyte_characters(sh):
     r.output.decode("utf-8")  # the cut between head and tail falls between characters
 
 
+@pytest.mark.above_backend
 def test_stderr_is_captured(sh):
     r = sh.run("echo out; echo err >&2; ls /no/such/path")
     assert b"out\n" in r.output and b"err\n" in r.output and b"No such file" in r.output
 
 
+@pytest.mark.above_backend
 def test_ansi_stripped_only_on_request(sh):
     r = sh.run(r"printf '\033[31mred\033[0m plain'", strip_ansi=True)
     assert r.output == b"\x1b[31mred\x1b[0m plain"
@@ -161,6 +171,7 @@ def test_shell_death_is_reported_and_recovered(sh):
     assert sh.run("echo again").output == b"again\n"
 
 
+@pytest.mark.above_backend
 def test_independent_named_sessions(shells, sandbox):
     a, b = Session(shells, sandbox.id, "a"), Session(shells, sandbox.id, "b")
     a.run("cd /tmp; export WHO=a")
@@ -169,6 +180,7 @@ def test_independent_named_sessions(shells, sandbox):
     assert {"a", "b"} <= names
 
 
+@pytest.mark.above_backend
 def test_bad_input(shells, sandbox):
     with pytest.raises(grpc.RpcError) as err:
         shells.RunInShell(pb.RunInShellRequest(sandbox_id=sandbox.id, name="nope", command="true"))
@@ -205,6 +217,7 @@ def test_attach_interactive_terminal(shells, sandbox):
     assert b"30 100" in output and b"attached-42" in output and exit_code == 5
 
 
+@pytest.mark.load
 def test_50_sandboxes_20_turns_each(client, shells):
     # Created and destroyed ten at a time: one by one, an engine's container start and removal
     # (about 1.5 s each on a loaded 2-core machine) made this the suite's slowest test.
@@ -235,6 +248,7 @@ def test_planted_symlink_in_run_dir_is_never_followed(shells, sandbox, tmp_path)
     assert victim.read_text() == "untouched"
 
 
+@pytest.mark.above_backend
 def test_close_during_a_turn_fails_that_turn_cleanly(shells, sandbox):
     s = Session(shells, sandbox.id, "closing-mid-turn")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -1,6 +1,8 @@
 """File transfers against hostile sizes and clients: a slow reader cannot make the daemon hold a
 whole archive, sparse files stay sparse, out-of-order upload messages fail at once, failed uploads
-leave nothing behind, symlinks travel as symlinks, and caller mistakes get definite codes."""
+leave nothing behind, symlinks travel as symlinks, and caller mistakes get definite codes.
+Sparseness depends on the sandbox's filesystem and runs on every backend case; the rest is the
+daemon's transfer logic and runs on one (tests/README.md)."""
 
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ def slow_download(daemon, sandbox_id: str, path: str, seconds: float) -> int:
     return received
 
 
+@pytest.mark.above_backend
 def test_slow_download_of_a_big_file_keeps_daemon_memory_bounded(daemon, sandbox):
     # 512 MiB of allocated (not sparse) zeros: the archive really is that big, and nothing is
     # written to disk. Read at about 3 MiB/s, the daemon must wait for the reader, not buffer.
@@ -130,6 +133,7 @@ def listing(sandbox, path: str) -> list[str]:
     return sorted(e.name for e in sandbox.list_dir(path))
 
 
+@pytest.mark.above_backend
 def test_a_second_upload_start_fails_at_once(daemon, sandbox):
     """While tar still waits for the rest of the archive, a second `start` ends the call at once
     with INVALID_ARGUMENT (it used to hang until the client's deadline), and nothing is written."""
@@ -154,6 +158,7 @@ def test_a_second_upload_start_fails_at_once(daemon, sandbox):
 
 
 @pytest.mark.parametrize("failure", ["bad archive", "client cancels", "bad message"])
+@pytest.mark.above_backend
 def test_a_failed_upload_leaves_nothing_behind(daemon, sandbox, failure):
     """Whatever ends an upload early, its destination holds exactly what it held before."""
     sandbox.write_file("/workspace/dest/keep.txt", b"old")
@@ -190,6 +195,7 @@ def test_a_failed_upload_leaves_nothing_behind(daemon, sandbox, failure):
     assert sandbox.read_file("/workspace/dest/keep.txt") == b"old"
 
 
+@pytest.mark.above_backend
 def test_upload_merges_into_an_existing_tree(sandbox, tmp_path):
     """Moving into place keeps what tar -x did: files replaced, directories merged."""
     sandbox.write_file("/workspace/m/proj/old.txt", b"old")
@@ -205,6 +211,7 @@ def test_upload_merges_into_an_existing_tree(sandbox, tmp_path):
     assert sandbox.read_file("/workspace/m/proj/pkg/new.txt") == b"new"
 
 
+@pytest.mark.above_backend
 def test_upload_of_a_file_where_a_directory_is_fails_cleanly(sandbox, tmp_path):
     sandbox.write_file("/workspace/c/thing/inside.txt", b"x")
     (tmp_path / "thing").write_bytes(b"a file now")
@@ -216,6 +223,7 @@ def test_upload_of_a_file_where_a_directory_is_fails_cleanly(sandbox, tmp_path):
     assert sandbox.read_file("/workspace/c/thing/inside.txt") == b"x"
 
 
+@pytest.mark.above_backend
 def test_download_of_a_tree_with_absolute_symlinks(sandbox, tmp_path):
     """A venv's bin/python -> /usr/bin/python3 travels as that link: not followed, not refused."""
     sandbox.exec(
@@ -230,6 +238,7 @@ def test_download_of_a_tree_with_absolute_symlinks(sandbox, tmp_path):
     assert (top / "lib" / "f.txt").read_bytes() == b"hi\n"
 
 
+@pytest.mark.above_backend
 def test_read_file_past_the_cap_is_refused_with_size_and_a_way_out(daemon, sandbox):
     """ReadFile of a whole file bigger than the daemon's cap (64 MiB) is FAILED_PRECONDITION naming
     the size and Download, on the wire and through the SDK (which used to gather it all)."""
@@ -263,6 +272,7 @@ def test_read_file_past_the_cap_is_refused_with_size_and_a_way_out(daemon, sandb
         ("write under a file", grpc.StatusCode.INVALID_ARGUMENT),
     ],
 )
+@pytest.mark.above_backend
 def test_transfer_mistakes_get_definite_codes(daemon, sandbox, call, code):
     sandbox.write_file("/workspace/plain.txt", b"x")
     sb = "sb-000000000000" if "unknown sandbox" in call else sandbox.id
@@ -289,6 +299,7 @@ def test_transfer_mistakes_get_definite_codes(daemon, sandbox, call, code):
     assert sandbox.read_file("/workspace/plain.txt") == b"x"
 
 
+@pytest.mark.above_backend
 def test_download_of_names_tar_could_mistake(sandbox, tmp_path):
     """A name starting with `-` is a name, not a tar option; names that are not UTF-8 arrive as
     the same bytes."""
@@ -300,6 +311,7 @@ def test_download_of_names_tar_could_mistake(sandbox, tmp_path):
 
 
 @pytest.mark.parametrize("method", ["ReadFile", "Download", "Upload"])
+@pytest.mark.above_backend
 def test_a_path_that_is_not_utf8_is_invalid_argument(daemon, sandbox, method):
     """proto strings must be UTF-8: a request whose path is not used to fail inside grpc's
     deserializer as UNKNOWN."""
@@ -320,6 +332,7 @@ def test_a_path_that_is_not_utf8_is_invalid_argument(daemon, sandbox, method):
     assert "UTF-8" in err.value.details()
 
 
+@pytest.mark.above_backend
 def test_listing_a_directory_whose_entries_come_and_go(sandbox):
     """Entries removed while a directory is listed (an upload's staging directory being cleaned
     up, a build's temporary files) are left out; the listing does not fail as NOT_FOUND."""
