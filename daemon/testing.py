@@ -24,12 +24,15 @@ SandboxSpec.mounts as JSON: [[host_path, sandbox_path, read_only], ...].
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
+import queue
 import signal
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +41,7 @@ from corral.sdk.errors import InvalidArgument
 from .backends.base import Backend, BackendContext, BackendStatus, EnterCommand, ManagedSandbox, SandboxSpec
 from .backends.nsenter import HOST_ENV, inside_env
 from .cgroups import LimitSupport
+from .config import Config
 from .fsaccess import SandboxFiles
 from .uids import UidPool
 
@@ -173,3 +177,36 @@ def fake_backends(name: str = "local") -> dict[str, type[Backend]]:
     pass it as `backend_classes` to `Daemon` or `embedded_daemon`. The wire still calls it by
     that name; GetNodeInfo's detail and every limit status say what it really is."""
     return {name: FakeBackend}
+
+
+@contextlib.contextmanager
+def fake_daemon_in_a_thread(config: Config | None = None) -> Iterator[str]:
+    """A daemon on the fake backend (`embedded_daemon`) serving from an event loop of its own
+    thread, for tests whose clients block (`Client`, the generated stubs); yields its address and
+    stops it on exit."""
+    from .embedded import embedded_daemon
+
+    loop = asyncio.new_event_loop()
+    started: queue.Queue[str | BaseException] = queue.Queue()
+    stopping = asyncio.Event()
+
+    async def serve() -> None:
+        try:
+            async with embedded_daemon(config, backend_classes=fake_backends()) as address:
+                started.put(address)
+                await stopping.wait()
+        except BaseException as error:
+            started.put(error)
+            raise
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), name="fake-daemon", daemon=True)
+    thread.start()
+    try:
+        address = started.get()
+        if isinstance(address, BaseException):
+            raise address
+        yield address
+    finally:
+        loop.call_soon_threadsafe(stopping.set)
+        thread.join(60)
+        loop.close()

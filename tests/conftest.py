@@ -28,7 +28,6 @@ from corral.daemon.commands import DEFAULT_PATH
 from corral.daemon.config import load_config
 from corral.daemon.doctor import probe
 from corral.v1 import shell_pb2, shell_pb2_grpc
-from tests.timing import tag_backend_case
 
 pytest_plugins = ["tests.timing"]
 
@@ -271,14 +270,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # (Only where `daemon` is this module's: a test module may define a `daemon` of its own.)
     if definitions and definitions[-1].func.__module__ == __name__:
         metafunc.parametrize("daemon", backend_cases_of(metafunc.definition), indirect=True, scope="session")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        case = callspec.params.get("daemon") if callspec is not None else None
-        if case is not None:
-            tag_backend_case(item, case)
 
 
 @pytest.fixture(scope="session")

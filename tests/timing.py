@@ -28,10 +28,15 @@ def durations_path() -> Path:
     return Path(os.environ.get("CORRAL_TEST_DURATIONS") or DEFAULT_PATH)
 
 
-def tag_backend_case(item: pytest.Item, case: str) -> None:
-    """Records the backend case an item runs on in its reports (user properties travel from
-    xdist workers to the controller, which writes the file)."""
-    item.user_properties.append((CASE_PROPERTY, case))
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Records in each item's reports the backend case it runs on (the conformance suite's
+    `daemon` parameter, tests/conftest.py); user properties travel from xdist workers to the
+    controller, which writes the file."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        case = callspec.params.get("daemon") if callspec is not None else None
+        if isinstance(case, str):
+            item.user_properties.append((CASE_PROPERTY, case))
 
 
 class SuiteTiming:
