@@ -2,7 +2,8 @@
 # both create the virtual environment (.venv) on first use.
 #
 #   make venv         create .venv and install corral with its dev extras (again when pyproject.toml changes)
-#   make test         run the whole test suite (unit and integration; root for the local backend)
+#   make test         run the whole test suite (unit and integration; root for the local backend), on
+#                     TEST_WORKERS=2 workers, and print where its time went
 #   make test-unit    run the unit tests only: no root, no daemon process, no system packages, seconds
 #   make demo         run examples/demo.py
 #   make lint         ruff (lint and format), mypy, import-linter, and the generated sync client's check
@@ -31,11 +32,15 @@ BUF_AGAINST ?=
 
 # Extra pytest arguments for `make test` (e.g. PYTEST_ARGS='-k shells').
 PYTEST_ARGS ?=
+# `make test` runs test modules on this many pytest-xdist workers, a module's tests on one worker
+# (its module-scoped fixtures, such as the vLLM engine or the Ray cluster, start once); 0 runs
+# them all in one process. tests/README.md, "Workers", has the measurements behind the default.
+TEST_WORKERS ?= 2
 
 # Extras installed into .venv; CI adds the trainer and harness packages: make test EXTRAS=dev,verl,tunix,minisweagent,swerex
 EXTRAS ?= dev
-STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 venv: $(STAMP)
 
@@ -65,7 +70,7 @@ system-deps:
 # printed whether it passed or not.
 test: system-deps
 	@$(MAKE) --no-print-directory venv
-	@status=0; $(VENV_PY) -m pytest -q --durations=20 $(PYTEST_ARGS) || status=$$?; \
+	@status=0; $(VENV_PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=$$?; \
 	  $(VENV_PY) scripts/test_durations.py "$${CORRAL_TEST_DURATIONS:-build/test-durations.json}" || true; \
 	  exit $$status
 

@@ -5,6 +5,7 @@ function on that backend in each cell.
 
     scripts/backend_coverage.py                      collect now (pytest --collect-only) and print the table
     scripts/backend_coverage.py --ids FILE           read test ids (one per line) instead
+    scripts/backend_coverage.py --modules            one row per test module
     scripts/backend_coverage.py --ids NEW --before OLD
                                                      print what changed: functions that lost or gained
                                                      a backend, and those that left or joined the suite
@@ -24,8 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("local-bwrap", "local-unshare", "docker", "podman", "singularity")
-# A parameter naming a backend but not a launcher counts for every case of that backend.
-BACKEND_ALIASES = {"local": ("local-bwrap", "local-unshare"), "apptainer": ("singularity",)}
+# A parameter naming a backend alone counts for its default case (local: bubblewrap).
+BACKEND_ALIASES = {"local": ("local-bwrap",), "apptainer": ("singularity",)}
 NONE = "-"
 
 
@@ -76,6 +77,15 @@ def markdown(rows: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
+def by_module(rows: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The table summed per test module: cases per backend case."""
+    modules: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for function, cases in rows.items():
+        for case, count in cases.items():
+            modules[function.split("::", 1)[0]][case] += count
+    return modules
+
+
 def changes(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> str:
     lines = []
     for function in sorted(set(before) | set(after)):
@@ -97,13 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=Path, help="test ids, one per line (default: collect them now)")
     parser.add_argument("--before", type=Path, help="the test ids of an earlier tree, to compare with")
+    parser.add_argument("--modules", action="store_true", help="one row per test module instead of per function")
     args = parser.parse_args(argv)
     ids = [line.strip() for line in args.ids.read_text().splitlines() if "::" in line] if args.ids else collect()
     if args.before:
         old = [line.strip() for line in args.before.read_text().splitlines() if "::" in line]
         print(changes(table(old), table(ids)))
     else:
-        print(markdown(table(ids)))
+        rows = table(ids)
+        print(markdown(by_module(rows) if args.modules else rows))
     return 0
 
 
