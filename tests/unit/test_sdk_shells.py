@@ -1,20 +1,33 @@
 """Shell sessions through the SDK (`Sandbox.shell`, `Shell`, their asyncio twins) and the
-interactive `corral shell ID`, against a real daemon: the SDK's wrappers, above the backend, on one
-backend case (tests/README.md; test_shells.py holds what differs per backend)."""
+interactive `corral shell ID`: the SDK's wrappers and the daemon's sessions above the backend, on
+the fake backend (a daemon in a thread of this process; its shells are bash on the host, as the
+caller). What differs per backend is tests/integration/test_shells.py's."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
-from corral.sdk import AsyncClient, CommandExitError, InvalidArgument, NotFound, ShellInfo, ShellResult
-
-pytestmark = [pytest.mark.local, pytest.mark.above_backend]
+from corral.daemon.testing import fake_daemon_in_a_thread
+from corral.sdk import AsyncClient, Client, CommandExitError, InvalidArgument, NotFound, Sandbox, ShellInfo, ShellResult
 
 CLI = [sys.executable, "-m", "corral.cli"]
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[str]:
+    with fake_daemon_in_a_thread() as address:
+        yield address
+
+
+@pytest.fixture
+def sandbox(address) -> Iterator[Sandbox]:
+    with Client(address) as client, client.create_sandbox() as sandbox:
+        yield sandbox
 
 
 def test_run_keeps_state_across_runs(sandbox):
@@ -115,8 +128,8 @@ def test_arguments_are_checked_before_sending(sandbox):
         sandbox.shell("never-opened", open=False).run("true")
 
 
-async def test_async_shell(daemon):
-    async with AsyncClient(daemon.address) as client:
+async def test_async_shell(address):
+    async with AsyncClient(address) as client:
         async with await client.create_sandbox() as sandbox:
             shell = await sandbox.shell()
             await shell.run("cd /tmp; N=3")
@@ -139,28 +152,28 @@ async def test_async_shell(daemon):
                 await handle.run("true")
 
 
-def _cli_shell(daemon, *args: str, stdin: bytes) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CORRAL_SOCKET": str(daemon.socket)}
+def _cli_shell(address: str, *args: str, stdin: bytes) -> subprocess.CompletedProcess:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}, "CORRAL_ADDRESS": address}
     return subprocess.run([*CLI, "shell", *args], input=stdin, capture_output=True, env=env, timeout=60)
 
 
-def test_cli_shell_with_piped_stdin(daemon, sandbox):
-    done = _cli_shell(daemon, sandbox.id, stdin=b"echo hi; exit 3\n")
+def test_cli_shell_with_piped_stdin(address, sandbox):
+    done = _cli_shell(address, sandbox.id, stdin=b"echo hi; exit 3\n")
     assert done.returncode == 3, done.stderr
     assert b"hi\r\n" in done.stdout  # an interactive terminal: the usual CRLF output
     # Without an `exit`, the end of stdin ends the shell, which exits with its last status.
-    ended = _cli_shell(daemon, sandbox.id, stdin=b"echo $((6 * 7))\nsleep 0.5; (exit 5)\n")
+    ended = _cli_shell(address, sandbox.id, stdin=b"echo $((6 * 7))\nsleep 0.5; (exit 5)\n")
     assert ended.returncode == 5 and b"42\r\n" in ended.stdout
     # Only the program is checked here: dash's exit status in a terminal whose foreground process
-    # group came from outside the sandbox's pid namespace is not the one it was given.
-    sh = _cli_shell(daemon, sandbox.id, "--program", "sh", stdin=b"echo prog=$0; exit 4\n")
+    # group came from outside a sandbox's pid namespace is not the one it was given.
+    sh = _cli_shell(address, sandbox.id, "--program", "sh", stdin=b"echo prog=$0; exit 4\n")
     assert b"prog=sh" in sh.stdout
     # The terminal is its own shell, not one of the named sessions.
     assert sandbox.list_shells() == []
 
 
-def test_cli_shell_unknown_sandbox(daemon):
-    missing = _cli_shell(daemon, "sb-does-not-exist", stdin=b"exit 0\n")
+def test_cli_shell_unknown_sandbox(address):
+    missing = _cli_shell(address, "sb-does-not-exist", stdin=b"exit 0\n")
     assert missing.returncode == 1 and b"corral shell:" in missing.stderr
 
 
