@@ -35,16 +35,23 @@ from tests.rollout_tasks import call, repair_task, replay_server  # noqa: E402
 MIB = 1 << 20
 # Sandboxes each node's daemon admits (daemon.max_sandboxes): head, second, third.
 NODE_CAPS = (6, 6, 8)
-# A node's rollouts hold at most init + run + eval workers' sandboxes at once (4), under every cap
-# with room for the teardowns still under way.
+# Tasks, and samples of each, of the test that reruns a crashed daemon's rollouts.
+RERUN_TASKS = 20
+RERUN_SAMPLES = 2
+# A node's rollouts never hold more sandboxes than its cap, those waiting for RUN or EVAL and those
+# still being torn down included: an INIT waits for room among them (docs/rollouts.md, "The
+# pipeline"), however slowly the loaded machine tears sandboxes down. A cap must hold what one INIT
+# needs at once: a shared INIT's set-up sandbox and a child per sample.
+assert min(NODE_CAPS) >= RERUN_SAMPLES + 1
 NODE_CONFIG = (
     "[daemon]\nmemory_overcommit = 0.0\nmax_sandboxes = {cap}\n"
     "[rollout]\ninit_workers = 1\nrun_workers = 2\neval_workers = 1\nllm_unavailable_wait_s = 2\n"
 )
 # The rollouts of the node-loss test (the scale the cluster client is specified against).
 ROLLOUTS = int(os.environ.get("CORRAL_TEST_CLUSTER_ROLLOUTS", "200"))
-# Tasks (two samples each) of the test that reruns a crashed daemon's rollouts.
-RERUN_TASKS = 20
+# How long a killed daemon may take to be started again by its CorralNode and be back in the
+# client's placement (a bound on the wait, not a pause: the wait ends as soon as it is back).
+RESTART_DEADLINE_S = 60
 
 
 @dataclass
@@ -271,24 +278,27 @@ async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_aske
         results = []
         async with cluster.rollouts.open_stream(resubmit_lost=True) as stream:
             for task in tasks:
-                await stream.submit(task, n=2)
+                await stream.submit(task, n=RERUN_SAMPLES)
             stream.close_input()
             async for result in stream:
                 results.append(result)
                 if len(results) == 10:
                     os.kill(doomed.daemon_pid, signal.SIGKILL)  # the daemon alone: its actor lives on
-        # Each sample once, completed, the two of a task under one group id, some of them run twice.
+        # Each sample once, completed, the samples of a task under one group id, some of them run
+        # twice.
         assert collections.Counter((r.task_id, r.sample_index) for r in results) == {
-            (t.task_id, i): 1 for t in tasks for i in (0, 1)
+            (t.task_id, i): 1 for t in tasks for i in range(RERUN_SAMPLES)
         }
-        assert all(r.completed and r.reward == 1.0 for r in results), collections.Counter(r.status for r in results)
+        assert all(r.completed and r.reward == 1.0 for r in results), [
+            (r.task_id, r.status, r.filter_reason, r.error) for r in results if not r.completed
+        ]
         groups = collections.defaultdict(set)
         for r in results:
             groups[r.task_id].add(r.group_id)
         assert all(len(g) == 1 for g in groups.values())
         assert 2 in stream.ledger.attempts.values()
         # The actor restarted the daemon; the node comes back, with the LLM server given again.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + RESTART_DEADLINE_S
         while cluster.nodes[victim_id].lost and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         assert not cluster.nodes[victim_id].lost
