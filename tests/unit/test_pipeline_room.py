@@ -33,10 +33,14 @@ class _SlowTeardownSandbox(FakeSandbox):
 
 
 class _SlowTeardownBackend(FakeBackend):
-    """The fake backend with (empty) fork points, whose sandboxes take TEARDOWN_S to destroy: the
-    daemon counts each against max_sandboxes until then."""
+    """The fake backend whose sandboxes take TEARDOWN_S to destroy: the daemon counts each against
+    max_sandboxes until then. It cannot fork (INIT once falls back to an INIT per rollout)."""
 
     sandbox_class = _SlowTeardownSandbox
+
+
+class _ForkingSlowTeardownBackend(_SlowTeardownBackend):
+    """The same with (empty) fork points: its children start as plain fake sandboxes."""
 
     async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
         return ForkPoint(str(sandbox.record()["sandbox_id"]), "", 0)
@@ -55,27 +59,33 @@ def _quick_tasks(count: int) -> list:
 
 
 @pytest.mark.parametrize(
-    ("samples", "init_once", "max_sandboxes"),
+    ("samples", "init_once", "backend", "max_sandboxes"),
     [
-        (2, True, 3),  # room for one shared INIT: its set-up sandbox and its two children
-        (1, False, 1),  # room for one rollout's sandbox
+        # Room for one shared INIT: its set-up sandbox and its two children.
+        (2, True, _ForkingSlowTeardownBackend, 3),
+        # The same, on a backend that cannot fork: a rollout takes the set-up sandbox, the other
+        # runs an INIT of its own.
+        (2, True, _SlowTeardownBackend, 3),
+        # Room for one rollout's sandbox.
+        (1, False, _SlowTeardownBackend, 1),
     ],
-    ids=["init-once", "init-each"],
+    ids=["init-once", "init-once-fell-back", "init-each"],
 )
 async def test_rollouts_wait_for_their_own_sandboxes_teardown_instead_of_being_refused(
-    samples: int, init_once: bool, max_sandboxes: int
+    samples: int, init_once: bool, backend: type[FakeBackend], max_sandboxes: int
 ) -> None:
     tasks = _quick_tasks(3)
     # Two INIT workers: without the pipeline's own count, both would start sandboxes at once.
     config = _config(max_sandboxes, init_workers=2, run_workers=2, eval_workers=2, init_once=init_once)
-    async with embedded_daemon(config, backend_classes={"local": _SlowTeardownBackend}) as address:
+    async with embedded_daemon(config, backend_classes={"local": backend}) as address:
         async with AsyncClient(address) as client, replay_server(tasks) as server:
             await client.rollouts.register_llm(server.url)
             results = [result async for result in client.rollouts.stream(tasks, n=samples)]
     outcomes = collections.Counter((r.status, r.filter_reason) for r in results)
     assert outcomes == {("completed", None): len(tasks) * samples}, [r.error for r in results]
-    if init_once:
+    if backend is _ForkingSlowTeardownBackend:
         assert all(r.init_shared_by == samples for r in results)
+    assert all(r.init_fell_back for r in results) == (init_once and backend is _SlowTeardownBackend)
     # Later INITs waited for the first ones' sandboxes to be torn down: queued time, not INIT's.
     assert max(r.timings["init_queue"] for r in results) >= TEARDOWN_S
 
@@ -85,7 +95,7 @@ async def test_room_comes_back_from_rollouts_cancelled_while_they_wait_for_it(tm
     config = _config(3, init_workers=2, run_workers=1, eval_workers=1)
     config.daemon.socket = str(tmp_path / "corral.sock")
     config.daemon.state_dir = str(tmp_path / "state")
-    daemon = Daemon(config, backend_classes={"local": _SlowTeardownBackend})
+    daemon = Daemon(config, backend_classes={"local": _ForkingSlowTeardownBackend})
     await daemon.start()
     room = daemon.rollouts.pipeline.room
     try:
