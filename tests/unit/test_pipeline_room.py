@@ -50,8 +50,9 @@ def _config(max_sandboxes: int, **rollout: Any) -> Config:
     config = Config()
     config.daemon.max_sandboxes = max_sandboxes
     config.daemon.memory_overcommit = 0
-    # No retries: a single refusal of the node filters a rollout.
-    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, init_retries=0, **rollout))
+    # No retries unless asked: a single refusal of the node filters a rollout.
+    rollout = {"init_retries": 0, **rollout}
+    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, **rollout))
 
 
 def _quick_tasks(count: int) -> list:
@@ -148,3 +149,17 @@ async def test_no_limit_never_waits() -> None:
     for _ in range(5):
         await room.take(100)
     assert room.held == 500
+
+
+async def test_a_node_full_of_sandboxes_that_are_not_the_rollouts_still_refuses_them() -> None:
+    """The room counts the rollouts' own sandboxes only: a sandbox created on the node directly
+    fills it as before, and INIT's retries run out (sandbox_start)."""
+    [task] = _quick_tasks(1)
+    config = _config(1, init_retries=1)
+    async with embedded_daemon(config, backend_classes={"local": FakeBackend}) as address:
+        async with AsyncClient(address) as client, replay_server([task]) as server:
+            await client.rollouts.register_llm(server.url)
+            async with await client.create_sandbox():
+                [result] = [result async for result in client.rollouts.stream([task])]
+    assert (result.status, result.filter_reason) == ("filtered", "sandbox_start")
+    assert "failed 2 times" in result.error and "daemon.max_sandboxes" in result.error
