@@ -94,6 +94,23 @@ def ray_nodes(tmp_path_factory) -> Iterator[RayNodes]:
         cluster.shutdown()
 
 
+def _log_sizes(nodes: RayNodes) -> list[int]:
+    """How much each node's daemon has logged so far (its supervisor's root/daemon.log)."""
+    return [(root / "daemon.log").stat().st_size for root in nodes.roots]
+
+
+def _refused_for_room_since(nodes: RayNodes, sizes: list[int]) -> list[str]:
+    """What the nodes' rollout pipelines logged since `sizes` about a sandbox start or fork the
+    node refused at daemon.max_sandboxes (then retried, or filtered once the retries ran out)."""
+    refused = []
+    for root, size in zip(nodes.roots, sizes):
+        with open(root / "daemon.log", "rb") as log:
+            log.seek(size)
+            lines = log.read().decode(errors="replace").splitlines()
+        refused += [f"{root.name}: {line}" for line in lines if "corral.rollout" in line and "max_sandboxes" in line]
+    return refused
+
+
 async def _sandboxes_by_node(nodes: RayNodes, cluster: ClusterClient, label: str) -> dict[str, int]:
     counts = {}
     for node_id in nodes.node_ids:
@@ -274,6 +291,7 @@ async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_aske
     tasks = [_quick_task(f"rerun-{i}") for i in range(RERUN_TASKS)]
     victim = 1
     victim_id = ray_nodes.node_ids[victim]
+    logged = _log_sizes(ray_nodes)
     async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, llm_url, doomed):
         results = []
         async with cluster.rollouts.open_stream(resubmit_lost=True) as stream:
@@ -292,6 +310,9 @@ async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_aske
         assert all(r.completed and r.reward == 1.0 for r in results), [
             (r.task_id, r.status, r.filter_reason, r.error) for r in results if not r.completed
         ]
+        # Nor was any of them refused for room and saved by a retry: the nodes' rollouts wait for
+        # room among their own sandboxes, however slowly those are torn down.
+        assert _refused_for_room_since(ray_nodes, logged) == []
         groups = collections.defaultdict(set)
         for r in results:
             groups[r.task_id].add(r.group_id)
@@ -310,6 +331,7 @@ async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> No
     tasks = [_quick_task(f"loss-{i}") for i in range(ROLLOUTS)]
     victim = 2
     victim_id = ray_nodes.node_ids[victim]
+    logged = _log_sizes(ray_nodes)
     async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, _, doomed):
         results = []
         began = time.monotonic()
@@ -332,6 +354,7 @@ async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> No
         assert lost and all(victim_id in r.error for r in lost), outcomes
         assert cluster.nodes[victim_id].lost
         assert all(r.reward == 1.0 for r in results if r.completed)
+        assert _refused_for_room_since(ray_nodes, logged) == []
 
         # Nothing is left on the surviving nodes.
         for node_id in ray_nodes.node_ids[:victim]:
