@@ -21,7 +21,9 @@ from corral.sdk.errors import Unavailable
 from corral.v1 import rollout_pb2 as pb
 
 
-def pipeline_settings(config: RolloutConfig) -> PipelineSettings:
+def pipeline_settings(config: RolloutConfig, max_sandboxes: int) -> PipelineSettings:
+    """The pipeline of a daemon whose node admits `max_sandboxes` (daemon.max_sandboxes): its
+    rollouts wait for room among their own sandboxes rather than be refused for them."""
     return PipelineSettings(
         init=StageSettings(config.init_workers, config.init_timeout_s, config.queue_size),
         run=StageSettings(config.run_workers, config.run_timeout_s, config.queue_size),
@@ -29,6 +31,7 @@ def pipeline_settings(config: RolloutConfig) -> PipelineSettings:
         init_retries=config.init_retries,
         allow_host_harness=config.allow_host_harness,
         init_once=config.init_once,
+        max_sandboxes=max_sandboxes,
     )
 
 
@@ -51,7 +54,7 @@ class RolloutRuntime:
             self.client,
             self.llms.generate,
             tokenizer,
-            settings=pipeline_settings(config),
+            settings=pipeline_settings(config, sandboxes.config.daemon.max_sandboxes),
             has_llm=lambda: len(self.llms) > 0,
             forget_rollout=self.llms.forget,
             context_length=self.llms.context_length,

@@ -12,6 +12,9 @@
   cancel, shutdown). Cancelling frees it at once.
 - INIT once (shared_init.py): rollouts that may share their INIT wait for one sandbox start and
   setup, then each gets a fork of that sandbox; the set-up sandbox is destroyed once they exist.
+- The pipeline's sandboxes never fill the node past `max_sandboxes` (room.py): an INIT waits for
+  room among them (time queued, not timed) rather than be refused while its own rollouts' sandboxes
+  wait for RUN or EVAL or are still being torn down.
 
 Sandboxes are reached through the SDK's AsyncClient, over the daemon's own socket: the pipeline
 uses exactly the interface trainers use, and the trainer adapters reuse its pieces.
@@ -40,6 +43,7 @@ from corral.rollout.evaluation import (
 )
 from corral.rollout.gateway import Gateway, GatewayCounters, GatewayOutcome, HistoryPolicy, SessionSettings
 from corral.rollout.harness import HarnessExit, HarnessHost, run_harness
+from corral.rollout.room import SandboxRoom
 from corral.rollout.shared_init import ForkFailed, ForkUnavailable, SharedInit, fork_children, may_share, sharing_key
 from corral.rollout.tasks import (
     check_task,
@@ -97,6 +101,9 @@ class PipelineSettings:
     # INIT once: the samples of one submission, and tasks sharing a setup key, start and set up
     # one sandbox and fork it into theirs (shared_init.py). Off: every rollout runs its own INIT.
     init_once: bool = True
+    # The most sandboxes the rollouts may hold on the node at once, their teardowns included (the
+    # daemon's daemon.max_sandboxes): an INIT waits for room among them (room.py). 0: no limit.
+    max_sandboxes: int = 0
 
     def stage(self, stage: Stage) -> StageSettings:
         return getattr(self, stage.value)
@@ -157,9 +164,13 @@ class Rollout:
     on_turn: TurnSink | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     enqueued_at: float = 0.0
+    # When the stage in progress began its work (for INIT: once there was room for its sandbox).
+    started_at: float = 0.0
     # Seconds per stage and per stage queue ("init_queue", "init", ...), for StageTimings.
     timings: dict[str, float] = field(default_factory=dict)
     sandbox: AsyncSandbox | None = None
+    # The room (room.py) it holds: 1 from its INIT's start until its sandbox is destroyed.
+    room: int = 0
     trajectory: Trajectory | None = None
     # A harness rollout's samples after the first (in `trajectory`), and its gateway counters.
     extra_samples: list[Trajectory] = field(default_factory=list)
@@ -224,6 +235,7 @@ class RolloutPipeline:
             stage: asyncio.Queue[Rollout | SharedInit[Rollout]](settings.stage(stage).queue_size) for stage in Stage
         }
         self._counters = {stage: StageCounters() for stage in Stage}
+        self._room = SandboxRoom(settings.max_sandboxes)
         self._workers: list[asyncio.Task] = []
         self._finishing: set[asyncio.Task] = set()
         self._live: dict[str, Rollout] = {}
@@ -375,6 +387,11 @@ class RolloutPipeline:
         )
 
     @property
+    def room(self) -> SandboxRoom:
+        """The node's room for the rollouts' sandboxes (read it; the pipeline takes and gives)."""
+        return self._room
+
+    @property
     def live_count(self) -> int:
         return len(self._live)
 
@@ -400,8 +417,7 @@ class RolloutPipeline:
             rollout = item
             if rollout.finished:  # cancelled while it waited
                 continue
-            taken = time.monotonic()
-            rollout.timings[f"{stage.value}_queue"] = taken - rollout.enqueued_at
+            rollout.started_at = time.monotonic()
             counters.in_flight += 1
             work = asyncio.create_task(self._run_stage(stage, rollout))
             rollout.active = work
@@ -410,7 +426,8 @@ class RolloutPipeline:
             finally:
                 counters.in_flight -= 1
                 rollout.active = None
-                rollout.timings[stage.value] = time.monotonic() - taken
+                rollout.timings[f"{stage.value}_queue"] = rollout.started_at - rollout.enqueued_at
+                rollout.timings[stage.value] = time.monotonic() - rollout.started_at
             counters.record_completion()
             next_stage = await self._after_stage(stage, rollout, work)
             if next_stage is not None:
@@ -466,6 +483,9 @@ class RolloutPipeline:
 
     async def _init(self, rollout: Rollout, timeout_s: float) -> None:
         limits = task_limits(rollout.task)
+        await self._room.take(1)
+        rollout.room = 1
+        rollout.started_at = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
                 rollout.sandbox = await start_task_sandbox(
@@ -496,6 +516,9 @@ class RolloutPipeline:
             group.active = None
             self._close_membership(group)
             self._shared_inits.pop(group.init_id, None)
+            # The room of sandboxes it did not make, or made and destroyed already.
+            self._room.give_back(group.room)
+            group.room = 0
         await self._after_shared_init(group, work)
 
     def _close_membership(self, group: SharedInit[Rollout]) -> list[Rollout]:
@@ -511,10 +534,16 @@ class RolloutPipeline:
         task = group.task
         timeout_s = self._stage_timeout(Stage.INIT, task)
         parent: AsyncSandbox | None = None
+        if not group.waiting():  # every member was cancelled while it queued
+            return
+        # Room for the set-up sandbox and a child per member (members joining from now on are
+        # counted when the fork begins).
+        room = 1 + len(group.waiting())
+        await self._room.take(room)
+        group.room = room
+        group.started_at = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
-                if not group.waiting():  # every member was cancelled while it queued
-                    return
                 parent = await start_task_sandbox(
                     self._client,
                     task,
@@ -528,7 +557,9 @@ class RolloutPipeline:
                 if len(members) <= 1:  # nobody left to share with: no fork needed
                     if members:
                         members[0].sandbox, parent = parent, None
+                        self._hand_room(group, members[0])
                     return
+                self._fit_room(group, 1 + len(members))
                 try:
                     children, group.fork_s = await fork_children(
                         parent, len(members), retries=self._settings.init_retries
@@ -540,12 +571,15 @@ class RolloutPipeline:
                     first = next((m for m in members if not m.finished), None)
                     if first is not None:
                         first.sandbox, parent = parent, None
+                        self._hand_room(group, first)
                     return
                 for member, child in zip(members, children):
+                    group.room -= 1
                     if member.finished:  # cancelled during the fork
-                        self._destroy_later(child, member.rollout_id)
+                        self._destroy_later(child, member.rollout_id, room=1)
                     else:
                         member.sandbox = child
+                        member.room += 1
         except SandboxStartFailed as error:
             raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
         except ForkFailed as error:
@@ -554,7 +588,25 @@ class RolloutPipeline:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
         finally:
             if parent is not None:
-                self._destroy_later(parent, group.init_id)
+                group.room -= 1
+                self._destroy_later(parent, group.init_id, room=1)
+
+    @staticmethod
+    def _hand_room(group: SharedInit[Rollout], member: Rollout) -> None:
+        """The room of the sandbox `member` takes from the shared INIT goes with it."""
+        group.room -= 1
+        member.room += 1
+
+    def _fit_room(self, group: SharedInit[Rollout], needed: int) -> None:
+        """The room of a shared INIT about to fork, as its members now need: what members that
+        left held goes back; members that joined after it took its room take theirs without
+        waiting (it holds a set-up sandbox already, and waiting while holding one could wait for
+        other INITs that wait likewise)."""
+        if needed < group.room:
+            self._room.give_back(group.room - needed)
+        elif needed > group.room:
+            self._room.take_now(needed - group.room)
+        group.room = needed
 
     async def _after_shared_init(self, group: SharedInit[Rollout], work: asyncio.Task) -> None:
         """Sends each waiting member on: to RUN with its sandbox, back to INIT for one of its own
@@ -588,7 +640,7 @@ class RolloutPipeline:
         """A member's INIT timings: its wait for a worker, the shared INIT from when it joined,
         and the fork."""
         assert group.taken_at is not None
-        started = max(group.taken_at, member.enqueued_at)
+        started = max(group.started_at or group.taken_at, member.enqueued_at)
         member.timings["init_queue"] = started - member.enqueued_at
         member.timings["init"] = (group.set_up_at or ended) - started
         if group.fork_s is not None:
@@ -781,6 +833,8 @@ class RolloutPipeline:
 
     async def _destroy_then_deliver(self, rollout: Rollout, result: pb.RolloutResult) -> None:
         await self._destroy_sandbox(rollout)
+        self._room.give_back(rollout.room)
+        rollout.room = 0
         rollout.timings["total"] = time.monotonic() - rollout.submitted_at
         result.timings.CopyFrom(
             results.stage_timings(
@@ -803,9 +857,17 @@ class RolloutPipeline:
         except Exception as error:  # noqa: BLE001 - the daemon's reaper removes it later; the rollout must still end
             _log.warning("rollout %s: destroying sandbox %s failed: %s", owner, sandbox.id, error)
 
-    def _destroy_later(self, sandbox: AsyncSandbox, owner: str) -> None:
-        """Destroys a sandbox no rollout uses in the background (close() waits for it)."""
-        task = asyncio.create_task(self._destroy(sandbox, owner))
+    def _destroy_later(self, sandbox: AsyncSandbox, owner: str, *, room: int) -> None:
+        """Destroys a sandbox no rollout uses in the background (close() waits for it), then gives
+        back its `room`."""
+
+        async def destroy() -> None:
+            try:
+                await self._destroy(sandbox, owner)
+            finally:
+                self._room.give_back(room)
+
+        task = asyncio.create_task(destroy())
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
 

@@ -78,8 +78,10 @@ class SharedInit(Generic[M]):
     key: bytes | None = None
     # The set-up sandbox's rollout label: a shared INIT is a live rollout of the pipeline's.
     init_id: str = ""
-    # When a worker took it, when the setup was done, and how long the fork took (None: no fork).
+    # When a worker took it, when the node had room for it and its INIT began, when the setup
+    # was done, and how long the fork took (None: no fork).
     taken_at: float | None = None
+    started_at: float | None = None
     set_up_at: float | None = None
     fork_s: float | None = None
     # Members that were still waiting when the setup was done (the children forked).
@@ -88,6 +90,9 @@ class SharedInit(Generic[M]):
     closed: bool = False
     # The INIT in progress (cancelled when no member is left to wait for it).
     active: asyncio.Task | None = None
+    # The room of the node it holds for its set-up sandbox and the children still to be handed
+    # to its members (the pipeline's SandboxRoom).
+    room: int = 0
 
     def __post_init__(self) -> None:
         self.init_id = self.init_id or f"{self.task.task_id}/init/{secrets.token_hex(4)}"

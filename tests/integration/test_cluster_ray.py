@@ -35,16 +35,23 @@ from tests.rollout_tasks import call, repair_task, replay_server  # noqa: E402
 MIB = 1 << 20
 # Sandboxes each node's daemon admits (daemon.max_sandboxes): head, second, third.
 NODE_CAPS = (6, 6, 8)
-# A node's rollouts hold at most init + run + eval workers' sandboxes at once (4), under every cap
-# with room for the teardowns still under way.
+# Tasks, and samples of each, of the test that reruns a crashed daemon's rollouts.
+RERUN_TASKS = 20
+RERUN_SAMPLES = 2
+# A node's rollouts never hold more sandboxes than its cap, those waiting for RUN or EVAL and those
+# still being torn down included: an INIT waits for room among them (docs/rollouts.md, "The
+# pipeline"), however slowly the loaded machine tears sandboxes down. A cap must hold what one INIT
+# needs at once: a shared INIT's set-up sandbox and a child per sample.
+assert min(NODE_CAPS) >= RERUN_SAMPLES + 1
 NODE_CONFIG = (
     "[daemon]\nmemory_overcommit = 0.0\nmax_sandboxes = {cap}\n"
     "[rollout]\ninit_workers = 1\nrun_workers = 2\neval_workers = 1\nllm_unavailable_wait_s = 2\n"
 )
 # The rollouts of the node-loss test (the scale the cluster client is specified against).
 ROLLOUTS = int(os.environ.get("CORRAL_TEST_CLUSTER_ROLLOUTS", "200"))
-# Tasks (two samples each) of the test that reruns a crashed daemon's rollouts.
-RERUN_TASKS = 20
+# How long a killed daemon may take to be started again by its CorralNode and be back in the
+# client's placement (a bound on the wait, not a pause: the wait ends as soon as it is back).
+RESTART_DEADLINE_S = 60
 
 
 @dataclass
@@ -85,6 +92,23 @@ def ray_nodes(tmp_path_factory) -> Iterator[RayNodes]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _log_sizes(nodes: RayNodes) -> list[int]:
+    """How much each node's daemon has logged so far (its supervisor's root/daemon.log)."""
+    return [(root / "daemon.log").stat().st_size for root in nodes.roots]
+
+
+def _refused_for_room_since(nodes: RayNodes, sizes: list[int]) -> list[str]:
+    """What the nodes' rollout pipelines logged since `sizes` about a sandbox start or fork the
+    node refused at daemon.max_sandboxes (then retried, or filtered once the retries ran out)."""
+    refused = []
+    for root, size in zip(nodes.roots, sizes):
+        with open(root / "daemon.log", "rb") as log:
+            log.seek(size)
+            lines = log.read().decode(errors="replace").splitlines()
+        refused += [f"{root.name}: {line}" for line in lines if "corral.rollout" in line and "max_sandboxes" in line]
+    return refused
 
 
 async def _sandboxes_by_node(nodes: RayNodes, cluster: ClusterClient, label: str) -> dict[str, int]:
@@ -267,28 +291,35 @@ async def test_a_daemon_crash_mid_stream_reruns_its_rollouts_elsewhere_when_aske
     tasks = [_quick_task(f"rerun-{i}") for i in range(RERUN_TASKS)]
     victim = 1
     victim_id = ray_nodes.node_ids[victim]
+    logged = _log_sizes(ray_nodes)
     async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, llm_url, doomed):
         results = []
         async with cluster.rollouts.open_stream(resubmit_lost=True) as stream:
             for task in tasks:
-                await stream.submit(task, n=2)
+                await stream.submit(task, n=RERUN_SAMPLES)
             stream.close_input()
             async for result in stream:
                 results.append(result)
                 if len(results) == 10:
                     os.kill(doomed.daemon_pid, signal.SIGKILL)  # the daemon alone: its actor lives on
-        # Each sample once, completed, the two of a task under one group id, some of them run twice.
+        # Each sample once, completed, the samples of a task under one group id, some of them run
+        # twice.
         assert collections.Counter((r.task_id, r.sample_index) for r in results) == {
-            (t.task_id, i): 1 for t in tasks for i in (0, 1)
+            (t.task_id, i): 1 for t in tasks for i in range(RERUN_SAMPLES)
         }
-        assert all(r.completed and r.reward == 1.0 for r in results), collections.Counter(r.status for r in results)
+        assert all(r.completed and r.reward == 1.0 for r in results), [
+            (r.task_id, r.status, r.filter_reason, r.error) for r in results if not r.completed
+        ]
+        # Nor was any of them refused for room and saved by a retry: the nodes' rollouts wait for
+        # room among their own sandboxes, however slowly those are torn down.
+        assert _refused_for_room_since(ray_nodes, logged) == []
         groups = collections.defaultdict(set)
         for r in results:
             groups[r.task_id].add(r.group_id)
         assert all(len(g) == 1 for g in groups.values())
         assert 2 in stream.ledger.attempts.values()
         # The actor restarted the daemon; the node comes back, with the LLM server given again.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + RESTART_DEADLINE_S
         while cluster.nodes[victim_id].lost and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         assert not cluster.nodes[victim_id].lost
@@ -300,6 +331,7 @@ async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> No
     tasks = [_quick_task(f"loss-{i}") for i in range(ROLLOUTS)]
     victim = 2
     victim_id = ray_nodes.node_ids[victim]
+    logged = _log_sizes(ray_nodes)
     async with _streaming_cluster(ray_nodes, tasks, victim) as (cluster, _, doomed):
         results = []
         began = time.monotonic()
@@ -322,6 +354,7 @@ async def test_a_node_killed_mid_stream_loses_nothing(ray_nodes: RayNodes) -> No
         assert lost and all(victim_id in r.error for r in lost), outcomes
         assert cluster.nodes[victim_id].lost
         assert all(r.reward == 1.0 for r in results if r.completed)
+        assert _refused_for_room_since(ray_nodes, logged) == []
 
         # Nothing is left on the surviving nodes.
         for node_id in ray_nodes.node_ids[:victim]:
