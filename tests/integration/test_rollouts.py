@@ -345,42 +345,45 @@ async def test_stage_timeouts_exclude_time_spent_queued(tmp_path) -> None:
     assert all(r.timings["run"] < 1.2 for r in results)
 
 
+def _refused_once(daemon: DaemonProcess, task_id: str) -> bool:
+    """Whether the daemon's log shows a sandbox start of a rollout of `task_id` refused once."""
+    log = daemon.log.read_text(errors="replace")
+    return any(f" {task_id}/" in line and "sandbox start failed (attempt 1 of" in line for line in log.splitlines())
+
+
 async def test_sandbox_starts_that_fail_for_the_node_are_retried_then_filtered(tmp_path) -> None:
-    """A node at its sandbox limit refuses creation (RESOURCE_EXHAUSTED): INIT retries with a
-    backoff, and gives up with reason sandbox_start when the retries run out."""
+    """A node at its sandbox limit with sandboxes that are not the rollouts' refuses creation
+    (RESOURCE_EXHAUSTED): INIT retries with a backoff, and gives up with reason sandbox_start when
+    the retries run out. (For the rollouts' own sandboxes INIT waits instead: docs/rollouts.md,
+    "The pipeline".)"""
     require_backend("local")
     config = tmp_path / "corral.toml"
     config.write_text("[daemon]\nmax_sandboxes = 1\n[rollout]\ninit_retries = 4\n")
     daemon = DaemonProcess(tmp_path, "--config", str(config)).start()
-    holder, waiter = repair_task("holder"), repair_task("waiter")
+    waiter = repair_task("waiter")
+
+    async def refused_once() -> bool:
+        return _refused_once(daemon, "waiter")
+
     try:
-        async with AsyncClient(daemon.address) as client:
-            # The holder keeps the only sandbox for about a second; the waiter's retries
-            # (after 0.5, 1, 2 and 4 s) get it once the holder is done.
-            async with replay_server([holder, waiter], latency_s=0.3) as server:
-                await client.rollouts.register_llm(server.url)
-                async with client.rollouts.open_stream() as stream:
-                    await stream.submit(holder)
-                    await wait_until(lambda: _has_sandbox_for(client, "holder"))
-                    await stream.submit(waiter)
-                    await stream.close_input()
-                    results = {r.task_id: r for r in [result_of(e) async for e in stream]}
-            assert results["waiter"].status == "completed" and results["waiter"].reward == 1.0
-            assert results["waiter"].timings["init"] > 0.4  # it waited at least one backoff
+        async with AsyncClient(daemon.address) as client, replay_server([waiter]) as server:
+            await client.rollouts.register_llm(server.url)
+            # A sandbox made on the node directly holds the only slot until the waiter was refused
+            # once; its retries (after 0.5, 1, 2 and 4 s) get the slot once the holder is gone.
+            holder = await client.create_sandbox()
+            async with client.rollouts.open_stream() as stream:
+                await stream.submit(waiter)
+                await stream.close_input()
+                await wait_until(refused_once, timeout=60)
+                await holder.destroy()
+                results = [result_of(e) async for e in stream]
+            assert [(r.status, r.reward) for r in results] == [("completed", 1.0)], results[0].error
+            assert results[0].timings["init"] > 0.4  # it waited at least one backoff
             # A holder that never lets go: the waiter's retries run out.
-            async with replay_server([holder, waiter], latency_s=30.0) as server:
-                await client.rollouts.remove_llm((await client.rollouts.list_llms())[0].address)
-                await client.rollouts.register_llm(server.url)
-                async with client.rollouts.open_stream() as stream:
-                    await stream.submit(holder)
-                    await wait_until(lambda: _has_sandbox_for(client, "holder"))
-                    await stream.submit(waiter)
-                    result = result_of(await asyncio.wait_for(stream.__anext__(), 30))
-                    assert (result.task_id, result.status, result.filter_reason) == (
-                        "waiter",
-                        "filtered",
-                        "sandbox_start",
-                    )
-                    assert "5 times" in result.error
+            async with await client.create_sandbox(), client.rollouts.open_stream() as stream:
+                await stream.submit(waiter)
+                result = result_of(await asyncio.wait_for(stream.__anext__(), 30))
+                assert (result.task_id, result.status, result.filter_reason) == ("waiter", "filtered", "sandbox_start")
+                assert "5 times" in result.error
     finally:
         daemon.stop()
