@@ -326,6 +326,18 @@ def assert_matches_the_engine(result: RolloutResult, exchanges: list[Exchange]) 
     assert sequence == list(result.prompt_ids) + list(result.response_ids)
 
 
+def assert_logprobs_match(engine: list[float], recomputed: list[float]) -> None:
+    """The engine's logprobs are the recomputed ones up to the engine's numerics: vLLM's CPU kernels
+    are not batch-invariant, so a token generated in a batch with other rollouts' (which depends on
+    timing, hence on the machine's load) can differ in the second decimal (0.014 of 120 tokens, once,
+    seen under load), while nearly every token agrees to 1e-4. The raw distribution's logprobs are
+    further away than that (the callers check it)."""
+    assert len(engine) == len(recomputed)
+    assert engine == pytest.approx(recomputed, abs=0.03)
+    close = sum(abs(a - b) <= 1e-4 for a, b in zip(engine, recomputed))
+    assert close >= 0.9 * len(engine), f"only {close} of {len(engine)} logprobs within 1e-4 of the recomputation"
+
+
 def assert_rerenders(result: RolloutResult, tokenizer: HFChatTokenizer) -> None:
     """Decoding the trajectory gives the chat template's rendering of its messages (the last
     assistant message as the model wrote it, with whatever end it had)."""
@@ -381,7 +393,7 @@ async def test_noise_rollouts_are_token_exact_with_the_engines_logprobs(client, 
     positions = [len(result.prompt_ids) + i for i, mask in enumerate(result.response_mask) if mask]
     processed, raw = await asyncio.to_thread(recomputed_logprobs, tiny_model, ids, positions)
     engine = [lp for lp, mask in zip(result.response_logprobs, result.response_mask) if mask]
-    assert engine == pytest.approx(processed, abs=1e-4)
+    assert_logprobs_match(engine, processed)
     # The raw distribution's logprobs are another thing entirely (what vLLM returns by default).
     assert max(abs(a - b) for a, b in zip(engine, raw)) > 0.1
     # No weight label set: the daemon's policy version (0) stamps the generated tokens.
@@ -585,7 +597,7 @@ async def test_a_gateway_conversation_is_token_exact_with_the_engines_logprobs(
     assert len(positions) == sum(len(e.output) for e in exchanges)
     processed, _raw = await asyncio.to_thread(recomputed_logprobs, tiny_model, ids, positions)
     engine_logprobs = [lp for lp, mask in zip(sample.response_logprobs, sample.response_mask) if mask]
-    assert engine_logprobs == pytest.approx(processed, abs=1e-4)
+    assert_logprobs_match(engine_logprobs, processed)
 
 
 async def test_gateway_length_cut_offs_and_stop_strings(served_gateway, proxy, tokenizer):
