@@ -42,6 +42,7 @@ from .commands import sandbox_environment
 from .config import Config
 from .fsaccess import create_private_file
 from .kernel_events import (
+    DISPLAY_LIMIT_BYTES,
     CellDone,
     ErrorOutput,
     GatheredCell,
@@ -96,8 +97,9 @@ def _bootstrap_source() -> str:
 
 def kernel_argv(python: str, output_limit: int) -> list[str]:
     """The command that starts ipykernel with its output governed at `output_limit` bytes per
-    stream and cell (see kernel_bootstrap): the sandbox's python runs the bootstrap's text."""
-    code = f"{_bootstrap_source()}\nmain({int(output_limit)})\n"
+    stream and cell, and its results and errors cut to the caps (see kernel_bootstrap): the
+    sandbox's python runs the bootstrap's text."""
+    code = f"{_bootstrap_source()}\nmain({int(output_limit)}, {int(DISPLAY_LIMIT_BYTES)})\n"
     return [python, "-c", code, "--HistoryManager.hist_file=:memory:"]
 
 
@@ -207,8 +209,8 @@ class Inbox:
         self.queue: asyncio.Queue[dict | KernelEvent] = asyncio.Queue()
         self.cap = cap or StreamCap(None)
 
-    def put(self, msg: dict) -> None:
-        event = output_event(msg)
+    def put(self, msg: dict, event: KernelEvent | None) -> None:
+        """`msg` and the output event it carries (output_event), if any."""
         if event is None:
             self.queue.put_nowait(msg)
         elif (admitted := self.cap.admit(event)) is not None:
@@ -233,6 +235,8 @@ class KernelProcess:
         self.client = client
         self.files = files
         self.late = late
+        # The output cap, the late buffer's: results and errors are cut to it (output_event).
+        self.output_limit = late.limit
         self._sandbox_cgroup = sandbox_cgroup
         self._output_tail = bytearray()
         self._listeners: dict[str, Inbox] = {}
@@ -328,13 +332,13 @@ class KernelProcess:
                 log.exception("dropping a malformed %s message from a kernel", msg.get("msg_type"))
 
     def _route(self, msg: dict[str, Any]) -> None:
+        event = output_event(msg, self.output_limit)
         inbox = self._listeners.get((msg.get("parent_header") or {}).get("msg_id", ""))
         if inbox is not None:
-            inbox.put(msg)
+            inbox.put(msg, event)
             return
         # Nobody waits for it: output of a cell that has finished (a thread or child process it
         # left running, or a cell whose caller went away). The next cell delivers it.
-        event = output_event(msg)
         if event is not None:
             self.late.add(event)
 
@@ -452,7 +456,7 @@ class KernelProcess:
                     if content.get("status") == "error" and not failed:
                         # The error normally comes on iopub first; if it went missing, the reply has it.
                         failed = True
-                        yield error_event(content)
+                        yield error_event(content, self.output_limit)
                     exiting = _asks_exit(content)
                 elif kind == "status":
                     idle = content.get("execution_state") == "idle"

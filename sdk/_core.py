@@ -741,7 +741,13 @@ def find_kernel(response: kernel_pb.ListKernelsResponse, kernel_id: str) -> Kern
 
 
 def _kernel_error_info(error: kernel_pb.KernelError) -> KernelErrorInfo:
-    return KernelErrorInfo(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback))
+    return KernelErrorInfo(
+        ename=error.ename,
+        evalue=error.evalue,
+        traceback=list(error.traceback),
+        truncated=error.truncated,
+        total_bytes=error.total_bytes,
+    )
 
 
 def kernel_late_output_from_proto(late: kernel_pb.KernelLateOutput) -> KernelLateOutput:
@@ -762,13 +768,16 @@ def kernel_result_from_proto(response: kernel_pb.ExecuteGatheredResponse) -> Ker
         raise ProtocolError("ExecuteGathered answered without the cell's done event")
     error = response.error if response.HasField("error") else None
     done = response.done
+    has_result = response.HasField("result")
     return KernelResult(
         stdout=response.stdout,
         stderr=response.stderr,
-        result=dict(response.result.data) if response.HasField("result") else None,
+        result=dict(response.result.data) if has_result else None,
         displays=[dict(display.data) for display in response.displays],
         error=None if error is None else _kernel_error_info(error),
         **_cell_end_fields(done, truncated=response.truncated),
+        result_truncated=has_result and response.result.truncated,
+        result_total_bytes=response.result.total_bytes if has_result else 0,
         late_output=kernel_late_output_from_proto(response.late_output) if response.HasField("late_output") else None,
     )
 
@@ -797,10 +806,17 @@ def kernel_event_from_proto(response: kernel_pb.ExecuteResponse) -> KernelEvent:
     if kind == "display":
         return KernelDisplayEvent(data=dict(response.display.data))
     if kind == "result":
-        return KernelResultEvent(data=dict(response.result.data))
+        result = response.result
+        return KernelResultEvent(data=dict(result.data), truncated=result.truncated, total_bytes=result.total_bytes)
     if kind == "error":
         error = response.error
-        return KernelErrorEvent(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback))
+        return KernelErrorEvent(
+            ename=error.ename,
+            evalue=error.evalue,
+            traceback=list(error.traceback),
+            truncated=error.truncated,
+            total_bytes=error.total_bytes,
+        )
     if kind == "done":
         done = response.done
         return KernelDoneEvent(failed=done.failed, **_cell_end_fields(done))

@@ -354,9 +354,14 @@ class KernelErrorInfo:
     """The exception a cell raised."""
 
     ename: str
+    # The message; past the output cap (1 MiB by default) its first and last halves (`truncated`).
     evalue: str
-    # Traceback lines, with the kernel's ANSI colours.
+    # Traceback lines, with the kernel's ANSI colours; longer than the output cap together, the
+    # lines of its first and last halves (`truncated`).
     traceback: list[str]
+    truncated: bool = False
+    # UTF-8 bytes of the name, message and traceback before any cut.
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -393,7 +398,9 @@ class KernelResult:
     # default): its first and last halves (`truncated`).
     stdout: str
     stderr: str
-    # The value of the cell's last expression, when there was one.
+    # The value of the cell's last expression, when there was one. Each text value past the output
+    # cap keeps its first and last halves, and past 16 MiB together the rest is dropped
+    # (`result_truncated`, `result_total_bytes`).
     result: dict[str, bytes] | None
     # display_data outputs, in order (up to 16 MiB of data: `displays_dropped` counts the rest).
     displays: list[dict[str, bytes]]
@@ -408,7 +415,8 @@ class KernelResult:
     # `oom_killed` say why; `Kernel.restart()` brings it back.
     kernel_died: bool
     duration_ms: int
-    # stdout or stderr was longer than the output cap, or displays were dropped.
+    # stdout or stderr was longer than the output cap, displays were dropped, or the value or the
+    # error was cut.
     truncated: bool = False
     # UTF-8 bytes printed to stdout / stderr, including those cut out.
     stdout_total_bytes: int = 0
@@ -419,6 +427,9 @@ class KernelResult:
     signal: int = 0
     # The out-of-memory killer killed a process of the sandbox during the cell (memory limit).
     oom_killed: bool = False
+    # The value was cut (see `result`), and the bytes of all its data before the cut.
+    result_truncated: bool = False
+    result_total_bytes: int = 0
     # Output of earlier cells that arrived after their results, or None.
     late_output: KernelLateOutput | None = None
 
@@ -452,18 +463,22 @@ class KernelDisplayEvent:
 
 @dataclass(frozen=True)
 class KernelResultEvent:
-    """The value of the cell's last expression (MIME bundle as in KernelResult)."""
+    """The value of the cell's last expression (MIME bundle, cut, as in KernelResult)."""
 
     data: dict[str, bytes]
+    truncated: bool = False
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class KernelErrorEvent:
-    """The cell raised."""
+    """The cell raised (fields as in KernelErrorInfo)."""
 
     ename: str
     evalue: str
     traceback: list[str]
+    truncated: bool = False
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -481,6 +481,58 @@ def test_a_cell_printing_a_gigabyte_leaves_the_daemon_small_and_counts_it_exactl
     assert run(stub, kernel, "'after'").result.data["text/plain"] == b"'after'"
 
 
+def peak_rss_while(pids: list[int], call):
+    """(call's result, the peak RSS in MiB of each process in `pids` while it ran)."""
+    peaks = [rss_mib(pid) for pid in pids]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            for i, pid in enumerate(pids):
+                with contextlib.suppress(OSError, StopIteration):
+                    peaks[i] = max(peaks[i], rss_mib(pid))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        return call(), peaks
+    finally:
+        sampling.set()
+        sampler.join()
+
+
+BIG_VALUE = "x = 'START' + 'y' * 200_000_000 + 'END'\nx"
+
+
+@pytest.mark.above_backend
+def test_a_200_mb_value_is_cut_in_the_kernel_and_leaves_the_daemon_small(daemon, stub, kernel):
+    """A cell whose value is a 200 MB string: the kernel cuts it before sending (both ends of the
+    output cap, the total), so the daemon stays small and the call does not fail on gRPC's message
+    limit (it grew by 570 MiB, 950 MiB when streamed, and failed RESOURCE_EXHAUSTED); the same
+    for an error whose message is 200 MB."""
+    before = rss_mib(daemon.proc.pid)
+    reply, (peak,) = peak_rss_while([daemon.proc.pid], lambda: run(stub, kernel, BIG_VALUE, timeout_ms=120_000))
+    text = reply.result.data["text/plain"]
+    assert text.startswith(b"'STARTyyy") and text.endswith(b"yyyEND'") and len(text) == CAP
+    assert reply.result.truncated and reply.result.total_bytes == 200_000_010
+    assert reply.truncated and reply.done.truncated and not reply.done.failed
+    assert peak - before < 100, f"the daemon grew from {before} MiB to {peak} MiB"
+    streamed, (peak,) = peak_rss_while([daemon.proc.pid], lambda: list(stream(stub, kernel, "x")))
+    (result,) = [e.result for e in streamed if e.WhichOneof("event") == "result"]
+    assert result.truncated and result.total_bytes == 200_000_010 and len(result.data["text/plain"]) == CAP
+    assert streamed[-1].done.truncated
+    assert peak - before < 100, f"the daemon grew from {before} MiB to {peak} MiB"
+    error, (peak,) = peak_rss_while(
+        [daemon.proc.pid], lambda: run(stub, kernel, "raise ValueError(x)\n", timeout_ms=120_000)
+    )
+    assert error.error.ename == "ValueError" and error.error.truncated and len(error.error.evalue) == CAP
+    assert error.error.evalue.startswith("STARTyyy") and error.error.evalue.endswith("yyyEND")
+    assert error.error.total_bytes > 400_000_000 and error.truncated
+    assert peak - before < 100, f"the daemon grew from {before} MiB to {peak} MiB"
+    assert run(stub, kernel, "len(x)").result.data["text/plain"] == b"200000008"
+
+
 # -- death ----------------------------------------------------------------------------------------
 
 

@@ -141,6 +141,9 @@ def test_results_say_truncation_death_and_late_output(kernel):
     assert kernel.refresh().state == "dead"
     with pytest.raises(FailedPrecondition, match=r"dead \(exit code 0\)"):
         kernel.execute("1")
+    kernel.restart()
+    big = kernel.execute("'v' * 3_000_000")
+    assert big.result_truncated and big.result_total_bytes == 3_000_002 and big.truncated and big.ok
 
 
 def test_start_errors(sandbox, kernel):

@@ -1,7 +1,7 @@
-"""Kernels without root: the caps on a cell's output and on output that arrives between cells
-(pure parts of corral.daemon.kernel_events), the SDK's decoding of them, and real ipykernel
-processes (the venv's own, ipykernel being a dev dependency) on the daemon's fake backend: death
-and its cause, exit(), late output, invalid requests.
+"""Kernels without root: the caps on a cell's output, value and error and on output that arrives
+between cells (pure parts of corral.daemon.kernel_events and kernel_bootstrap), the SDK's decoding
+of them, and real ipykernel processes (the venv's own, ipykernel being a dev dependency) on the
+daemon's fake backend: death and its cause, exit(), late output, invalid requests.
 
 The local, Docker and Apptainer backends are the integration suite's business
 (tests/integration/test_kernels.py)."""
@@ -9,6 +9,7 @@ The local, Docker and Apptainer backends are the integration suite's business
 from __future__ import annotations
 
 import asyncio
+import base64
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from corral.daemon import kernel_bootstrap, kernel_events
+from corral.daemon.config import load_config
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.kernel_events import (
     CellDone,
@@ -36,6 +38,7 @@ from corral.sdk import (
     InvalidArgument,
     KernelDoneEvent,
     KernelLateOutput,
+    KernelResultEvent,
     KernelStreamEvent,
     ProtocolError,
 )
@@ -97,7 +100,7 @@ def test_late_output_keeps_head_and_tail_and_counts_everything() -> None:
     assert taken == LateOutput(
         stdout="HEAD-" + "-TAIL",
         stderr="e",
-        displays=[DisplayOutput({"text/plain": b"1234"}), DisplayOutput({"text/plain": b"5678"})],
+        displays=[DisplayOutput({"text/plain": b"1234"}), ResultOutput({"text/plain": b"5678"})],
         errors=[],
         truncated=True,
         stdout_total_bytes=110,
@@ -122,6 +125,63 @@ def test_the_kernel_governor_forwards_the_head_keeps_the_tail_and_counts_everyth
     window.admit("abcd")
     window.admit("1234567")
     assert window.closing_message() == ("4567", 3) and window.total == 11
+
+
+def test_a_value_past_the_cap_keeps_head_and_tail_at_character_boundaries_and_its_total() -> None:
+    """kernel_bootstrap.bound_result, which runs inside the kernel before the value is sent: text
+    values past the cap keep both ends (as a gathered stream), values that cannot be cut are kept
+    while the bundle fits, and the total counts everything."""
+    text = "<" + "é" * 20 + ">"  # 42 bytes
+    data, truncated, total = kernel_bootstrap.bound_result({"text/plain": text}, 11, 100)
+    assert truncated and total == 42
+    assert data == {"text/plain": "<éé" + "éé>"}  # 5 + 5 bytes: the cut characters go whole
+    assert kernel_bootstrap.cut_text(text, 42) == (text, 42)
+    png = base64.b64encode(b"\x89PNG" + b"\0" * 96).decode()  # 100 bytes decoded
+    bundle = {"text/plain": "<Image>", "image/png": png, "application/json": {"k": "v"}}
+    assert kernel_bootstrap.bound_result(bundle, 11, 200) == (bundle, False, 7 + 100 + 10)
+    kept, truncated, total = kernel_bootstrap.bound_result(bundle, 11, 50)  # the image does not fit
+    assert kept == {"text/plain": "<Image>", "application/json": {"k": "v"}} and truncated and total == 117
+    assert kernel_bootstrap.value_size("image/png", "not base64!") == 11  # the daemon keeps it as text
+
+
+def test_an_error_past_the_cap_keeps_the_ends_of_its_message_and_traceback() -> None:
+    lines = ["Traceback:", "  frame 1", "x" * 50, "ValueError: " + "y" * 50]
+    evalue, traceback, truncated, total = kernel_bootstrap.bound_error("ValueError", "m" * 30, lines, 20)
+    assert truncated and total == 10 + 30 + sum(len(line) for line in lines)
+    assert evalue == "m" * 20
+    assert traceback == ["Traceback:", "y" * 10]  # whole lines from the start, the end of the last
+    assert kernel_bootstrap.bound_error("E", "short", ["a", "b"], 20) == ("short", ["a", "b"], False, 1 + 5 + 2)
+    content = {"ename": "E", "evalue": "v" * 30, "traceback": ["t" * 30]}
+    kept = content["traceback"]
+    kernel_bootstrap.bound_content("error", content, 10, 100)
+    assert content["evalue"] == "v" * 10 and content["corral_truncated"] and content["corral_total_bytes"] == 61
+    assert kept == ["t" * 5, "t" * 5]  # cut in place: IPython keeps the list for the reply
+
+
+def test_a_value_or_an_error_that_arrives_uncut_is_cut_by_the_daemon_and_counted() -> None:
+    """From a kernel without the bounds (an ipykernel the bootstrap does not know): the daemon cuts
+    what arrived before it is forwarded; what the kernel says of its own cut wins."""
+    big = {"msg_type": "execute_result", "content": {"data": {"text/plain": "a" * 100}}}
+    event = kernel_events.output_event(big, 10)
+    assert event == ResultOutput({"text/plain": b"a" * 10}, truncated=True, total_bytes=100)
+    cut = {"data": {"text/plain": "aa"}, "corral_truncated": True, "corral_total_bytes": 500}
+    assert kernel_events.output_event({"msg_type": "execute_result", "content": cut}, 10) == ResultOutput(
+        {"text/plain": b"aa"}, True, 500
+    )
+    error = {"msg_type": "error", "content": {"ename": "E", "evalue": "v" * 100, "traceback": ["t"]}}
+    assert kernel_events.output_event(error, 10) == ErrorOutput("E", "v" * 10, ["t"], True, 102)
+    small = kernel_events.output_event({"msg_type": "execute_result", "content": {"data": {"text/plain": "1"}}}, 10)
+    assert small == ResultOutput({"text/plain": b"1"}, False, 1)
+    cap = StreamCap(None)
+    assert cap.admit(event) == event and cap.truncated  # a cut value makes the cell truncated
+
+
+async def test_a_gathered_cell_with_a_cut_value_is_truncated() -> None:
+    done = CellDone(1, False, False, False, 5)
+    cell = await gather(_events(ResultOutput({"text/plain": b"ab"}, True, 99), done), 1000)
+    assert cell.truncated and cell.done is not None and cell.done.truncated
+    cell = await gather(_events(ErrorOutput("E", "v", [], True, 99), done), 1000)
+    assert cell.truncated
 
 
 def test_output_the_kernel_skipped_counts_and_cuts_the_tail_kept_before_it() -> None:
@@ -278,6 +338,42 @@ async def test_a_cell_printing_far_past_the_cap_is_counted_exactly_and_keeps_its
         late = result.late_output
         assert late.stdout.startswith("HEADx") and late.stdout.endswith("xTAIL")
         assert late.truncated and late.stdout_total_bytes == 3_000_008
+
+
+async def test_a_big_value_and_a_big_error_come_back_cut_at_both_ends_and_counted(monkeypatch) -> None:
+    """A 20 MB value and a 20 MB error message are cut inside the kernel (ipykernel 7, the venv's;
+    the daemon's own cut is off here): both ends of the output cap come back, with the totals; a
+    value's image past 16 MiB is dropped and its text kept."""
+    monkeypatch.setattr(kernel_events, "bound_result", lambda data, limit, display_limit: (data, False, 0))
+    monkeypatch.setattr(kernel_events, "bound_error", lambda ename, evalue, lines, limit: (evalue, lines, False, 0))
+    cap = load_config(environ={}).exec.default_output_limit_bytes
+    async with fake_sandbox() as (_, sandbox):
+        kernel = await sandbox.kernel(python=sys.executable)
+        result = await kernel.execute("x = 'é' * 10_000_000 + 'END'\nx", timeout=60)
+        text = result.result_text
+        assert text is not None and text.startswith("'éé") and text.endswith("éEND'")
+        assert cap - 4 <= len(text.encode()) <= cap and result.result_truncated and result.truncated
+        assert result.result_total_bytes == 20_000_005 and result.ok
+        async with kernel.execute_stream("x", timeout=60) as events:
+            streamed = [e async for e in events]
+        value = next(e for e in streamed if isinstance(e, KernelResultEvent))
+        assert value.truncated and value.total_bytes == 20_000_005 and len(value.data["text/plain"]) <= cap
+        assert isinstance(streamed[-1], KernelDoneEvent) and streamed[-1].truncated
+
+        error = await kernel.execute("raise ValueError('<' + 'y' * 20_000_000 + '>')", timeout=60)
+        assert error.error is not None and error.error.ename == "ValueError" and error.error.truncated
+        assert error.error.evalue.startswith("<yy") and error.error.evalue.endswith("yy>")
+        assert len(error.error.evalue) == cap and sum(len(line.encode()) for line in error.error.traceback) <= cap
+        assert error.error.total_bytes > 40_000_000 and error.truncated
+
+        image = (
+            "from IPython.display import Image\n"
+            "Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(17 << 20), format='png', embed=True)"
+        )
+        shown = await kernel.execute(image, timeout=60)
+        assert shown.result is not None and "image/png" not in shown.result and "text/plain" in shown.result
+        assert shown.result_truncated and shown.result_total_bytes > 17 << 20
+        assert (await kernel.execute("'after'", timeout=30)).result_text == "'after'"
 
 
 async def test_invalid_kernel_requests_are_invalid_argument() -> None:

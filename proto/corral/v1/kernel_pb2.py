@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63orral/v1/kernel.proto\x12\tcorral.v1\"\x83\x01\n\nKernelInfo\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.corral.v1.KernelState\x12\x17\n\x0f\x65xecution_count\x18\x04 \x01(\x04\x12\x0e\n\x06python\x18\x05 \x01(\t\"\xb4\x01\n\x12StartKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0e\n\x06python\x18\x02 \x01(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12\x33\n\x03\x65nv\x18\x04 \x03(\x0b\x32&.corral.v1.StartKernelRequest.EnvEntry\x12\x0c\n\x04user\x18\x05 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x13StartKernelResponse\x12%\n\x06kernel\x18\x01 \x01(\x0b\x32\x15.corral.v1.KernelInfo\"Y\n\x0e\x45xecuteRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"A\n\x0cKernelStream\x12#\n\x04name\x18\x01 \x01(\x0e\x32\x15.corral.v1.StreamName\x12\x0c\n\x04text\x18\x02 \x01(\t\"n\n\rKernelDisplay\x12\x30\n\x04\x64\x61ta\x18\x01 \x03(\x0b\x32\".corral.v1.KernelDisplay.DataEntry\x1a+\n\tDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"?\n\x0bKernelError\x12\r\n\x05\x65name\x18\x01 \x01(\t\x12\x0e\n\x06\x65value\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x03(\t\"\x8e\x02\n\nKernelDone\x12\x17\n\x0f\x65xecution_count\x18\x01 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x13\n\x0bkernel_died\x18\x04 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x04\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0e\n\x06signal\x18\x07 \x01(\x05\x12\x12\n\noom_killed\x18\x08 \x01(\x08\x12\x11\n\ttruncated\x18\t \x01(\x08\x12\x1a\n\x12stdout_total_bytes\x18\n \x01(\x04\x12\x1a\n\x12stderr_total_bytes\x18\x0b \x01(\x04\x12\x18\n\x10\x64isplays_dropped\x18\x0c \x01(\x04\"\xe2\x01\n\x10KernelLateOutput\x12\x0e\n\x06stdout\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\t\x12*\n\x08\x64isplays\x18\x03 \x03(\x0b\x32\x18.corral.v1.KernelDisplay\x12&\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x16.corral.v1.KernelError\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x1a\n\x12stdout_total_bytes\x18\x06 \x01(\x04\x12\x1a\n\x12stderr_total_bytes\x18\x07 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x08 \x01(\x04\"\xa2\x02\n\x0f\x45xecuteResponse\x12)\n\x06stream\x18\x01 \x01(\x0b\x32\x17.corral.v1.KernelStreamH\x00\x12+\n\x07\x64isplay\x18\x02 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x12*\n\x06result\x18\x03 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.corral.v1.KernelErrorH\x00\x12%\n\x04\x64one\x18\x05 \x01(\x0b\x32\x15.corral.v1.KernelDoneH\x00\x12\x32\n\x0blate_output\x18\x06 \x01(\x0b\x32\x1b.corral.v1.KernelLateOutputH\x00\x42\x07\n\x05\x65vent\"a\n\x16\x45xecuteGatheredRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"\xbf\x02\n\x17\x45xecuteGatheredResponse\x12\x0e\n\x06stdout\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\t\x12-\n\x06result\x18\x03 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x88\x01\x01\x12*\n\x08\x64isplays\x18\x04 \x03(\x0b\x32\x18.corral.v1.KernelDisplay\x12*\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.corral.v1.KernelErrorH\x01\x88\x01\x01\x12#\n\x04\x64one\x18\x06 \x01(\x0b\x32\x15.corral.v1.KernelDone\x12\x11\n\ttruncated\x18\x07 \x01(\x08\x12\x30\n\x0blate_output\x18\x08 \x01(\x0b\x32\x1b.corral.v1.KernelLateOutputB\t\n\x07_resultB\x08\n\x06_error\"?\n\x16InterruptKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\"\x19\n\x17InterruptKernelResponse\"=\n\x14RestartKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\">\n\x15RestartKernelResponse\x12%\n\x06kernel\x18\x01 \x01(\x0b\x32\x15.corral.v1.KernelInfo\">\n\x15ShutdownKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\"\x18\n\x16ShutdownKernelResponse\"(\n\x12ListKernelsRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"=\n\x13ListKernelsResponse\x12&\n\x07kernels\x18\x01 \x03(\x0b\x32\x15.corral.v1.KernelInfo*p\n\x0bKernelState\x12\x1c\n\x18KERNEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11KERNEL_STATE_IDLE\x10\x01\x12\x15\n\x11KERNEL_STATE_BUSY\x10\x02\x12\x15\n\x11KERNEL_STATE_DEAD\x10\x03*Y\n\nStreamName\x12\x1b\n\x17STREAM_NAME_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_NAME_STDOUT\x10\x01\x12\x16\n\x12STREAM_NAME_STDERR\x10\x02\x32\xce\x04\n\rKernelService\x12L\n\x0bStartKernel\x12\x1d.corral.v1.StartKernelRequest\x1a\x1e.corral.v1.StartKernelResponse\x12\x42\n\x07\x45xecute\x12\x19.corral.v1.ExecuteRequest\x1a\x1a.corral.v1.ExecuteResponse0\x01\x12X\n\x0f\x45xecuteGathered\x12!.corral.v1.ExecuteGatheredRequest\x1a\".corral.v1.ExecuteGatheredResponse\x12X\n\x0fInterruptKernel\x12!.corral.v1.InterruptKernelRequest\x1a\".corral.v1.InterruptKernelResponse\x12R\n\rRestartKernel\x12\x1f.corral.v1.RestartKernelRequest\x1a .corral.v1.RestartKernelResponse\x12U\n\x0eShutdownKernel\x12 .corral.v1.ShutdownKernelRequest\x1a!.corral.v1.ShutdownKernelResponse\x12L\n\x0bListKernels\x12\x1d.corral.v1.ListKernelsRequest\x1a\x1e.corral.v1.ListKernelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63orral/v1/kernel.proto\x12\tcorral.v1\"\x83\x01\n\nKernelInfo\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.corral.v1.KernelState\x12\x17\n\x0f\x65xecution_count\x18\x04 \x01(\x04\x12\x0e\n\x06python\x18\x05 \x01(\t\"\xb4\x01\n\x12StartKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0e\n\x06python\x18\x02 \x01(\t\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12\x33\n\x03\x65nv\x18\x04 \x03(\x0b\x32&.corral.v1.StartKernelRequest.EnvEntry\x12\x0c\n\x04user\x18\x05 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x13StartKernelResponse\x12%\n\x06kernel\x18\x01 \x01(\x0b\x32\x15.corral.v1.KernelInfo\"Y\n\x0e\x45xecuteRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"A\n\x0cKernelStream\x12#\n\x04name\x18\x01 \x01(\x0e\x32\x15.corral.v1.StreamName\x12\x0c\n\x04text\x18\x02 \x01(\t\"\x96\x01\n\rKernelDisplay\x12\x30\n\x04\x64\x61ta\x18\x01 \x03(\x0b\x32\".corral.v1.KernelDisplay.DataEntry\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\x1a+\n\tDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"g\n\x0bKernelError\x12\r\n\x05\x65name\x18\x01 \x01(\t\x12\x0e\n\x06\x65value\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x03(\t\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\"\x8e\x02\n\nKernelDone\x12\x17\n\x0f\x65xecution_count\x18\x01 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x02 \x01(\x08\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x13\n\x0bkernel_died\x18\x04 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x05 \x01(\x04\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0e\n\x06signal\x18\x07 \x01(\x05\x12\x12\n\noom_killed\x18\x08 \x01(\x08\x12\x11\n\ttruncated\x18\t \x01(\x08\x12\x1a\n\x12stdout_total_bytes\x18\n \x01(\x04\x12\x1a\n\x12stderr_total_bytes\x18\x0b \x01(\x04\x12\x18\n\x10\x64isplays_dropped\x18\x0c \x01(\x04\"\xe2\x01\n\x10KernelLateOutput\x12\x0e\n\x06stdout\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\t\x12*\n\x08\x64isplays\x18\x03 \x03(\x0b\x32\x18.corral.v1.KernelDisplay\x12&\n\x06\x65rrors\x18\x04 \x03(\x0b\x32\x16.corral.v1.KernelError\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12\x1a\n\x12stdout_total_bytes\x18\x06 \x01(\x04\x12\x1a\n\x12stderr_total_bytes\x18\x07 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x08 \x01(\x04\"\xa2\x02\n\x0f\x45xecuteResponse\x12)\n\x06stream\x18\x01 \x01(\x0b\x32\x17.corral.v1.KernelStreamH\x00\x12+\n\x07\x64isplay\x18\x02 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x12*\n\x06result\x18\x03 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x12\'\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x16.corral.v1.KernelErrorH\x00\x12%\n\x04\x64one\x18\x05 \x01(\x0b\x32\x15.corral.v1.KernelDoneH\x00\x12\x32\n\x0blate_output\x18\x06 \x01(\x0b\x32\x1b.corral.v1.KernelLateOutputH\x00\x42\x07\n\x05\x65vent\"a\n\x16\x45xecuteGatheredRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"\xbf\x02\n\x17\x45xecuteGatheredResponse\x12\x0e\n\x06stdout\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\t\x12-\n\x06result\x18\x03 \x01(\x0b\x32\x18.corral.v1.KernelDisplayH\x00\x88\x01\x01\x12*\n\x08\x64isplays\x18\x04 \x03(\x0b\x32\x18.corral.v1.KernelDisplay\x12*\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.corral.v1.KernelErrorH\x01\x88\x01\x01\x12#\n\x04\x64one\x18\x06 \x01(\x0b\x32\x15.corral.v1.KernelDone\x12\x11\n\ttruncated\x18\x07 \x01(\x08\x12\x30\n\x0blate_output\x18\x08 \x01(\x0b\x32\x1b.corral.v1.KernelLateOutputB\t\n\x07_resultB\x08\n\x06_error\"?\n\x16InterruptKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\"\x19\n\x17InterruptKernelResponse\"=\n\x14RestartKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\">\n\x15RestartKernelResponse\x12%\n\x06kernel\x18\x01 \x01(\x0b\x32\x15.corral.v1.KernelInfo\">\n\x15ShutdownKernelRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x11\n\tkernel_id\x18\x02 \x01(\t\"\x18\n\x16ShutdownKernelResponse\"(\n\x12ListKernelsRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"=\n\x13ListKernelsResponse\x12&\n\x07kernels\x18\x01 \x03(\x0b\x32\x15.corral.v1.KernelInfo*p\n\x0bKernelState\x12\x1c\n\x18KERNEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11KERNEL_STATE_IDLE\x10\x01\x12\x15\n\x11KERNEL_STATE_BUSY\x10\x02\x12\x15\n\x11KERNEL_STATE_DEAD\x10\x03*Y\n\nStreamName\x12\x1b\n\x17STREAM_NAME_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_NAME_STDOUT\x10\x01\x12\x16\n\x12STREAM_NAME_STDERR\x10\x02\x32\xce\x04\n\rKernelService\x12L\n\x0bStartKernel\x12\x1d.corral.v1.StartKernelRequest\x1a\x1e.corral.v1.StartKernelResponse\x12\x42\n\x07\x45xecute\x12\x19.corral.v1.ExecuteRequest\x1a\x1a.corral.v1.ExecuteResponse0\x01\x12X\n\x0f\x45xecuteGathered\x12!.corral.v1.ExecuteGatheredRequest\x1a\".corral.v1.ExecuteGatheredResponse\x12X\n\x0fInterruptKernel\x12!.corral.v1.InterruptKernelRequest\x1a\".corral.v1.InterruptKernelResponse\x12R\n\rRestartKernel\x12\x1f.corral.v1.RestartKernelRequest\x1a .corral.v1.RestartKernelResponse\x12U\n\x0eShutdownKernel\x12 .corral.v1.ShutdownKernelRequest\x1a!.corral.v1.ShutdownKernelResponse\x12L\n\x0bListKernels\x12\x1d.corral.v1.ListKernelsRequest\x1a\x1e.corral.v1.ListKernelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STARTKERNELREQUEST_ENVENTRY']._serialized_options = b'8\001'
   _globals['_KERNELDISPLAY_DATAENTRY']._loaded_options = None
   _globals['_KERNELDISPLAY_DATAENTRY']._serialized_options = b'8\001'
-  _globals['_KERNELSTATE']._serialized_start=2381
-  _globals['_KERNELSTATE']._serialized_end=2493
-  _globals['_STREAMNAME']._serialized_start=2495
-  _globals['_STREAMNAME']._serialized_end=2584
+  _globals['_KERNELSTATE']._serialized_start=2462
+  _globals['_KERNELSTATE']._serialized_end=2574
+  _globals['_STREAMNAME']._serialized_start=2576
+  _globals['_STREAMNAME']._serialized_end=2665
   _globals['_KERNELINFO']._serialized_start=38
   _globals['_KERNELINFO']._serialized_end=169
   _globals['_STARTKERNELREQUEST']._serialized_start=172
@@ -51,38 +51,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTEREQUEST']._serialized_end=505
   _globals['_KERNELSTREAM']._serialized_start=507
   _globals['_KERNELSTREAM']._serialized_end=572
-  _globals['_KERNELDISPLAY']._serialized_start=574
-  _globals['_KERNELDISPLAY']._serialized_end=684
-  _globals['_KERNELDISPLAY_DATAENTRY']._serialized_start=641
-  _globals['_KERNELDISPLAY_DATAENTRY']._serialized_end=684
-  _globals['_KERNELERROR']._serialized_start=686
-  _globals['_KERNELERROR']._serialized_end=749
-  _globals['_KERNELDONE']._serialized_start=752
-  _globals['_KERNELDONE']._serialized_end=1022
-  _globals['_KERNELLATEOUTPUT']._serialized_start=1025
-  _globals['_KERNELLATEOUTPUT']._serialized_end=1251
-  _globals['_EXECUTERESPONSE']._serialized_start=1254
-  _globals['_EXECUTERESPONSE']._serialized_end=1544
-  _globals['_EXECUTEGATHEREDREQUEST']._serialized_start=1546
-  _globals['_EXECUTEGATHEREDREQUEST']._serialized_end=1643
-  _globals['_EXECUTEGATHEREDRESPONSE']._serialized_start=1646
-  _globals['_EXECUTEGATHEREDRESPONSE']._serialized_end=1965
-  _globals['_INTERRUPTKERNELREQUEST']._serialized_start=1967
-  _globals['_INTERRUPTKERNELREQUEST']._serialized_end=2030
-  _globals['_INTERRUPTKERNELRESPONSE']._serialized_start=2032
-  _globals['_INTERRUPTKERNELRESPONSE']._serialized_end=2057
-  _globals['_RESTARTKERNELREQUEST']._serialized_start=2059
-  _globals['_RESTARTKERNELREQUEST']._serialized_end=2120
-  _globals['_RESTARTKERNELRESPONSE']._serialized_start=2122
-  _globals['_RESTARTKERNELRESPONSE']._serialized_end=2184
-  _globals['_SHUTDOWNKERNELREQUEST']._serialized_start=2186
-  _globals['_SHUTDOWNKERNELREQUEST']._serialized_end=2248
-  _globals['_SHUTDOWNKERNELRESPONSE']._serialized_start=2250
-  _globals['_SHUTDOWNKERNELRESPONSE']._serialized_end=2274
-  _globals['_LISTKERNELSREQUEST']._serialized_start=2276
-  _globals['_LISTKERNELSREQUEST']._serialized_end=2316
-  _globals['_LISTKERNELSRESPONSE']._serialized_start=2318
-  _globals['_LISTKERNELSRESPONSE']._serialized_end=2379
-  _globals['_KERNELSERVICE']._serialized_start=2587
-  _globals['_KERNELSERVICE']._serialized_end=3177
+  _globals['_KERNELDISPLAY']._serialized_start=575
+  _globals['_KERNELDISPLAY']._serialized_end=725
+  _globals['_KERNELDISPLAY_DATAENTRY']._serialized_start=682
+  _globals['_KERNELDISPLAY_DATAENTRY']._serialized_end=725
+  _globals['_KERNELERROR']._serialized_start=727
+  _globals['_KERNELERROR']._serialized_end=830
+  _globals['_KERNELDONE']._serialized_start=833
+  _globals['_KERNELDONE']._serialized_end=1103
+  _globals['_KERNELLATEOUTPUT']._serialized_start=1106
+  _globals['_KERNELLATEOUTPUT']._serialized_end=1332
+  _globals['_EXECUTERESPONSE']._serialized_start=1335
+  _globals['_EXECUTERESPONSE']._serialized_end=1625
+  _globals['_EXECUTEGATHEREDREQUEST']._serialized_start=1627
+  _globals['_EXECUTEGATHEREDREQUEST']._serialized_end=1724
+  _globals['_EXECUTEGATHEREDRESPONSE']._serialized_start=1727
+  _globals['_EXECUTEGATHEREDRESPONSE']._serialized_end=2046
+  _globals['_INTERRUPTKERNELREQUEST']._serialized_start=2048
+  _globals['_INTERRUPTKERNELREQUEST']._serialized_end=2111
+  _globals['_INTERRUPTKERNELRESPONSE']._serialized_start=2113
+  _globals['_INTERRUPTKERNELRESPONSE']._serialized_end=2138
+  _globals['_RESTARTKERNELREQUEST']._serialized_start=2140
+  _globals['_RESTARTKERNELREQUEST']._serialized_end=2201
+  _globals['_RESTARTKERNELRESPONSE']._serialized_start=2203
+  _globals['_RESTARTKERNELRESPONSE']._serialized_end=2265
+  _globals['_SHUTDOWNKERNELREQUEST']._serialized_start=2267
+  _globals['_SHUTDOWNKERNELREQUEST']._serialized_end=2329
+  _globals['_SHUTDOWNKERNELRESPONSE']._serialized_start=2331
+  _globals['_SHUTDOWNKERNELRESPONSE']._serialized_end=2355
+  _globals['_LISTKERNELSREQUEST']._serialized_start=2357
+  _globals['_LISTKERNELSREQUEST']._serialized_end=2397
+  _globals['_LISTKERNELSRESPONSE']._serialized_start=2399
+  _globals['_LISTKERNELSRESPONSE']._serialized_end=2460
+  _globals['_KERNELSERVICE']._serialized_start=2668
+  _globals['_KERNELSERVICE']._serialized_end=3258
 # @@protoc_insertion_point(module_scope)

@@ -89,7 +89,7 @@ class KernelStream(_message.Message):
     def __init__(self, name: _Optional[_Union[StreamName, str]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class KernelDisplay(_message.Message):
-    __slots__ = ("data",)
+    __slots__ = ("data", "truncated", "total_bytes")
     class DataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,18 +98,26 @@ class KernelDisplay(_message.Message):
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     DATA_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     data: _containers.ScalarMap[str, bytes]
-    def __init__(self, data: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    truncated: bool
+    total_bytes: int
+    def __init__(self, data: _Optional[_Mapping[str, bytes]] = ..., truncated: _Optional[bool] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class KernelError(_message.Message):
-    __slots__ = ("ename", "evalue", "traceback")
+    __slots__ = ("ename", "evalue", "traceback", "truncated", "total_bytes")
     ENAME_FIELD_NUMBER: _ClassVar[int]
     EVALUE_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     ename: str
     evalue: str
     traceback: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ename: _Optional[str] = ..., evalue: _Optional[str] = ..., traceback: _Optional[_Iterable[str]] = ...) -> None: ...
+    truncated: bool
+    total_bytes: int
+    def __init__(self, ename: _Optional[str] = ..., evalue: _Optional[str] = ..., traceback: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class KernelDone(_message.Message):
     __slots__ = ("execution_count", "failed", "timed_out", "kernel_died", "duration_ms", "exit_code", "signal", "oom_killed", "truncated", "stdout_total_bytes", "stderr_total_bytes", "displays_dropped")

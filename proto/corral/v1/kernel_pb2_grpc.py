@@ -100,9 +100,11 @@ class KernelServiceServicer:
         events as the kernel sends them, then exactly one `done`. Each of stdout and stderr is
         forwarded up to the daemon's output cap (1 MiB by default) and display outputs up to 16 MiB;
         the rest is counted, not sent (`done.truncated`, the totals), so a slow reader never makes the
-        daemon hold more than that. INVALID_ARGUMENT: code with a NUL byte, timeout over the maximum.
-        NOT_FOUND: unknown sandbox or kernel. FAILED_PRECONDITION: the kernel is dead and a cell's
-        `done` has already said so (see KernelDone.kernel_died); the message says why it died.
+        daemon hold more than that. The cell's value and its error are cut inside the kernel (see
+        KernelDisplay.truncated, KernelError.truncated). INVALID_ARGUMENT: code with a NUL byte,
+        timeout over the maximum. NOT_FOUND: unknown sandbox or kernel. FAILED_PRECONDITION: the
+        kernel is dead and a cell's `done` has already said so (see KernelDone.kernel_died); the
+        message says why it died.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
