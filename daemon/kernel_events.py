@@ -72,6 +72,10 @@ class CellDone:
     stdout_total_bytes: int = 0
     stderr_total_bytes: int = 0
     displays_dropped: int = 0
+    # The kernel was dead when the cell came and was restarted for it (its state is gone), and
+    # why it had died, in words.
+    restarted: bool = False
+    restart_reason: str = ""
 
 
 @dataclass(frozen=True)

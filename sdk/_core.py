@@ -474,9 +474,15 @@ def build_start_kernel_request(
     cwd: str | None,
     env: Mapping[str, str] | None,
     user: str | None = None,
+    auto_restart: bool = True,
 ) -> kernel_pb.StartKernelRequest:
     return kernel_pb.StartKernelRequest(
-        sandbox_id=sandbox_id, python=python or "", cwd=cwd or "", env=_string_map("env", env), user=_user(user)
+        sandbox_id=sandbox_id,
+        python=python or "",
+        cwd=cwd or "",
+        env=_string_map("env", env),
+        user=_user(user),
+        auto_restart=bool(auto_restart),
     )
 
 
@@ -729,6 +735,8 @@ def kernel_info_from_proto(kernel: kernel_pb.KernelInfo) -> KernelInfo:
         state=cast(KernelState, enum_name(kernel_pb.KernelState, "KERNEL_STATE_", kernel.state)),
         execution_count=kernel.execution_count,
         python=kernel.python,
+        restarts=kernel.restarts,
+        auto_restart=kernel.auto_restart,
     )
 
 
@@ -796,6 +804,8 @@ def _cell_end_fields(done: kernel_pb.KernelDone, truncated: bool = False) -> dic
         "exit_code": done.exit_code,
         "signal": done.signal,
         "oom_killed": done.oom_killed,
+        "restarted": done.restarted,
+        "restart_reason": done.restart_reason,
     }
 
 

@@ -347,6 +347,10 @@ class KernelInfo:
     execution_count: int
     # The python executable inside the sandbox.
     python: str
+    # Times it was restarted: by `restart()` or by a cell that found it dead.
+    restarts: int = 0
+    # A cell that finds the kernel dead restarts it first (`AsyncSandbox.kernel(auto_restart=)`).
+    auto_restart: bool = True
 
 
 @dataclass(frozen=True)
@@ -410,9 +414,10 @@ class KernelResult:
     execution_count: int
     # The timeout expired and the kernel was interrupted; the kernel stays usable.
     timed_out: bool
-    # The kernel process is gone: it died while running the cell, the cell called exit(), or it
-    # had died since the previous cell (then this cell did not run). `exit_code`, `signal` and
-    # `oom_killed` say why; `Kernel.restart()` brings it back.
+    # The kernel process is gone: it died while running the cell, the cell called exit(), or (for
+    # a kernel started with auto_restart=False) it had died since the previous cell, and this cell
+    # did not run. `exit_code`, `signal` and `oom_killed` say why. The next cell restarts it
+    # (`restarted`); with auto_restart=False, `Kernel.restart()` brings it back.
     kernel_died: bool
     duration_ms: int
     # stdout or stderr was longer than the output cap, displays were dropped, or the value or the
@@ -427,6 +432,10 @@ class KernelResult:
     signal: int = 0
     # The out-of-memory killer killed a process of the sandbox during the cell (memory limit).
     oom_killed: bool = False
+    # The kernel was dead when the cell came and was restarted before it ran: every variable and
+    # import of the earlier cells is gone. `restart_reason`: why it had died, in words.
+    restarted: bool = False
+    restart_reason: str = ""
     # The value was cut (see `result`), and the bytes of all its data before the cut.
     result_truncated: bool = False
     result_total_bytes: int = 0
@@ -500,6 +509,8 @@ class KernelDoneEvent:
     exit_code: int = 0
     signal: int = 0
     oom_killed: bool = False
+    restarted: bool = False
+    restart_reason: str = ""
 
 
 KernelEvent = (

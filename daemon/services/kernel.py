@@ -30,6 +30,8 @@ def kernel_info(info: KernelInfo) -> pb.KernelInfo:
         state=STATES[info.state],
         execution_count=info.execution_count,
         python=info.python,
+        restarts=info.restarts,
+        auto_restart=info.auto_restart,
     )
 
 
@@ -64,6 +66,8 @@ def kernel_done(event: CellDone) -> pb.KernelDone:
         stdout_total_bytes=event.stdout_total_bytes,
         stderr_total_bytes=event.stderr_total_bytes,
         displays_dropped=event.displays_dropped,
+        restarted=event.restarted,
+        restart_reason=event.restart_reason,
     )
 
 
@@ -102,7 +106,12 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
 
     async def StartKernel(self, request: pb.StartKernelRequest, context) -> pb.StartKernelResponse:
         info = await self.kernels.start(
-            request.sandbox_id, request.python, request.cwd, dict(request.env), user=request.user
+            request.sandbox_id,
+            request.python,
+            request.cwd,
+            dict(request.env),
+            user=request.user,
+            auto_restart=request.auto_restart if request.HasField("auto_restart") else True,
         )
         return pb.StartKernelResponse(kernel=kernel_info(info))
 

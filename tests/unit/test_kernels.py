@@ -1,7 +1,8 @@
 """Kernels without root: the caps on a cell's output, value and error and on output that arrives
 between cells (pure parts of corral.daemon.kernel_events and kernel_bootstrap), the SDK's decoding
 of them, and real ipykernel processes (the venv's own, ipykernel being a dev dependency) on the
-daemon's fake backend: death and its cause, exit(), late output, invalid requests.
+daemon's fake backend: death and its cause, exit(), restarts on the next cell and their limit,
+late output, invalid requests, the rollout's python tool.
 
 The local, Docker and Apptainer backends are the integration suite's business
 (tests/integration/test_kernels.py)."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -17,8 +19,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from corral.daemon import kernel_bootstrap, kernel_events
-from corral.daemon.config import load_config
+from corral.daemon import kernel_bootstrap, kernel_events, kernels
+from corral.daemon.config import Config, load_config
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.kernel_events import (
     CellDone,
@@ -32,6 +34,8 @@ from corral.daemon.kernel_events import (
     gather,
 )
 from corral.daemon.testing import fake_backends
+from corral.rollout.tools import SandboxToolBox
+from corral.rollout.types import ToolCall
 from corral.sdk import (
     AsyncClient,
     FailedPrecondition,
@@ -250,8 +254,8 @@ def test_the_sdk_decodes_late_output_only_first_and_the_done_fields() -> None:
 
 
 @asynccontextmanager
-async def fake_sandbox() -> AsyncIterator:
-    async with embedded_daemon(backend_classes=fake_backends()) as address, AsyncClient(address) as client:
+async def fake_sandbox(config: Config | None = None) -> AsyncIterator:
+    async with embedded_daemon(config, backend_classes=fake_backends()) as address, AsyncClient(address) as client:
         sandbox = await client.create_sandbox()
         try:
             yield client, sandbox
@@ -272,72 +276,115 @@ async def cpu_load(client, sandboxes: int = 2) -> AsyncIterator[None]:
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-async def test_exit_reports_the_kernel_died_and_later_cells_say_why() -> None:
+# A thread the cell leaves behind prints 'dying' and kills the kernel after the cell's result.
+DIES_AFTER_THE_CELL = (
+    "import os, threading, time\n"
+    "threading.Timer(0.2, lambda: (print('dying', flush=True), time.sleep(0.3), os._exit(6))).start()"
+)
+
+
+async def die_after_the_cell(kernel) -> None:
+    """Runs DIES_AFTER_THE_CELL; returns once the kernel is dead."""
+    assert not (await kernel.execute(DIES_AFTER_THE_CELL, timeout=30)).kernel_died
+    deadline = time.monotonic() + 20
+    while (await kernel.refresh()).state != "dead":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+
+
+async def test_a_dead_kernel_is_restarted_by_the_next_cell_which_says_so() -> None:
+    """The default: the cell after a death restarts the kernel (same id) and runs in it; its
+    result says the kernel restarted, why it had died, and the state is gone. A kernel that dies
+    between cells is restarted the same way, what it printed first coming as late output."""
     async with fake_sandbox() as (_, sandbox):
         kernel = await sandbox.kernel(python=sys.executable)
+        assert kernel.info.auto_restart and kernel.info.restarts == 0
+        await kernel.execute("kept = 1", timeout=30)
+        result = await kernel.execute("print('bye')\nexit()", timeout=30)
+        assert result.stdout == "bye\n" and result.kernel_died and not result.ok and not result.restarted
+        assert (result.exit_code, result.signal) == (0, 0)
+        assert (await kernel.refresh()).state == "dead"
+        after = await kernel.execute("'kept' in dir()", timeout=30)
+        assert after.restarted and after.restart_reason == "exit code 0" and after.result_text == "False"
+        assert after.ok and after.execution_count == 1 and not after.kernel_died
+        info = await kernel.refresh()
+        assert (info.id, info.state, info.restarts, info.execution_count) == (kernel.id, "idle", 1, 1)
+        assert not (await kernel.execute("1", timeout=30)).restarted  # once
+
+        await die_after_the_cell(kernel)
+        result = await kernel.execute("print('runs')", timeout=30)
+        assert result.restarted and result.restart_reason == "exit code 6" and not result.kernel_died
+        assert result.stdout == "runs\n" and result.execution_count == 1
+        assert result.late_output is not None and result.late_output.stdout == "dying\n"
+        assert (await kernel.refresh()).restarts == 2
+        await kernel.restart()  # RestartKernel counts too
+        assert kernel.info.restarts == 3
+
+
+async def test_a_kernel_started_without_auto_restart_stays_dead_until_restarted() -> None:
+    """auto_restart=False keeps the behaviour before automatic restarts: later cells say why the
+    kernel is dead until RestartKernel; a death between cells is reported by the next cell, which
+    does not run."""
+    async with fake_sandbox() as (_, sandbox):
+        kernel = await sandbox.kernel(python=sys.executable, auto_restart=False)
+        assert not kernel.info.auto_restart
         result = await kernel.execute("print('bye')\nexit()", timeout=30)
         assert result.stdout == "bye\n" and result.kernel_died and not result.ok
-        assert (result.exit_code, result.signal) == (0, 0)
-        with pytest.raises(FailedPrecondition, match=r"is dead \(exit code 0\)"):
+        with pytest.raises(FailedPrecondition, match=r"is dead \(exit code 0\); RestartKernel brings it back"):
             await kernel.execute("1", timeout=30)
         await kernel.restart()
         died = await kernel.execute("import os\nos._exit(4)", timeout=30)
-        assert died.kernel_died and died.exit_code == 4
+        assert died.kernel_died and died.exit_code == 4 and not died.restarted
+        with pytest.raises(FailedPrecondition, match=r"is dead \(exit code 4\)"):
+            await kernel.execute("1", timeout=30)
+        assert (await kernel.refresh()).restarts == 1
 
 
-async def test_late_output_and_a_death_between_cells_reach_the_next_cell_under_load() -> None:
-    async with fake_sandbox() as (client, sandbox), cpu_load(client):
-        kernel = await sandbox.kernel(python=sys.executable)
-        code = (
-            "import subprocess, threading, time\n"
-            "threading.Timer(0.2, lambda: print('thread', flush=True)).start()\n"
-            "subprocess.Popen(['sh', '-c', 'sleep 0.2; echo child'])\n"
-            "print('own')"
-        )
-        first = await kernel.execute(code, timeout=30)
-        assert first.stdout == "own\n" and first.late_output is None
-        await asyncio.sleep(2)
-        async with kernel.execute_stream("print('second')", timeout=30) as events:
-            received = [event async for event in events]
-        assert isinstance(received[0], KernelLateOutput)
-        assert sorted(received[0].stdout.splitlines()) == ["child", "thread"]
-        assert received[1] == KernelStreamEvent(name="stdout", text="second\n")
-
-        dying = "import os, threading, time\nthreading.Timer(0.2, lambda: (print('dying', flush=True), time.sleep(0.3), os._exit(6))).start()"
-        assert not (await kernel.execute(dying, timeout=30)).kernel_died
-        deadline = time.monotonic() + 20
-        while (await kernel.refresh()).state != "dead":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        result = await kernel.execute("print('never runs')", timeout=30)
-        assert result.kernel_died and result.exit_code == 6 and result.execution_count == 0
-        assert result.stdout == "" and result.late_output is not None and result.late_output.stdout == "dying\n"
-
-
-async def test_a_cell_printing_far_past_the_cap_is_counted_exactly_and_keeps_its_ends() -> None:
-    """ipykernel 7 (the venv's) under the output governor: 300 MB printed in 1 MB writes comes back
-    as its head and tail with the exact total, though iopub drops what a slow reader leaves behind;
-    the kernel keeps working, and output of the gap before the next cell keeps its tail too."""
-    code = (
-        "import sys\nsys.stdout.write('START')\nfor i in range(300): sys.stdout.write(str(i).rjust(1_000_000))\n"
-        "sys.stdout.write('END')"
+async def test_automatic_restarts_stop_at_the_limit_until_restart_kernel() -> None:
+    """A kernel that dies at every cell is restarted kernel.max_auto_restarts times within the
+    window; then cells get FAILED_PRECONDITION naming the limit, and RestartKernel still works."""
+    config = load_config(environ={})
+    config = dataclasses.replace(
+        config, kernel=dataclasses.replace(config.kernel, max_auto_restarts=2, auto_restart_window_s=3600)
     )
-    async with fake_sandbox() as (_, sandbox):
+    async with fake_sandbox(config) as (_, sandbox):
         kernel = await sandbox.kernel(python=sys.executable)
-        result = await kernel.execute(code, timeout=120)
-        assert result.stdout_total_bytes == 300_000_008 and result.truncated
-        assert result.stdout.startswith("START ") and result.stdout.endswith(" 299END")
-        gap = (
-            "import threading, sys\n"
-            "threading.Timer(0.2, lambda: sys.stdout.write('HEAD' + 'x' * 3_000_000 + 'TAIL')).start()"
-        )
-        await kernel.execute(gap, timeout=30)
-        await asyncio.sleep(1.5)
-        result = await kernel.execute("print('next')", timeout=30)
-        assert result.stdout == "next\n" and result.late_output is not None
-        late = result.late_output
-        assert late.stdout.startswith("HEADx") and late.stdout.endswith("xTAIL")
-        assert late.truncated and late.stdout_total_bytes == 3_000_008
+        crash = "import os\nos._exit(9)"
+        assert (await kernel.execute(crash, timeout=30)).kernel_died
+        for _ in range(2):
+            result = await kernel.execute(crash, timeout=30)
+            assert result.restarted and result.kernel_died and result.restart_reason == "exit code 9"
+        with pytest.raises(FailedPrecondition) as refused:
+            await kernel.execute("1", timeout=30)
+        message = str(refused.value)
+        assert "is dead (exit code 9)" in message and "RestartKernel brings it back" in message
+        assert "restarted automatically 2 times within 3600 s" in message and "kernel.max_auto_restarts = 2" in message
+        assert (await kernel.refresh()).state == "dead"
+        await kernel.restart()
+        assert (await kernel.execute("2 * 21", timeout=30)).result_text == "42"
+        assert kernel.info.restarts == 3
+
+
+async def test_the_python_tool_tells_the_agent_the_kernel_restarted_and_its_state_is_gone(monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "DEFAULT_PYTHON", sys.executable)  # the fake sandbox's python3 may lack ipykernel
+    async with fake_sandbox() as (_, sandbox):
+        box = SandboxToolBox(sandbox, ["python"], workdir="/tmp", max_observation_bytes=4096)
+        try:
+
+            async def python(code: str) -> str:
+                return (await box.call(ToolCall("python", {"code": code}), 30)).text
+
+            assert await python("x = 1\nprint('set')") == "set"
+            died = await python("import os\nos._exit(3)")
+            assert "[the kernel died and was restarted: all variables are lost]" in died
+            assert "NameError" in await python("x")
+            await python("import os, threading\nthreading.Timer(0.2, lambda: os._exit(5)).start()")
+            await asyncio.sleep(1.5)
+            text = await python("print('after')")
+            assert text.startswith("[the kernel had died (exit code 5) and was restarted before this code ran: ")
+            assert text.endswith("after")
+        finally:
+            await box.close()
 
 
 async def test_a_big_value_and_a_big_error_come_back_cut_at_both_ends_and_counted(monkeypatch) -> None:
@@ -374,6 +421,58 @@ async def test_a_big_value_and_a_big_error_come_back_cut_at_both_ends_and_counte
         assert shown.result is not None and "image/png" not in shown.result and "text/plain" in shown.result
         assert shown.result_truncated and shown.result_total_bytes > 17 << 20
         assert (await kernel.execute("'after'", timeout=30)).result_text == "'after'"
+
+
+async def test_late_output_and_a_death_between_cells_reach_the_next_cell_under_load() -> None:
+    """Without auto_restart, the cell after a death between cells does not run: it reports the
+    death (its cause, what the kernel printed before dying)."""
+    async with fake_sandbox() as (client, sandbox), cpu_load(client):
+        kernel = await sandbox.kernel(python=sys.executable, auto_restart=False)
+        code = (
+            "import subprocess, threading, time\n"
+            "threading.Timer(0.2, lambda: print('thread', flush=True)).start()\n"
+            "subprocess.Popen(['sh', '-c', 'sleep 0.2; echo child'])\n"
+            "print('own')"
+        )
+        first = await kernel.execute(code, timeout=30)
+        assert first.stdout == "own\n" and first.late_output is None
+        await asyncio.sleep(2)
+        async with kernel.execute_stream("print('second')", timeout=30) as events:
+            received = [event async for event in events]
+        assert isinstance(received[0], KernelLateOutput)
+        assert sorted(received[0].stdout.splitlines()) == ["child", "thread"]
+        assert received[1] == KernelStreamEvent(name="stdout", text="second\n")
+
+        await die_after_the_cell(kernel)
+        result = await kernel.execute("print('never runs')", timeout=30)
+        assert result.kernel_died and result.exit_code == 6 and result.execution_count == 0
+        assert result.stdout == "" and result.late_output is not None and result.late_output.stdout == "dying\n"
+
+
+async def test_a_cell_printing_far_past_the_cap_is_counted_exactly_and_keeps_its_ends() -> None:
+    """ipykernel 7 (the venv's) under the output governor: 300 MB printed in 1 MB writes comes back
+    as its head and tail with the exact total, though iopub drops what a slow reader leaves behind;
+    the kernel keeps working, and output of the gap before the next cell keeps its tail too."""
+    code = (
+        "import sys\nsys.stdout.write('START')\nfor i in range(300): sys.stdout.write(str(i).rjust(1_000_000))\n"
+        "sys.stdout.write('END')"
+    )
+    async with fake_sandbox() as (_, sandbox):
+        kernel = await sandbox.kernel(python=sys.executable)
+        result = await kernel.execute(code, timeout=120)
+        assert result.stdout_total_bytes == 300_000_008 and result.truncated
+        assert result.stdout.startswith("START ") and result.stdout.endswith(" 299END")
+        gap = (
+            "import threading, sys\n"
+            "threading.Timer(0.2, lambda: sys.stdout.write('HEAD' + 'x' * 3_000_000 + 'TAIL')).start()"
+        )
+        await kernel.execute(gap, timeout=30)
+        await asyncio.sleep(1.5)
+        result = await kernel.execute("print('next')", timeout=30)
+        assert result.stdout == "next\n" and result.late_output is not None
+        late = result.late_output
+        assert late.stdout.startswith("HEADx") and late.stdout.endswith("xTAIL")
+        assert late.truncated and late.stdout_total_bytes == 3_000_008
 
 
 async def test_invalid_kernel_requests_are_invalid_argument() -> None:
