@@ -166,25 +166,23 @@ def cut_lines(lines, limit):
     total = sum(sizes)
     if total <= limit:
         return list(lines), total
-    head, room = [], limit // 2
+    head = _lines_within(lines, sizes, limit // 2, text_head)
+    tail = _lines_within(lines[::-1], sizes[::-1], limit - limit // 2, text_tail)
+    return head + tail[::-1], total
+
+
+def _lines_within(lines, sizes, room, piece_of):
+    """Whole lines, in order, while they fit in `room` bytes, then `piece_of` the next one."""
+    kept = []
     for line, size in zip(lines, sizes):
         if size > room:
-            piece = text_head(line, room)
+            piece = piece_of(line, room)
             if piece:
-                head.append(piece)
+                kept.append(piece)
             break
-        head.append(line)
+        kept.append(line)
         room -= size
-    tail, room = [], limit - limit // 2
-    for line, size in zip(reversed(lines), reversed(sizes)):
-        if size > room:
-            piece = text_tail(line, room)
-            if piece:
-                tail.append(piece)
-            break
-        tail.append(line)
-        room -= size
-    return head + tail[::-1], total
+    return kept
 
 
 def value_size(mime, value):

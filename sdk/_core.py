@@ -748,14 +748,19 @@ def find_kernel(response: kernel_pb.ListKernelsResponse, kernel_id: str) -> Kern
     return None
 
 
+def _kernel_error_fields(error: kernel_pb.KernelError) -> dict[str, Any]:
+    """An error's fields, as the keyword arguments KernelErrorInfo and KernelErrorEvent share."""
+    return {
+        "ename": error.ename,
+        "evalue": error.evalue,
+        "traceback": list(error.traceback),
+        "truncated": error.truncated,
+        "total_bytes": error.total_bytes,
+    }
+
+
 def _kernel_error_info(error: kernel_pb.KernelError) -> KernelErrorInfo:
-    return KernelErrorInfo(
-        ename=error.ename,
-        evalue=error.evalue,
-        traceback=list(error.traceback),
-        truncated=error.truncated,
-        total_bytes=error.total_bytes,
-    )
+    return KernelErrorInfo(**_kernel_error_fields(error))
 
 
 def kernel_late_output_from_proto(late: kernel_pb.KernelLateOutput) -> KernelLateOutput:
@@ -819,14 +824,7 @@ def kernel_event_from_proto(response: kernel_pb.ExecuteResponse) -> KernelEvent:
         result = response.result
         return KernelResultEvent(data=dict(result.data), truncated=result.truncated, total_bytes=result.total_bytes)
     if kind == "error":
-        error = response.error
-        return KernelErrorEvent(
-            ename=error.ename,
-            evalue=error.evalue,
-            traceback=list(error.traceback),
-            truncated=error.truncated,
-            total_bytes=error.total_bytes,
-        )
+        return KernelErrorEvent(**_kernel_error_fields(response.error))
     if kind == "done":
         done = response.done
         return KernelDoneEvent(failed=done.failed, **_cell_end_fields(done))
