@@ -73,6 +73,17 @@ class ExecConfig:
 
 
 @dataclass
+class KernelConfig:
+    """Python kernels (docs/kernels.md)."""
+
+    # A cell sent to a dead kernel restarts it first (unless StartKernel asked otherwise), at most
+    # this many times within the window; past it, cells get FAILED_PRECONDITION until
+    # RestartKernel, so a kernel that dies at every cell does not restart forever. 0: never.
+    max_auto_restarts: int = 5
+    auto_restart_window_s: float = 60.0
+
+
+@dataclass
 class SandboxConfig:
     """Settings every backend shares."""
 
@@ -196,6 +207,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     exec: ExecConfig = field(default_factory=ExecConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -384,6 +396,10 @@ def validate(config: Config) -> None:
         raise ConfigError(
             f"sandbox.uid_count must be at least {INSIDE_ID_COUNT} (one sandbox's block of host ids), "
             f"got {config.sandbox.uid_count}"
+        )
+    if config.kernel.max_auto_restarts < 0 or config.kernel.auto_restart_window_s <= 0:
+        raise ConfigError(
+            "kernel.max_auto_restarts must be 0 (never) or more and kernel.auto_restart_window_s positive"
         )
     for stage in ("init", "run", "eval"):
         if getattr(config.rollout, f"{stage}_workers") < 1:

@@ -10,10 +10,12 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from .kernel_bootstrap import bound_error, bound_result, is_text_mime
 from .output import HeadTailBuffer, utf8_safe
 
 # Display data (display_data outputs) one cell may make the daemon hold, forward or gather; past
-# it, displays are dropped whole and counted. Stream text has the daemon's output cap instead.
+# it, displays are dropped whole and counted. Stream text has the daemon's output cap instead. A
+# cell's value is bounded by both: its text values by the output cap, all of it by this.
 DISPLAY_LIMIT_BYTES = 16 << 20
 
 # -- events of one cell ------------------------------------------------------------------------------
@@ -35,7 +37,11 @@ class DisplayOutput:
 
 @dataclass(frozen=True)
 class ResultOutput:
+    """The cell's value, cut to the caps inside the kernel (see kernel_bootstrap.bound_result)."""
+
     data: dict[str, bytes]
+    truncated: bool = False
+    total_bytes: int = 0  # of all its data before the cut
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,9 @@ class ErrorOutput:
     ename: str
     evalue: str
     traceback: list[str]
+    # The message or the traceback was cut to the output cap (kernel_bootstrap.bound_error).
+    truncated: bool = False
+    total_bytes: int = 0  # of its name, message and traceback before the cut
 
 
 @dataclass(frozen=True)
@@ -57,11 +66,16 @@ class CellDone:
     signal: int = 0
     # The sandbox's OOM kill count rose during the cell (or since the previous one, if it did not run).
     oom_killed: bool = False
-    # Output past the caps was dropped: streamed, past the cap; gathered, the middle (see gather).
+    # Output past the caps was dropped: streamed, past the cap; gathered, the middle (see gather);
+    # or the cell's value or error was cut.
     truncated: bool = False
     stdout_total_bytes: int = 0
     stderr_total_bytes: int = 0
     displays_dropped: int = 0
+    # The kernel was dead when the cell came and was restarted for it (its state is gone), and
+    # why it had died, in words.
+    restarted: bool = False
+    restart_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,8 +85,9 @@ class LateOutput:
 
     stdout: str = ""
     stderr: str = ""
-    displays: list[DisplayOutput] = field(default_factory=list)  # display_data and execute_result
+    displays: list[DisplayOutput | ResultOutput] = field(default_factory=list)  # display_data and execute_result
     errors: list[ErrorOutput] = field(default_factory=list)
+    # Text past the cap, displays and errors dropped, or a value or error that was cut.
     truncated: bool = False
     stdout_total_bytes: int = 0
     stderr_total_bytes: int = 0
@@ -85,20 +100,12 @@ KernelEvent = StreamOutput | DisplayOutput | ResultOutput | ErrorOutput | CellDo
 # -- jupyter message content -> events ---------------------------------------------------------------
 
 
-def _is_text_mime(mime: str) -> bool:
-    return (
-        mime.startswith("text/")
-        or mime in ("application/json", "application/javascript", "image/svg+xml")
-        or mime.endswith(("+json", "+xml"))
-    )
-
-
 def mime_bytes(mime: str, value: object) -> bytes:
     """One value of a Jupyter MIME bundle as the bytes the contract promises: JSON values arrive
     parsed, text types are UTF-8, binary types arrive base64-encoded and leave decoded."""
     if not isinstance(value, str):
         return json.dumps(value).encode()
-    if _is_text_mime(mime):
+    if is_text_mime(mime):
         return value.encode()
     try:
         return base64.b64decode("".join(value.split()), validate=True)
@@ -110,8 +117,9 @@ def mime_bundle(data: dict) -> dict[str, bytes]:
     return {mime: mime_bytes(mime, value) for mime, value in data.items()}
 
 
-def output_event(msg: dict) -> KernelEvent | None:
-    """The event an iopub message carries for the caller, if any."""
+def output_event(msg: dict, limit: int) -> KernelEvent | None:
+    """The event an iopub message carries for the caller, if any. A result or an error is cut to
+    the bounds the kernel applies (`limit`: the output cap) in case the kernel did not."""
     kind, content = msg["msg_type"], msg["content"]
     if kind == "stream":
         skipped = content.get("corral_skipped", 0)
@@ -120,14 +128,29 @@ def output_event(msg: dict) -> KernelEvent | None:
     if kind in ("display_data", "update_display_data"):
         return DisplayOutput(mime_bundle(content.get("data", {})))
     if kind == "execute_result":
-        return ResultOutput(mime_bundle(content.get("data", {})))
+        data, truncated, total = bound_result(content.get("data", {}), limit, DISPLAY_LIMIT_BYTES)
+        truncated, total = _kernel_cut(content, truncated, total)
+        return ResultOutput(mime_bundle(data), truncated, total)
     if kind == "error":
-        return error_event(content)
+        return error_event(content, limit)
     return None
 
 
-def error_event(content: dict) -> ErrorOutput:
-    return ErrorOutput(content.get("ename", ""), content.get("evalue", ""), list(content.get("traceback", [])))
+def error_event(content: dict, limit: int) -> ErrorOutput:
+    ename = str(content.get("ename", ""))
+    evalue, traceback, truncated, total = bound_error(
+        ename, str(content.get("evalue", "")), [str(line) for line in content.get("traceback", [])], limit
+    )
+    truncated, total = _kernel_cut(content, truncated, total)
+    return ErrorOutput(ename, evalue, traceback, truncated, total)
+
+
+def _kernel_cut(content: dict, truncated: bool, total: int) -> tuple[bool, int]:
+    """(truncated, total) of a result or error, with what the kernel said of its own cut."""
+    reported = content.get("corral_total_bytes")
+    if isinstance(reported, int) and not isinstance(reported, bool):
+        total = max(total, reported)
+    return truncated or content.get("corral_truncated") is True, total
 
 
 # -- caps ----------------------------------------------------------------------------------------------
@@ -162,6 +185,7 @@ class StreamCap:
         self.display_bytes = 0
         self.displays_dropped = 0
         self.text_dropped = False
+        self.rich_cut = False  # the cell's value or error was cut
 
     def admit(self, event: KernelEvent) -> KernelEvent | None:
         """The event as forwarded (text perhaps cut), or None when dropped."""
@@ -184,6 +208,8 @@ class StreamCap:
                 self.displays_dropped += 1
                 return None
             self.display_bytes += size
+        elif isinstance(event, ResultOutput | ErrorOutput):
+            self.rich_cut = self.rich_cut or event.truncated
         return event
 
     def count_totals(self, reported: object) -> None:
@@ -200,7 +226,7 @@ class StreamCap:
 
     @property
     def truncated(self) -> bool:
-        return self.text_dropped or self.displays_dropped > 0
+        return self.text_dropped or self.displays_dropped > 0 or self.rich_cut
 
 
 class LateBuffer:
@@ -214,7 +240,7 @@ class LateBuffer:
 
     def _reset(self) -> None:
         self._streams = {"stdout": HeadTailBuffer(self.limit), "stderr": HeadTailBuffer(self.limit)}
-        self._displays: list[DisplayOutput] = []
+        self._displays: list[DisplayOutput | ResultOutput] = []
         self._errors: list[ErrorOutput] = []
         self._rich_bytes = 0
         self._dropped = 0
@@ -233,7 +259,7 @@ class LateBuffer:
             if isinstance(event, ErrorOutput):
                 self._errors.append(event)
             else:
-                self._displays.append(DisplayOutput(event.data))
+                self._displays.append(event)
 
     def __bool__(self) -> bool:
         return bool(self._displays or self._errors or self._dropped or any(b.total for b in self._streams.values()))
@@ -248,7 +274,11 @@ class LateBuffer:
             _text(err),
             self._displays,
             self._errors,
-            out.truncated or err.truncated or self._dropped > 0,
+            out.truncated
+            or err.truncated
+            or self._dropped > 0
+            or any(isinstance(r, ResultOutput) and r.truncated for r in self._displays)
+            or any(e.truncated for e in self._errors),
             out.total,
             err.total,
             self._dropped,
@@ -300,7 +330,11 @@ async def gather(events: AsyncIterator[KernelEvent], limit: int) -> GatheredCell
         cell.done.stdout_total_bytes > streams["stdout"].total or cell.done.stderr_total_bytes > streams["stderr"].total
     )  # the kernel counted more than arrived (see StreamCap.count_totals)
     cell.truncated = (
-        any(b.truncated for b in streams.values()) or lost or bool(cell.done and cell.done.displays_dropped)
+        any(b.truncated for b in streams.values())
+        or lost
+        or bool(cell.done and cell.done.displays_dropped)
+        or bool(cell.result and cell.result.truncated)
+        or bool(cell.error and cell.error.truncated)
     )
     if cell.done is not None:
         cell.done = dataclasses.replace(cell.done, truncated=cell.truncated)

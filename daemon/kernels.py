@@ -14,7 +14,9 @@ its channels); `Kernel` is what the caller addresses by id, and survives restart
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -42,6 +44,7 @@ from .commands import sandbox_environment
 from .config import Config
 from .fsaccess import create_private_file
 from .kernel_events import (
+    DISPLAY_LIMIT_BYTES,
     CellDone,
     ErrorOutput,
     GatheredCell,
@@ -96,8 +99,9 @@ def _bootstrap_source() -> str:
 
 def kernel_argv(python: str, output_limit: int) -> list[str]:
     """The command that starts ipykernel with its output governed at `output_limit` bytes per
-    stream and cell (see kernel_bootstrap): the sandbox's python runs the bootstrap's text."""
-    code = f"{_bootstrap_source()}\nmain({int(output_limit)})\n"
+    stream and cell, and its results and errors cut to the caps (see kernel_bootstrap): the
+    sandbox's python runs the bootstrap's text."""
+    code = f"{_bootstrap_source()}\nmain({int(output_limit)}, {int(DISPLAY_LIMIT_BYTES)})\n"
     return [python, "-c", code, "--HistoryManager.hist_file=:memory:"]
 
 
@@ -131,6 +135,8 @@ class KernelInfo:
     state: str  # "idle" | "busy" | "dead"
     execution_count: int
     python: str
+    restarts: int = 0  # by RestartKernel or by a cell that found the kernel dead
+    auto_restart: bool = True
 
 
 # -- one kernel process -------------------------------------------------------------------------------
@@ -207,8 +213,8 @@ class Inbox:
         self.queue: asyncio.Queue[dict | KernelEvent] = asyncio.Queue()
         self.cap = cap or StreamCap(None)
 
-    def put(self, msg: dict) -> None:
-        event = output_event(msg)
+    def put(self, msg: dict, event: KernelEvent | None) -> None:
+        """`msg` and the output event it carries (output_event), if any."""
         if event is None:
             self.queue.put_nowait(msg)
         elif (admitted := self.cap.admit(event)) is not None:
@@ -233,6 +239,8 @@ class KernelProcess:
         self.client = client
         self.files = files
         self.late = late
+        # The output cap, the late buffer's: results and errors are cut to it (output_event).
+        self.output_limit = late.limit
         self._sandbox_cgroup = sandbox_cgroup
         self._output_tail = bytearray()
         self._listeners: dict[str, Inbox] = {}
@@ -328,13 +336,13 @@ class KernelProcess:
                 log.exception("dropping a malformed %s message from a kernel", msg.get("msg_type"))
 
     def _route(self, msg: dict[str, Any]) -> None:
+        event = output_event(msg, self.output_limit)
         inbox = self._listeners.get((msg.get("parent_header") or {}).get("msg_id", ""))
         if inbox is not None:
-            inbox.put(msg)
+            inbox.put(msg, event)
             return
         # Nobody waits for it: output of a cell that has finished (a thread or child process it
         # left running, or a cell whose caller went away). The next cell delivers it.
-        event = output_event(msg)
         if event is not None:
             self.late.add(event)
 
@@ -452,7 +460,7 @@ class KernelProcess:
                     if content.get("status") == "error" and not failed:
                         # The error normally comes on iopub first; if it went missing, the reply has it.
                         failed = True
-                        yield error_event(content)
+                        yield error_event(content, self.output_limit)
                     exiting = _asks_exit(content)
                 elif kind == "status":
                     idle = content.get("execution_state") == "idle"
@@ -532,9 +540,14 @@ class Kernel:
     env: dict[str, str]
     name: str  # leaf cgroup and file prefix in the run directory, e.g. "k3"
     user: str = ""  # who it runs as, restarts included ("": the sandbox's default user)
+    # A cell that finds the kernel dead restarts it first (within the daemon's limit).
+    auto_restart: bool = True
     process: KernelProcess | None = None
     execution_count: int = 0
     busy: bool = False
+    restarts: int = 0
+    # When cells restarted it (monotonic seconds), within the limit's window.
+    auto_restarted_at: collections.deque[float] = field(default_factory=collections.deque)
     # One cell at a time: a second Execute waits for the first (as Jupyter queues them).
     cell_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Start, restart and shutdown never interleave; they do not wait for a running cell.
@@ -547,7 +560,15 @@ class Kernel:
         return "busy" if self.busy else "idle"
 
     def info(self) -> KernelInfo:
-        return KernelInfo(self.sandbox_id, self.kernel_id, self.state, self.execution_count, self.python)
+        return KernelInfo(
+            self.sandbox_id,
+            self.kernel_id,
+            self.state,
+            self.execution_count,
+            self.python,
+            self.restarts,
+            self.auto_restart,
+        )
 
 
 class KernelManager:
@@ -574,8 +595,11 @@ class KernelManager:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    async def start(self, sandbox_id: str, python: str, cwd: str, env: dict[str, str], user: str = "") -> KernelInfo:
-        """Starts a kernel as `user` ("": the sandbox's default user)."""
+    async def start(
+        self, sandbox_id: str, python: str, cwd: str, env: dict[str, str], user: str = "", auto_restart: bool = True
+    ) -> KernelInfo:
+        """Starts a kernel as `user` ("": the sandbox's default user); `auto_restart`: a cell that
+        finds it dead restarts it first."""
         python = rules.kernel_python(python) or DEFAULT_PYTHON
         cwd = rules.working_directory(cwd)
         env = rules.environment(env)
@@ -585,7 +609,14 @@ class KernelManager:
             if len(kernels) >= MAX_KERNELS_PER_SANDBOX:
                 raise ResourceExhausted(f"sandbox {sandbox_id} already runs {MAX_KERNELS_PER_SANDBOX} kernels")
             kernel = Kernel(
-                sandbox_id, f"k-{secrets.token_hex(4)}", python, cwd, dict(env), sandbox.runtime.next_leaf("k"), user
+                sandbox_id,
+                f"k-{secrets.token_hex(4)}",
+                python,
+                cwd,
+                dict(env),
+                sandbox.runtime.next_leaf("k"),
+                user,
+                auto_restart,
             )
             kernels[kernel.kernel_id] = kernel  # listed (dead) while it starts, so close_sandbox sees it
             try:
@@ -656,12 +687,50 @@ class KernelManager:
         with self.sandboxes.using(sandbox_id) as sandbox:
             kernel = self._get(sandbox_id, kernel_id)
             async with kernel.lifecycle_lock:
-                late = None
-                if kernel.process is not None:
-                    await kernel.process.stop()
-                    late, kernel.process = kernel.process.late, None
-                await self._launch(sandbox, kernel, late)
+                await self._relaunch(sandbox, kernel)
             return kernel.info()
+
+    async def _relaunch(self, sandbox: Sandbox, kernel: Kernel) -> None:
+        """Replaces the kernel's process (under its lifecycle lock), handing on its late output."""
+        if self._kernels.get(kernel.sandbox_id, {}).get(kernel.kernel_id) is not kernel:
+            raise NotFound(f"no kernel {kernel.kernel_id!r} in sandbox {kernel.sandbox_id}")  # shut down meanwhile
+        late = None
+        if kernel.process is not None:
+            await kernel.process.stop()
+            late, kernel.process = kernel.process.late, None
+        kernel.restarts += 1
+        await self._launch(sandbox, kernel, late)
+
+    async def _restart_for_cell(self, sandbox: Sandbox, kernel: Kernel) -> str:
+        """Restarts a dead kernel for the cell that found it so; returns why it had died. Past the
+        limit on automatic restarts, FAILED_PRECONDITION."""
+        settings, now = self.config.kernel, time.monotonic()
+        recent = kernel.auto_restarted_at
+        while recent and now - recent[0] > settings.auto_restart_window_s:
+            recent.popleft()
+        if len(recent) >= settings.max_auto_restarts:
+            limit = (
+                f"it was restarted automatically {len(recent)} times within {settings.auto_restart_window_s:g} s"
+                if settings.max_auto_restarts
+                else "automatic restarts are off"
+            )
+            raise FailedPrecondition(
+                f"{self._dead(kernel)} ({limit}: kernel.max_auto_restarts = {settings.max_auto_restarts})"
+            )
+        process = kernel.process
+        if process is not None and process.death_reported is None:
+            # It died since the previous cell: what it sent just before may still be on its way
+            # through the pumps, to the late buffer the new process inherits.
+            await asyncio.sleep(DEATH_DRAIN_S)
+        reason = process.death() if process is not None else "its last restart failed"
+        async with kernel.lifecycle_lock:
+            if kernel.process is process:  # else RestartKernel replaced it meanwhile
+                recent.append(now)
+                await self._relaunch(sandbox, kernel)
+        log.warning(
+            "kernel %s in %s restarted for a cell (it had died: %s)", kernel.kernel_id, kernel.sandbox_id, reason
+        )
+        return reason
 
     async def shutdown(self, sandbox_id: str, kernel_id: str) -> None:
         kernel = self._get(sandbox_id, kernel_id)
@@ -716,14 +785,19 @@ class KernelManager:
     ) -> AsyncGenerator[KernelEvent, None]:
         code = rules.cell_code(code)
         timeout_s = rules.timeout_s(self.config.exec, timeout_ms)
-        with self.sandboxes.using(sandbox_id):
+        with self.sandboxes.using(sandbox_id) as sandbox:
             kernel = self._get(sandbox_id, kernel_id)
             async with kernel.cell_lock:
-                process = kernel.process
-                if process is None or process.death_reported is not None:
-                    raise FailedPrecondition(self._dead(kernel))
-                # A kernel that died since the previous cell still gets this one: it does not
-                # run, and its CellDone says why the kernel died (with what it printed before).
+                process, restart_reason = kernel.process, None
+                if process is None or process.death_reported is not None or (kernel.auto_restart and not process.alive):
+                    if kernel.auto_restart:
+                        restart_reason = await self._restart_for_cell(sandbox, kernel)
+                        process = kernel.process
+                    if process is None or not kernel.auto_restart:
+                        raise FailedPrecondition(self._dead(kernel))
+                # Without auto_restart, a kernel that died since the previous cell still gets
+                # this one: it does not run, and its CellDone says why the kernel died (with
+                # what it printed before).
                 kernel.busy = True
                 cell = process.run_cell(code, timeout_s, limit)
                 try:
@@ -733,6 +807,8 @@ class KernelManager:
                                 kernel.execution_count = max(kernel.execution_count, event.execution_count)
                             if event.kernel_died:
                                 log.warning("kernel %s in %s died: %s", kernel_id, sandbox_id, describe_death(event))
+                            if restart_reason is not None:
+                                event = dataclasses.replace(event, restarted=True, restart_reason=restart_reason)
                         yield event
                 finally:
                     # Closed here, under the lock: a cell abandoned midway is interrupted before the

@@ -273,6 +273,12 @@ class SandboxToolBox:
             parts.append(f"[timed out after {timeout_s:g} s: the cell was interrupted; the kernel is still usable]\n")
         if result.kernel_died:
             parts.append("[the kernel died and was restarted: all variables are lost]\n")
+        if result.restarted:
+            parts.insert(
+                0,
+                f"[the kernel had died ({result.restart_reason}) and was restarted before this code ran: "
+                "variables and imports from earlier calls are lost]\n",
+            )
         return "".join(parts).rstrip("\n") or "(no output)"
 
     # --- editor ----------------------------------------------------------------------------------

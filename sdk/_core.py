@@ -474,9 +474,15 @@ def build_start_kernel_request(
     cwd: str | None,
     env: Mapping[str, str] | None,
     user: str | None = None,
+    auto_restart: bool = True,
 ) -> kernel_pb.StartKernelRequest:
     return kernel_pb.StartKernelRequest(
-        sandbox_id=sandbox_id, python=python or "", cwd=cwd or "", env=_string_map("env", env), user=_user(user)
+        sandbox_id=sandbox_id,
+        python=python or "",
+        cwd=cwd or "",
+        env=_string_map("env", env),
+        user=_user(user),
+        auto_restart=bool(auto_restart),
     )
 
 
@@ -729,6 +735,8 @@ def kernel_info_from_proto(kernel: kernel_pb.KernelInfo) -> KernelInfo:
         state=cast(KernelState, enum_name(kernel_pb.KernelState, "KERNEL_STATE_", kernel.state)),
         execution_count=kernel.execution_count,
         python=kernel.python,
+        restarts=kernel.restarts,
+        auto_restart=kernel.auto_restart,
     )
 
 
@@ -740,8 +748,19 @@ def find_kernel(response: kernel_pb.ListKernelsResponse, kernel_id: str) -> Kern
     return None
 
 
+def _kernel_error_fields(error: kernel_pb.KernelError) -> dict[str, Any]:
+    """An error's fields, as the keyword arguments KernelErrorInfo and KernelErrorEvent share."""
+    return {
+        "ename": error.ename,
+        "evalue": error.evalue,
+        "traceback": list(error.traceback),
+        "truncated": error.truncated,
+        "total_bytes": error.total_bytes,
+    }
+
+
 def _kernel_error_info(error: kernel_pb.KernelError) -> KernelErrorInfo:
-    return KernelErrorInfo(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback))
+    return KernelErrorInfo(**_kernel_error_fields(error))
 
 
 def kernel_late_output_from_proto(late: kernel_pb.KernelLateOutput) -> KernelLateOutput:
@@ -762,13 +781,16 @@ def kernel_result_from_proto(response: kernel_pb.ExecuteGatheredResponse) -> Ker
         raise ProtocolError("ExecuteGathered answered without the cell's done event")
     error = response.error if response.HasField("error") else None
     done = response.done
+    has_result = response.HasField("result")
     return KernelResult(
         stdout=response.stdout,
         stderr=response.stderr,
-        result=dict(response.result.data) if response.HasField("result") else None,
+        result=dict(response.result.data) if has_result else None,
         displays=[dict(display.data) for display in response.displays],
         error=None if error is None else _kernel_error_info(error),
         **_cell_end_fields(done, truncated=response.truncated),
+        result_truncated=has_result and response.result.truncated,
+        result_total_bytes=response.result.total_bytes if has_result else 0,
         late_output=kernel_late_output_from_proto(response.late_output) if response.HasField("late_output") else None,
     )
 
@@ -787,6 +809,8 @@ def _cell_end_fields(done: kernel_pb.KernelDone, truncated: bool = False) -> dic
         "exit_code": done.exit_code,
         "signal": done.signal,
         "oom_killed": done.oom_killed,
+        "restarted": done.restarted,
+        "restart_reason": done.restart_reason,
     }
 
 
@@ -797,10 +821,10 @@ def kernel_event_from_proto(response: kernel_pb.ExecuteResponse) -> KernelEvent:
     if kind == "display":
         return KernelDisplayEvent(data=dict(response.display.data))
     if kind == "result":
-        return KernelResultEvent(data=dict(response.result.data))
+        result = response.result
+        return KernelResultEvent(data=dict(result.data), truncated=result.truncated, total_bytes=result.total_bytes)
     if kind == "error":
-        error = response.error
-        return KernelErrorEvent(ename=error.ename, evalue=error.evalue, traceback=list(error.traceback))
+        return KernelErrorEvent(**_kernel_error_fields(response.error))
     if kind == "done":
         done = response.done
         return KernelDoneEvent(failed=done.failed, **_cell_end_fields(done))

@@ -452,15 +452,20 @@ class AsyncSandbox:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         user: str | None = None,
+        auto_restart: bool = True,
     ) -> AsyncKernel:
         """Starts an IPython kernel; its state persists across `AsyncKernel.execute` calls.
 
         `python`: the interpreter inside the sandbox (None: python3), which must have ipykernel
         (FailedPrecondition says what is missing otherwise). `cwd`: its working directory (None:
         the workdir). `env`: extra variables. `user`: who it runs as, a user name, a uid or
-        "uid:gid" (None: the sandbox's default user).
+        "uid:gid" (None: the sandbox's default user). `auto_restart`: a cell sent after the
+        kernel died restarts it first (`KernelResult.restarted`), within the daemon's limit
+        (kernel.max_auto_restarts); False: such cells raise FailedPrecondition until `restart()`.
         """
-        request = _core.build_start_kernel_request(self.id, python=python, cwd=cwd, env=env, user=user)
+        request = _core.build_start_kernel_request(
+            self.id, python=python, cwd=cwd, env=env, user=user, auto_restart=auto_restart
+        )
         response = await self._transport.unary(
             self._transport.kernel_service.StartKernel, request, timeout=_kernel_start_deadline(self._transport)
         )
@@ -784,10 +789,11 @@ class AsyncKernel:
     async def execute(self, code: str, *, timeout: float | None = None) -> KernelResult:
         """Runs one cell and returns everything it produced. `timeout`: seconds, after which the
         kernel is interrupted and `timed_out` is set (a cell that ignores the interrupt gets the
-        kernel killed: `kernel_died`); None: the daemon's exec.default_timeout_s. A cell that raises is not an SDK error: see `.error`; nor
-        is one whose kernel dies: see `.kernel_died` and why (`.exit_code`, `.signal`,
-        `.oom_killed`). Output of earlier cells that arrived after their results comes apart, in
-        `.late_output`."""
+        kernel killed: `kernel_died`); None: the daemon's exec.default_timeout_s. A cell that
+        raises is not an SDK error: see `.error`; nor is one whose kernel dies: see
+        `.kernel_died` and why (`.exit_code`, `.signal`, `.oom_killed`); the next cell restarts
+        it (`.restarted`). Output of earlier cells that arrived after their results comes apart,
+        in `.late_output`."""
         request = _core.build_execute_gathered_request(self.sandbox_id, self.id, code, timeout=timeout)
         response = await self._transport.unary(
             self._transport.kernel_service.ExecuteGathered, request, timeout=_core.kernel_deadline(timeout)

@@ -347,6 +347,10 @@ class KernelInfo:
     execution_count: int
     # The python executable inside the sandbox.
     python: str
+    # Times it was restarted: by `restart()` or by a cell that found it dead.
+    restarts: int = 0
+    # A cell that finds the kernel dead restarts it first (`AsyncSandbox.kernel(auto_restart=)`).
+    auto_restart: bool = True
 
 
 @dataclass(frozen=True)
@@ -354,9 +358,14 @@ class KernelErrorInfo:
     """The exception a cell raised."""
 
     ename: str
+    # The message; past the output cap (1 MiB by default) its first and last halves (`truncated`).
     evalue: str
-    # Traceback lines, with the kernel's ANSI colours.
+    # Traceback lines, with the kernel's ANSI colours; longer than the output cap together, the
+    # lines of its first and last halves (`truncated`).
     traceback: list[str]
+    truncated: bool = False
+    # UTF-8 bytes of the name, message and traceback before any cut.
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -393,7 +402,9 @@ class KernelResult:
     # default): its first and last halves (`truncated`).
     stdout: str
     stderr: str
-    # The value of the cell's last expression, when there was one.
+    # The value of the cell's last expression, when there was one. Each text value past the output
+    # cap keeps its first and last halves, and past 16 MiB together the rest is dropped
+    # (`result_truncated`, `result_total_bytes`).
     result: dict[str, bytes] | None
     # display_data outputs, in order (up to 16 MiB of data: `displays_dropped` counts the rest).
     displays: list[dict[str, bytes]]
@@ -403,12 +414,14 @@ class KernelResult:
     execution_count: int
     # The timeout expired and the kernel was interrupted; the kernel stays usable.
     timed_out: bool
-    # The kernel process is gone: it died while running the cell, the cell called exit(), or it
-    # had died since the previous cell (then this cell did not run). `exit_code`, `signal` and
-    # `oom_killed` say why; `Kernel.restart()` brings it back.
+    # The kernel process is gone: it died while running the cell, the cell called exit(), or (for
+    # a kernel started with auto_restart=False) it had died since the previous cell, and this cell
+    # did not run. `exit_code`, `signal` and `oom_killed` say why. The next cell restarts it
+    # (`restarted`); with auto_restart=False, `Kernel.restart()` brings it back.
     kernel_died: bool
     duration_ms: int
-    # stdout or stderr was longer than the output cap, or displays were dropped.
+    # stdout or stderr was longer than the output cap, displays were dropped, or the value or the
+    # error was cut.
     truncated: bool = False
     # UTF-8 bytes printed to stdout / stderr, including those cut out.
     stdout_total_bytes: int = 0
@@ -419,6 +432,13 @@ class KernelResult:
     signal: int = 0
     # The out-of-memory killer killed a process of the sandbox during the cell (memory limit).
     oom_killed: bool = False
+    # The kernel was dead when the cell came and was restarted before it ran: every variable and
+    # import of the earlier cells is gone. `restart_reason`: why it had died, in words.
+    restarted: bool = False
+    restart_reason: str = ""
+    # The value was cut (see `result`), and the bytes of all its data before the cut.
+    result_truncated: bool = False
+    result_total_bytes: int = 0
     # Output of earlier cells that arrived after their results, or None.
     late_output: KernelLateOutput | None = None
 
@@ -452,18 +472,22 @@ class KernelDisplayEvent:
 
 @dataclass(frozen=True)
 class KernelResultEvent:
-    """The value of the cell's last expression (MIME bundle as in KernelResult)."""
+    """The value of the cell's last expression (MIME bundle, cut, as in KernelResult)."""
 
     data: dict[str, bytes]
+    truncated: bool = False
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class KernelErrorEvent:
-    """The cell raised."""
+    """The cell raised (fields as in KernelErrorInfo)."""
 
     ename: str
     evalue: str
     traceback: list[str]
+    truncated: bool = False
+    total_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -485,6 +509,8 @@ class KernelDoneEvent:
     exit_code: int = 0
     signal: int = 0
     oom_killed: bool = False
+    restarted: bool = False
+    restart_reason: str = ""
 
 
 KernelEvent = (

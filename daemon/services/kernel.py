@@ -7,7 +7,16 @@ from collections.abc import AsyncIterator
 from corral.v1 import kernel_pb2 as pb
 from corral.v1 import kernel_pb2_grpc
 
-from ..kernel_events import CellDone, DisplayOutput, ErrorOutput, KernelEvent, LateOutput, ResultOutput, StreamOutput
+from ..kernel_events import (
+    CellDone,
+    DisplayOutput,
+    ErrorOutput,
+    KernelEvent,
+    LateOutput,
+    ResultOutput,
+    StreamOutput,
+    rich_size,
+)
 from ..kernels import KernelInfo, KernelManager
 
 STATES = {"idle": pb.KERNEL_STATE_IDLE, "busy": pb.KERNEL_STATE_BUSY, "dead": pb.KERNEL_STATE_DEAD}
@@ -21,11 +30,26 @@ def kernel_info(info: KernelInfo) -> pb.KernelInfo:
         state=STATES[info.state],
         execution_count=info.execution_count,
         python=info.python,
+        restarts=info.restarts,
+        auto_restart=info.auto_restart,
     )
 
 
 def kernel_error(event: ErrorOutput) -> pb.KernelError:
-    return pb.KernelError(ename=event.ename, evalue=event.evalue, traceback=event.traceback)
+    return pb.KernelError(
+        ename=event.ename,
+        evalue=event.evalue,
+        traceback=event.traceback,
+        truncated=event.truncated,
+        total_bytes=max(event.total_bytes, rich_size(event)),
+    )
+
+
+def kernel_display(event: DisplayOutput | ResultOutput) -> pb.KernelDisplay:
+    if isinstance(event, ResultOutput):
+        total = max(event.total_bytes, rich_size(event))
+        return pb.KernelDisplay(data=event.data, truncated=event.truncated, total_bytes=total)
+    return pb.KernelDisplay(data=event.data, total_bytes=rich_size(event))
 
 
 def kernel_done(event: CellDone) -> pb.KernelDone:
@@ -42,6 +66,8 @@ def kernel_done(event: CellDone) -> pb.KernelDone:
         stdout_total_bytes=event.stdout_total_bytes,
         stderr_total_bytes=event.stderr_total_bytes,
         displays_dropped=event.displays_dropped,
+        restarted=event.restarted,
+        restart_reason=event.restart_reason,
     )
 
 
@@ -49,7 +75,7 @@ def late_output(event: LateOutput) -> pb.KernelLateOutput:
     return pb.KernelLateOutput(
         stdout=event.stdout,
         stderr=event.stderr,
-        displays=[pb.KernelDisplay(data=d.data) for d in event.displays],
+        displays=[kernel_display(d) for d in event.displays],
         errors=[kernel_error(e) for e in event.errors],
         truncated=event.truncated,
         stdout_total_bytes=event.stdout_total_bytes,
@@ -64,9 +90,9 @@ def execute_response(event: KernelEvent) -> pb.ExecuteResponse:
             stream=pb.KernelStream(name=STREAMS.get(event.name, pb.STREAM_NAME_UNSPECIFIED), text=event.text)
         )
     if isinstance(event, DisplayOutput):
-        return pb.ExecuteResponse(display=pb.KernelDisplay(data=event.data))
+        return pb.ExecuteResponse(display=kernel_display(event))
     if isinstance(event, ResultOutput):
-        return pb.ExecuteResponse(result=pb.KernelDisplay(data=event.data))
+        return pb.ExecuteResponse(result=kernel_display(event))
     if isinstance(event, ErrorOutput):
         return pb.ExecuteResponse(error=kernel_error(event))
     if isinstance(event, LateOutput):
@@ -80,7 +106,12 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
 
     async def StartKernel(self, request: pb.StartKernelRequest, context) -> pb.StartKernelResponse:
         info = await self.kernels.start(
-            request.sandbox_id, request.python, request.cwd, dict(request.env), user=request.user
+            request.sandbox_id,
+            request.python,
+            request.cwd,
+            dict(request.env),
+            user=request.user,
+            auto_restart=request.auto_restart if request.HasField("auto_restart") else True,
         )
         return pb.StartKernelResponse(kernel=kernel_info(info))
 
@@ -100,10 +131,10 @@ class KernelServicer(kernel_pb2_grpc.KernelServiceServicer):
             stdout=cell.stdout,
             stderr=cell.stderr,
             truncated=cell.truncated,
-            displays=[pb.KernelDisplay(data=d.data) for d in cell.displays],
+            displays=[kernel_display(d) for d in cell.displays],
         )
         if cell.result is not None:
-            reply.result.CopyFrom(pb.KernelDisplay(data=cell.result.data))
+            reply.result.CopyFrom(kernel_display(cell.result))
         if cell.error is not None:
             reply.error.CopyFrom(kernel_error(cell.error))
         if cell.done is not None:

@@ -1,8 +1,8 @@
 """KernelService against a real daemon: ipykernel processes inside sandboxes, driven through the
 raw gRPC stubs. What differs per backend (a kernel's start, interrupts and kills inside the
-sandbox, its sockets in the shared run directory, death, memory) runs on every backend case; event
-shapes, caps and late output, the daemon's logic above the kernel, on one (tests/README.md); one
-test runs without namespaces.
+sandbox, its sockets in the shared run directory, death and restart, memory) runs on every backend
+case; event shapes, caps and late output, the daemon's logic above the kernel, on one
+(tests/README.md); one test runs without namespaces.
 
 A local sandbox's python is the host image's python3, which needs ipykernel (Debian:
 python3-ipykernel).
@@ -203,7 +203,17 @@ def test_a_cell_whose_caller_goes_away_is_interrupted(stub, kernel):
 # -- kernel lifecycle -----------------------------------------------------------------------------
 
 
-def test_kernel_death_is_reported_and_restart_gives_a_fresh_kernel(stub, kernel):
+def info_of(stub, kernel: kpb.KernelInfo) -> kpb.KernelInfo:
+    (info,) = stub.ListKernels(kpb.ListKernelsRequest(sandbox_id=kernel.sandbox_id)).kernels
+    return info
+
+
+def test_kernel_death_is_reported_and_restart_gives_a_fresh_kernel(stub, sandbox):
+    """A kernel started without auto_restart: after its death cells are refused until
+    RestartKernel, which brings it back under the same id with a fresh namespace."""
+    request = kpb.StartKernelRequest(sandbox_id=sandbox.id, auto_restart=False)
+    kernel = stub.StartKernel(request, timeout=60).kernel
+    assert not kernel.auto_restart
     run(stub, kernel, "before_death = 1")
     reply = run(stub, kernel, "import os\nos._exit(1)")
     assert reply.done.kernel_died
@@ -214,9 +224,48 @@ def test_kernel_death_is_reported_and_restart_gives_a_fresh_kernel(stub, kernel)
     restarted = stub.RestartKernel(
         kpb.RestartKernelRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id), timeout=60
     ).kernel
-    assert restarted.kernel_id == kernel.kernel_id
+    assert restarted.kernel_id == kernel.kernel_id and restarted.restarts == 1
     assert restarted.state == kpb.KERNEL_STATE_IDLE and restarted.execution_count == 0
     assert run(stub, kernel, "'before_death' in dir()").result.data["text/plain"] == b"False"
+
+
+# Cells that kill their kernel, and why the next cell, which restarts it, says it had died.
+KERNEL_DEATHS = [
+    ("import os\nos._exit(3)", "exit code 3"),
+    ("exit()", "exit code 0"),
+    # Recursion through a C function (map) overflows the C stack once the recursion limit allows.
+    (
+        "import sys\nsys.setrecursionlimit(10**6)\ndef f(n):\n    return list(map(f, [n + 1]))\nf(0)",
+        "killed by signal 11",
+    ),
+]
+# Forked copies of the kernel fork on at the pids limit, ignoring the timeout's interrupt: the
+# daemon kills the kernel's tree.
+FORK_BOMB = (
+    "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+    "killed by signal 9, after ignoring the timeout's interrupt",
+)
+
+
+def test_a_kernel_its_cell_killed_comes_back_on_the_next_cell(stub, client):
+    """os._exit, exit(), a stack overflow and a fork bomb at the sandbox's pids limit kill the
+    kernel; the next cell restarts it (same id), runs, and says so, with the cause and none of the
+    earlier state."""
+    with client.create_sandbox(pids=64) as sb:
+        pids = next(s for s in sb.info.limit_status if s.kind == "pids")
+        deaths = KERNEL_DEATHS + ([FORK_BOMB] if pids.enforced else [])  # no fork bomb on the host
+        kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sb.id), timeout=60).kernel
+        assert kernel.auto_restart and kernel.restarts == 0
+        for restarts, (code, cause) in enumerate(deaths, 1):
+            run(stub, kernel, "state = 1")
+            died = run(stub, kernel, code, timeout_ms=2000)
+            assert died.done.kernel_died and not died.done.restarted, code
+            assert state_of(stub, kernel) == kpb.KERNEL_STATE_DEAD
+            after = run(stub, kernel, "'state' in dir()")
+            assert after.done.restarted and after.done.restart_reason == cause, code
+            assert after.result.data["text/plain"] == b"False" and after.done.execution_count == 1
+            info = info_of(stub, kernel)
+            assert (info.kernel_id, info.state, info.restarts) == (kernel.kernel_id, kpb.KERNEL_STATE_IDLE, restarts)
 
 
 @pytest.mark.above_backend
@@ -375,8 +424,8 @@ def test_kernels_work_without_namespaces(tmp_path):
             assert reply.done.timed_out and not reply.done.kernel_died
             assert run(stub, kernel, "kept * 6").result.data["text/plain"] == b"42"
             assert run(stub, kernel, "import os\nos._exit(3)").done.kernel_died
-            stub.RestartKernel(kpb.RestartKernelRequest(sandbox_id=sb.id, kernel_id=kernel.kernel_id), timeout=60)
-            assert run(stub, kernel, "'kept' in dir()").result.data["text/plain"] == b"False"
+            after = run(stub, kernel, "'kept' in dir()")
+            assert after.done.restarted and after.result.data["text/plain"] == b"False"
     finally:
         assert d.stop() == 0
 
@@ -481,29 +530,76 @@ def test_a_cell_printing_a_gigabyte_leaves_the_daemon_small_and_counts_it_exactl
     assert run(stub, kernel, "'after'").result.data["text/plain"] == b"'after'"
 
 
+def peak_rss_while(pids: list[int], call):
+    """(call's result, the peak RSS in MiB of each process in `pids` while it ran)."""
+    peaks = [rss_mib(pid) for pid in pids]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            for i, pid in enumerate(pids):
+                with contextlib.suppress(OSError, StopIteration):
+                    peaks[i] = max(peaks[i], rss_mib(pid))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        return call(), peaks
+    finally:
+        sampling.set()
+        sampler.join()
+
+
+BIG_VALUE = "x = 'START' + 'y' * 200_000_000 + 'END'\nx"
+
+
+@pytest.mark.above_backend
+def test_a_200_mb_value_is_cut_in_the_kernel_and_leaves_the_daemon_small(daemon, stub, kernel):
+    """A cell whose value is a 200 MB string: the kernel cuts it before sending (both ends of the
+    output cap, the total), so the daemon stays small and the call does not fail on gRPC's message
+    limit (it grew by 570 MiB, 950 MiB when streamed, and failed RESOURCE_EXHAUSTED); the same
+    for an error whose message is 200 MB."""
+    before = rss_mib(daemon.proc.pid)
+    reply, (peak,) = peak_rss_while([daemon.proc.pid], lambda: run(stub, kernel, BIG_VALUE, timeout_ms=120_000))
+    text = reply.result.data["text/plain"]
+    assert text.startswith(b"'STARTyyy") and text.endswith(b"yyyEND'") and len(text) == CAP
+    assert reply.result.truncated and reply.result.total_bytes == 200_000_010
+    assert reply.truncated and reply.done.truncated and not reply.done.failed
+    assert peak - before < 100, f"the daemon grew from {before} MiB to {peak} MiB"
+    streamed, (peak,) = peak_rss_while([daemon.proc.pid], lambda: list(stream(stub, kernel, "x")))
+    (result,) = [e.result for e in streamed if e.WhichOneof("event") == "result"]
+    assert result.truncated and result.total_bytes == 200_000_010 and len(result.data["text/plain"]) == CAP
+    assert streamed[-1].done.truncated
+    assert peak - before < 100, f"the daemon grew from {before} MiB to {peak} MiB"
+    error, (peak,) = peak_rss_while(
+        [daemon.proc.pid], lambda: run(stub, kernel, "raise ValueError(x)\n", timeout_ms=120_000)
+    )
+    assert error.error.ename == "ValueError" and error.error.truncated and len(error.error.evalue) == CAP
+    assert error.error.evalue.startswith("STARTyyy") and error.error.evalue.endswith("yyyEND")
+    assert error.error.total_bytes > 400_000_000 and error.truncated
+    assert peak - before < 100, f"the daemon grew from {before} MiB to {peak} MiB"
+    assert run(stub, kernel, "len(x)").result.data["text/plain"] == b"200000008"
+
+
 # -- death ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.above_backend
 def test_a_cell_that_calls_exit_reports_the_kernel_died_with_its_exit_code(daemon, stub, kernel):
     """exit() makes ipykernel reply (status ok) and then stop: the cell says the kernel died, not
-    ok; later cells are refused, saying why. The daemon's log states the status, not ipykernel's
+    ok; the next cell restarts it, saying why. The daemon's log states the status, not ipykernel's
     banner."""
     reply = run(stub, kernel, "print('bye')\nexit()")
     assert reply.stdout == "bye\n" and not reply.HasField("error")
     assert reply.done.kernel_died and (reply.done.exit_code, reply.done.signal) == (0, 0)
     assert state_of(stub, kernel) == kpb.KERNEL_STATE_DEAD
-    with pytest.raises(grpc.RpcError) as err:
-        run(stub, kernel, "1")
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"kernel {kernel.kernel_id} is dead (exit code 0)" in err.value.details()
+    after = run(stub, kernel, "1")
+    assert after.done.restarted and after.done.restart_reason == "exit code 0"
     log = daemon.log.read_text()
     assert f"kernel {kernel.kernel_id} in {kernel.sandbox_id} died: exit code 0" in log
+    assert f"kernel {kernel.kernel_id} in {kernel.sandbox_id} restarted for a cell (it had died: exit code 0)" in log
     assert "Ctrl-C will not work" not in log  # ipykernel's banner
-    restarted = stub.RestartKernel(
-        kpb.RestartKernelRequest(sandbox_id=kernel.sandbox_id, kernel_id=kernel.kernel_id), timeout=60
-    ).kernel
-    assert restarted.state == kpb.KERNEL_STATE_IDLE
     quit_reply = run(stub, kernel, "quit()")
     assert quit_reply.done.kernel_died and quit_reply.done.exit_code == 0
 
@@ -530,10 +626,8 @@ def test_a_dead_kernel_says_its_exit_code_or_signal(stub, sandbox):
         kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id), timeout=60).kernel
         done = run(stub, kernel, code).done
         assert done.kernel_died and (done.exit_code, done.signal, done.oom_killed) == (exit_code, sig, False), code
-        with pytest.raises(grpc.RpcError) as err:
-            run(stub, kernel, "1")
         cause = f"killed by signal {sig}" if sig else f"exit code {exit_code}"
-        assert f"is dead ({cause})" in err.value.details()
+        assert run(stub, kernel, "1").done.restart_reason == cause
         stub.ShutdownKernel(kpb.ShutdownKernelRequest(sandbox_id=sandbox.id, kernel_id=kernel.kernel_id))
 
 
@@ -546,27 +640,45 @@ def test_a_kernel_killed_for_memory_says_oom_killed(daemon, stub, client):
         run(stub, kernel, "small = bytearray(1 << 20)")
         done = run(stub, kernel, "hog = b'x' * (1 << 30)").done
         assert done.kernel_died and done.oom_killed and (done.signal, done.exit_code) == (9, 137)
-        with pytest.raises(grpc.RpcError) as err:
-            run(stub, kernel, "1")
-        assert "is dead (killed by signal 9, out of memory)" in err.value.details()
+        after = run(stub, kernel, "'small' in dir()")
+        assert after.done.restarted and after.done.restart_reason == "killed by signal 9, out of memory"
+        assert after.result.data["text/plain"] == b"False"
         assert f"kernel {kernel.kernel_id} in {sb.id} died: killed by signal 9, out of memory" in daemon.log.read_text()
 
 
+# A thread the cell leaves behind kills the kernel after the cell's result. (The pause: a message
+# flushed right before os._exit can die in the kernel's own zmq thread.)
+DIES_AFTER_THE_CELL = (
+    "import os, threading, time\n"
+    "threading.Timer(0.3, lambda: (print('dying', flush=True), time.sleep(0.5), os._exit(7))).start()"
+)
+
+
 @pytest.mark.above_backend
-def test_a_kernel_that_dies_between_cells_is_reported_by_the_next_cell(stub, kernel, client):
-    """A thread the cell left behind kills the kernel after the cell's result: the next cell does
-    not run; its result says the kernel died and why, with what the thread printed first."""
+def test_a_kernel_that_dies_between_cells_is_restarted_by_the_next_cell(stub, kernel, client):
+    """The next cell restarts the kernel and runs; its result says so and why the kernel had died,
+    with what the thread printed first as late output."""
     with cpu_load(client):
-        # (The pause: a message flushed right before os._exit can die in the kernel's own zmq thread.)
-        code = (
-            "import os, threading, time\n"
-            "threading.Timer(0.3, lambda: (print('dying', flush=True), time.sleep(0.5), os._exit(7))).start()"
-        )
-        assert not run(stub, kernel, code).done.kernel_died
+        run(stub, kernel, "state = 1")
+        assert not run(stub, kernel, DIES_AFTER_THE_CELL).done.kernel_died
+        wait_for_state(stub, kernel, kpb.KERNEL_STATE_DEAD)
+        reply = run(stub, kernel, "print('runs')\n'state' in dir()")
+    assert reply.done.restarted and reply.done.restart_reason == "exit code 7" and not reply.done.kernel_died
+    assert reply.stdout == "runs\n" and reply.result.data["text/plain"] == b"False"
+    assert reply.done.execution_count == 1 and reply.late_output.stdout == "dying\n"
+
+
+@pytest.mark.above_backend
+def test_a_kernel_that_dies_between_cells_is_reported_by_the_next_cell_without_auto_restart(stub, sandbox, client):
+    """Without auto_restart the next cell does not run; its result says the kernel died and why,
+    with what the thread printed first; later cells are refused."""
+    kernel = stub.StartKernel(kpb.StartKernelRequest(sandbox_id=sandbox.id, auto_restart=False), timeout=60).kernel
+    with cpu_load(client):
+        assert not run(stub, kernel, DIES_AFTER_THE_CELL).done.kernel_died
         wait_for_state(stub, kernel, kpb.KERNEL_STATE_DEAD)
         reply = run(stub, kernel, "print('never runs')")
     assert reply.done.kernel_died and (reply.done.exit_code, reply.done.signal) == (7, 0)
-    assert reply.done.execution_count == 0 and reply.stdout == ""
+    assert reply.done.execution_count == 0 and reply.stdout == "" and not reply.done.restarted
     assert reply.late_output.stdout == "dying\n"
     with pytest.raises(grpc.RpcError) as err:
         run(stub, kernel, "1")

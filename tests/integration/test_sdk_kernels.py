@@ -139,8 +139,23 @@ def test_results_say_truncation_death_and_late_output(kernel):
         done = list(events)[-1]
     assert isinstance(done, KernelDoneEvent) and done.kernel_died and (done.exit_code, done.signal) == (0, 0)
     assert kernel.refresh().state == "dead"
-    with pytest.raises(FailedPrecondition, match=r"dead \(exit code 0\)"):
-        kernel.execute("1")
+    restarted = kernel.execute("1")
+    assert restarted.restarted and restarted.restart_reason == "exit code 0" and restarted.result_text == "1"
+    assert kernel.refresh().restarts == 1 and kernel.info.auto_restart
+    big = kernel.execute("'v' * 3_000_000")
+    assert big.result_truncated and big.result_total_bytes == 3_000_002 and big.truncated and big.ok
+
+
+def test_a_kernel_without_auto_restart_stays_dead(sandbox, kernel):
+    with sandbox.kernel(auto_restart=False) as fragile:
+        assert not fragile.info.auto_restart
+        with fragile.execute_stream("exit()") as events:
+            done = list(events)[-1]
+        assert isinstance(done, KernelDoneEvent) and done.kernel_died and not done.restarted
+        with pytest.raises(FailedPrecondition, match=r"dead \(exit code 0\)"):
+            fragile.execute("1")
+        assert fragile.restart().restarts == 1
+        assert fragile.execute("1").result_text == "1"
 
 
 def test_start_errors(sandbox, kernel):

@@ -1,7 +1,8 @@
-"""Kernels without root: the caps on a cell's output and on output that arrives between cells
-(pure parts of corral.daemon.kernel_events), the SDK's decoding of them, and real ipykernel
-processes (the venv's own, ipykernel being a dev dependency) on the daemon's fake backend: death
-and its cause, exit(), late output, invalid requests.
+"""Kernels without root: the caps on a cell's output, value and error and on output that arrives
+between cells (pure parts of corral.daemon.kernel_events and kernel_bootstrap), the SDK's decoding
+of them, and real ipykernel processes (the venv's own, ipykernel being a dev dependency) on the
+daemon's fake backend: death and its cause, exit(), restarts on the next cell and their limit,
+late output, invalid requests, the rollout's python tool.
 
 The local, Docker and Apptainer backends are the integration suite's business
 (tests/integration/test_kernels.py)."""
@@ -9,6 +10,8 @@ The local, Docker and Apptainer backends are the integration suite's business
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +19,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from corral.daemon import kernel_bootstrap, kernel_events
+from corral.daemon import kernel_bootstrap, kernel_events, kernels
+from corral.daemon.config import Config, load_config
 from corral.daemon.embedded import embedded_daemon
 from corral.daemon.kernel_events import (
     CellDone,
@@ -30,12 +34,15 @@ from corral.daemon.kernel_events import (
     gather,
 )
 from corral.daemon.testing import fake_backends
+from corral.rollout.tools import SandboxToolBox
+from corral.rollout.types import ToolCall
 from corral.sdk import (
     AsyncClient,
     FailedPrecondition,
     InvalidArgument,
     KernelDoneEvent,
     KernelLateOutput,
+    KernelResultEvent,
     KernelStreamEvent,
     ProtocolError,
 )
@@ -97,7 +104,7 @@ def test_late_output_keeps_head_and_tail_and_counts_everything() -> None:
     assert taken == LateOutput(
         stdout="HEAD-" + "-TAIL",
         stderr="e",
-        displays=[DisplayOutput({"text/plain": b"1234"}), DisplayOutput({"text/plain": b"5678"})],
+        displays=[DisplayOutput({"text/plain": b"1234"}), ResultOutput({"text/plain": b"5678"})],
         errors=[],
         truncated=True,
         stdout_total_bytes=110,
@@ -122,6 +129,63 @@ def test_the_kernel_governor_forwards_the_head_keeps_the_tail_and_counts_everyth
     window.admit("abcd")
     window.admit("1234567")
     assert window.closing_message() == ("4567", 3) and window.total == 11
+
+
+def test_a_value_past_the_cap_keeps_head_and_tail_at_character_boundaries_and_its_total() -> None:
+    """kernel_bootstrap.bound_result, which runs inside the kernel before the value is sent: text
+    values past the cap keep both ends (as a gathered stream), values that cannot be cut are kept
+    while the bundle fits, and the total counts everything."""
+    text = "<" + "é" * 20 + ">"  # 42 bytes
+    data, truncated, total = kernel_bootstrap.bound_result({"text/plain": text}, 11, 100)
+    assert truncated and total == 42
+    assert data == {"text/plain": "<éé" + "éé>"}  # 5 + 5 bytes: the cut characters go whole
+    assert kernel_bootstrap.cut_text(text, 42) == (text, 42)
+    png = base64.b64encode(b"\x89PNG" + b"\0" * 96).decode()  # 100 bytes decoded
+    bundle = {"text/plain": "<Image>", "image/png": png, "application/json": {"k": "v"}}
+    assert kernel_bootstrap.bound_result(bundle, 11, 200) == (bundle, False, 7 + 100 + 10)
+    kept, truncated, total = kernel_bootstrap.bound_result(bundle, 11, 50)  # the image does not fit
+    assert kept == {"text/plain": "<Image>", "application/json": {"k": "v"}} and truncated and total == 117
+    assert kernel_bootstrap.value_size("image/png", "not base64!") == 11  # the daemon keeps it as text
+
+
+def test_an_error_past_the_cap_keeps_the_ends_of_its_message_and_traceback() -> None:
+    lines = ["Traceback:", "  frame 1", "x" * 50, "ValueError: " + "y" * 50]
+    evalue, traceback, truncated, total = kernel_bootstrap.bound_error("ValueError", "m" * 30, lines, 20)
+    assert truncated and total == 10 + 30 + sum(len(line) for line in lines)
+    assert evalue == "m" * 20
+    assert traceback == ["Traceback:", "y" * 10]  # whole lines from the start, the end of the last
+    assert kernel_bootstrap.bound_error("E", "short", ["a", "b"], 20) == ("short", ["a", "b"], False, 1 + 5 + 2)
+    content = {"ename": "E", "evalue": "v" * 30, "traceback": ["t" * 30]}
+    kept = content["traceback"]
+    kernel_bootstrap.bound_content("error", content, 10, 100)
+    assert content["evalue"] == "v" * 10 and content["corral_truncated"] and content["corral_total_bytes"] == 61
+    assert kept == ["t" * 5, "t" * 5]  # cut in place: IPython keeps the list for the reply
+
+
+def test_a_value_or_an_error_that_arrives_uncut_is_cut_by_the_daemon_and_counted() -> None:
+    """From a kernel without the bounds (an ipykernel the bootstrap does not know): the daemon cuts
+    what arrived before it is forwarded; what the kernel says of its own cut wins."""
+    big = {"msg_type": "execute_result", "content": {"data": {"text/plain": "a" * 100}}}
+    event = kernel_events.output_event(big, 10)
+    assert event == ResultOutput({"text/plain": b"a" * 10}, truncated=True, total_bytes=100)
+    cut = {"data": {"text/plain": "aa"}, "corral_truncated": True, "corral_total_bytes": 500}
+    assert kernel_events.output_event({"msg_type": "execute_result", "content": cut}, 10) == ResultOutput(
+        {"text/plain": b"aa"}, True, 500
+    )
+    error = {"msg_type": "error", "content": {"ename": "E", "evalue": "v" * 100, "traceback": ["t"]}}
+    assert kernel_events.output_event(error, 10) == ErrorOutput("E", "v" * 10, ["t"], True, 102)
+    small = kernel_events.output_event({"msg_type": "execute_result", "content": {"data": {"text/plain": "1"}}}, 10)
+    assert small == ResultOutput({"text/plain": b"1"}, False, 1)
+    cap = StreamCap(None)
+    assert cap.admit(event) == event and cap.truncated  # a cut value makes the cell truncated
+
+
+async def test_a_gathered_cell_with_a_cut_value_is_truncated() -> None:
+    done = CellDone(1, False, False, False, 5)
+    cell = await gather(_events(ResultOutput({"text/plain": b"ab"}, True, 99), done), 1000)
+    assert cell.truncated and cell.done is not None and cell.done.truncated
+    cell = await gather(_events(ErrorOutput("E", "v", [], True, 99), done), 1000)
+    assert cell.truncated
 
 
 def test_output_the_kernel_skipped_counts_and_cuts_the_tail_kept_before_it() -> None:
@@ -190,8 +254,8 @@ def test_the_sdk_decodes_late_output_only_first_and_the_done_fields() -> None:
 
 
 @asynccontextmanager
-async def fake_sandbox() -> AsyncIterator:
-    async with embedded_daemon(backend_classes=fake_backends()) as address, AsyncClient(address) as client:
+async def fake_sandbox(config: Config | None = None) -> AsyncIterator:
+    async with embedded_daemon(config, backend_classes=fake_backends()) as address, AsyncClient(address) as client:
         sandbox = await client.create_sandbox()
         try:
             yield client, sandbox
@@ -212,22 +276,158 @@ async def cpu_load(client, sandboxes: int = 2) -> AsyncIterator[None]:
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-async def test_exit_reports_the_kernel_died_and_later_cells_say_why() -> None:
+# A thread the cell leaves behind prints 'dying' and kills the kernel after the cell's result.
+DIES_AFTER_THE_CELL = (
+    "import os, threading, time\n"
+    "threading.Timer(0.2, lambda: (print('dying', flush=True), time.sleep(0.3), os._exit(6))).start()"
+)
+
+
+async def die_after_the_cell(kernel) -> None:
+    """Runs DIES_AFTER_THE_CELL; returns once the kernel is dead."""
+    assert not (await kernel.execute(DIES_AFTER_THE_CELL, timeout=30)).kernel_died
+    deadline = time.monotonic() + 20
+    while (await kernel.refresh()).state != "dead":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+
+
+async def test_a_dead_kernel_is_restarted_by_the_next_cell_which_says_so() -> None:
+    """The default: the cell after a death restarts the kernel (same id) and runs in it; its
+    result says the kernel restarted, why it had died, and the state is gone. A kernel that dies
+    between cells is restarted the same way, what it printed first coming as late output."""
     async with fake_sandbox() as (_, sandbox):
         kernel = await sandbox.kernel(python=sys.executable)
+        assert kernel.info.auto_restart and kernel.info.restarts == 0
+        await kernel.execute("kept = 1", timeout=30)
+        result = await kernel.execute("print('bye')\nexit()", timeout=30)
+        assert result.stdout == "bye\n" and result.kernel_died and not result.ok and not result.restarted
+        assert (result.exit_code, result.signal) == (0, 0)
+        assert (await kernel.refresh()).state == "dead"
+        after = await kernel.execute("'kept' in dir()", timeout=30)
+        assert after.restarted and after.restart_reason == "exit code 0" and after.result_text == "False"
+        assert after.ok and after.execution_count == 1 and not after.kernel_died
+        info = await kernel.refresh()
+        assert (info.id, info.state, info.restarts, info.execution_count) == (kernel.id, "idle", 1, 1)
+        assert not (await kernel.execute("1", timeout=30)).restarted  # once
+
+        await die_after_the_cell(kernel)
+        result = await kernel.execute("print('runs')", timeout=30)
+        assert result.restarted and result.restart_reason == "exit code 6" and not result.kernel_died
+        assert result.stdout == "runs\n" and result.execution_count == 1
+        assert result.late_output is not None and result.late_output.stdout == "dying\n"
+        assert (await kernel.refresh()).restarts == 2
+        await kernel.restart()  # RestartKernel counts too
+        assert kernel.info.restarts == 3
+
+
+async def test_a_kernel_started_without_auto_restart_stays_dead_until_restarted() -> None:
+    """auto_restart=False keeps the behaviour before automatic restarts: later cells say why the
+    kernel is dead until RestartKernel; a death between cells is reported by the next cell, which
+    does not run."""
+    async with fake_sandbox() as (_, sandbox):
+        kernel = await sandbox.kernel(python=sys.executable, auto_restart=False)
+        assert not kernel.info.auto_restart
         result = await kernel.execute("print('bye')\nexit()", timeout=30)
         assert result.stdout == "bye\n" and result.kernel_died and not result.ok
-        assert (result.exit_code, result.signal) == (0, 0)
-        with pytest.raises(FailedPrecondition, match=r"is dead \(exit code 0\)"):
+        with pytest.raises(FailedPrecondition, match=r"is dead \(exit code 0\); RestartKernel brings it back"):
             await kernel.execute("1", timeout=30)
         await kernel.restart()
         died = await kernel.execute("import os\nos._exit(4)", timeout=30)
-        assert died.kernel_died and died.exit_code == 4
+        assert died.kernel_died and died.exit_code == 4 and not died.restarted
+        with pytest.raises(FailedPrecondition, match=r"is dead \(exit code 4\)"):
+            await kernel.execute("1", timeout=30)
+        assert (await kernel.refresh()).restarts == 1
+
+
+async def test_automatic_restarts_stop_at_the_limit_until_restart_kernel() -> None:
+    """A kernel that dies at every cell is restarted kernel.max_auto_restarts times within the
+    window; then cells get FAILED_PRECONDITION naming the limit, and RestartKernel still works."""
+    config = load_config(environ={})
+    config = dataclasses.replace(
+        config, kernel=dataclasses.replace(config.kernel, max_auto_restarts=2, auto_restart_window_s=3600)
+    )
+    async with fake_sandbox(config) as (_, sandbox):
+        kernel = await sandbox.kernel(python=sys.executable)
+        crash = "import os\nos._exit(9)"
+        assert (await kernel.execute(crash, timeout=30)).kernel_died
+        for _ in range(2):
+            result = await kernel.execute(crash, timeout=30)
+            assert result.restarted and result.kernel_died and result.restart_reason == "exit code 9"
+        with pytest.raises(FailedPrecondition) as refused:
+            await kernel.execute("1", timeout=30)
+        message = str(refused.value)
+        assert "is dead (exit code 9)" in message and "RestartKernel brings it back" in message
+        assert "restarted automatically 2 times within 3600 s" in message and "kernel.max_auto_restarts = 2" in message
+        assert (await kernel.refresh()).state == "dead"
+        await kernel.restart()
+        assert (await kernel.execute("2 * 21", timeout=30)).result_text == "42"
+        assert kernel.info.restarts == 3
+
+
+async def test_the_python_tool_tells_the_agent_the_kernel_restarted_and_its_state_is_gone(monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "DEFAULT_PYTHON", sys.executable)  # the fake sandbox's python3 may lack ipykernel
+    async with fake_sandbox() as (_, sandbox):
+        box = SandboxToolBox(sandbox, ["python"], workdir="/tmp", max_observation_bytes=4096)
+        try:
+
+            async def python(code: str) -> str:
+                return (await box.call(ToolCall("python", {"code": code}), 30)).text
+
+            assert await python("x = 1\nprint('set')") == "set"
+            died = await python("import os\nos._exit(3)")
+            assert "[the kernel died and was restarted: all variables are lost]" in died
+            assert "NameError" in await python("x")
+            await python("import os, threading\nthreading.Timer(0.2, lambda: os._exit(5)).start()")
+            await asyncio.sleep(1.5)
+            text = await python("print('after')")
+            assert text.startswith("[the kernel had died (exit code 5) and was restarted before this code ran: ")
+            assert text.endswith("after")
+        finally:
+            await box.close()
+
+
+async def test_a_big_value_and_a_big_error_come_back_cut_at_both_ends_and_counted(monkeypatch) -> None:
+    """A 20 MB value and a 20 MB error message are cut inside the kernel (ipykernel 7, the venv's;
+    the daemon's own cut is off here): both ends of the output cap come back, with the totals; a
+    value's image past 16 MiB is dropped and its text kept."""
+    monkeypatch.setattr(kernel_events, "bound_result", lambda data, limit, display_limit: (data, False, 0))
+    monkeypatch.setattr(kernel_events, "bound_error", lambda ename, evalue, lines, limit: (evalue, lines, False, 0))
+    cap = load_config(environ={}).exec.default_output_limit_bytes
+    async with fake_sandbox() as (_, sandbox):
+        kernel = await sandbox.kernel(python=sys.executable)
+        result = await kernel.execute("x = 'é' * 10_000_000 + 'END'\nx", timeout=60)
+        text = result.result_text
+        assert text is not None and text.startswith("'éé") and text.endswith("éEND'")
+        assert cap - 4 <= len(text.encode()) <= cap and result.result_truncated and result.truncated
+        assert result.result_total_bytes == 20_000_005 and result.ok
+        async with kernel.execute_stream("x", timeout=60) as events:
+            streamed = [e async for e in events]
+        value = next(e for e in streamed if isinstance(e, KernelResultEvent))
+        assert value.truncated and value.total_bytes == 20_000_005 and len(value.data["text/plain"]) <= cap
+        assert isinstance(streamed[-1], KernelDoneEvent) and streamed[-1].truncated
+
+        error = await kernel.execute("raise ValueError('<' + 'y' * 20_000_000 + '>')", timeout=60)
+        assert error.error is not None and error.error.ename == "ValueError" and error.error.truncated
+        assert error.error.evalue.startswith("<yy") and error.error.evalue.endswith("yy>")
+        assert len(error.error.evalue) == cap and sum(len(line.encode()) for line in error.error.traceback) <= cap
+        assert error.error.total_bytes > 40_000_000 and error.truncated
+
+        image = (
+            "from IPython.display import Image\n"
+            "Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(17 << 20), format='png', embed=True)"
+        )
+        shown = await kernel.execute(image, timeout=60)
+        assert shown.result is not None and "image/png" not in shown.result and "text/plain" in shown.result
+        assert shown.result_truncated and shown.result_total_bytes > 17 << 20
+        assert (await kernel.execute("'after'", timeout=30)).result_text == "'after'"
 
 
 async def test_late_output_and_a_death_between_cells_reach_the_next_cell_under_load() -> None:
+    """Without auto_restart, the cell after a death between cells does not run: it reports the
+    death (its cause, what the kernel printed before dying)."""
     async with fake_sandbox() as (client, sandbox), cpu_load(client):
-        kernel = await sandbox.kernel(python=sys.executable)
+        kernel = await sandbox.kernel(python=sys.executable, auto_restart=False)
         code = (
             "import subprocess, threading, time\n"
             "threading.Timer(0.2, lambda: print('thread', flush=True)).start()\n"
@@ -243,12 +443,7 @@ async def test_late_output_and_a_death_between_cells_reach_the_next_cell_under_l
         assert sorted(received[0].stdout.splitlines()) == ["child", "thread"]
         assert received[1] == KernelStreamEvent(name="stdout", text="second\n")
 
-        dying = "import os, threading, time\nthreading.Timer(0.2, lambda: (print('dying', flush=True), time.sleep(0.3), os._exit(6))).start()"
-        assert not (await kernel.execute(dying, timeout=30)).kernel_died
-        deadline = time.monotonic() + 20
-        while (await kernel.refresh()).state != "dead":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await die_after_the_cell(kernel)
         result = await kernel.execute("print('never runs')", timeout=30)
         assert result.kernel_died and result.exit_code == 6 and result.execution_count == 0
         assert result.stdout == "" and result.late_output is not None and result.late_output.stdout == "dying\n"

@@ -28,21 +28,25 @@ STREAM_NAME_STDOUT: StreamName
 STREAM_NAME_STDERR: StreamName
 
 class KernelInfo(_message.Message):
-    __slots__ = ("sandbox_id", "kernel_id", "state", "execution_count", "python")
+    __slots__ = ("sandbox_id", "kernel_id", "state", "execution_count", "python", "restarts", "auto_restart")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     KERNEL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
     PYTHON_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_RESTART_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     kernel_id: str
     state: KernelState
     execution_count: int
     python: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., execution_count: _Optional[int] = ..., python: _Optional[str] = ...) -> None: ...
+    restarts: int
+    auto_restart: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., kernel_id: _Optional[str] = ..., state: _Optional[_Union[KernelState, str]] = ..., execution_count: _Optional[int] = ..., python: _Optional[str] = ..., restarts: _Optional[int] = ..., auto_restart: _Optional[bool] = ...) -> None: ...
 
 class StartKernelRequest(_message.Message):
-    __slots__ = ("sandbox_id", "python", "cwd", "env", "user")
+    __slots__ = ("sandbox_id", "python", "cwd", "env", "user", "auto_restart")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -55,12 +59,14 @@ class StartKernelRequest(_message.Message):
     CWD_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    AUTO_RESTART_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     python: str
     cwd: str
     env: _containers.ScalarMap[str, str]
     user: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ...) -> None: ...
+    auto_restart: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., user: _Optional[str] = ..., auto_restart: _Optional[bool] = ...) -> None: ...
 
 class StartKernelResponse(_message.Message):
     __slots__ = ("kernel",)
@@ -89,7 +95,7 @@ class KernelStream(_message.Message):
     def __init__(self, name: _Optional[_Union[StreamName, str]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class KernelDisplay(_message.Message):
-    __slots__ = ("data",)
+    __slots__ = ("data", "truncated", "total_bytes")
     class DataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,21 +104,29 @@ class KernelDisplay(_message.Message):
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     DATA_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     data: _containers.ScalarMap[str, bytes]
-    def __init__(self, data: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    truncated: bool
+    total_bytes: int
+    def __init__(self, data: _Optional[_Mapping[str, bytes]] = ..., truncated: _Optional[bool] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class KernelError(_message.Message):
-    __slots__ = ("ename", "evalue", "traceback")
+    __slots__ = ("ename", "evalue", "traceback", "truncated", "total_bytes")
     ENAME_FIELD_NUMBER: _ClassVar[int]
     EVALUE_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     ename: str
     evalue: str
     traceback: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ename: _Optional[str] = ..., evalue: _Optional[str] = ..., traceback: _Optional[_Iterable[str]] = ...) -> None: ...
+    truncated: bool
+    total_bytes: int
+    def __init__(self, ename: _Optional[str] = ..., evalue: _Optional[str] = ..., traceback: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class KernelDone(_message.Message):
-    __slots__ = ("execution_count", "failed", "timed_out", "kernel_died", "duration_ms", "exit_code", "signal", "oom_killed", "truncated", "stdout_total_bytes", "stderr_total_bytes", "displays_dropped")
+    __slots__ = ("execution_count", "failed", "timed_out", "kernel_died", "duration_ms", "exit_code", "signal", "oom_killed", "truncated", "stdout_total_bytes", "stderr_total_bytes", "displays_dropped", "restarted", "restart_reason")
     EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +139,8 @@ class KernelDone(_message.Message):
     STDOUT_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     STDERR_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISPLAYS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    RESTARTED_FIELD_NUMBER: _ClassVar[int]
+    RESTART_REASON_FIELD_NUMBER: _ClassVar[int]
     execution_count: int
     failed: bool
     timed_out: bool
@@ -137,7 +153,9 @@ class KernelDone(_message.Message):
     stdout_total_bytes: int
     stderr_total_bytes: int
     displays_dropped: int
-    def __init__(self, execution_count: _Optional[int] = ..., failed: _Optional[bool] = ..., timed_out: _Optional[bool] = ..., kernel_died: _Optional[bool] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., oom_killed: _Optional[bool] = ..., truncated: _Optional[bool] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., displays_dropped: _Optional[int] = ...) -> None: ...
+    restarted: bool
+    restart_reason: str
+    def __init__(self, execution_count: _Optional[int] = ..., failed: _Optional[bool] = ..., timed_out: _Optional[bool] = ..., kernel_died: _Optional[bool] = ..., duration_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., oom_killed: _Optional[bool] = ..., truncated: _Optional[bool] = ..., stdout_total_bytes: _Optional[int] = ..., stderr_total_bytes: _Optional[int] = ..., displays_dropped: _Optional[int] = ..., restarted: _Optional[bool] = ..., restart_reason: _Optional[str] = ...) -> None: ...
 
 class KernelLateOutput(_message.Message):
     __slots__ = ("stdout", "stderr", "displays", "errors", "truncated", "stdout_total_bytes", "stderr_total_bytes", "dropped")

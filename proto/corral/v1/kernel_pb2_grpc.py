@@ -100,9 +100,14 @@ class KernelServiceServicer:
         events as the kernel sends them, then exactly one `done`. Each of stdout and stderr is
         forwarded up to the daemon's output cap (1 MiB by default) and display outputs up to 16 MiB;
         the rest is counted, not sent (`done.truncated`, the totals), so a slow reader never makes the
-        daemon hold more than that. INVALID_ARGUMENT: code with a NUL byte, timeout over the maximum.
-        NOT_FOUND: unknown sandbox or kernel. FAILED_PRECONDITION: the kernel is dead and a cell's
-        `done` has already said so (see KernelDone.kernel_died); the message says why it died.
+        daemon hold more than that. The cell's value and its error are cut inside the kernel (see
+        KernelDisplay.truncated, KernelError.truncated). A kernel that has died is restarted first
+        (see KernelDone.restarted) unless StartKernel turned that off. INVALID_ARGUMENT: code with a
+        NUL byte, timeout over the maximum. NOT_FOUND: unknown sandbox or kernel. FAILED_PRECONDITION:
+        the kernel is dead and a cell's `done` has already said so (see KernelDone.kernel_died), and
+        either it was started with `auto_restart` false or the daemon's limit on automatic restarts
+        (kernel.max_auto_restarts within kernel.auto_restart_window_s) is reached; the message says
+        why it died and which.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -124,7 +129,8 @@ class KernelServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RestartKernel(self, request, context):
-        """Restarts the kernel: state is lost; the kernel id stays.
+        """Restarts the kernel: state is lost; the kernel id stays. Works on a live or a dead kernel,
+        whatever the limit on automatic restarts; counted in KernelInfo.restarts.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
