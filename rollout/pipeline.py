@@ -18,7 +18,7 @@
 - EVAL runs in a clean sandbox with the agent's change (clean_eval.py) unless the task opts in to
   its own sandbox: INIT records the set-up sandbox (a manifest of the change's trees, a snapshot
   where the backend can make one); EVAL reads the change, destroys the agent's sandbox and starts
-  the clean one in its place, so a rollout never holds two sandboxes' room.
+  the clean one in its place (beside it while it is torn down only where the node has room).
 
 Sandboxes are reached through the SDK's AsyncClient, over the daemon's own socket: the pipeline
 uses exactly the interface trainers use, and the trainer adapters reuse its pieces.
@@ -847,19 +847,25 @@ class RolloutPipeline:
             raise RolloutFiltered(pb.FILTER_REASON_EVAL_INFRA, f"the evaluation failed: {error}") from error
 
     async def _eval_clean(self, rollout: Rollout, timeout_s: float) -> None:
-        """The agent's change is read, its sandbox destroyed, and the evaluation runs in a clean
-        sandbox that takes its place (and its room: the rollout never holds two)."""
+        """The agent's change is read, then the agent's sandbox is destroyed and the evaluation
+        runs in a clean sandbox that takes its place. Where the node has room for one more now, the
+        agent's sandbox goes in the background while the clean one starts; else the clean one
+        waits for it and takes its room (a rollout never waits for room while it holds some)."""
         assert rollout.sandbox is not None
         if rollout.clean_base is None:
             raise EvaluationInfraError("the set-up sandbox was not recorded for a clean evaluation")
 
         async def release_agent() -> None:
             sandbox, rollout.sandbox = rollout.sandbox, None
-            if sandbox is not None:
-                destroying = asyncio.create_task(self._destroy(sandbox, rollout.rollout_id))
-                self._finishing.add(destroying)
-                destroying.add_done_callback(self._finishing.discard)
-                await asyncio.shield(destroying)
+            if sandbox is None:
+                return
+            if self._room.try_take(1):  # the clean sandbox's; the agent's comes back once it is gone
+                self._destroy_later(sandbox, rollout.rollout_id, room=1)
+                return
+            destroying = asyncio.create_task(self._destroy(sandbox, rollout.rollout_id))
+            self._finishing.add(destroying)
+            destroying.add_done_callback(self._finishing.discard)
+            await asyncio.shield(destroying)
 
         def hold(sandbox: AsyncSandbox) -> None:
             rollout.sandbox = sandbox

@@ -686,12 +686,9 @@ def preload_library() -> bytes:
 def swe_task(backend: str, image: str, name: str, solution: list[pb.ToolCall] | None = None) -> pb.Task:
     """The converter's task on `backend`, under its own id, playing `solution` (None: the gold patch)."""
     task = instance_to_task(SWE_INSTANCE, backend=backend, image_map=image, activate=SWE_ACTIVATE)
-    task.task_id = f"swe-{backend} / {name}"
-    task.prompt.messages[-1].content = f"[{task.task_id}] " + task.prompt.messages[-1].content
+    task.task_id = f"swe-{backend}"
+    task = played(Target(task, "textkit/slug.py", ("tests/test_slug.py",), report=REPORT), name, solution)
     if solution is not None:
-        del task.reference_solution[:]
-        task.reference_solution.extend(solution)
-        task.limits.max_turns = len(solution) + 1
         # Room for a command that carries a whole file (the preloaded library).
         task.limits.max_new_tokens_per_turn = 1 << 15
         task.limits.max_total_tokens = 1 << 17

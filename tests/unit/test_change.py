@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from corral.daemon.config import load_config
-from corral.daemon.server import Daemon
+from corral.daemon.config import Config
+from corral.daemon.embedded import embedded_daemon
 from corral.daemon.testing import fake_backends
 from corral.rollout import change as change_module
 from corral.rollout.change import (
@@ -247,25 +247,10 @@ def test_a_task_whose_change_cannot_be_taken_is_refused(change: pb.TaskChange) -
 
 
 @pytest.fixture
-async def daemon(tmp_path) -> AsyncIterator[Daemon]:
-    config = load_config(environ={})
-    config = dataclasses.replace(
-        config,
-        daemon=dataclasses.replace(
-            config.daemon, socket=str(tmp_path / "corral.sock"), state_dir=str(tmp_path / "state"), max_sandboxes=8
-        ),
-    )
-    daemon = Daemon(config, backend_classes=fake_backends())
-    await daemon.start()
-    try:
-        yield daemon
-    finally:
-        await daemon.stop()
-
-
-@pytest.fixture
-async def client(daemon) -> AsyncIterator[AsyncClient]:
-    async with AsyncClient(f"unix://{daemon.socket_path}") as client:
+async def client() -> AsyncIterator[AsyncClient]:
+    config = Config()
+    config.daemon.memory_overcommit = 0
+    async with embedded_daemon(config, backend_classes=fake_backends()) as address, AsyncClient(address) as client:
         yield client
 
 
