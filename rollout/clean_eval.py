@@ -72,12 +72,12 @@ class CleanBase:
 
 
 async def record_clean_base(
-    sandbox: AsyncSandbox, tasks: Iterable[pb.Task], *, snapshot: bool
+    client: AsyncClient, sandbox: AsyncSandbox, tasks: Iterable[pb.Task], *, snapshot: bool
 ) -> tuple[CleanBase, str | None]:
     """Records the set-up `sandbox` for the clean evaluations of `tasks`: their manifests, and a
     named snapshot when `snapshot` (and no task's setup is per rollout). Returns the base and,
     when the backend cannot snapshot at all (FAILED_PRECONDITION), why (the caller remembers it
-    and stops asking). Raises CleanBaseFailed."""
+    and stops asking). Raises CleanBaseFailed. Cancelled midway, it leaves no snapshot."""
     tasks = [task for task in tasks if not evaluates_in_place(task)]
     workdir = sandbox.info.workdir
     specs = {spec_key(task.evaluation): change_spec(task.evaluation, workdir) for task in tasks}
@@ -93,9 +93,15 @@ async def record_clean_base(
         base.no_snapshot = "the backend cannot fork"
     else:
         name = f"corral-eval-{secrets.token_hex(8)}"
+        taking = asyncio.ensure_future(sandbox.snapshot(name))
         try:
-            await sandbox.snapshot(name)
+            await asyncio.shield(taking)
             base.snapshot = name
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(taking, CANCELLED_CREATE_TIMEOUT_S)
+                await client.delete_snapshot(name)
+            raise
         except FailedPrecondition as error:
             base.no_snapshot = cannot = str(error)
         except CorralError as error:
@@ -188,15 +194,16 @@ async def evaluate_clean(
     retries: int,
     action_timeout_s: float,
     command_timeout_s: float,
-    release_agent: Callable[[], Awaitable[None]],
+    release_agent: Callable[[], Awaitable[Awaitable[None] | None]],
     hold: Callable[[AsyncSandbox], None],
     timings: dict[str, float],
 ) -> tuple[Evaluation, pb.EvalSandbox]:
     """The clean evaluation of a rollout: its change read from `agent` against the base's
-    manifest, then `release_agent()` (the caller destroys the agent's sandbox), a clean sandbox
-    started and handed to `hold` (the caller destroys it when the rollout ends), the change
-    applied and the evaluation run there. Fills `timings` ("eval_change", "eval_sandbox"). A
-    change past the caps is reward 0 without a clean sandbox. Raises EvaluationInfraError."""
+    manifest, then `release_agent()` (the caller destroys the agent's sandbox, or starts to and
+    returns what to await for it to be gone), a clean sandbox started and handed to `hold` (the
+    caller destroys it when the rollout ends), the change applied and the evaluation run there.
+    Fills `timings` ("eval_change", "eval_sandbox"). A change past the caps is reward 0 without a
+    clean sandbox. Raises EvaluationInfraError."""
     watch = Stopwatch()
     spec = change_spec(task.evaluation, agent.info.workdir)
     manifest = base.manifests.get(spec_key(task.evaluation))
@@ -210,10 +217,20 @@ async def evaluate_clean(
     except ChangeUnreadable as error:
         raise EvaluationInfraError(f"reading the agent's change failed: {error}") from error
     timings["eval_change"] = watch.lap()
-    await release_agent()
-    clean = await start_clean_sandbox(
-        client, task, base, rollout_id=rollout_id, retries=retries, action_timeout_s=action_timeout_s
-    )
+    agent_gone = await release_agent()
+    try:
+        clean = await start_clean_sandbox(
+            client, task, base, rollout_id=rollout_id, retries=retries, action_timeout_s=action_timeout_s
+        )
+    except EvaluationInfraError:
+        if agent_gone is None:
+            raise
+        # The node may have refused it for what the agent's sandbox still held (its ids, its
+        # memory): once more when that is gone.
+        await agent_gone
+        clean = await start_clean_sandbox(
+            client, task, base, rollout_id=rollout_id, retries=retries, action_timeout_s=action_timeout_s
+        )
     hold(clean.sandbox)
     timings["eval_sandbox"] = watch.lap()
     evaluation = await evaluate(

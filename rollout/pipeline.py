@@ -527,7 +527,9 @@ class RolloutPipeline:
         """The set-up sandbox recorded for the clean evaluations of `tasks` (clean_eval.py), with
         a snapshot unless its backend said it cannot make one. Raises CleanBaseFailed."""
         backend = tasks[0].backend
-        base, cannot = await record_clean_base(sandbox, tasks, snapshot=backend not in self._cannot_snapshot)
+        base, cannot = await record_clean_base(
+            self._client, sandbox, tasks, snapshot=backend not in self._cannot_snapshot
+        )
         if cannot is not None:
             self._cannot_snapshot[backend] = cannot
             _log.info("clean evaluations start new sandboxes on this backend: %s", cannot)
@@ -855,17 +857,17 @@ class RolloutPipeline:
         if rollout.clean_base is None:
             raise EvaluationInfraError("the set-up sandbox was not recorded for a clean evaluation")
 
-        async def release_agent() -> None:
+        async def release_agent() -> asyncio.Future[None] | None:
             sandbox, rollout.sandbox = rollout.sandbox, None
             if sandbox is None:
-                return
+                return None
             if self._room.try_take(1):  # the clean sandbox's; the agent's comes back once it is gone
-                self._destroy_later(sandbox, rollout.rollout_id, room=1)
-                return
+                return asyncio.shield(self._destroy_later(sandbox, rollout.rollout_id, room=1))
             destroying = asyncio.create_task(self._destroy(sandbox, rollout.rollout_id))
             self._finishing.add(destroying)
             destroying.add_done_callback(self._finishing.discard)
             await asyncio.shield(destroying)
+            return None
 
         def hold(sandbox: AsyncSandbox) -> None:
             rollout.sandbox = sandbox
@@ -969,9 +971,9 @@ class RolloutPipeline:
         except Exception as error:  # noqa: BLE001 - the daemon's reaper removes it later; the rollout must still end
             _log.warning("rollout %s: destroying sandbox %s failed: %s", owner, sandbox.id, error)
 
-    def _destroy_later(self, sandbox: AsyncSandbox, owner: str, *, room: int) -> None:
+    def _destroy_later(self, sandbox: AsyncSandbox, owner: str, *, room: int) -> asyncio.Task[None]:
         """Destroys a sandbox no rollout uses in the background (close() waits for it), then gives
-        back its `room`."""
+        back its `room`. Returns the task doing it."""
 
         async def destroy() -> None:
             try:
@@ -982,6 +984,7 @@ class RolloutPipeline:
         task = asyncio.create_task(destroy())
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
+        return task
 
     def _result(
         self,

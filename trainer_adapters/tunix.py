@@ -388,7 +388,9 @@ class CorralTaskEnv(BaseTaskEnv):
                 )
                 self._rollout_id = rollout_id
                 if not evaluates_in_place(self.corral_task):
-                    self._clean_base, _ = await record_clean_base(self._sandbox, [self.corral_task], snapshot=True)
+                    self._clean_base, _ = await record_clean_base(
+                        client, self._sandbox, [self.corral_task], snapshot=True
+                    )
                     self._clean_base.holders = 1
         except (SandboxStartFailed, CleanBaseFailed) as error:
             await self._release()
