@@ -41,6 +41,7 @@ from corral.sdk import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
 )
 from corral.v1 import rollout_pb2 as pb
 
@@ -224,6 +225,8 @@ async def take_manifest(sandbox: AsyncSandbox, spec: ChangeSpec) -> Manifest:
             except _PATH_ERRORS:
                 path_errors += 1
                 return None
+            except ResourceExhausted as error:  # a directory whose listing is past the message cap
+                raise ChangeTooLarge(f"listing {path} failed: {error}") from error
             except CorralError as error:
                 raise ChangeUnreadable(f"listing {path} failed: {error}") from error
 
