@@ -260,6 +260,8 @@ class Summary:
     response_tokens: list[int] = field(default_factory=list)
     init_shared: int = 0  # rollouts forked from an INIT shared with others (INIT once)
     init_fell_back: int = 0  # rollouts meant to share an INIT whose backend could not fork
+    # Where evaluations ran: "snapshot_fork", "new" (clean sandboxes), "in_place".
+    eval_sandboxes: Counter = field(default_factory=Counter)
     stage_seconds: dict[str, list[float]] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -282,9 +284,13 @@ def summarize(results: Sequence[RolloutResult], wall_s: float = 0.0) -> Summary:
     summary.response_tokens = [len(r.response_ids) for r in results]
     summary.init_shared = sum(r.init_shared_by > 0 for r in results)
     summary.init_fell_back = sum(r.init_fell_back for r in results)
-    for name in ("init_queue", "init", "fork", "run_queue", "run", "eval_queue", "eval", "total"):
+    summary.eval_sandboxes = Counter(r.eval_sandbox for r in results if r.eval_sandbox != "unspecified")
+    for name in ("init_queue", "init", "fork", "run_queue", "run", "eval_queue", "eval", "eval_sandbox", "total"):
         summary.stage_seconds[name] = [r.timings[name] for r in results]
     return summary
+
+
+EVAL_SANDBOX_NAMES = {"snapshot_fork": "snapshot fork", "new": "new sandbox", "in_place": "the agent's sandbox"}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -311,6 +317,10 @@ def print_summary(summary: Summary, file: TextIO | None = None) -> None:
     overview.add_row("turns (mean / max)", _mean_max(summary.turns))
     overview.add_row("response tokens (mean / max)", _mean_max(summary.response_tokens))
     overview.add_row("INIT once", f"{summary.init_shared} forked, {summary.init_fell_back} fell back")
+    overview.add_row(
+        "evaluated in",
+        ", ".join(f"{EVAL_SANDBOX_NAMES.get(k, k)} {v}" for k, v in sorted(summary.eval_sandboxes.items())) or "-",
+    )
     overview.add_row("throughput", f"{summary.rollouts_per_s:.2f} rollouts/s over {summary.wall_s:.1f} s")
     console.print(overview)
     stages = Table(title="stage time (s)")

@@ -12,9 +12,12 @@ read (no number printed, no report written) are reward 0, never a filter the age
 to dodge a 0. An evaluation that runs past its time is a stage timeout, decided by the pipeline.
 
 The evaluation does not trust the sandbox the agent leaves (docs/rollouts.md, "Evaluation the agent
-cannot influence"): every process the agent left is killed first and again before the reward is
-read; whatever sits where evaluation files and reports go is removed; commands run with a fresh
-HOME and an environment that turns off Python's user site and git's repository hooks.
+cannot influence"). By default it does not run there at all: clean_eval.py takes the agent's change
+(change.py) to a clean sandbox of the task and `evaluate` applies it there first. In the agent's
+own sandbox (a task's IN_PLACE opt-in) every process the agent left is killed first. Either way
+whatever sits where evaluation files and reports go is removed; commands run with a fresh HOME and
+an environment that turns off Python's user site and git's repository hooks; and what the
+commands leave running is killed before the reward is read.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from corral.sdk import AsyncClient, AsyncSandbox, CorralError, ExecResult, Inval
 from corral.v1 import rollout_pb2 as pb
 from corral.v1 import sandbox_pb2
 
+from .change import Change, ChangeSpec, apply_change
 from .observations import observations_reward
 
 EVAL_OUTPUT_LIMIT = 64 * 1024
@@ -201,31 +205,54 @@ def _reward_files(evaluation: pb.TaskEvaluation) -> list[str]:
     return []
 
 
-async def _prepare(sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, home: str, timeout_s: float) -> None:
-    """Stops the agent's processes, clears where the evaluation files and reports go, and makes the
-    evaluation's HOME. Raises EvaluationInfraError."""
+async def _prepare(
+    sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, home: str, timeout_s: float, *, stop: bool
+) -> None:
+    """Stops the agent's processes (when `stop`), clears where the evaluation files and reports go,
+    and makes the evaluation's HOME. Raises EvaluationInfraError."""
     paths = [file.path for file in evaluation.files] + _reward_files(evaluation)
     script = "\n".join(
-        [_stop_script(sandbox), *(_clear_path_script(path) for path in paths), f"mkdir -m 700 {shlex.quote(home)}"]
+        [
+            _stop_script(sandbox) if stop else ":",
+            *(_clear_path_script(path) for path in paths),
+            f"mkdir -m 700 {shlex.quote(home)}",
+        ]
     )
     result = await sandbox.exec(script, timeout=timeout_s)
     if not result.ok:
         raise EvaluationInfraError(f"preparing the evaluation {_describe(result)}: {_tail(result)}")
 
 
-async def evaluate(sandbox: AsyncSandbox, evaluation: pb.TaskEvaluation, *, command_timeout_s: float) -> Evaluation:
-    """Stops what the agent left running, copies the evaluation files in, runs the commands and
-    applies the reward rule. A task without evaluation commands gets reward 0. Raises
-    EvaluationInfraError."""
+async def evaluate(
+    sandbox: AsyncSandbox,
+    evaluation: pb.TaskEvaluation,
+    *,
+    command_timeout_s: float,
+    change: Change | None = None,
+    spec: ChangeSpec | None = None,
+    note: str = "",
+) -> Evaluation:
+    """Runs the evaluation in `sandbox`: the agent's own (in place: what it left running is
+    stopped first), or, with `change`, a clean sandbox the change is applied to first (its paths
+    as `spec` names them in that sandbox). Then the
+    evaluation files are copied in, the commands run and the reward rule is applied. A task without
+    evaluation commands gets reward 0. `note` opens the output. Raises EvaluationInfraError."""
     if not evaluation.commands:
         return Evaluation(0.0, b"")
+    output = bytearray(f"[corral] {note}\n".encode() if note else b"")
+    if change is not None:
+        assert spec is not None
+        try:
+            await apply_change(sandbox, change, spec, timeout_s=command_timeout_s)
+        except CorralError as error:
+            raise EvaluationInfraError(f"applying the agent's change to the clean sandbox failed: {error}") from error
+        output += f"[corral] the agent's change: {change.summary(spec)}\n".encode()
     home = f"/tmp/.corral-eval-{secrets.token_hex(8)}"
-    await _prepare(sandbox, evaluation, home, command_timeout_s)
+    await _prepare(sandbox, evaluation, home, command_timeout_s, stop=change is None)
     try:
         await place_files(sandbox, evaluation.files)
     except CorralError as error:
         raise EvaluationInfraError(f"copying the evaluation files failed: {error}") from error
-    output = bytearray()
     env = {**EVAL_ENV, "HOME": home}
     result: ExecResult | None = None
     failure: str | None = None

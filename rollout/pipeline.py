@@ -15,6 +15,10 @@
 - The pipeline's sandboxes never fill the node past `max_sandboxes` (room.py): an INIT waits for
   room among them (time queued, not timed) rather than be refused while its own rollouts' sandboxes
   wait for RUN or EVAL or are still being torn down.
+- EVAL runs in a clean sandbox with the agent's change (clean_eval.py) unless the task opts in to
+  its own sandbox: INIT records the set-up sandbox (a manifest of the change's trees, a snapshot
+  where the backend can make one); EVAL reads the change, destroys the agent's sandbox and starts
+  the clean one in its place (beside it while it is torn down only where the node has room).
 
 Sandboxes are reached through the SDK's AsyncClient, over the daemon's own socket: the pipeline
 uses exactly the interface trainers use, and the trainer adapters reuse its pieces.
@@ -34,6 +38,14 @@ from dataclasses import dataclass, field
 
 from corral.rollout import results
 from corral.rollout.agent_loop import AgentLimits, AgentLoop
+from corral.rollout.clean_eval import (
+    CleanBase,
+    CleanBaseFailed,
+    evaluate_clean,
+    evaluates_in_place,
+    record_clean_base,
+    release_clean_base,
+)
 from corral.rollout.evaluation import (
     Evaluation,
     EvaluationInfraError,
@@ -186,6 +198,10 @@ class Rollout:
     shared_init: SharedInit[Rollout] | None = None
     init_shared_by: int = 0
     init_fell_back: bool = False
+    # What its clean evaluation starts from (shared by the rollouts of one INIT), and where its
+    # evaluation ran.
+    clean_base: CleanBase | None = None
+    eval_sandbox: pb.EvalSandbox = pb.EVAL_SANDBOX_UNSPECIFIED
 
 
 class StageCounters:
@@ -245,6 +261,8 @@ class RolloutPipeline:
         self._shared_inits: dict[str, SharedInit[Rollout]] = {}
         self._open_inits: dict[bytes, SharedInit[Rollout]] = {}
         self._cannot_fork: dict[int, str] = {}
+        # Backends that answered that they cannot snapshot (clean evaluations start new sandboxes).
+        self._cannot_snapshot: dict[int, str] = {}
         self._closed = False
         self.policy_version = 0
         self.totals = collections.Counter[int]()
@@ -495,10 +513,50 @@ class RolloutPipeline:
                     retries=self._settings.init_retries,
                     action_timeout_s=limits.action_timeout_s,
                 )
+                if not evaluates_in_place(rollout.task):
+                    base = await self._record_clean_base(rollout.sandbox, [rollout.task])
+                    self._hold_clean_base(rollout, base)
         except SandboxStartFailed as error:
+            raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
+        except CleanBaseFailed as error:
             raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
         except TimeoutError:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"INIT ran past its {timeout_s:g} s") from None
+
+    async def _record_clean_base(self, sandbox: AsyncSandbox, tasks: list[pb.Task]) -> CleanBase:
+        """The set-up sandbox recorded for the clean evaluations of `tasks` (clean_eval.py), with
+        a snapshot unless its backend said it cannot make one. Raises CleanBaseFailed."""
+        backend = tasks[0].backend
+        base, cannot = await record_clean_base(
+            self._client, sandbox, tasks, snapshot=backend not in self._cannot_snapshot
+        )
+        if cannot is not None:
+            self._cannot_snapshot[backend] = cannot
+            _log.info("clean evaluations start new sandboxes on this backend: %s", cannot)
+        elif backend in self._cannot_snapshot:
+            base.no_snapshot = self._cannot_snapshot[backend]
+        return base
+
+    @staticmethod
+    def _hold_clean_base(rollout: Rollout, base: CleanBase | None) -> None:
+        if base is not None and not evaluates_in_place(rollout.task):
+            rollout.clean_base = base
+            base.holders += 1
+
+    async def _release_clean_base(self, rollout: Rollout) -> None:
+        base, rollout.clean_base = rollout.clean_base, None
+        if base is not None:
+            base.holders -= 1
+            if base.holders <= 0:
+                await release_clean_base(self._client, base)
+
+    def _release_unheld(self, base: CleanBase | None) -> None:
+        """Deletes, in the background, the snapshot of a base no rollout took."""
+        if base is None or base.holders > 0:
+            return
+        task = asyncio.create_task(release_clean_base(self._client, base))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     # -- INIT once ------------------------------------------------------------------------------
 
@@ -534,6 +592,7 @@ class RolloutPipeline:
         task = group.task
         timeout_s = self._stage_timeout(Stage.INIT, task)
         parent: AsyncSandbox | None = None
+        base: CleanBase | None = None
         if not group.waiting():  # every member was cancelled while it queued
             return
         # Room for the set-up sandbox and a child per member (members joining from now on are
@@ -551,13 +610,17 @@ class RolloutPipeline:
                     retries=self._settings.init_retries,
                     action_timeout_s=task_limits(task).action_timeout_s,
                 )
-                group.set_up_at = time.monotonic()
                 members = self._close_membership(group)
+                clean = [member.task for member in members if not evaluates_in_place(member.task)]
+                if clean:
+                    base = await self._record_clean_base(parent, clean)
+                group.set_up_at = time.monotonic()
                 group.shared_by = len(members)
                 if len(members) <= 1:  # nobody left to share with: no fork needed
                     if members:
                         members[0].sandbox, parent = parent, None
                         self._hand_room(group, members[0])
+                        self._hold_clean_base(members[0], base)
                     return
                 self._fit_room(group, 1 + len(members))
                 try:
@@ -572,6 +635,7 @@ class RolloutPipeline:
                     if first is not None:
                         first.sandbox, parent = parent, None
                         self._hand_room(group, first)
+                        self._hold_clean_base(first, base)
                     return
                 for member, child in zip(members, children):
                     group.room -= 1
@@ -580,7 +644,8 @@ class RolloutPipeline:
                     else:
                         member.sandbox = child
                         member.room += 1
-        except SandboxStartFailed as error:
+                        self._hold_clean_base(member, base)
+        except (SandboxStartFailed, CleanBaseFailed) as error:
             raise RolloutFiltered(pb.FILTER_REASON_SANDBOX_START, str(error)) from error
         except ForkFailed as error:
             raise RolloutFiltered(pb.FILTER_REASON_FORK_FAILED, str(error)) from error
@@ -590,6 +655,7 @@ class RolloutPipeline:
             if parent is not None:
                 group.room -= 1
                 self._destroy_later(parent, group.init_id, room=1)
+            self._release_unheld(base)
 
     @staticmethod
     def _hand_room(group: SharedInit[Rollout], member: Rollout) -> None:
@@ -763,18 +829,62 @@ class RolloutPipeline:
         rollout.trajectory.finish_reason = reason
 
     async def _eval(self, rollout: Rollout, timeout_s: float) -> None:
+        """EVAL: in a clean sandbox with the agent's change (clean_eval.py), or, for a task that opts
+        in, in the agent's own sandbox."""
         assert rollout.sandbox is not None
+        task = rollout.task
         try:
             async with asyncio.timeout(timeout_s):
-                rollout.evaluation = await evaluate(
-                    rollout.sandbox, rollout.task.evaluation, command_timeout_s=timeout_s
-                )
+                if evaluates_in_place(task):
+                    if task.evaluation.commands:
+                        rollout.eval_sandbox = pb.EVAL_SANDBOX_IN_PLACE
+                    rollout.evaluation = await evaluate(rollout.sandbox, task.evaluation, command_timeout_s=timeout_s)
+                else:
+                    await self._eval_clean(rollout, timeout_s)
         except TimeoutError:
             raise RolloutFiltered(pb.FILTER_REASON_STAGE_TIMEOUT, f"EVAL ran past its {timeout_s:g} s") from None
         except EvaluationInfraError as error:
             raise RolloutFiltered(pb.FILTER_REASON_EVAL_INFRA, str(error)) from error
         except CorralError as error:
             raise RolloutFiltered(pb.FILTER_REASON_EVAL_INFRA, f"the evaluation failed: {error}") from error
+
+    async def _eval_clean(self, rollout: Rollout, timeout_s: float) -> None:
+        """The agent's change is read, then the agent's sandbox is destroyed and the evaluation
+        runs in a clean sandbox that takes its place. Where the node has room for one more now, the
+        agent's sandbox goes in the background while the clean one starts; else the clean one
+        waits for it and takes its room (a rollout never waits for room while it holds some)."""
+        assert rollout.sandbox is not None
+        if rollout.clean_base is None:
+            raise EvaluationInfraError("the set-up sandbox was not recorded for a clean evaluation")
+
+        async def release_agent() -> asyncio.Future[None] | None:
+            sandbox, rollout.sandbox = rollout.sandbox, None
+            if sandbox is None:
+                return None
+            if self._room.try_take(1):  # the clean sandbox's; the agent's comes back once it is gone
+                return asyncio.shield(self._destroy_later(sandbox, rollout.rollout_id, room=1))
+            destroying = asyncio.create_task(self._destroy(sandbox, rollout.rollout_id))
+            self._finishing.add(destroying)
+            destroying.add_done_callback(self._finishing.discard)
+            await asyncio.shield(destroying)
+            return None
+
+        def hold(sandbox: AsyncSandbox) -> None:
+            rollout.sandbox = sandbox
+
+        rollout.evaluation, rollout.eval_sandbox = await evaluate_clean(
+            self._client,
+            rollout.sandbox,
+            rollout.task,
+            rollout.clean_base,
+            rollout_id=rollout.rollout_id,
+            retries=self._settings.init_retries,
+            action_timeout_s=task_limits(rollout.task).action_timeout_s,
+            command_timeout_s=timeout_s,
+            release_agent=release_agent,
+            hold=hold,
+            timings=rollout.timings,
+        )
 
     def _check_staleness(self, rollout: Rollout) -> None:
         if not rollout.options.HasField("max_staleness") or rollout.trajectory is None:
@@ -835,10 +945,14 @@ class RolloutPipeline:
         await self._destroy_sandbox(rollout)
         self._room.give_back(rollout.room)
         rollout.room = 0
+        await self._release_clean_base(rollout)
         rollout.timings["total"] = time.monotonic() - rollout.submitted_at
         result.timings.CopyFrom(
             results.stage_timings(
-                rollout.timings, init_shared_by=rollout.init_shared_by, init_fell_back=rollout.init_fell_back
+                rollout.timings,
+                init_shared_by=rollout.init_shared_by,
+                init_fell_back=rollout.init_fell_back,
+                eval_sandbox=rollout.eval_sandbox,
             )
         )
         try:
@@ -857,9 +971,9 @@ class RolloutPipeline:
         except Exception as error:  # noqa: BLE001 - the daemon's reaper removes it later; the rollout must still end
             _log.warning("rollout %s: destroying sandbox %s failed: %s", owner, sandbox.id, error)
 
-    def _destroy_later(self, sandbox: AsyncSandbox, owner: str, *, room: int) -> None:
+    def _destroy_later(self, sandbox: AsyncSandbox, owner: str, *, room: int) -> asyncio.Task[None]:
         """Destroys a sandbox no rollout uses in the background (close() waits for it), then gives
-        back its `room`."""
+        back its `room`. Returns the task doing it."""
 
         async def destroy() -> None:
             try:
@@ -870,6 +984,7 @@ class RolloutPipeline:
         task = asyncio.create_task(destroy())
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
+        return task
 
     def _result(
         self,

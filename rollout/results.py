@@ -69,11 +69,15 @@ def fill_gateway(
 
 
 def stage_timings(
-    seconds: Mapping[str, float], *, init_shared_by: int = 0, init_fell_back: bool = False
+    seconds: Mapping[str, float],
+    *,
+    init_shared_by: int = 0,
+    init_fell_back: bool = False,
+    eval_sandbox: pb.EvalSandbox = pb.EVAL_SANDBOX_UNSPECIFIED,
 ) -> pb.StageTimings:
     """StageTimings from {"init_queue": s, "init": s, "fork": s, ..., "total": s} (missing stages
-    stay 0) and how the INIT went (INIT once)."""
-    timings = pb.StageTimings(init_shared_by=init_shared_by, init_fell_back=init_fell_back)
+    stay 0), how the INIT went (INIT once) and where the evaluation ran."""
+    timings = pb.StageTimings(init_shared_by=init_shared_by, init_fell_back=init_fell_back, eval_sandbox=eval_sandbox)
     for name, value in seconds.items():
         setattr(timings, f"{name}_ms", round(value * 1000))
     return timings

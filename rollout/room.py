@@ -54,6 +54,13 @@ class SandboxRoom:
                 self._grant()  # those behind it may fit now
             raise
 
+    def try_take(self, count: int) -> bool:
+        """Takes room for `count` if it fits now and nobody waits for room; whether it did."""
+        if self._waiting or not self._fits(count):
+            return False
+        self.held += count
+        return True
+
     def take_now(self, count: int) -> None:
         """Takes room for `count` without waiting, past the limit if need be."""
         self.held += count

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corral.rollout.change import check_change
 from corral.rollout.prompt import MissingPromptField, fill_prompt_fields
 from corral.rollout.tool_calls import ToolCallFormat
 from corral.rollout.types import SamplingOptions, ToolName
@@ -53,6 +54,11 @@ def check_task(task: pb.Task) -> None:
         raise TaskError(f"task {task.task_id}: {error.args[0]}") from None
     if task.HasField("harness"):
         _check_harness(task.task_id, task.harness)
+    if task.evaluation.isolation not in pb.EvaluationIsolation.values():
+        raise TaskError(f"task {task.task_id}: unknown evaluation.isolation {task.evaluation.isolation}")
+    problem = check_change(task.evaluation.change)
+    if problem is not None:
+        raise TaskError(f"task {task.task_id}: {problem}")
 
 
 def _check_harness(task_id: str, harness: pb.TaskHarness) -> None:

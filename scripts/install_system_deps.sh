@@ -53,6 +53,8 @@ have btrfs || need btrfs-progs "btrfs"
 have tar || need tar "tar"
 have ps || need procps "ps"
 have git || need git "git"
+# The reward-hack red team builds the library its /etc/ld.so.preload hack plants.
+have cc || need gcc "cc"
 # Kernels in "host" sandboxes run the host's python3 as a sandbox finds it: the first on the PATH
 # the daemon gives commands (daemon/commands.py DEFAULT_PATH), normally Debian's /usr/bin/python3.
 sandbox_python=$(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin command -v python3 || true)
@@ -77,7 +79,7 @@ elif ! has_modules "$PYTHON" venv ensurepip; then
 fi
 
 if ((${#packages[@]} == 0)); then
-  echo "system packages: all present (bubblewrap, util-linux, procps, git, python3-venv, python3-ipykernel, skopeo, umoci, btrfs-progs)"
+  echo "system packages: all present (bubblewrap, util-linux, procps, git, gcc, python3-venv, python3-ipykernel, skopeo, umoci, btrfs-progs)"
   exit 0
 fi
 

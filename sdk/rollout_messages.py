@@ -12,6 +12,7 @@ from corral.sdk.enums import enum_name
 from corral.sdk.errors import CorralError, InvalidArgument, error_class_for
 from corral.sdk.tasks import TaskLike, task_from
 from corral.sdk.types import (
+    EvalSandbox,
     FilterReason,
     FinishReason,
     GatewayCounters,
@@ -111,7 +112,18 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
         messages=[{"role": m.role, "content": m.content} for m in result.messages],
         timings={
             name: getattr(timings, f"{name}_ms") / 1000
-            for name in ("init_queue", "init", "fork", "run_queue", "run", "eval_queue", "eval", "total")
+            for name in (
+                "init_queue",
+                "init",
+                "fork",
+                "run_queue",
+                "run",
+                "eval_queue",
+                "eval",
+                "eval_change",
+                "eval_sandbox",
+                "total",
+            )
         },
         format_errors=result.format_errors,
         eval_output=result.eval_output,
@@ -120,6 +132,7 @@ def result_from_proto(result: pb.RolloutResult) -> RolloutResult:
         gateway=gateway_counters_from_proto(result.gateway) if result.HasField("gateway") else None,
         init_shared_by=timings.init_shared_by,
         init_fell_back=timings.init_fell_back,
+        eval_sandbox=cast(EvalSandbox, enum_name(pb.EvalSandbox, "EVAL_SANDBOX_", timings.eval_sandbox)),
     )
 
 

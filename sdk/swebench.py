@@ -64,6 +64,23 @@ def _test_ids(value: Any, field: str, instance_id: str) -> list[str]:
     return value
 
 
+def patch_paths(patch: str) -> list[str]:
+    """The files a unified diff (git's, or diff -u's) touches, old and new names, relative to the
+    repository."""
+    paths: dict[str, None] = {}
+    for line in patch.splitlines():
+        if line.startswith(("--- ", "+++ ")):
+            name = line[4:].split("\t", 1)[0].strip()
+            if name != "/dev/null":
+                paths[name.split("/", 1)[1] if name[:2] in ("a/", "b/") else name] = None
+        elif line.startswith("rename from ") or line.startswith("rename to "):
+            paths[line.split(" ", 2)[2]] = None
+        elif line.startswith("diff --git a/") and " b/" in line:
+            old, new = line[len("diff --git a/") :].split(" b/", 1)
+            paths[old] = paths[new] = None
+    return list(paths)
+
+
 def _fill(template: str, option: str, **names: str) -> str:
     try:
         return template.format(**names)
@@ -130,6 +147,11 @@ def instance_to_task(
         ]
     )
     task.evaluation.junit.report_path = REPORT_PATH
+    # Evaluation runs in a clean sandbox of the image with the agent's change to the repository
+    # applied; what the test patch touches is never taken from the agent.
+    task.evaluation.isolation = pb.EVALUATION_ISOLATION_CLEAN_SANDBOX
+    task.evaluation.change.root = workdir
+    task.evaluation.change.protected_paths.extend(patch_paths(str(instance["test_patch"])))
     task.evaluation.junit.tests.extend(tests)
     task.evaluation.junit.all_must_pass = not partial_credit
     task.reference_solution.extend(

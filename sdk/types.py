@@ -538,6 +538,10 @@ FilterReason = Literal[
     "unknown",
 ]
 FinishReason = Literal["submitted", "max_turns", "context_full", "timeout", "unparsable", "unspecified", "unknown"]
+# Where a rollout's evaluation ran (docs/rollouts.md, "Evaluation the agent cannot influence"):
+# the agent's own sandbox, a fork of the set-up sandbox's snapshot, a new sandbox set up again;
+# "unspecified" when none ran.
+EvalSandbox = Literal["in_place", "snapshot_fork", "new", "unspecified", "unknown"]
 LLMProtocolName = Literal["sglang", "vllm"]
 
 
@@ -627,7 +631,9 @@ class RolloutResult:
     # The conversation as text: [{"role": ..., "content": ...}], the prompt first.
     messages: list[dict[str, str]]
     # Seconds: "init_queue", "init", "fork", "run_queue", "run", "eval_queue", "eval", "total".
-    # With INIT once, "init" is the INIT shared with others and "fork" what made this sandbox.
+    # With INIT once, "init" is the INIT shared with others and "fork" what made this sandbox. A
+    # clean evaluation's parts, within "eval": "eval_change" (reading the agent's change) and
+    # "eval_sandbox" (getting the clean sandbox).
     timings: Mapping[str, float]
     format_errors: int
     eval_output: bytes
@@ -641,6 +647,7 @@ class RolloutResult:
     # whether it was to share one but the backend cannot fork.
     init_shared_by: int = 0
     init_fell_back: bool = False
+    eval_sandbox: EvalSandbox = "unspecified"
 
     @property
     def completed(self) -> bool:

@@ -7,8 +7,9 @@ Two ways in, the same two as every adapter (see `corral.trainer_adapters.common`
   `reset()` (the sandbox is created and the task set up; the observation is the task's prompt),
   then `step(model reply)` per turn (the reply is parsed as corral tool calls, which run in the
   sandbox through corral's own toolbox; the observation is their output), until the model calls
-  submit or `max_steps` is reached; then corral's evaluation gives the reward and the sandbox is
-  destroyed. `close()` always destroys it.
+  submit or `max_steps` is reached; then corral's evaluation gives the reward (in a clean sandbox
+  with the agent's change, as the daemon's pipeline evaluates: docs/rollouts.md) and the sandboxes
+  are destroyed. `close()` always destroys them.
 
       learner = with_corral_engine(GRPOLearner)(
           rl_cluster=cluster, algo_config=config, chat_parser=parser,
@@ -85,6 +86,14 @@ except ImportError as _error:  # pragma: no cover - exercised in a subprocess by
         f"corral.trainer_adapters.tunix needs tunix, which is not installed: pip install 'corral[tunix]' ({_error})"
     ) from _error
 
+from corral.rollout.clean_eval import (
+    CleanBase,
+    CleanBaseFailed,
+    evaluate_clean,
+    evaluates_in_place,
+    record_clean_base,
+    release_clean_base,
+)
 from corral.rollout.evaluation import (
     Evaluation,
     EvaluationInfraError,
@@ -283,9 +292,13 @@ class CorralTaskEnv(BaseTaskEnv):
         # Touched only on the bridge loop.
         self._sandbox: AsyncSandbox | None = None
         self._toolbox: SandboxToolBox | None = None
+        # The set-up sandbox recorded for the clean evaluation (clean_eval.py).
+        self._clean_base: CleanBase | None = None
+        self._client: AsyncClient | None = None
         self._active: asyncio.Task | None = None
         self._format_errors = 0
         self._used = False
+        self._rollout_id = ""
 
     @property
     def sandbox_id(self) -> str | None:
@@ -339,7 +352,14 @@ class CorralTaskEnv(BaseTaskEnv):
         await self._release()
 
     async def _release(self) -> None:
-        """Destroys the sandbox (its shell and kernel go with it)."""
+        """Destroys the sandbox (its shell and kernel go with it) and the clean evaluation's
+        snapshot."""
+        await self._destroy_sandbox()
+        base, self._clean_base = self._clean_base, None
+        if base is not None and self._client is not None:
+            await release_clean_base(self._client, base)
+
+    async def _destroy_sandbox(self) -> None:
         sandbox, self._sandbox, self._toolbox = self._sandbox, None, None
         if sandbox is None:
             return
@@ -353,6 +373,7 @@ class CorralTaskEnv(BaseTaskEnv):
         self._format_errors = 0
         self.last_result = None
         client = await _BRIDGE.client(self.address)  # DaemonNotRunning propagates: a configuration error
+        self._client = client
         timeout_s = self.limits.init_timeout_s or DEFAULT_INIT_TIMEOUT_S
         extra = self.extra_kwargs
         rollout_id = f"tunix/{extra.get('group_id', '-')}/{extra.get('pair_index', '-')}/{secrets.token_hex(4)}"
@@ -365,7 +386,14 @@ class CorralTaskEnv(BaseTaskEnv):
                     retries=INIT_RETRIES,
                     action_timeout_s=self.limits.action_timeout_s,
                 )
-        except SandboxStartFailed as error:
+                self._rollout_id = rollout_id
+                if not evaluates_in_place(self.corral_task):
+                    self._clean_base, _ = await record_clean_base(
+                        client, self._sandbox, [self.corral_task], snapshot=True
+                    )
+                    self._clean_base.holders = 1
+        except (SandboxStartFailed, CleanBaseFailed) as error:
+            await self._release()
             raise CorralEnvError("sandbox_start", str(error)) from error
         except TimeoutError:
             raise CorralEnvError(
@@ -432,11 +460,34 @@ class CorralTaskEnv(BaseTaskEnv):
         return EnvStepResult(observation=None, reward=evaluation.reward, done=True, info=info)
 
     async def _evaluate(self) -> Evaluation:
+        """In a clean sandbox with the agent's change (the agent's own is destroyed first), or in
+        the agent's sandbox for a task that opts in (docs/rollouts.md)."""
         assert self._sandbox is not None
         timeout_s = self.limits.eval_timeout_s or DEFAULT_EVAL_TIMEOUT_S
         try:
             async with asyncio.timeout(timeout_s):
-                return await evaluate(self._sandbox, self.corral_task.evaluation, command_timeout_s=timeout_s)
+                if evaluates_in_place(self.corral_task):
+                    return await evaluate(self._sandbox, self.corral_task.evaluation, command_timeout_s=timeout_s)
+                if self._clean_base is None or self._client is None:
+                    raise EvaluationInfraError("the set-up sandbox was not recorded for a clean evaluation")
+
+                def hold(sandbox: AsyncSandbox) -> None:
+                    self._sandbox = sandbox
+
+                evaluation, _ = await evaluate_clean(
+                    self._client,
+                    self._sandbox,
+                    self.corral_task,
+                    self._clean_base,
+                    rollout_id=self._rollout_id,
+                    retries=INIT_RETRIES,
+                    action_timeout_s=self.limits.action_timeout_s,
+                    command_timeout_s=timeout_s,
+                    release_agent=self._destroy_sandbox,
+                    hold=hold,
+                    timings={},
+                )
+                return evaluation
         except TimeoutError:
             raise CorralEnvError("stage_timeout", f"the evaluation ran past {timeout_s:g} s") from None
         except EvaluationInfraError as error:

@@ -4,15 +4,18 @@ submission, and tasks sharing a setup key, set up one sandbox and fork it; their
 token-exact and rewarded as with an INIT each; a failed fork filters them and leaves nothing; a
 backend that cannot fork falls back to an INIT per rollout; cancelling mid-INIT leaves nothing.
 
-Each task's setup appends a line to setup.log and writes a random setup id; the agent appends a
-line to its own shared.txt and reads the count back; the evaluation prints the setup id and
-passes only when the rollout's sandbox holds exactly one line of each (the setup ran once in its
-lineage, and no sibling's write shows in it)."""
+Each task's setup appends a line to setup.log and writes a random setup id; the agent copies the
+setup id to seen.id, appends a line to its own shared.txt and reads the count back; the evaluation
+prints seen.id and passes only when its sandbox holds exactly one line of each (the setup ran once
+in its lineage, and no sibling's write shows in it). The evaluation runs in a clean sandbox: a fork of the set-up
+sandbox's snapshot where the backend can fork, else a new sandbox set up again, with the agent's
+shared.txt carried over."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -37,14 +40,16 @@ def counted_task(task_id: str, *, setup_sleep_s: float = 0.0, setup_key: str = "
     """repair_task whose setup leaves a count and an id, and whose agent and evaluation read them."""
     solution = [
         call("editor", command="str_replace", path="calc.py", old_str="a - b", new_str="a + b"),
-        call("bash", command="echo mine >> shared.txt && wc -l < shared.txt && wc -l < setup.log"),
+        call(
+            "bash", command="cp setup.id seen.id && echo mine >> shared.txt && wc -l < shared.txt && wc -l < setup.log"
+        ),
         call("submit"),
     ]
     task = repair_task(
         task_id,
         solution=solution,
         eval_command=(
-            "cat setup.id && echo && test $(wc -l < setup.log) -eq 1 && test $(wc -l < shared.txt) -eq 1 "
+            "cat seen.id && echo && test $(wc -l < setup.log) -eq 1 && test $(wc -l < shared.txt) -eq 1 "
             "&& python3 check.py"
         ),
     )
@@ -55,8 +60,11 @@ def counted_task(task_id: str, *, setup_sleep_s: float = 0.0, setup_key: str = "
 
 
 def setup_id(result: RolloutResult) -> str:
-    """The id the setup wrote, as the evaluation printed it (after the "$ command" line)."""
-    return next(line for line in result.eval_output.decode().splitlines() if not line.startswith("$ "))
+    """The id the setup wrote in the rollout's sandbox, as the agent copied it and the evaluation
+    printed it."""
+    found = re.search(r"^[0-9a-f]{16}$", result.eval_output.decode(), re.MULTILINE)
+    assert found is not None, result.eval_output
+    return found.group()
 
 
 def trajectory(result: RolloutResult) -> str:
@@ -135,6 +143,10 @@ async def test_init_once_is_token_exact_and_rewarded_as_an_init_per_rollout(clie
         assert (result.init_shared_by, result.init_fell_back) == (4, False)
         assert result.timings["fork"] > 0 and result.timings["init"] > 0
     assert all((r.init_shared_by, r.init_fell_back, r.timings["fork"]) == (0, False, 0) for r in alone)
+    # Evaluated in a fork of the set-up sandbox's snapshot; a setup per rollout (whose processes
+    # a fork would not have) in a new sandbox set up again.
+    assert {r.eval_sandbox for r in forked} == {"snapshot_fork"} and {r.eval_sandbox for r in alone} == {"new"}
+    assert all(r.timings["eval_sandbox"] > 0 and r.timings["eval_change"] > 0 for r in forked + alone)
 
 
 async def test_tasks_sharing_a_setup_key_share_one_init(client, btrfs_daemon) -> None:
@@ -181,6 +193,7 @@ async def test_init_once_turned_off_sets_up_every_rollout_on_a_node_that_can_for
             await no_sandboxes_left(client, daemon)
     assert all(r.status == "completed" and r.reward == 1.0 for r in results), [r.error for r in results]
     assert len({setup_id(r) for r in results}) == 3
+    assert {r.eval_sandbox for r in results} == {"snapshot_fork"}
     assert all((r.init_shared_by, r.init_fell_back, r.timings["fork"]) == (0, False, 0) for r in results)
 
 
@@ -198,6 +211,8 @@ async def test_a_backend_that_cannot_fork_falls_back_to_an_init_per_rollout(loca
         assert all(r.init_fell_back and r.init_shared_by == 0 and r.timings["fork"] == 0 for r in results)
         # The first rollout of each task kept the set-up sandbox, the others set up their own.
         assert len({setup_id(r) for r in results}) == 5
+        # Nor can it snapshot: each evaluation starts a new sandbox and sets it up.
+        assert {r.eval_sandbox for r in results} == {"new"}
         sandboxes = [
             s for s in await client.list_sandboxes() if s.labels.get("io.corral.task", "").startswith("fallback")
         ]

@@ -36,6 +36,9 @@ def test_every_bundled_task_reaches_reward_one_with_the_replay_policy(tmp_path) 
     assert sorted(r["task_id"] for r in results) == sorted(t.task_id for t in load_tasks(BUNDLED))
     assert all(r["status"] == "completed" and r["reward"] == 1.0 for r in results)
     assert "token-exact trajectories" in done.stdout and f"{len(results)} of {len(results)}" in done.stdout
+    # Each evaluated in a clean sandbox: the embedded daemon's local backend cannot snapshot.
+    assert {r["eval_sandbox"] for r in results} == {"new"}
+    assert f"new sandbox {len(results)}" in done.stdout
 
 
 def test_the_broken_example_task_is_filtered_as_the_demo_shows(tmp_path) -> None:
@@ -85,6 +88,8 @@ def test_summary_counts_filtered_reasons_and_token_exactness() -> None:
     good.turns.add(generated_ids=[5], observation_ids=[6, 7])
     good.timings.init_shared_by = 4
     good.timings.fork_ms = 250
+    good.timings.eval_sandbox = pb.EVAL_SANDBOX_SNAPSHOT_FORK
+    good.timings.eval_sandbox_ms = 500
     broken = pb.RolloutResult(
         status=pb.ROLLOUT_STATUS_FILTERED,
         filter_reason=pb.FILTER_REASON_LLM_UNREACHABLE,
@@ -99,3 +104,4 @@ def test_summary_counts_filtered_reasons_and_token_exactness() -> None:
     assert summary.token_exact == 1 and not is_token_exact(result_from_proto(broken))
     assert summary.rollouts_per_s == 1.0
     assert (summary.init_shared, summary.init_fell_back) == (1, 0) and summary.stage_seconds["fork"] == [0.25, 0.0]
+    assert summary.eval_sandboxes == {"snapshot_fork": 1} and summary.stage_seconds["eval_sandbox"] == [0.5, 0.0]

@@ -5,7 +5,8 @@ environment activated from /root/.bashrc) and its instance record, examples/swe/
 - The image and the record agree (checked with the engine directly, as root, outside corral):
   FAIL_TO_PASS fails before the gold patch and passes after it, PASS_TO_PASS passes both times.
 - The task `python -m corral.sdk.swebench` makes of the record runs through the rollout service:
-  the gold patch replayed scores 1.0, no change 0, a wrong patch 0.
+  the gold patch replayed scores 1.0, no change 0, a wrong patch 0, each evaluated in a clean
+  sandbox of the image with the agent's change to /testbed.
 - In a sandbox of the image the agent is root with a writable root filesystem: `whoami` is root,
   /usr, /testbed and the environment can be written (`git apply`, `pip install` of a local wheel),
   and none of it reaches the image or another sandbox.
@@ -186,6 +187,10 @@ async def test_the_converted_task_scores_the_gold_patch_1_and_no_or_a_wrong_patc
     assert "2 failed, 4 passed" in outcome["empty"], outcome["empty"]
     assert results["wrong"].reward == 0.0, outcome["wrong"]
     assert "1 failed, 5 passed" in outcome["wrong"], outcome["wrong"]
+    # In a clean sandbox (a fork of the set-up sandbox's snapshot, or a new one), with the patch
+    # carried as the agent's change.
+    assert all(r.eval_sandbox in ("snapshot_fork", "new") for r in results.values()), outcome
+    assert "the agent's change: 1 files written" in outcome["gold"], outcome["gold"]
 
 
 def local_wheel() -> tuple[str, bytes]:

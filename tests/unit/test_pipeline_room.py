@@ -144,6 +144,19 @@ async def test_a_taker_cancelled_while_it_waits_takes_nothing_and_lets_the_next_
     assert room.held == 3
 
 
+async def test_trying_takes_only_room_that_fits_now_and_nobody_waits_for() -> None:
+    # (A clean evaluation's sandbox starts beside the agent's only when it fits.)
+    room = SandboxRoom(2)
+    assert room.try_take(1) and room.held == 1
+    waiting = asyncio.ensure_future(room.take(2))
+    await asyncio.sleep(0)
+    assert not room.try_take(1) and room.held == 1  # it fits, but someone asked first
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert room.try_take(1) and not room.try_take(1) and room.held == 2
+    assert SandboxRoom(0).try_take(100)
+
+
 async def test_no_limit_never_waits() -> None:
     room = SandboxRoom(0)
     for _ in range(5):

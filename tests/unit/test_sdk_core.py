@@ -484,6 +484,7 @@ def test_unknown_enum_value_reads_as_unknown() -> None:
         (sdk_types.RolloutStatus, rollout_pb.RolloutStatus, "ROLLOUT_STATUS_"),
         (sdk_types.FilterReason, rollout_pb.FilterReason, "FILTER_REASON_"),
         (sdk_types.FinishReason, rollout_pb.FinishReason, "FINISH_REASON_"),
+        (sdk_types.EvalSandbox, rollout_pb.EvalSandbox, "EVAL_SANDBOX_"),
     ],
 )
 def test_enum_literals_name_every_contract_value(literal: Any, enum_type: Any, prefix: str) -> None:

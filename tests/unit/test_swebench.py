@@ -14,9 +14,16 @@ import pytest
 
 from corral.rollout.evaluation import junit_reward
 from corral.sdk import InvalidArgument
-from corral.sdk.swebench import DEFAULT_ACTIVATE, GOLD_PATCH_PATH, TEST_PATCH_PATH, convert, instance_to_task
+from corral.sdk.swebench import (
+    DEFAULT_ACTIVATE,
+    GOLD_PATCH_PATH,
+    TEST_PATCH_PATH,
+    convert,
+    instance_to_task,
+    patch_paths,
+)
 from corral.sdk.tasks import task_from, task_to_json
-from corral.v1 import sandbox_pb2
+from corral.v1 import rollout_pb2, sandbox_pb2
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "swe" / "instances.jsonl"
 
@@ -50,7 +57,23 @@ def test_an_instance_becomes_a_docker_task_with_hidden_tests_and_a_junit_reward(
     # Resolved or not, as SWE-bench scores; the environment is activated by name, not by an rc file.
     assert task.evaluation.junit.all_must_pass
     assert f"cd /testbed && {DEFAULT_ACTIVATE} && python -m pytest" in task.evaluation.commands[-1]
+    # Judged in a clean sandbox of the image with the agent's change to /testbed; the files the
+    # test patch touches are never taken from the agent.
+    assert task.evaluation.isolation == rollout_pb2.EVALUATION_ISOLATION_CLEAN_SANDBOX
+    assert task.evaluation.change.root == "/testbed"
+    assert list(task.evaluation.change.protected_paths) == ["tests/test_w.py"]
     assert task_from(task_to_json(task)) == task
+
+
+def test_the_files_a_patch_touches_old_and_new_names() -> None:
+    patch = (
+        "diff --git a/tests/old.py b/tests/new.py\nsimilarity index 90%\nrename from tests/old.py\n"
+        "rename to tests/new.py\n--- a/tests/old.py\n+++ b/tests/new.py\n@@ -1 +1 @@\n-a\n+b\n"
+        "diff --git a/tests/added.py b/tests/added.py\nnew file mode 100644\n--- /dev/null\n+++ b/tests/added.py\n"
+        "--- plain/diff.txt\t2024-01-01\n+++ plain/diff.txt\t2024-01-02\n"
+    )
+    assert patch_paths(patch) == ["tests/old.py", "tests/new.py", "tests/added.py", "plain/diff.txt"]
+    assert patch_paths(json.loads(EXAMPLE.read_text())["test_patch"]) == ["tests/test_slug.py"]
 
 
 def test_the_image_is_mapped_to_what_the_backend_runs() -> None:

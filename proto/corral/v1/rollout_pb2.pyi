@@ -27,6 +27,12 @@ class ToolCallFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_CALL_FORMAT_HERMES: _ClassVar[ToolCallFormat]
     TOOL_CALL_FORMAT_FENCED_BASH: _ClassVar[ToolCallFormat]
 
+class EvaluationIsolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVALUATION_ISOLATION_UNSPECIFIED: _ClassVar[EvaluationIsolation]
+    EVALUATION_ISOLATION_CLEAN_SANDBOX: _ClassVar[EvaluationIsolation]
+    EVALUATION_ISOLATION_IN_PLACE: _ClassVar[EvaluationIsolation]
+
 class RolloutStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLLOUT_STATUS_UNSPECIFIED: _ClassVar[RolloutStatus]
@@ -58,6 +64,13 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_TIMEOUT: _ClassVar[FinishReason]
     FINISH_REASON_UNPARSABLE: _ClassVar[FinishReason]
 
+class EvalSandbox(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVAL_SANDBOX_UNSPECIFIED: _ClassVar[EvalSandbox]
+    EVAL_SANDBOX_IN_PLACE: _ClassVar[EvalSandbox]
+    EVAL_SANDBOX_SNAPSHOT_FORK: _ClassVar[EvalSandbox]
+    EVAL_SANDBOX_NEW: _ClassVar[EvalSandbox]
+
 class LLMProtocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LLM_PROTOCOL_UNSPECIFIED: _ClassVar[LLMProtocol]
@@ -73,6 +86,9 @@ HISTORY_POLICY_FAIL: HistoryPolicy
 TOOL_CALL_FORMAT_UNSPECIFIED: ToolCallFormat
 TOOL_CALL_FORMAT_HERMES: ToolCallFormat
 TOOL_CALL_FORMAT_FENCED_BASH: ToolCallFormat
+EVALUATION_ISOLATION_UNSPECIFIED: EvaluationIsolation
+EVALUATION_ISOLATION_CLEAN_SANDBOX: EvaluationIsolation
+EVALUATION_ISOLATION_IN_PLACE: EvaluationIsolation
 ROLLOUT_STATUS_UNSPECIFIED: RolloutStatus
 ROLLOUT_STATUS_COMPLETED: RolloutStatus
 ROLLOUT_STATUS_FILTERED: RolloutStatus
@@ -95,6 +111,10 @@ FINISH_REASON_MAX_TURNS: FinishReason
 FINISH_REASON_CONTEXT_FULL: FinishReason
 FINISH_REASON_TIMEOUT: FinishReason
 FINISH_REASON_UNPARSABLE: FinishReason
+EVAL_SANDBOX_UNSPECIFIED: EvalSandbox
+EVAL_SANDBOX_IN_PLACE: EvalSandbox
+EVAL_SANDBOX_SNAPSHOT_FORK: EvalSandbox
+EVAL_SANDBOX_NEW: EvalSandbox
 LLM_PROTOCOL_UNSPECIFIED: LLMProtocol
 LLM_PROTOCOL_SGLANG: LLMProtocol
 LLM_PROTOCOL_VLLM: LLMProtocol
@@ -227,20 +247,34 @@ class TaskLimits(_message.Message):
     def __init__(self, max_turns: _Optional[int] = ..., max_new_tokens_per_turn: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., action_timeout_ms: _Optional[int] = ..., init_timeout_ms: _Optional[int] = ..., run_timeout_ms: _Optional[int] = ..., eval_timeout_ms: _Optional[int] = ..., max_observation_bytes: _Optional[int] = ...) -> None: ...
 
 class TaskEvaluation(_message.Message):
-    __slots__ = ("files", "commands", "exit_status", "printed_number", "junit", "expected_observations")
+    __slots__ = ("files", "commands", "isolation", "change", "exit_status", "printed_number", "junit", "expected_observations")
     FILES_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
     EXIT_STATUS_FIELD_NUMBER: _ClassVar[int]
     PRINTED_NUMBER_FIELD_NUMBER: _ClassVar[int]
     JUNIT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     files: _containers.RepeatedCompositeFieldContainer[TaskFile]
     commands: _containers.RepeatedScalarFieldContainer[str]
+    isolation: EvaluationIsolation
+    change: TaskChange
     exit_status: ExitStatusReward
     printed_number: PrintedNumberReward
     junit: JUnitReward
     expected_observations: ExpectedObservationsReward
-    def __init__(self, files: _Optional[_Iterable[_Union[TaskFile, _Mapping]]] = ..., commands: _Optional[_Iterable[str]] = ..., exit_status: _Optional[_Union[ExitStatusReward, _Mapping]] = ..., printed_number: _Optional[_Union[PrintedNumberReward, _Mapping]] = ..., junit: _Optional[_Union[JUnitReward, _Mapping]] = ..., expected_observations: _Optional[_Union[ExpectedObservationsReward, _Mapping]] = ...) -> None: ...
+    def __init__(self, files: _Optional[_Iterable[_Union[TaskFile, _Mapping]]] = ..., commands: _Optional[_Iterable[str]] = ..., isolation: _Optional[_Union[EvaluationIsolation, str]] = ..., change: _Optional[_Union[TaskChange, _Mapping]] = ..., exit_status: _Optional[_Union[ExitStatusReward, _Mapping]] = ..., printed_number: _Optional[_Union[PrintedNumberReward, _Mapping]] = ..., junit: _Optional[_Union[JUnitReward, _Mapping]] = ..., expected_observations: _Optional[_Union[ExpectedObservationsReward, _Mapping]] = ...) -> None: ...
+
+class TaskChange(_message.Message):
+    __slots__ = ("root", "extra_paths", "protected_paths")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_PATHS_FIELD_NUMBER: _ClassVar[int]
+    PROTECTED_PATHS_FIELD_NUMBER: _ClassVar[int]
+    root: str
+    extra_paths: _containers.RepeatedScalarFieldContainer[str]
+    protected_paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, root: _Optional[str] = ..., extra_paths: _Optional[_Iterable[str]] = ..., protected_paths: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExitStatusReward(_message.Message):
     __slots__ = ()
@@ -356,7 +390,7 @@ class Sample(_message.Message):
     def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., response_mask: _Optional[_Iterable[int]] = ..., response_logprobs: _Optional[_Iterable[float]] = ..., weight_versions: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("init_queue_ms", "init_ms", "run_queue_ms", "run_ms", "eval_queue_ms", "eval_ms", "total_ms", "fork_ms", "init_shared_by", "init_fell_back")
+    __slots__ = ("init_queue_ms", "init_ms", "run_queue_ms", "run_ms", "eval_queue_ms", "eval_ms", "total_ms", "fork_ms", "init_shared_by", "init_fell_back", "eval_change_ms", "eval_sandbox_ms", "eval_sandbox")
     INIT_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     INIT_MS_FIELD_NUMBER: _ClassVar[int]
     RUN_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +401,9 @@ class StageTimings(_message.Message):
     FORK_MS_FIELD_NUMBER: _ClassVar[int]
     INIT_SHARED_BY_FIELD_NUMBER: _ClassVar[int]
     INIT_FELL_BACK_FIELD_NUMBER: _ClassVar[int]
+    EVAL_CHANGE_MS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SANDBOX_MS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SANDBOX_FIELD_NUMBER: _ClassVar[int]
     init_queue_ms: int
     init_ms: int
     run_queue_ms: int
@@ -377,7 +414,10 @@ class StageTimings(_message.Message):
     fork_ms: int
     init_shared_by: int
     init_fell_back: bool
-    def __init__(self, init_queue_ms: _Optional[int] = ..., init_ms: _Optional[int] = ..., run_queue_ms: _Optional[int] = ..., run_ms: _Optional[int] = ..., eval_queue_ms: _Optional[int] = ..., eval_ms: _Optional[int] = ..., total_ms: _Optional[int] = ..., fork_ms: _Optional[int] = ..., init_shared_by: _Optional[int] = ..., init_fell_back: _Optional[bool] = ...) -> None: ...
+    eval_change_ms: int
+    eval_sandbox_ms: int
+    eval_sandbox: EvalSandbox
+    def __init__(self, init_queue_ms: _Optional[int] = ..., init_ms: _Optional[int] = ..., run_queue_ms: _Optional[int] = ..., run_ms: _Optional[int] = ..., eval_queue_ms: _Optional[int] = ..., eval_ms: _Optional[int] = ..., total_ms: _Optional[int] = ..., fork_ms: _Optional[int] = ..., init_shared_by: _Optional[int] = ..., init_fell_back: _Optional[bool] = ..., eval_change_ms: _Optional[int] = ..., eval_sandbox_ms: _Optional[int] = ..., eval_sandbox: _Optional[_Union[EvalSandbox, str]] = ...) -> None: ...
 
 class RolloutResult(_message.Message):
     __slots__ = ("rollout_id", "task_id", "group_id", "sample_index", "status", "filter_reason", "error", "reward", "finish_reason", "prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions", "turns", "messages", "timings", "format_errors", "eval_output", "metadata", "extra_samples", "gateway")
