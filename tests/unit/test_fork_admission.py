@@ -70,14 +70,14 @@ def test_a_fork_spends_count_tokens_of_the_rate() -> None:
 
 
 class _HeldForkFakeBackend(_ForkingFakeBackend):
-    """Children that start only once the test lets them (`release`): the fork is under way for as
+    """Children that start only once the test lets them (`children_may_start`): the fork is under way for as
     long as the test looks, however slow the machine."""
 
-    release: asyncio.Event
+    children_may_start: asyncio.Event
 
     async def create(self, spec: SandboxSpec) -> SandboxRuntime:
         if spec.fork is not None:
-            await self.release.wait()
+            await self.children_may_start.wait()
         return await FakeBackend.create(self, spec)
 
 
@@ -86,7 +86,7 @@ def test_a_forks_children_hold_start_slots_while_they_start() -> None:
     config.admission.max_starting = 2
 
     async def run() -> None:
-        _HeldForkFakeBackend.release = asyncio.Event()
+        _HeldForkFakeBackend.children_may_start = asyncio.Event()
         async with embedded_daemon(config, backend_classes={"local": _HeldForkFakeBackend}) as address:
             async with AsyncClient(address) as client:
                 parent = await client.create_sandbox()
@@ -95,7 +95,7 @@ def test_a_forks_children_hold_start_slots_while_they_start() -> None:
                     await asyncio.sleep(0.01)
                 with pytest.raises(errors.ResourceExhausted, match="max_starting"):
                     await client.create_sandbox()
-                _HeldForkFakeBackend.release.set()
+                _HeldForkFakeBackend.children_may_start.set()
                 assert len(await fork) == 3
                 await client.create_sandbox()  # the slots are free again
 
