@@ -70,8 +70,8 @@ def test_a_fork_spends_count_tokens_of_the_rate() -> None:
 
 
 class _HeldForkFakeBackend(_ForkingFakeBackend):
-    """Children that start only once the test lets them (`children_may_start`): the fork is under way for as
-    long as the test looks, however slow the machine."""
+    """Children that start only once the test lets them (`children_may_start`): the fork is under
+    way for as long as the test looks, however slow the machine."""
 
     children_may_start: asyncio.Event
 
