@@ -274,11 +274,22 @@ async def test_64_rollouts_over_two_servers_one_dying_midway_are_all_accounted_f
     async with replay_server(tasks, latency_s=0.05) as steady, replay_server(tasks, latency_s=0.05) as dying:
         await client.rollouts.register_llm(steady.url)
         await client.rollouts.register_llm(dying.url)
-        results = []
-        async for result in client.rollouts.stream(tasks):
-            results.append(result)
-            if len(results) == 8:
-                await dying.stop()
+        # The server dies after a sixth of the requests, counted where they are served: counting
+        # results instead let every rollout finish its turns first on a loaded node (EVAL is the
+        # slow stage), and the death then cost nothing to tell.
+        served_before_death = len(tasks) * 3 // 6
+
+        async def die_midway() -> None:
+            while dying.requests_served < served_before_death:
+                await asyncio.sleep(0.005)
+            await dying.stop()
+
+        killer = asyncio.create_task(die_midway())
+        try:
+            results = [result async for result in client.rollouts.stream(tasks)]
+        finally:
+            killer.cancel()
+        assert killer.done() and not killer.cancelled(), f"the dying server served {dying.requests_served}"
     assert sorted(r.task_id for r in results) == sorted(t.task_id for t in tasks)
     # The pool retries on the steady server: a dead server costs no rollout.
     assert [r for r in results if r.status != "completed"] == []
