@@ -8,10 +8,13 @@ How a turn works, and why (docs/shells.md has the whole story):
   non-interactive whatever its output is (no prompt, no job-control chatter, no echo of commands),
   and nothing a command writes to or reads from the terminal can reach the shell's input.
 - The command text goes to a file in the sandbox's run directory; the turn line sources it
-  (`. FILE </dev/tty`), so cd, export, functions and `source venv/bin/activate` persist, the line
-  stays short whatever the command's size, and bash reports errors with the command's own line
-  numbers. bash labels them with the file's path; the daemon writes `bash` there instead, as
-  `bash -c` would.
+  (`. FILE <>/dev/tty >&0 2>&0`), so cd, export, functions and `source venv/bin/activate`
+  persist, the line stays short whatever the command's size, and bash reports errors with the
+  command's own line numbers. bash labels them with the file's path; the daemon writes `bash`
+  wherever the path shows, as `bash -c` would.
+- The turn line's own commands run with stdout and stderr on /dev/null and with the user's
+  xtrace, verbose and history options off, so nothing set up to show what the shell reads or
+  runs (`set -x`, `set -v`, a DEBUG trap, history) shows the session's own line.
 - The end of a turn is a line printed in-band on the terminal (so it comes after every byte the
   command wrote), carrying the exit code and a fresh random nonce per turn, so a marker a command
   prints itself (or saw in an earlier turn) ends nothing. It is printed by `trap -p` with the
@@ -21,9 +24,10 @@ How a turn works, and why (docs/shells.md has the whole story):
   read to the end first.
 - Before each turn the daemon puts the terminal's modes back and drops unread input, so `stty
   sane`, `reset` or a full-screen program killed mid-way change nothing for the next turn.
-- On timeout: SIGINT to the shell (its INT trap then unwinds the sourced command) and to the
-  processes this turn started, end-of-file on the terminal, then SIGKILL to them; once the turn has
-  ended, what it started is killed except the background jobs it left at the shell's top level.
+- On timeout: the reserved abort signal to the shell (its trap then unwinds the sourced command)
+  and SIGINT to the processes this turn started, end-of-file on the terminal, then SIGKILL to
+  them; once the turn has ended, what it started is killed except the background jobs it left at
+  the shell's top level.
 """
 
 from __future__ import annotations
@@ -66,19 +70,21 @@ MARKER_SIGNAL = "RTMAX-3"
 ABORT_SIGNAL = "RTMAX-4"
 ABORT_SIGNUM = signal.SIGRTMAX - 4
 
-# After an interrupt: with extdebug, a DEBUG trap that returns 2 simulates `return` in a function
-# or sourced file, so every further command of the sourced command (and of the functions it is in)
-# is skipped; at the turn line's level (BASH_SOURCE empty) the trap's non-zero status skips the
-# rest of the line, up to the epilogue, whose first command (`__corral_end...`) it lets through.
-# POSIX mode first: there `return` is a special builtin, which no function can shadow.
+# After an interrupt: a DEBUG trap that runs `return` returns from the function or sourced file
+# the shell is in, before its next command, so every further command of the sourced command (and
+# of the functions it is in) is skipped; at the turn line's level (BASH_SOURCE empty) it does
+# nothing. POSIX mode first: there `return` is a special builtin, which no function can shadow.
+# (No extdebug: kept on for the session, it would change what the user's shell does: `declare -F`
+# showing source files, DEBUG and RETURN traps reaching into functions and subshells.)
 _DEBUG_TRAP = (
     "[[ -z $__corral_abort || $BASH_COMMAND == __corral_end* ]] || "
     "{ POSIXLY_CORRECT=y; (( ${#BASH_SOURCE[@]} )) && \\return 2; }"
 )
-# What the marker's `trap -p` prints: trap -- '__CORRAL_<nonce>_<exit code>_<x if xtrace on>' <signal>.
-# One pattern for every turn (compiling one per nonce would cost more than the rest of a turn); the
-# nonce is compared after.
-_MARKER = re.compile(rb"trap -- '__CORRAL_([0-9a-f]{16})_(-?\d+)_(x?)' [^\r\n]*\r?\n")
+# What the marker's `trap -p` prints: trap -- '__CORRAL_<nonce>_<exit code>_<options>' <signal>, the
+# options being those of the user's that the turn line switches off around itself (x: xtrace,
+# v: verbose, h: history). One pattern for every turn (compiling one per nonce would cost more than
+# the rest of a turn); the nonce is compared after.
+_MARKER = re.compile(rb"trap -- '__CORRAL_([0-9a-f]{16})_(-?\d+)_([xvh]*)' [^\r\n]*\r?\n")
 
 # `less` and `more` in a session: nobody pages through a programmatic terminal, so they print their
 # input as cat does (PAGER=cat and the like cover the programs that page on their own).
@@ -89,6 +95,9 @@ while [ $# -gt 0 ]; do
 done
 exec cat -- "$@"
 """
+# The options the turn line switches off at its end and back on before the next command, by the
+# letter the marker reports them with.
+_OPTION_ON = {"x": "-x", "v": "-v", "h": "-o history"}
 _ABORT_TRAP = "__corral_abort=1; POSIXLY_CORRECT=y; \\trap -- " + shlex.quote(_DEBUG_TRAP) + " DEBUG"
 
 
@@ -147,7 +156,7 @@ class _Turn(_Relabeled):
     def __init__(self, nonce: bytes, hold: int, label: bytes, name: bytes, limit: int, stray: bytes) -> None:
         super().__init__(hold, label, name, limit, stray)  # hold: also a marker's start
         self.nonce = nonce
-        self.done: asyncio.Future[tuple[int, bool]] = asyncio.get_running_loop().create_future()
+        self.done: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self.last_output = time.monotonic()
 
     def on_output(self, data: bytes) -> bytes:
@@ -161,7 +170,7 @@ class _Turn(_Relabeled):
         while match and match.group(1) != self.nonce:  # one the command printed itself: output
             match = _MARKER.search(self.pending, match.end())
         if match:
-            result = (int(match.group(2)), bool(match.group(3)))  # before the buffer changes under it
+            result = (int(match.group(2)), match.group(3).decode())  # before the buffer changes under it
             self._emit(bytes(self.pending[: match.start()]))
             after = bytes(self.pending[match.end() :])
             del self.pending[:]
@@ -204,16 +213,18 @@ class ShellSession:
         self._err_stray = bytearray()
         self._pager_host = Path(runtime.run_dir_host) / "pager"
         self._pager_sandbox = f"{runtime.run_dir_sandbox}/pager"
-        # bash labels errors in the sourced file with its path; `bash -c` with the shell's name.
-        self._label = f"{self._cmd_sandbox}: ".encode()
-        self._shell_name = f"{os.path.basename(program)}: ".encode()
+        # bash labels errors in the sourced file with its path (`bash -c`: with the shell's name),
+        # and the path is what BASH_SOURCE, `caller` or `declare -F` say of the command: the
+        # daemon writes the shell's name wherever the path shows.
+        self._label = self._cmd_sandbox.encode()
+        self._shell_name = os.path.basename(program).encode()
         self._terminal: Terminal | None = None
         self._commands: int | None = None  # the write end of the shell's command pipe
         self._cmd_fd: int | None = None
         self._cmd_size = 0  # the command file's size: it is truncated only when a command is shorter
         self._turn: _Turn | None = None
         self._stray = bytearray()
-        self._xtrace = False  # the shell ended its last turn with `set -x` on
+        self._options = ""  # the user's options the last turn line switched off (see _OPTION_ON)
         self._pagers: tuple[str, ...] = ()  # the pagers the image has: run as the pager script
         self._shell_cmdline = b""
         self._lock = asyncio.Lock()
@@ -226,26 +237,20 @@ class ShellSession:
     # -- the protocol ------------------------------------------------------------------------------
 
     def _turn_line(self, nonce: str, separate_stderr: bool = False) -> bytes:
-        """The line the shell reads for one turn: source the command with the terminal as stdin,
-        then print the end marker. Everything of ours runs with stderr to /dev/null (an xtrace
-        the user turned on shows only the user's commands)."""
+        """The line the shell reads for one turn: source the command with the terminal as its
+        stdin, stdout and stderr, then print the end marker. The whole line runs with stdout and
+        stderr to /dev/null, so nothing the user set up to echo what the shell runs (`set -x`
+        with any PS4, a DEBUG trap) shows the line's own commands; the command itself gets the
+        terminal back (a DEBUG trap runs before a command's own redirections, on the line's)."""
         if not self._bash:
             # Plain sh: the same marker, printed with printf (no `trap -p` in POSIX sh), and an
             # interrupt stops the current command only (no DEBUG trap to unwind with).
             return (
-                f"__corral_rc=0; trap : INT; . '{self._cmd_sandbox}' </dev/tty{self._stderr_to(separate_stderr)} "
+                f"__corral_rc=0; trap : INT; . '{self._cmd_sandbox}' </dev/tty {self._stderr_to(separate_stderr)} "
                 "|| __corral_rc=$?; "
                 f'printf "trap -- \'__CORRAL_%s_%s_\' {MARKER_SIGNAL}\\n" {nonce} "$__corral_rc" >/dev/tty\n'
             ).encode()
-        marker = f'\\trap -- "__CORRAL_{nonce}_${{__corral_end:-$__corral_rc}}_${{-//[!x]/}}" {MARKER_SIGNAL}'
         prologue = "__corral_rc=0; [[ -o posix ]] && __corral_pm=1 || __corral_pm=; "
-        if self._xtrace:
-            # The last turn left `set -x` on: off for the turn line's own commands (in POSIX mode:
-            # no function named `set` stands in); the command file turns it back on.
-            prologue = (
-                "{ [[ -o posix ]] && __corral_pm=1 || { __corral_pm=; POSIXLY_CORRECT=y; }; \\set +x; "
-                "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null; __corral_rc=0; "
-            )
         # `less` and `more`, where the image has them, are the pager script: entries of bash's
         # command table, put back whenever PATH changed (which empties it), by plain assignments:
         # no builtin that a function could shadow may run in the turn line.
@@ -255,43 +260,50 @@ class ShellSession:
                 + "".join(f"BASH_CMDS[{pager}]={self._pager_sandbox}; " for pager in self._pagers)
                 + "__corral_path=$PATH; }; "
             )
-        source = (
-            f"\\. '{self._cmd_sandbox}' </dev/tty{self._stderr_to(separate_stderr)} "
-            "|| { __corral_rc=$?; } 2>/dev/null; "
-        )
-        # POSIX mode for the end (special builtins outrank functions there), then back to the
-        # user's: the DEBUG trap of an interrupt switched it on, a command may have itself.
+        # The user's xtrace, verbose and history options, off since the last turn's end, back on
+        # for the command: this line was read with them off (so it is neither echoed nor kept in
+        # history, and its `!` is no history expansion). `set` in POSIX mode, where special
+        # builtins outrank functions.
+        if self._options:
+            prologue += (
+                "POSIXLY_CORRECT=y; \\set "
+                + " ".join(_OPTION_ON[option] for option in self._options)
+                + "; [[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; "
+            )
+        stderr = self._stderr_to(separate_stderr) or "2>&0"
+        source = f"\\. '{self._cmd_sandbox}' <>/dev/tty >&0 {stderr} || __corral_rc=$?; "
+        # POSIX mode for the end, then back to the user's: the DEBUG trap of an interrupt switched
+        # it on, a command may have itself. The options the prologue turns back on are reported in
+        # the marker and switched off before the next line is read.
         epilogue = (
-            "{ __corral_end=${__corral_abort:+130} __corral_abort=; "
+            "__corral_end=${__corral_abort:+130} __corral_abort=; "
             "[[ -o posix && ( -z $__corral_end || $__corral_pm ) ]] && __corral_pm=1 || { __corral_pm=; POSIXLY_CORRECT=y; }; "
             "[[ $__corral_end ]] && \\trap - DEBUG; "
-            f"{marker}; \\trap -p {MARKER_SIGNAL} >/dev/tty; \\trap - {MARKER_SIGNAL}; "
-            "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; } 2>/dev/null\n"
+            "__corral_o=${-//[!xv]/}; [[ :$SHELLOPTS: == *:history:* ]] && __corral_o+=h; "
+            f'\\trap -- "__CORRAL_{nonce}_${{__corral_end:-$__corral_rc}}_$__corral_o" {MARKER_SIGNAL}; '
+            f"\\trap -p {MARKER_SIGNAL} >/dev/tty; \\trap - {MARKER_SIGNAL}; \\set +xv +o history; "
+            "[[ $__corral_pm ]] || \\unset POSIXLY_CORRECT; "
         )
-        return (prologue + source + epilogue).encode()
+        return ("{ " + prologue + source + epilogue + "} >/dev/null 2>&1\n").encode()
 
     def _stderr_to(self, separate: bool) -> str:
         # A fifo the daemon reads as it fills, like the terminal: a flood costs no disk, and
         # blocks the writer once the daemon stops keeping up, as a terminal would.
-        return f" 2>'{self._err_sandbox}'" if separate else ""
+        return f"2>'{self._err_sandbox}'" if separate else ""
 
     def _setup_line(self) -> bytes:
-        """Sent once when the shell starts: no job control; for bash, extdebug (for the DEBUG trap
-        that unwinds an interrupted command) and the abort signal's trap, set in POSIX mode."""
+        """Sent once when the shell starts: no job control; for bash, the abort signal's trap, set
+        in POSIX mode."""
         if not self._bash:
             return b"set +m\n"
         return (
-            "set +m; shopt -s extdebug 2>/dev/null; POSIXLY_CORRECT=y; \\trap -- "
+            "set +m; POSIXLY_CORRECT=y; \\trap -- "
             + shlex.quote(_ABORT_TRAP)
             + f" {ABORT_SIGNAL}; \\unset POSIXLY_CORRECT\n"
         ).encode()
 
     def _command_text(self, command: str) -> bytes:
-        # The prologue turned xtrace off so that the turn line's own commands are not traced; a
-        # shell that had it on gets it back on the command's first line (no line number moves).
-        prefix = "\\set -x; " if self._xtrace and self._bash else ""
-        text = prefix + command
-        return (text if text.endswith("\n") else text + "\n").encode("utf-8", "surrogateescape")
+        return (command if command.endswith("\n") else command + "\n").encode("utf-8", "surrogateescape")
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -327,7 +339,7 @@ class ShellSession:
             os.close(commands)
         self._terminal, self._commands = terminal, feed
         terminal.attach(self._on_output)
-        self._xtrace = False
+        self._options = ""
         self._pagers = ()
         # The setup turn says which pagers the image has (before any command of the user's could
         # have defined a function named `command`).
@@ -523,7 +535,7 @@ class ShellSession:
         if self.closed:
             raise FailedPrecondition(f"shell {self.name!r} was closed while the command ran")
         if outcome == "done":
-            exit_code, self._xtrace = turn.done.result()
+            exit_code, self._options = turn.done.result()
             if timed_out:
                 await asyncio.to_thread(_kill_leftovers, terminal, before)
         else:

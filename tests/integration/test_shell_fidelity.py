@@ -177,6 +177,38 @@ def test_errors_read_as_bash_and_no_host_path_is_visible(sh, sandbox, daemon, cl
     assert str(daemon.state_dir).encode() not in listing and f"corral-{daemon_id}/".encode() not in listing
 
 
+def test_options_and_traps_that_echo_what_bash_runs_show_the_users_commands_only(sh):
+    """What a terminal would show for `set -v`, `set -x` with any PS4, a DEBUG trap, extdebug and
+    history: the user's commands, never the session's own line, variables or paths."""
+
+    def turn(command: str, timeout: float = 20) -> bytes:
+        r = sh.run(command, timeout=timeout)
+        assert not r.timed_out and not r.shell_restarted and r.exit_code == 0, r
+        assert b"__corral" not in r.output and b".cmd" not in r.output, r.output
+        return r.output
+
+    assert turn("shopt -q extdebug || echo off") == b"off\n"  # as in a new bash
+    assert turn("set -v") == b""
+    assert turn("echo one\necho two") == b"echo one\none\necho two\ntwo\n"
+    assert turn("set +v") == b"set +v\n"
+    assert turn("PS4='+${BASH_SOURCE}:${LINENO}: '; set -x") == b""
+    # PS4's first character twice: sourcing the command is one level of indirection (docs/shells.md).
+    assert turn("echo hi") == b"++bash:1: echo hi\nhi\n"
+    assert turn("set -v +x") == b"++bash:1: set -v +x\n"  # traced, and read before verbose was on
+    assert turn("set +v; set -x") == b"set +v; set -x\n"
+    assert turn("set +x") == b"++bash:1: set +x\n"
+    # A DEBUG trap runs for the commands of its own turn; later turns' commands are a sourced file's,
+    # which a DEBUG trap does not reach without functrace (docs/shells.md), and it never sees ours.
+    assert turn("trap 'echo \"debug: $BASH_COMMAND\"' DEBUG; echo hi") == b"debug: echo hi\nhi\n"
+    assert turn("echo hi") == b"hi\n"
+    assert turn("trap - DEBUG") == b""
+    assert turn("shopt -s extdebug; f() { :; }; declare -F f; shopt -u extdebug") == b"f 1 bash\n"
+    # History on, with `!` expansion: the session's lines are neither kept nor expanded.
+    assert turn("set -o history -H") == b""
+    assert turn("echo 'a!x'; history | grep -c corral || true", timeout=10) == b"a!x\n0\n"
+    assert turn("set +o history +H") == b""
+
+
 @pytest.mark.load
 def test_stderr_apart_is_complete_in_order_and_relabelled_under_load(sh, client):
     with under_load(client):
