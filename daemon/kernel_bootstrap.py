@@ -15,11 +15,13 @@ exact totals (`corral_output`). Output of the gap between cells is reported the 
 next cell starts, before the kernel says it is busy with it. Processes forked from the kernel write through their own path and are not
 governed (the daemon caps what it receives from them).
 
-The same holds for what a cell returns or raises: a cell's value (execute_result) or its error can
-be hundreds of MB, and used to reach the daemon whole, JSON and all. So every such message is cut
-before the kernel serializes it (see `bound_result` and `bound_error`): each text past `limit`
-keeps its first and last halves at character boundaries, the rest of a result is kept up to
-`display_limit` bytes, and the message says `corral_truncated` with `corral_total_bytes`. The
+The same holds for what a cell returns, raises or displays: a cell's value (execute_result), its
+error or a display can be hundreds of MB, and used to reach the daemon whole, JSON and all. So
+every such message is cut before the kernel serializes it (see `bound_result` and `bound_error`):
+each text past `limit` keeps its first and last halves at character boundaries, the rest of a
+result is kept up to `display_limit` bytes, and the message says `corral_truncated` with
+`corral_total_bytes`; a display larger than `display_limit` alone goes without its data, marked
+`corral_dropped` (the daemon drops displays whole past that cap, and counts them). The
 daemon imports these pure functions to apply the same bounds to a kernel that runs without them.
 
 If ipykernel's internals differ from what this expects, the kernel starts ungoverned rather than
@@ -233,7 +235,14 @@ def bound_error(ename, evalue, traceback, limit):
 
 def bound_content(kind, content, limit, display_limit):
     """Cuts, in place, the content of an outgoing execute_result, error or failed execute_reply
-    to the bounds above, marking it `corral_truncated` with `corral_total_bytes` when cut."""
+    to the bounds above, marking it `corral_truncated` with `corral_total_bytes` when cut. A
+    display past `display_limit` bytes on its own, which the daemon would drop whole, leaves
+    without its data, marked `corral_dropped`, for the daemon to count."""
+    if kind in ("display_data", "update_display_data") and isinstance(content.get("data"), dict):
+        if sum(value_size(mime, value) for mime, value in content["data"].items()) > display_limit:
+            content["data"] = {}
+            content["corral_dropped"] = True
+        return
     if kind == "execute_result" and isinstance(content.get("data"), dict):
         data, truncated, total = bound_result(content["data"], limit, display_limit)
         if truncated:
@@ -254,6 +263,9 @@ def bound_content(kind, content, limit, display_limit):
         content["corral_total_bytes"] = total
 
 
+_BOUNDED = ("execute_result", "error", "execute_reply", "display_data", "update_display_data")
+
+
 def install_result_bounds(limit, display_limit):
     """Bounds what the kernel sends of results and errors (bound_content), at the one place every
     message passes before it is serialized: its Session's send."""
@@ -266,7 +278,7 @@ def install_result_bounds(limit, display_limit):
             kind, body = msg_or_type.get("msg_type"), msg_or_type.get("content")
         else:
             kind, body = msg_or_type, content
-        if kind in ("execute_result", "error", "execute_reply") and isinstance(body, dict):
+        if kind in _BOUNDED and isinstance(body, dict):
             bound_content(kind, body, limit, display_limit)
         return original_send(self, stream, msg_or_type, content, *args, **kwargs)
 

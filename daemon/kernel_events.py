@@ -33,6 +33,7 @@ class StreamOutput:
 @dataclass(frozen=True)
 class DisplayOutput:
     data: dict[str, bytes]  # MIME type -> UTF-8 text or decoded binary
+    dropped: bool = False  # too large on its own: the kernel sent it without its data
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def output_event(msg: dict, limit: int) -> KernelEvent | None:
         skipped = skipped if isinstance(skipped, int) and skipped > 0 else 0
         return StreamOutput(content.get("name", "stdout"), content.get("text", ""), skipped)
     if kind in ("display_data", "update_display_data"):
-        return DisplayOutput(mime_bundle(content.get("data", {})))
+        return DisplayOutput(mime_bundle(content.get("data", {})), dropped=content.get("corral_dropped") is True)
     if kind == "execute_result":
         data, truncated, total = bound_result(content.get("data", {}), limit, DISPLAY_LIMIT_BYTES)
         truncated, total = _kernel_cut(content, truncated, total)
@@ -204,7 +205,7 @@ class StreamCap:
             return StreamOutput(event.name, kept) if kept else None
         if isinstance(event, DisplayOutput):
             size = rich_size(event)
-            if self.display_bytes + size > DISPLAY_LIMIT_BYTES:
+            if event.dropped or self.display_bytes + size > DISPLAY_LIMIT_BYTES:
                 self.displays_dropped += 1
                 return None
             self.display_bytes += size
@@ -252,7 +253,7 @@ class LateBuffer:
             stream.write(text_bytes(event.text))
         elif isinstance(event, DisplayOutput | ResultOutput | ErrorOutput):
             size = rich_size(event)
-            if self._rich_bytes + size > self.limit:
+            if (isinstance(event, DisplayOutput) and event.dropped) or self._rich_bytes + size > self.limit:
                 self._dropped += 1
                 return
             self._rich_bytes += size

@@ -559,7 +559,7 @@ def test_a_200_mb_value_is_cut_in_the_kernel_and_leaves_the_daemon_small(daemon,
     """A cell whose value is a 200 MB string: the kernel cuts it before sending (both ends of the
     output cap, the total), so the daemon stays small and the call does not fail on gRPC's message
     limit (it grew by 570 MiB, 950 MiB when streamed, and failed RESOURCE_EXHAUSTED); the same
-    for an error whose message is 200 MB."""
+    for an error whose message is 200 MB, and a 200 MB display is dropped in the kernel."""
     before = rss_mib(daemon.proc.pid)
     reply, (peak,) = peak_rss_while([daemon.proc.pid], lambda: run(stub, kernel, BIG_VALUE, timeout_ms=120_000))
     text = reply.result.data["text/plain"]
@@ -578,6 +578,13 @@ def test_a_200_mb_value_is_cut_in_the_kernel_and_leaves_the_daemon_small(daemon,
     assert error.error.ename == "ValueError" and error.error.truncated and len(error.error.evalue) == CAP
     assert error.error.evalue.startswith("STARTyyy") and error.error.evalue.endswith("yyyEND")
     assert error.error.total_bytes > 400_000_000 and error.truncated
+    assert peak - before < 100, f"the daemon grew from {before} MiB to {peak} MiB"
+    # A 200 MB display, past the displays' cap on its own: dropped in the kernel, counted.
+    shown, (peak,) = peak_rss_while(
+        [daemon.proc.pid],
+        lambda: run(stub, kernel, "from IPython.display import display\ndisplay({'text/plain': x}, raw=True)\n"),
+    )
+    assert list(shown.displays) == [] and shown.done.displays_dropped == 1 and shown.truncated
     assert peak - before < 100, f"the daemon grew from {before} MiB to {peak} MiB"
     assert run(stub, kernel, "len(x)").result.data["text/plain"] == b"200000008"
 

@@ -162,6 +162,24 @@ def test_an_error_past_the_cap_keeps_the_ends_of_its_message_and_traceback() -> 
     assert kept == ["t" * 5, "t" * 5]  # cut in place: IPython keeps the list for the reply
 
 
+def test_a_display_too_large_on_its_own_leaves_the_kernel_without_its_data_and_is_counted() -> None:
+    """A display past the displays' cap alone would be dropped whole by the daemon: the kernel
+    sends it without its data, and the daemon counts it as dropped; smaller ones pass untouched."""
+    big = {"data": {"text/plain": "a" * 101}, "metadata": {}}
+    kernel_bootstrap.bound_content("display_data", big, 10, 100)
+    assert big == {"data": {}, "metadata": {}, "corral_dropped": True}
+    small = {"data": {"text/plain": "a" * 100}}
+    kernel_bootstrap.bound_content("update_display_data", small, 10, 100)
+    assert small == {"data": {"text/plain": "a" * 100}}
+    event = kernel_events.output_event({"msg_type": "display_data", "content": big}, 10)
+    assert event == DisplayOutput({}, dropped=True)
+    cap, late = StreamCap(None), LateBuffer(100)
+    assert cap.admit(event) is None and cap.displays_dropped == 1 and cap.truncated
+    late.add(event)
+    taken = late.take()
+    assert taken is not None and taken.displays == [] and taken.truncated
+
+
 def test_a_value_or_an_error_that_arrives_uncut_is_cut_by_the_daemon_and_counted() -> None:
     """From a kernel without the bounds (an ipykernel the bootstrap does not know): the daemon cuts
     what arrived before it is forwarded; what the kernel says of its own cut wins."""
