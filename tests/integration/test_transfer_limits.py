@@ -17,6 +17,7 @@ import pytest
 
 from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
+from tests.transfer_messages import tar_of, upload_messages
 
 MiB = 1 << 20
 # What the daemon may grow by while it streams an archive, whatever the archive's size.
@@ -107,26 +108,6 @@ def test_sparse_file_downloads_sparse_without_daemon_memory(daemon, sandbox, tmp
     with open(local, "rb") as f:
         f.seek(1 << 30)
         assert f.read(6) == b"middle"
-
-
-def tar_of(files: dict[str, bytes]) -> bytes:
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def upload_messages(sandbox_id: str, path: str, *chunks: bytes, then=()) -> Iterator[pb.UploadRequest]:
-    yield pb.UploadRequest(start=pb.UploadStart(sandbox_id=sandbox_id, path=path))
-    for chunk in chunks:
-        yield pb.UploadRequest(chunk=chunk)
-    yield from then
 
 
 def listing(sandbox, path: str) -> list[str]:

@@ -8,26 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
-from corral.daemon.testing import fake_daemon_in_a_thread
-from corral.sdk import AsyncClient, Client, CommandExitError, InvalidArgument, NotFound, Sandbox, ShellInfo, ShellResult
+from corral.sdk import AsyncClient, CommandExitError, InvalidArgument, NotFound, ShellInfo, ShellResult
 
 CLI = [sys.executable, "-m", "corral.cli"]
-
-
-@pytest.fixture(scope="module")
-def address() -> Iterator[str]:
-    with fake_daemon_in_a_thread() as address:
-        yield address
-
-
-@pytest.fixture
-def sandbox(address) -> Iterator[Sandbox]:
-    with Client(address) as client, client.create_sandbox() as sandbox:
-        yield sandbox
 
 
 def test_run_keeps_state_across_runs(sandbox):

@@ -5,52 +5,21 @@ is the integration suite's (tests/integration/test_files.py, test_transfer_limit
 
 from __future__ import annotations
 
-import io
-import tarfile
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from corral.daemon.testing import fake_daemon_in_a_thread
-from corral.sdk import Client, Sandbox, errors
+from corral.sdk import errors
 from corral.v1 import sandbox_pb2 as pb
 from corral.v1 import sandbox_pb2_grpc
-
-
-@pytest.fixture(scope="module")
-def address() -> Iterator[str]:
-    with fake_daemon_in_a_thread() as address:
-        yield address
-
-
-@pytest.fixture
-def sandbox(address) -> Iterator[Sandbox]:
-    with Client(address) as client, client.create_sandbox() as sandbox:
-        yield sandbox
+from tests.transfer_messages import tar_of, upload_messages
 
 
 @pytest.fixture
 def service(address) -> Iterator[sandbox_pb2_grpc.SandboxServiceStub]:
     with grpc.insecure_channel(address) as channel:
         yield sandbox_pb2_grpc.SandboxServiceStub(channel)
-
-
-def tar_of(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def upload_messages(sandbox_id: str, path: str, *chunks: bytes, then=()) -> Iterator[pb.UploadRequest]:
-    yield pb.UploadRequest(start=pb.UploadStart(sandbox_id=sandbox_id, path=path))
-    for chunk in chunks:
-        yield pb.UploadRequest(chunk=chunk)
-    yield from then
 
 
 @pytest.mark.parametrize(
