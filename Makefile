@@ -13,7 +13,7 @@
 #   make lint-protos  buf lint, plus buf breaking against the base commit when there is one
 #   make clean        remove the virtual environment, node_modules and build/test leftovers
 #
-# Every pip install passes `-c constraints.txt`, which pins torch to a CPU-only build.
+# Every pip install passes `-c constraints.txt`, which pins the torch release the extras that need it use.
 
 SHELL := /bin/bash
 

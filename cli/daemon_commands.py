@@ -31,7 +31,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "doctor",
         help="explain which backends, isolation and limits work here, and how to fix what is missing",
         description="Reports the running daemon's view (GetNodeInfo at --address, when one answers) and this "
-        "host probed with this command's settings (--config), naming the fix for each missing part.",
+        "host probed with this command's settings (--config), naming the fix for each missing part. Exits 1 when "
+        "no backend can make a sandbox (the daemon's, or where none answers, this host's).",
     )
     doctor.add_argument("--config", help="TOML configuration for the host probe (default: $CORRAL_CONFIG)")
     doctor.set_defaults(func=doctor_command)
@@ -84,7 +85,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def doctor_command(args: argparse.Namespace) -> int:
     from corral.daemon.config import ConfigError, load_config
-    from corral.daemon.doctor import report
+    from corral.daemon.doctor import NOTHING_USABLE, report
     from corral.sdk import Client
     from corral.sdk.errors import CorralError
     from corral.sdk.types import NodeInfo
@@ -103,15 +104,17 @@ def doctor_command(args: argparse.Namespace) -> int:
     except CorralError as err:
         error = err.details
     source = args.config or os.environ.get("CORRAL_CONFIG")
-    print(
-        report(
-            config,
-            address=address,
-            node=node,
-            error=error,
-            config_source=f"settings from {source}" if source else "default settings",
-        )
+    found = report(
+        config,
+        address=address,
+        node=node,
+        error=error,
+        config_source=f"settings from {source}" if source else "default settings",
     )
+    print(found.text)
+    if not found.usable:
+        print(f"corral doctor: {NOTHING_USABLE}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -45,7 +45,15 @@ UNREGISTER_TIMEOUT_S = 10.0
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    run = sub.add_parser("run", help="run rollouts of tasks from JSONL files and write the results")
+    run = sub.add_parser(
+        "run",
+        help="run rollouts of tasks from JSONL files and write the results",
+        description="Runs every task through a daemon's rollout service and writes the results as they finish. "
+        "Without --address (and without $CORRAL_ADDRESS or $CORRAL_SOCKET) it starts a daemon of its own in this "
+        "process, on a private socket, with local sandboxes; builtin:* LLMs are started in this process too. "
+        "Exit status: 0 when every rollout completed (whatever its reward), 1 when any was filtered or cancelled, "
+        "2 for unusable input.",
+    )
     run.add_argument("tasks", nargs="+", help="JSONL files, one corral task per line")
     run.add_argument(
         "--llm",
@@ -57,7 +65,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--protocol", default="sglang", choices=["sglang", "vllm"], help="protocol of URL servers")
     run.add_argument("--out", default=None, help="write each result as a JSON line here")
     run.add_argument("-n", "--samples", type=int, default=1, help="rollouts per task (one group each)")
-    run.add_argument("--max-staleness", type=int, default=None)
+    run.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        metavar="VERSIONS",
+        help="filter a rollout whose oldest turn was generated more than VERSIONS policy versions before the "
+        "current one (default: no limit)",
+    )
     run.add_argument(
         "--tokenizer",
         default=None,

@@ -98,11 +98,11 @@ def backend_lines(backends: Iterable[Backend], indent: str = "") -> list[str]:
         lines.append(
             f"{indent}{backend.name}: {'available' if backend.available else 'unavailable'} - {backend.detail}"
         )
-        if backend.available:
+        if backend.available:  # (an unavailable backend enforces nothing: its limits would mislead)
             lines.append(f"{indent}  isolation: {backend.isolation}")
-        for limit in backend.limits:
-            state = f"enforced ({limit.mechanism})" if limit.enforced else f"not enforced: {limit.reason}"
-            lines.append(f"{indent}  {limit.kind}: {state}")
+            for limit in backend.limits:
+                state = f"enforced ({limit.mechanism})" if limit.enforced else f"not enforced: {limit.reason}"
+                lines.append(f"{indent}  {limit.kind}: {state}")
         lines += [f"{indent}  fix: {fix}" for fix in fixes(backend)]
     return lines
 
@@ -134,8 +134,11 @@ def daemon_section(address: str, node: NodeInfo | None, error: str | None) -> li
     ]
 
 
-def host_section(config: Config, config_source: str) -> list[str]:
-    mode, statuses = probe(config)
+def host_section(
+    config: Config, config_source: str, probed: tuple[str, dict[str, BackendStatus]] | None = None
+) -> list[str]:
+    """This host, probed with `config` (or as `probed` already found it)."""
+    mode, statuses = probed or probe(config)
     root = os.geteuid() == 0
     lines = [
         f"this host, probed by corral doctor ({config_source}; a daemon started with other settings may differ):",
@@ -191,6 +194,17 @@ def protection_lines(config: Config, may_lower_oom_score: bool) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class Report:
+    text: str
+    # Some backend can make a sandbox: the running daemon's, or where none answers, this host's
+    # as probed (doctor exits non-zero otherwise).
+    usable: bool
+
+
+NOTHING_USABLE = "no backend can make a sandbox here: see each backend's fix above"
+
+
 def report(
     config: Config,
     *,
@@ -198,8 +212,16 @@ def report(
     node: NodeInfo | None,
     error: str | None = None,
     config_source: str = "default settings",
-) -> str:
+) -> Report:
     """The daemon's view (`node`, from GetNodeInfo at `address`; None when none answered, with
     `error`), then this host's."""
-    sections: Sequence[list[str]] = (daemon_section(address, node, error), host_section(config, config_source))
-    return "\n".join(line for section in sections for line in section)
+    probed = probe(config)
+    sections: Sequence[list[str]] = (
+        daemon_section(address, node, error),
+        host_section(config, config_source, probed),
+    )
+    if node is not None:
+        usable = any(status.available for status in node.backends)
+    else:
+        usable = any(status.available for status in probed[1].values())
+    return Report("\n".join(line for section in sections for line in section), usable)

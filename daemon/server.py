@@ -267,6 +267,15 @@ def protect_from_oom(score: int) -> None:
         return
     try:
         Path("/proc/self/oom_score_adj").write_text(str(score))
+    except PermissionError:
+        # Expected where the daemon is not root (or root without CAP_SYS_RESOURCE): said once, as
+        # what it means rather than as an error.
+        log.info(
+            "the daemon keeps its inherited oom_score_adj (daemon.oom_score_adj = %d needs CAP_SYS_RESOURCE): "
+            "under memory pressure the kernel may kill it before sandbox processes",
+            score,
+        )
+        return
     except OSError as err:
         log.warning("cannot set the daemon's oom_score_adj to %d: %s", score, err.strerror or err)
         return

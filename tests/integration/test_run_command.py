@@ -3,15 +3,19 @@ tasks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from corral.cli.run import is_token_exact, summarize
 from corral.sdk.rollout_messages import result_from_proto
 from corral.sdk.tasks import load_tasks, task_to_json
 from tests.conftest import require_backend
+from tests.torch_needed import TORCH_MISSING
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "examples" / "tasks" / "repair.jsonl"
@@ -51,6 +55,7 @@ def test_the_broken_example_task_is_filtered_as_the_demo_shows(tmp_path) -> None
     assert "cannot be applied" in result["error"] and result["turns"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason=TORCH_MISSING)
 def test_the_tiny_policy_samples_real_tokens_with_real_logprobs(tmp_path) -> None:
     require_backend("local")
     [task] = load_tasks(BUNDLED)[:1]

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require_backend
+from tests.torch_needed import TORCH_MISSING
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason=TORCH_MISSING)
 
 pytestmark = pytest.mark.local
 

@@ -22,13 +22,16 @@ from corral.daemon.embedded import embedded_daemon
 from corral.daemon.testing import fake_backends
 
 
-async def corral_doctor(*args: str) -> str:
+async def corral_doctor(*args: str, usable: bool | None = True) -> str:
+    """doctor's report; it must exit 0 when `usable`, 1 when not (None: as this host's probe finds)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("CORRAL_")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "corral.cli", *args, "doctor", stdout=asyncio.subprocess.PIPE, env=env
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode == 0
+    if usable is None:
+        usable = any(status.available for status in doctor.probe(load_config(environ={}))[1].values())
+    assert proc.returncode == (0 if usable else 1), out.decode()
     return out.decode()
 
 
@@ -44,7 +47,7 @@ async def test_doctor_reports_the_running_daemons_view_and_the_host(tmp_path: Pa
 
 
 async def test_doctor_without_a_daemon_says_how_to_start_one(tmp_path: Path) -> None:
-    out = await corral_doctor("--address", f"unix://{tmp_path}/absent.sock")
+    out = await corral_doctor("--address", f"unix://{tmp_path}/absent.sock", usable=None)
     assert out.startswith(f"daemon at unix://{tmp_path}/absent.sock: none answers")
     assert f"fix: {doctor.FIX_NO_DAEMON}" in out and "this host, probed by corral doctor" in out
 
@@ -117,3 +120,15 @@ def test_each_backend_names_the_fixes_for_what_its_probe_finds_missing(tmp_path:
         lines = doctor.backend_lines(doctor.host_backends({name: status}))
         printed = [line.removeprefix("  fix: ") for line in lines if line.startswith("  fix: ")]
         assert printed == BACKENDS[name].fixes(status) and set(own[name]) <= set(printed)
+
+
+def test_nothing_usable_is_said_and_unavailable_backends_list_no_limits(tmp_path: Path, monkeypatch) -> None:
+    """A host where no backend can make a sandbox (no tools, no engine) and no daemon answers:
+    the report is not usable (doctor exits 1) and no unavailable backend claims a limit enforced."""
+    monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
+    config = load_config(environ={})
+    config.backend("docker").socket = f"unix://{tmp_path}/absent.sock"
+    found = doctor.report(config, address="unix:///absent.sock", node=None, error="no such file")
+    assert not found.usable
+    assert "enforced" not in found.text, found.text
+    assert ": unavailable - " in found.text

@@ -18,6 +18,7 @@ from corral.rollout.gateway.render import ChatRenderer, Conversation, normalize_
 from corral.rollout.gateway.session import CallOptions
 from corral.rollout.tokenizer import HFChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat, strip_tool_calls
+from tests.torch_needed import TORCH_MISSING
 from tests.unit.gateway_support import BASH_TOOL, TOK, ScriptedLLM, assert_token_exact, make_session, settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,8 +187,9 @@ async def test_hugging_face_template_gets_tools_and_tool_calls_and_stays_token_e
 
 @pytest.fixture(scope="module")
 def tiny_qwen2() -> HFChatTokenizer:
-    """The tokenizer of the tiny model the real-engine tests serve (built offline, cached)."""
+    """The tokenizer of the tiny model the real-engine tests serve (built offline with torch, cached)."""
     pytest.importorskip("transformers")
+    pytest.importorskip("torch", reason=TORCH_MISSING)
     model_dir = Path(os.environ.get("CORRAL_TEST_MODEL_CACHE", Path.home() / ".cache" / "corral" / "tiny-qwen2"))
     subprocess.run(
         [sys.executable, str(REPO / "scripts" / "build_tiny_model.py"), str(model_dir)],

@@ -4,11 +4,16 @@ pool's stickiness, load balancing, failover, cool-down and run-time registration
 
 from __future__ import annotations
 
+import pytest
+
+from tests.torch_needed import TORCH_MISSING
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+
 import asyncio
 import math
 import time
 
-import pytest
 from aiohttp import ClientSession, web
 
 from corral.daemon.llm_pool import LLMPool, ServerAlreadyRegistered, UnknownServer

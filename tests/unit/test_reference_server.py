@@ -4,6 +4,12 @@ update from disk, and the command line serves."""
 
 from __future__ import annotations
 
+import pytest
+
+from tests.torch_needed import TORCH_MISSING
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+
 import json
 import math
 import subprocess
@@ -11,8 +17,6 @@ import sys
 import urllib.request
 
 import aiohttp
-import pytest
-import torch
 from torch.nn import functional as F
 
 from corral.rollout.llm.client import LLMServerError

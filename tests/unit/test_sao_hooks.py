@@ -4,12 +4,15 @@ Miles' custom loss function (Miles cannot be installed here: its two helpers are
 
 from __future__ import annotations
 
+import pytest
+
+from tests.torch_needed import TORCH_MISSING
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+
 import argparse
 import sys
 import types
-
-import pytest
-import torch
 
 from corral.trainer_adapters.sao import CODING, sao_policy_loss
 from corral.trainer_adapters.sao.hooks import miles_sao_loss

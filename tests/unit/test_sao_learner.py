@@ -3,11 +3,14 @@ results are never trained on, and updates really move the policy (the tiny byte-
 
 from __future__ import annotations
 
+import pytest
+
+from tests.torch_needed import TORCH_MISSING
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+
 import asyncio
 import threading
-
-import pytest
-import torch
 
 from corral.rollout.reference.tiny_model import TinyByteLM
 from corral.sdk.rollout_messages import result_from_proto

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
+
+from tests.torch_needed import TORCH_MISSING
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+
+import math
 
 from corral.trainer_adapters.sao import (
     CODING,

@@ -65,7 +65,10 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
 # What the probe says is missing, and what `corral doctor` says to do about it (own_fixes).
 NO_APPTAINER = "neither apptainer nor singularity is installed"
-FIX_APPTAINER = "install Apptainer: https://apptainer.org/docs/admin/main/installation.html"
+FIX_APPTAINER = (
+    "install Apptainer: scripts/install_apptainer.sh in corral's repository (as root, Debian 12 or 13 on amd64), "
+    "elsewhere https://apptainer.org/docs/admin/main/installation.html"
+)
 # Where, under the daemon's run directories (searchable by all: run_dir_base), the launcher shows
 # apptainer what it needs, in a mount namespace of its own (see _LAUNCH_SCRIPT): apptainer runs as
 # the sandbox's block, which may not search the directories above the daemon's state (a private
