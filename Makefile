@@ -4,7 +4,7 @@
 #   make venv         create .venv and install corral with its dev extras (again when pyproject.toml changes)
 #   make test         run the whole test suite (unit and integration; root for the local backend), on
 #                     TEST_WORKERS=2 workers, and print where its time went
-#   make test-unit    run the unit tests only: no root, no daemon process, no system packages, seconds
+#   make test-unit    run the unit tests only (no root, no daemon process, no system packages), on TEST_WORKERS workers
 #   make demo         run examples/demo.py
 #   make lint         ruff (lint and format), mypy, import-linter, and the generated sync client's check
 #   make format       ruff format and ruff's import sorting, in place
@@ -75,7 +75,7 @@ test: system-deps
 	  exit $$status
 
 test-unit: venv
-	$(VENV_PY) -m pytest -q tests/unit
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 demo: system-deps
 	@$(MAKE) --no-print-directory venv

@@ -209,6 +209,16 @@ def test_options_and_traps_that_echo_what_bash_runs_show_the_users_commands_only
     assert turn("set +o history +H") == b""
 
 
+@pytest.mark.above_backend
+def test_each_turn_starts_with_the_terminal_as_its_streams(sh):
+    """`exec >file 2>&1` sends the rest of its turn's output to the file; the next turn writes to
+    the terminal again (docs/shells.md), and the turn's end is never lost to the file."""
+    r = sh.run("exec >/tmp/exec-out 2>&1; echo to-the-file; echo err >&2", timeout=10)
+    assert r.output == b"" and r.exit_code == 0 and not r.timed_out and not r.shell_restarted
+    r = sh.run("echo back; cat /tmp/exec-out", timeout=10)
+    assert r.output == b"back\nto-the-file\nerr\n" and not r.shell_restarted
+
+
 @pytest.mark.load
 def test_stderr_apart_is_complete_in_order_and_relabelled_under_load(sh, client):
     with under_load(client):
