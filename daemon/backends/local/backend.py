@@ -516,8 +516,7 @@ class RootlessSandbox(LocalSandbox):
         argv, pass_fds = self._bwrap_command(bwrap_argv(backend.bwrap, *launch_args, mounts))
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
         async with backend.launch_slots:
-            with refusing_unbuildable(self.spec.image or "host"):
-                await self._spawn_launcher(in_cgroup([*setup, *argv], init_cgroup), pass_fds)
+            await self._spawn_launcher(in_cgroup([*setup, *argv], init_cgroup), pass_fds)
 
     def make_file_access(self) -> SandboxFiles:
         """File access through the init's root as the daemon itself (its uid is root inside)."""

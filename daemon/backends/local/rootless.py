@@ -24,6 +24,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from corral.sdk.errors import FailedPrecondition
+
 from ..root import RootMount
 
 # How the writable root is made, as the backend's status names it.
@@ -176,15 +178,28 @@ def copy_layout(layout: Sequence[RootMount], copy_dir: Path) -> list[RootMount]:
         if mount.kind != "overlay":
             copied.append(mount)
         elif mount.dst == "/":
-            subprocess.run(
+            copy = subprocess.run(
                 ["cp", "-a", "--reflink=auto", "--no-target-directory", mount.src, str(copy_dir)],
-                check=True,
                 capture_output=True,
+                text=True,
             )
+            # What the daemon's user may not read stays out, as an overlay would not show it either,
+            # and so do device nodes, which it may not make (the sandbox has a /dev of its own).
+            failures = [line for line in copy.stderr.splitlines() if not _copy_may_skip(line)]
+            if copy.returncode != 0 and (failures or not copy_dir.is_dir()):
+                raise FailedPrecondition(
+                    f"cannot copy image {mount.src} for the sandbox's root: {' '.join(failures) or copy.stderr.strip()}"
+                )
             copied.append(RootMount("bind-writable", str(copy_dir), "/"))
         else:
             copied.append(RootMount("bind", mount.src, mount.dst))
     return copied
+
+
+def _copy_may_skip(cp_error: str) -> bool:
+    return cp_error.endswith("Permission denied") or (
+        "cannot create special file" in cp_error and cp_error.endswith("Operation not permitted")
+    )
 
 
 def remove_tree(path: Path) -> None:
