@@ -64,10 +64,7 @@ class Daemon:
 
     def start(self, timeout: float = 30.0) -> Daemon:
         cmd = [
-            sys.executable,
-            "-m",
-            "corral.cli",
-            "serve",
+            *self.command(),
             "--socket",
             str(self.socket),
             "--state-dir",
@@ -91,6 +88,10 @@ class Daemon:
                 return self
             time.sleep(0.05)
         raise RuntimeError("daemon did not become ready")
+
+    def command(self) -> list[str]:
+        """The command line that serves, before its options (another user's, in a subclass)."""
+        return [sys.executable, "-m", "corral.cli", "serve"]
 
     def _serving(self) -> bool:
         if not self.socket.exists():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -75,6 +76,7 @@ class NodeInfo:
     capacity: NodeCapacity = NodeCapacity()
     draining: bool = False
     empty: bool = False
+    rootless: bool = False  # the daemon is not root (an ordinary user's)
 
 
 class LiveRollouts(Protocol):
@@ -129,6 +131,7 @@ class Node:
             capacity=capacity,
             draining=self.sandboxes.draining,
             empty=self.empty(),
+            rootless=os.geteuid() != 0,
         )
 
     def empty(self) -> bool:

@@ -9,6 +9,7 @@ left the group with setsid.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -68,6 +69,47 @@ def is_process(pid: int, names: tuple[str, ...]) -> bool:
             return comm.read().strip() in names
     except OSError:
         return False
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                found += [int(child) for child in fh.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def kill_descendants(pid: int, rounds: int = 8) -> None:
+    """SIGKILLs every descendant of `pid` (not `pid` itself), for processes without a cgroup of
+    their own. Each one found is stopped first, so that it cannot fork past the walk, and the walk
+    is repeated until it finds none new; all are then killed together. A process that left the
+    tree (its parent exited before the walk: a double fork) is out of reach."""
+    stopped: list[int] = []
+    seen: set[int] = set()
+    for _ in range(rounds):
+        frontier, new = [pid], []
+        while frontier:
+            for child in _children(frontier.pop()):
+                if child not in seen:
+                    seen.add(child)
+                    new.append(child)
+                frontier.append(child)
+        if not new:
+            break
+        for child in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGSTOP)
+        stopped += new
+    for child in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
 
 
 def _decode_wait_status(status: int) -> tuple[int, int]:
@@ -258,7 +300,11 @@ class HostProcess:
             pipe.close()
 
     async def kill_tree(self) -> None:
-        """SIGKILLs the process group and, where there is one, every process in the cgroup."""
+        """SIGKILLs the process group and, where there is one, every process in the cgroup;
+        without a cgroup, every descendant of the process first (those that left the group with
+        setsid, whose parent still lives)."""
+        if not self.cgroup:
+            await asyncio.to_thread(kill_descendants, self.pid)
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

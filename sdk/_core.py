@@ -638,6 +638,7 @@ def node_info_from_proto(response: pb.GetNodeInfoResponse) -> NodeInfo:
         capacity=_capacity_from_proto(response.capacity),
         draining=response.draining,
         empty=response.empty,
+        rootless=response.rootless,
     )
 
 

@@ -271,6 +271,8 @@ class NodeInfo:
     # Draining (Client.drain): it takes no new sandboxes or rollouts; `empty` once nothing is left.
     draining: bool = False
     empty: bool = False
+    # The daemon runs without root (its backends' details say what that gives up).
+    rootless: bool = False
 
 
 @dataclass(frozen=True)

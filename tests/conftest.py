@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -136,8 +136,19 @@ def kernel_python(request) -> None:
 class DaemonProcess:
     """`corral serve` in a child process, with its own socket and state directory."""
 
-    def __init__(self, root: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+        python: str = sys.executable,
+    ) -> None:
+        """`prefix`: what the daemon's command line is run under (another user's identity, say),
+        exec'ing it so that the daemon keeps the pid started; `python`: its interpreter."""
         self.root = root
+        self.prefix = tuple(prefix)
+        self.python = python
         self.socket = root / "corral.sock"
         self.state_dir = root / "state"
         self.address = f"unix://{self.socket}"
@@ -149,7 +160,8 @@ class DaemonProcess:
 
     def start(self, timeout: float = 20.0) -> DaemonProcess:
         cmd = [
-            sys.executable,
+            *self.prefix,
+            self.python,
             "-m",
             "corral.cli",
             "serve",

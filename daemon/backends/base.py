@@ -484,7 +484,7 @@ class Backend(abc.ABC):
         await self.check_image(spec.image)
         uid = self.context.uids.take()
         try:
-            sandbox = self.sandbox_class(self, spec, uid)
+            sandbox = self.new_sandbox(spec, uid)
         except BaseException:
             self.context.uids.give_back(uid)
             raise
@@ -494,6 +494,11 @@ class Backend(abc.ABC):
             await self._discard(sandbox)
             raise
         return sandbox
+
+    def new_sandbox(self, spec: SandboxSpec, uid: int) -> ManagedSandbox:
+        """The sandbox object a create starts (`sandbox_class`, unless the backend picks another
+        kind for how this node runs it)."""
+        return self.sandbox_class(self, spec, uid)
 
     async def _discard(self, sandbox: ManagedSandbox) -> None:
         """Destroys a sandbox whose start failed. When the node is short of what the teardown

@@ -153,6 +153,7 @@ def node_info_message(info: NodeInfo) -> pb.GetNodeInfoResponse:
         ],
         capacity=pb.NodeCapacity(**dataclasses.asdict(info.capacity)),
         draining=info.draining,
+        rootless=info.rootless,
         empty=info.empty,
     )
 

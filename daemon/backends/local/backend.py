@@ -72,6 +72,7 @@ from .launch import (
     root_layout,
     unshare_argv,
 )
+from .rootless import COPY, OVERLAY, copy_layout, remove_tree, setup_argv, user_namespace_support, writable_root_kind
 
 log = logging.getLogger(__name__)
 
@@ -279,27 +280,36 @@ class LocalSandbox(ManagedSandbox):
         points = [(m.sandbox_path, os.path.isdir(m.host_path)) for m in mounts]
         await asyncio.to_thread(make_mount_points, root, points, self.uid)
         launch_args = (root, self.sandbox_dir, self.run_dir, self.workdir, self.spec.network, shm_bytes, mounts)
+        pass_fds: list[int] = []
         if backend.launcher == "bwrap":
             assert backend.bwrap is not None  # the probe chose bwrap because it found it
-            argv = bwrap_argv(backend.bwrap, *launch_args)
+            argv, pass_fds = self._bwrap_command(bwrap_argv(backend.bwrap, *launch_args))
         else:
             assert backend.unshare is not None  # the probe chose unshare because it found it
             argv = unshare_argv(backend.unshare, *launch_args, seccomp=backend.seccomp_program)
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
+        await self._spawn_launcher(in_cgroup(argv, init_cgroup), pass_fds)
+
+    def _bwrap_command(self, argv: list[str]) -> tuple[list[str], list[int]]:
+        """A bwrap command line with its options (and the seccomp filter) moved into memory files
+        passed by descriptor, and those descriptors: bwrap stays the sandbox's pid 1, whose command
+        line the sandbox can read, and its options name host paths."""
         pass_fds: list[int] = []
-        if backend.launcher == "bwrap":
-            # bwrap stays the sandbox's pid 1, whose command line the sandbox can read: its options
-            # (host paths) come through a file descriptor instead (`--args`).
-            options, argv = bwrap_options(argv)
-            if backend.seccomp_program:
-                pass_fds.append(_memfd("corral-seccomp", backend.seccomp_program))
-                options += ["--seccomp", str(pass_fds[-1])]
-            pass_fds.append(_memfd("corral-bwrap-args", b"\0".join(o.encode() for o in options) + b"\0"))
-            argv = [argv[0], "--args", str(pass_fds[-1]), *argv[1:]]
+        options, argv = bwrap_options(argv)
+        if self.backend.seccomp_program:
+            pass_fds.append(_memfd("corral-seccomp", self.backend.seccomp_program))
+            options += ["--seccomp", str(pass_fds[-1])]
+        pass_fds.append(_memfd("corral-bwrap-args", b"\0".join(o.encode() for o in options) + b"\0"))
+        return [argv[0], "--args", str(pass_fds[-1]), *argv[1:]], pass_fds
+
+    async def _spawn_launcher(self, argv: list[str], pass_fds: list[int]) -> None:
+        """Starts the launcher (closing `pass_fds` here) and waits until the sandbox's init says
+        it is up; FailedPrecondition with what the launcher said otherwise."""
+        backend = self.backend
         try:
             # Spawned from the event loop thread on purpose: nothing here may die with a worker.
             self._launcher = subprocess.Popen(
-                in_cgroup(argv, init_cgroup),
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -432,6 +442,111 @@ class LocalSandbox(ManagedSandbox):
         return EnterCommand([*filtered, *enter], cgroup, "/")
 
 
+class RootlessSandbox(LocalSandbox):
+    """A local sandbox of a daemon that is not root (rootless.py): one user namespace mapping root
+    inside to the daemon's own ids, made with the mount namespace its root is built in, and no
+    other id, so programs run as root inside only; the daemon's uid owns every file on the host."""
+
+    def __init__(self, backend: LocalBackend, spec, uid: int) -> None:
+        super().__init__(backend, spec, uid)
+        self.user = self._inside_user(spec.user)
+
+    @staticmethod
+    def _only_root(who: SandboxUser, spec: str) -> SandboxUser:
+        if who.uid != 0 or who.gid != 0:
+            raise FailedPrecondition(
+                f"user {spec!r} is uid {who.uid}: a daemon without root maps only root (uid 0) into its "
+                'sandboxes (docs/local-backend.md, "Without root")'
+            )
+        return who
+
+    def _inside_user(self, user: str) -> SandboxUser:
+        """`user` ("" = the default) as the sandbox knows it, refused unless it is root."""
+        if not user:
+            return self.user
+        passwd = self._passwd() if self.files is not None else read_passwd(self.rootfs)
+        return self._only_root(resolve_user(user, passwd), user)
+
+    def user_host_ids(self, user: str) -> tuple[int, int] | None:
+        self._inside_user(user)
+        return os.getuid(), os.getgid()
+
+    def host_id_block(self) -> tuple[int, int]:
+        return os.getuid(), 1
+
+    def host_ids(self, user: SandboxUser) -> tuple[int, int]:
+        return os.getuid(), os.getgid()
+
+    async def _make_dirs(self) -> None:
+        # (Owned by the daemon's uid, which is root inside: nothing to give away.)
+        self.sandbox_dir.mkdir(parents=True, exist_ok=True)
+        self.sandbox_dir.parent.chmod(0o711)
+        for sub, mode in (("workspace", 0o755), ("tmp", 0o1777), ("root", 0o755), ("layers", 0o700)):
+            (self.sandbox_dir / sub).mkdir(exist_ok=True)
+            os.chmod(self.sandbox_dir / sub, mode)
+        os.chmod(self.sandbox_dir, self.dir_mode)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run_dir, 0o711)
+
+    async def launch(self) -> None:
+        backend = self.backend
+        assert backend.bwrap is not None  # the rootless probe needs bubblewrap
+        if self.rootfs != "/" and self._image_hold is None and not os.access(self.rootfs, os.R_OK | os.X_OK):
+            raise FailedPrecondition(
+                f"local image {self.spec.image} is not readable by the daemon's user, whose uid its sandboxes run as"
+            )
+        # Masks over host secrets are not needed: root inside reads only what the daemon's uid may.
+        layout = root_layout(self.rootfs, backend.hidden_paths, backend.host_paths)
+        if backend.root_kind == COPY:
+            layout = await asyncio.to_thread(copy_layout, layout, self.sandbox_dir / "image")
+        mounts = self.spec.mounts
+        if self.rootfs == "/":
+            mounts = (*mounts, *host_paths_over_own_mounts(backend.host_paths, backend.hidden_paths))
+        root, layers = self.sandbox_dir / "root", self.sandbox_dir / "layers"
+        mountpoints = ("/proc", "/dev", "/tmp", "/run", self.workdir)
+        setup = setup_argv(sys.executable, root, layers, layout, mountpoints)
+        launch_args = (
+            root,
+            self.sandbox_dir,
+            self.run_dir,
+            self.workdir,
+            self.spec.network,
+            backend.settings.shm_bytes,
+        )
+        argv, pass_fds = self._bwrap_command(bwrap_argv(backend.bwrap, *launch_args, mounts))
+        init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
+        async with backend.launch_slots:
+            await self._spawn_launcher(in_cgroup([*setup, *argv], init_cgroup), pass_fds)
+
+    def make_file_access(self) -> SandboxFiles:
+        """File access through the init's root as the daemon itself (its uid is root inside)."""
+        return SandboxFiles(f"/proc/{self.init_pid}/root", self.workdir, None, None, self.context.max_file_bytes)
+
+    async def destroy(self) -> None:
+        await super().destroy()
+        # What the daemon's user may not remove without first giving itself the permission.
+        await asyncio.to_thread(remove_tree, self.sandbox_dir)
+
+    def enter_command(
+        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
+    ) -> EnterCommand:
+        self._inside_user(user)
+        cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
+        assert self.backend.nsenter is not None
+        enter = nsenter_argv(
+            self.backend.nsenter,
+            self.init_pid,
+            0,
+            self.workdir,
+            argv,
+            cwd,
+            env,
+            user_namespace=f"/proc/{self.init_pid}/ns/user",
+            preserve_credentials=True,
+        )
+        return EnterCommand([*self.backend.seccomp_prefix, *enter], cgroup, "/")
+
+
 class LocalBackend(Backend):
     name = "local"
     Settings = LocalSettings
@@ -446,6 +561,10 @@ class LocalBackend(Backend):
         self.nsenter = shutil.which("nsenter")
         self.unshare = shutil.which("unshare")
         self.launcher = ""
+        # A daemon that is not root makes its sandboxes without privileges (RootlessSandbox),
+        # their writable root an overlay where the kernel allows one (probe), else a copy.
+        self.rootless = os.geteuid() != 0 and context.settings.isolation != "none"
+        self.root_kind = OVERLAY
         self.launch_slots = asyncio.Semaphore(LAUNCH_SLOTS)
         settings = context.settings
         self.images = ImageCache(
@@ -482,6 +601,8 @@ class LocalBackend(Backend):
         missing = []
         if not self.nsenter:
             missing.append(f"{NO_NSENTER} (apt-get install util-linux)")
+        if self.rootless:
+            return self._probe_rootless(limits, missing)
         if os.geteuid() != 0:
             missing.append(f"{NOT_ROOT}: it needs root to give each sandbox its own uid and cgroup")
         if mode == "none":
@@ -520,6 +641,41 @@ class LocalBackend(Backend):
             return BackendStatus(False, "; ".join(missing), "none", limits)
         users = f"root inside a user namespace of {self.context.uids.block} host ids per sandbox"
         return BackendStatus(True, f"{detail}; {users}; {self._seccomp_detail()}", "namespaces", limits)
+
+    def _probe_rootless(self, limits: dict[str, LimitSupport], missing: list[str]) -> BackendStatus:
+        """The status of a daemon that is not root: bubblewrap in a user namespace of the daemon's
+        user (rootless.py), limits only where the user was delegated cgroups, no disk cap."""
+        self.pool = None  # (the btrfs pool needs root to mount)
+        if self.settings.isolation == "unshare" or not self.bwrap:
+            self.launcher = ""
+            missing.append(f"{NO_BWRAP} (apt-get install bubblewrap): a daemon without root needs it")
+        else:
+            self.launcher = "bwrap"
+        if not missing and (lacking := user_namespace_support(self.unshare)):
+            missing.append(lacking)
+        if missing:
+            return BackendStatus(False, "; ".join(missing), "none", limits)
+        if not self.context.cgroups.can_track:
+            limits["wall_clock"] = LimitSupport(
+                True, "process group kill and its descendants' (no cgroup: a process that left the tree is missed)"
+            )
+        self.root_kind, why_not_overlay = writable_root_kind()
+        root = (
+            "writable root: the kernel's unprivileged overlayfs over the image"
+            if self.root_kind == OVERLAY
+            else f"writable root: a copy of a directory image, the host's system read-only (no unprivileged overlayfs: {why_not_overlay})"
+        )
+        users = (
+            f"ROOTLESS (the daemon is uid {os.getuid()}): root inside a user namespace mapped to the "
+            "daemon's own uid and gid, the same for every sandbox; no other inside user"
+        )
+        detail = f"{_version(self.bwrap or 'bwrap') or 'bubblewrap'}; {users}; {root}; {self._seccomp_detail()}"
+        return BackendStatus(True, detail, "namespaces", limits)
+
+    def new_sandbox(self, spec, uid: int) -> ManagedSandbox:
+        if self.rootless:
+            return RootlessSandbox(self, spec, uid)
+        return super().new_sandbox(spec, uid)
 
     @classmethod
     def own_fixes(cls, status: BackendStatus) -> list[str]:
@@ -617,6 +773,8 @@ class LocalBackend(Backend):
                     await asyncio.to_thread(unmount_root, leftover)
                     await asyncio.to_thread(diskcap.unmount, leftover)
                     await asyncio.to_thread(shutil.rmtree, leftover, True)
+                    if self.rootless:
+                        await asyncio.to_thread(remove_tree, leftover)
         if self.pool is not None and self.status().available:
             try:
                 await asyncio.to_thread(self.pool.open)

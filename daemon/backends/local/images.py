@@ -390,7 +390,11 @@ class ImageCache:
             await _run_tool([*copy, source.skopeo_name(engine_id), f"oci:{layout}:{LAYOUT_TAG}"], failure, work)
             await asyncio.to_thread(_declare_uncompressed_layers, layout)
             rootfs = image_dir / "rootfs"
-            await _run_tool(["umoci", "raw", "unpack", "--image", f"{layout}:{LAYOUT_TAG}", str(rootfs)], failure, work)
+            unpack = ["umoci", "raw", "unpack", "--image", f"{layout}:{LAYOUT_TAG}"]
+            if os.geteuid() != 0:
+                # Every file the daemon's own (root inside its sandboxes), no device nodes.
+                unpack.append("--rootless")
+            await _run_tool([*unpack, str(rootfs)], failure, work)
             (image_dir / "config.json").write_bytes(_layout_config(layout))
             size = await asyncio.to_thread(disk_usage, rootfs)
             record = {"reference": source.reference, "digest": key.replace("-", ":", 1), "size_bytes": size}

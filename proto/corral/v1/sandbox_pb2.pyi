@@ -617,7 +617,7 @@ class BackendInfo(_message.Message):
     def __init__(self, backend: _Optional[_Union[Backend, str]] = ..., available: _Optional[bool] = ..., detail: _Optional[str] = ..., isolation: _Optional[_Union[IsolationLevel, str]] = ..., limits: _Optional[_Iterable[_Union[LimitStatus, _Mapping]]] = ...) -> None: ...
 
 class GetNodeInfoResponse(_message.Message):
-    __slots__ = ("version", "daemon_id", "default_backend", "backends", "cgroup_mode", "sandbox_count", "pools", "capacity", "draining", "empty")
+    __slots__ = ("version", "daemon_id", "default_backend", "backends", "cgroup_mode", "sandbox_count", "pools", "capacity", "draining", "empty", "rootless")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -628,6 +628,7 @@ class GetNodeInfoResponse(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     EMPTY_FIELD_NUMBER: _ClassVar[int]
+    ROOTLESS_FIELD_NUMBER: _ClassVar[int]
     version: str
     daemon_id: str
     default_backend: Backend
@@ -638,7 +639,8 @@ class GetNodeInfoResponse(_message.Message):
     capacity: NodeCapacity
     draining: bool
     empty: bool
-    def __init__(self, version: _Optional[str] = ..., daemon_id: _Optional[str] = ..., default_backend: _Optional[_Union[Backend, str]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., cgroup_mode: _Optional[str] = ..., sandbox_count: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., draining: _Optional[bool] = ..., empty: _Optional[bool] = ...) -> None: ...
+    rootless: bool
+    def __init__(self, version: _Optional[str] = ..., daemon_id: _Optional[str] = ..., default_backend: _Optional[_Union[Backend, str]] = ..., backends: _Optional[_Iterable[_Union[BackendInfo, _Mapping]]] = ..., cgroup_mode: _Optional[str] = ..., sandbox_count: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolInfo, _Mapping]]] = ..., capacity: _Optional[_Union[NodeCapacity, _Mapping]] = ..., draining: _Optional[bool] = ..., empty: _Optional[bool] = ..., rootless: _Optional[bool] = ...) -> None: ...
 
 class NodeCapacity(_message.Message):
     __slots__ = ("max_sandboxes", "running", "starting", "free_slots", "free_slots_default_limits", "memory_committed_bytes", "memory_available_bytes", "memory_admitted_bytes", "cpu_committed_millicores", "cpu_available_millicores", "disk_committed_bytes", "disk_available_bytes", "images_cached")

@@ -1,0 +1,115 @@
+"""The local backend without root against the same backend as root, on the same machine in the
+same run: a root daemon and a daemon run as an unprivileged user (docs/local-backend.md, "Without
+root"), both on the "host" image, in alternating blocks.
+
+Variants, per daemon (root_*, rootless_*):
+  create       client.create_sandbox(image="host") until it answers (destroyed untimed after)
+  first_exec   create_sandbox + sb.exec(["true"]): a sandbox up to its first command
+  exec         sb.exec(["true"]) in a sandbox kept for the run
+  shell_turn   sh.run("true") in a shell session kept for the run
+
+Run as root: the rootless daemon runs as --user (default corral-rootless, which must exist:
+`useradd --system --no-create-home corral-rootless`; tests/integration/test_rootless.py makes it
+too). Where that user cannot execute this Python (a virtual environment whose base interpreter
+lies under root's home), it runs /usr/bin/python3 of the same version with this environment's
+site-packages.
+
+Usage: python bench/rootless.py [--quick] [--json PATH] [--user NAME]
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+import sysconfig
+import time
+
+from _common import (
+    Daemon,
+    interleaved,
+    interleaved_phases,
+    parse_args,
+    print_header,
+    print_ratios,
+    print_table,
+    ratios,
+    summary,
+    write_json,
+)
+
+from corral.sdk import Client
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+class UnprivilegedDaemon(Daemon):
+    """`corral serve` as `user`, exec'd in place by setpriv (the pid stays the daemon's)."""
+
+    def __init__(self, user: pwd.struct_passwd) -> None:
+        super().__init__()
+        self.user = user
+        self.root.chmod(0o755)
+        os.chown(self.root, user.pw_uid, user.pw_gid)
+        boot = self.root / "boot"
+        boot.mkdir()
+        (boot / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+        self.as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
+        self.env = ["env", f"HOME={self.root}", f"TMPDIR={self.root}", f"PYTHONPATH={boot}"]
+
+    def command(self) -> list[str]:
+        python = sys.executable
+        if subprocess.run([*self.as_user, "env", python, "-c", "pass"], capture_output=True).returncode != 0:
+            python = SYSTEM_PYTHON
+        return [*self.as_user, *self.env, python, "-m", "corral.cli", "serve"]
+
+
+def timed_create(client: Client, first_exec: bool) -> dict[str, float]:
+    start = time.perf_counter()
+    sb = client.create_sandbox(image="host")
+    if first_exec:
+        sb.exec(["true"], timeout=30)
+    ms = (time.perf_counter() - start) * 1000
+    sb.destroy()
+    return {"first_exec" if first_exec else "create": ms}
+
+
+def main() -> None:
+    args = parse_args(__doc__ or "", lambda p: p.add_argument("--user", default="corral-rootless"))
+    if os.geteuid() != 0:
+        sys.exit("run as root: it compares a root daemon with one it starts as --user")
+    user = pwd.getpwnam(args.user)
+    n, warmup = (10, 2) if args.quick else (100, 5)
+    print_header(f"local backend, root vs rootless daemon (user {user.pw_name})")
+    with Daemon() as root_daemon, UnprivilegedDaemon(user) as rootless_daemon:
+        clients = {"root": Client(root_daemon.address), "rootless": Client(rootless_daemon.address)}
+        starts = interleaved_phases(
+            {
+                f"{who}_{kind}": (lambda c=c, first=first: timed_create(c, first))
+                for who, c in clients.items()
+                for kind, first in (("create", False), ("first_exec", True))
+            },
+            n,
+            warmup,
+        )
+        # (Each start variant times one phase, named by its kind.)
+        results = {variant: summary(next(iter(phases.values()))) for variant, phases in starts.items()}
+        kept = {who: c.create_sandbox(image="host") for who, c in clients.items()}
+        shells = {who: sb.shell("bench") for who, sb in kept.items()}
+        calls = {f"{who}_exec": (lambda sb=sb: sb.exec(["true"], timeout=30)) for who, sb in kept.items()}
+        calls |= {f"{who}_shell_turn": (lambda sh=sh: sh.run("true", timeout=30)) for who, sh in shells.items()}
+        results |= {name: summary(samples) for name, samples in interleaved(calls, n * 3, warmup).items()}
+        for sb in kept.values():
+            sb.destroy()
+        for c in clients.values():
+            c.close()
+    print_table("latency (ms)", results)
+    pairs = [(f"rootless_{kind}", f"root_{kind}") for kind in ("create", "first_exec", "exec", "shell_turn")]
+    ratio_values = ratios(results, pairs)
+    print_ratios(ratio_values)
+    write_json(args.json, results, ratio_values, {"load_average": os.getloadavg(), "user": user.pw_name})
+
+
+if __name__ == "__main__":
+    main()

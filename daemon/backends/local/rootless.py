@@ -1,0 +1,220 @@
+"""The local backend without root: a daemon run by an ordinary user makes its sandboxes with an
+unprivileged user namespace (docs/local-backend.md, "Without root").
+
+The user namespace maps one id, root inside, to the daemon's own uid and gid, for every sandbox
+(no other ids are the user's to map). A short step of the daemon's interpreter (ROOT_SETUP)
+makes it together with a mount namespace, builds the sandbox's root there (the kernel's
+unprivileged overlayfs, Linux 5.11 and later, over the image; where the kernel refuses one, a
+copy of a directory image the daemon made beforehand) and execs bubblewrap, which, as root of
+that user namespace, makes the pid, ipc, uts and net namespaces as it does for a root daemon,
+binds the root at / and starts the sandbox's init. Commands enter with nsenter, user namespace
+included, as the daemon's own uid (the namespace's owner may). No cgroups (unless the user was
+delegated some), no per-sandbox filesystem: the backend's status says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from corral.sdk.errors import FailedPrecondition
+
+from ..root import RootMount
+
+# How the writable root is made, as the backend's status names it.
+OVERLAY = "overlay"
+COPY = "copy"
+
+# Runs as the daemon's user, single-threaded, before bubblewrap: a user namespace mapping root to
+# the daemon's ids and a mount namespace of its own, the root built from the layout (argv[1],
+# JSON), then argv[2:] exec'd (bubblewrap, as root of the new user namespace). Every path reaches
+# the overlay's options as /proc/self/fd/N, so commas or colons in them cannot change the options.
+# With --probe it only tries an overlay in a scratch directory and says which kind works.
+ROOT_SETUP = r"""
+import ctypes, json, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG = 1
+
+def fail(what, path=""):
+    err = ctypes.get_errno()
+    sys.exit(f"{what} {path}: {os.strerror(err)}")
+
+def mount(src, dst, fstype, flags, data=None):
+    if libc.mount(src.encode() if src else None, os.fsencode(dst), fstype.encode() if fstype else None, flags,
+                  data.encode() if data else None):
+        fail(f"mount {fstype or 'bind'}", dst)
+
+def enter_namespaces():
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS):
+        fail("unshare (user and mount namespaces)")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as fh:
+            fh.write(text)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+def overlay(src, dst, upper, work):
+    os.makedirs(upper, exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in (src, upper, work)]
+    lower, up, wk = (f"/proc/self/fd/{fd}" for fd in fds)
+    try:
+        mount("corral-root", dst, "overlay", MS_NOSUID | MS_NODEV, f"lowerdir={lower},upperdir={up},workdir={wk},userxattr")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+def bind_read_only(src, dst):
+    mount(src, dst, None, MS_BIND | MS_REC)
+    mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+def build(spec):
+    root, layers = spec["root"], spec["layers"]
+    for n, (kind, src, dst) in enumerate(spec["mounts"]):
+        target = root + dst if dst != "/" else root
+        if kind == "overlay":
+            os.makedirs(target, exist_ok=True)
+            overlay(src, target, f"{layers}/upper/{n}", f"{layers}/work/{n}")
+        elif kind == "link":
+            if not os.path.islink(target):
+                os.symlink(src, target)
+        elif kind == "dir":
+            os.makedirs(target, mode=0o755, exist_ok=True)
+        elif kind == "bind-writable":
+            mount(src, target, None, MS_BIND | MS_REC)
+        elif kind == "bind":
+            os.makedirs(target, exist_ok=True)
+            bind_read_only(src, target)
+        elif kind == "hide":
+            mount("corral-hidden", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=4k")
+    for path in spec["mountpoints"]:
+        os.makedirs(root + path, exist_ok=True)
+
+if sys.argv[1] == "--probe":
+    enter_namespaces()
+    scratch = sys.argv[2]
+    for d in ("lower", "upper", "work", "merged"):
+        os.mkdir(f"{scratch}/{d}")
+    overlay(f"{scratch}/lower", f"{scratch}/merged", f"{scratch}/upper", f"{scratch}/work")
+    print("overlay")
+    sys.exit(0)
+# Dies with the daemon (bubblewrap's --die-with-parent takes over after the exec).
+libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+if os.getppid() == 1:
+    sys.exit("the daemon is gone")
+enter_namespaces()
+build(json.loads(sys.argv[1]))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def setup_argv(
+    python: str, root: Path, layers: Path, layout: Sequence[RootMount], mountpoints: Sequence[str]
+) -> list[str]:
+    """The command prefix that builds the root in fresh user and mount namespaces, then execs what
+    follows it. `layout` holds the root's mounts (overlay, link, dir, bind, hide; masks are left
+    out: root inside is the daemon's own uid, and reads no more of the host than it could)."""
+    spec = {
+        "root": str(root),
+        "layers": str(layers),
+        "mounts": [(m.kind, m.src, m.dst) for m in layout if m.kind != "mask"],
+        "mountpoints": list(mountpoints),
+    }
+    return [python, "-I", "-S", "-c", ROOT_SETUP, json.dumps(spec)]
+
+
+def writable_root_kind(python: str = sys.executable) -> tuple[str, str]:
+    """(OVERLAY or COPY, why not an overlay): whether this kernel lets the daemon's user mount an
+    overlayfs in a user namespace of its own (Linux 5.11 and later, unless a distribution turned
+    it off). Tried, not guessed from the version."""
+    with tempfile.TemporaryDirectory(prefix="corral-rootless-probe-") as scratch:
+        try:
+            done = subprocess.run(
+                [python, "-I", "-S", "-c", ROOT_SETUP, "--probe", scratch],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.SubprocessError) as err:
+            return COPY, str(err)
+        if done.returncode == 0 and done.stdout.strip() == OVERLAY:
+            return OVERLAY, ""
+        return COPY, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+
+
+def user_namespace_support(unshare: str | None) -> str:
+    """ "" when the daemon's user may make a user namespace mapping root to itself, else why not
+    (the kernel's or the distribution's refusal, as `unshare --user --map-root-user` reports it)."""
+    if unshare is None:
+        return "util-linux unshare is not installed (apt-get install util-linux)"
+    try:
+        done = subprocess.run(
+            [unshare, "--user", "--map-root-user", "true"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"no unprivileged user namespaces ({err})"
+    if done.returncode != 0:
+        return f"no unprivileged user namespaces ({done.stderr.strip() or f'exit {done.returncode}'})"
+    return ""
+
+
+def copy_layout(layout: Sequence[RootMount], copy_dir: Path) -> list[RootMount]:
+    """The layout without overlays, for a kernel that refuses unprivileged ones: a directory image
+    is copied once into `copy_dir` (hard links and holes kept, reflinks where the filesystem
+    has them), which becomes the root; the "host" image's system directories are shown read-only
+    (copying the host's /usr per sandbox would cost gigabytes)."""
+    copied: list[RootMount] = []
+    for mount in layout:
+        if mount.kind != "overlay":
+            copied.append(mount)
+        elif mount.dst == "/":
+            copy = subprocess.run(
+                ["cp", "-a", "--reflink=auto", "--no-target-directory", mount.src, str(copy_dir)],
+                capture_output=True,
+                text=True,
+            )
+            # What the daemon's user may not read stays out, as an overlay would not show it either,
+            # and so do device nodes, which it may not make (the sandbox has a /dev of its own).
+            failures = [line for line in copy.stderr.splitlines() if not _copy_may_skip(line)]
+            if copy.returncode != 0 and (failures or not copy_dir.is_dir()):
+                raise FailedPrecondition(
+                    f"cannot copy image {mount.src} for the sandbox's root: {' '.join(failures) or copy.stderr.strip()}"
+                )
+            copied.append(RootMount("bind-writable", str(copy_dir), "/"))
+        else:
+            copied.append(RootMount("bind", mount.src, mount.dst))
+    return copied
+
+
+def _copy_may_skip(cp_error: str) -> bool:
+    return cp_error.endswith("Permission denied") or (
+        "cannot create special file" in cp_error and cp_error.endswith("Operation not permitted")
+    )
+
+
+def remove_tree(path: Path) -> None:
+    """Removes a directory tree the daemon's user owns, directories without write or search
+    permission included (an image's read-only directories copied up by an overlay, overlayfs's
+    own mode 000 work directories): root would pass through them, an ordinary user must first
+    give itself the permission."""
+    if not path.is_dir() or path.is_symlink():
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    for parent, dirs, _files in os.walk(path):
+        for name in dirs:
+            full = os.path.join(parent, name)
+            if not os.path.islink(full):
+                with contextlib.suppress(OSError):
+                    os.chmod(full, 0o700)
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,319 @@
+"""The local backend of a daemon that is not root (docs/local-backend.md, "Without root"): a real
+`corral serve` run as an unprivileged user, driven through the SDK.
+
+Run as root (CI), the tests make a system user for it (ROOTLESS_USER) and start the daemon as that
+user; run as an ordinary user, they start it as themselves. They skip, naming the reason, where
+the kernel refuses that user an unprivileged user namespace or bubblewrap is missing. Every
+process they look for on the host carries a marker of their own in its command line."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DaemonProcess
+
+ROOTLESS_USER = "corral-rootless"
+# Debian's own interpreter, for a user who cannot execute the test's (a virtual environment's
+# base interpreter under root's home, say): the same minor version loads the same packages.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _user() -> pwd.struct_passwd:
+    """The unprivileged user the daemon runs as: this process's own, or (as root) ROOTLESS_USER,
+    made when missing."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid())
+    try:
+        return pwd.getpwnam(ROOTLESS_USER)
+    except KeyError:
+        made = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ROOTLESS_USER],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode != 0:
+            pytest.skip(f"cannot make the unprivileged user {ROOTLESS_USER}: {made.stderr.strip()}")
+        return pwd.getpwnam(ROOTLESS_USER)
+
+
+def _as_user(user: pwd.struct_passwd) -> list[str]:
+    """The prefix that runs a command as `user` in place (setpriv execs: the pid stays the daemon's)."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
+
+
+def _runs(user: pwd.struct_passwd, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*_as_user(user), *argv], capture_output=True, text=True, timeout=30)
+
+
+def _interpreter(user: pwd.struct_passwd) -> str:
+    """An interpreter the user may execute that loads this environment's packages."""
+    if _runs(user, "env", sys.executable, "-c", "pass").returncode == 0:
+        return sys.executable
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    probe = _runs(user, "env", SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
+    if probe.returncode == 0 and probe.stdout.strip() == version:
+        return SYSTEM_PYTHON
+    pytest.skip(f"{user.pw_name} can execute neither {sys.executable} nor a Python {version} at {SYSTEM_PYTHON}")
+
+
+def _require_unprivileged_namespaces(user: pwd.struct_passwd) -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap): a daemon without root needs it")
+    made = _runs(user, "unshare", "--user", "--map-root-user", "true")
+    if made.returncode != 0:
+        pytest.skip(f"this kernel refuses {user.pw_name} an unprivileged user namespace: {made.stderr.strip()}")
+
+
+def _site_bootstrap(root: Path) -> Path:
+    """A directory for PYTHONPATH whose sitecustomize adds this environment's site-packages (and
+    its .pth files: corral's editable install) to an interpreter other than the environment's."""
+    boot = root / "boot"
+    boot.mkdir()
+    site_dir = sysconfig.get_paths()["purelib"]
+    (boot / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({site_dir!r})\n")
+    return boot
+
+
+class RootlessDaemon:
+    """Where the unprivileged daemon's files lie, and how to start one there."""
+
+    def __init__(self, user: pwd.struct_passwd) -> None:
+        self.user = user
+        # Under /tmp, not pytest's root-only directory: the daemon's user must reach it.
+        self.root = Path(tempfile.mkdtemp(prefix="corral-rootless-"))
+        self.root.chmod(0o755)
+        self.python = _interpreter(user)
+        boot = _site_bootstrap(self.root)
+        if os.geteuid() == 0:
+            for path in (self.root, boot, boot / "sitecustomize.py"):
+                os.chown(path, user.pw_uid, user.pw_gid)
+        self.boot = boot
+
+    def start(self, name: str) -> DaemonProcess:
+        """A daemon with its socket and state under root/name (the same name: the same state)."""
+        home = self.root / name
+        if not home.exists():
+            home.mkdir(mode=0o755)
+            if os.geteuid() == 0:
+                os.chown(home, self.user.pw_uid, self.user.pw_gid)
+        env = [f"HOME={home}", f"TMPDIR={home}", f"PYTHONPATH={self.boot}"]
+        prefix = [*_as_user(self.user), "env", *env]
+        return DaemonProcess(home, prefix=prefix, python=self.python).start(timeout=60)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def rootless() -> Iterator[RootlessDaemon]:
+    user = _user()
+    _require_unprivileged_namespaces(user)
+    place = RootlessDaemon(user)
+    try:
+        yield place
+    finally:
+        place.remove()
+
+
+@pytest.fixture(scope="module")
+def rootless_daemon(rootless) -> Iterator[DaemonProcess]:
+    daemon = rootless.start("shared")
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture
+def client(rootless_daemon):
+    from corral.sdk import Client
+
+    with Client(rootless_daemon.address) as c:
+        yield c
+
+
+def _marked(marker: str) -> set[int]:
+    """Host pids of live processes whose command line holds `marker` (zombies count as gone)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() not in (entry / "cmdline").read_bytes():
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def _wait_gone(marker: str, timeout: float = 15.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while (left := _marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_node_info_says_rootless(client):
+    info = client.node_info()
+    assert info.rootless
+    local = next(b for b in info.backends if b.backend == "local")
+    assert local.available, local.detail
+    assert "ROOTLESS" in local.detail
+    assert "overlayfs" in local.detail or "copy" in local.detail
+    limits = {limit.kind: limit for limit in local.limits}
+    # Nothing is claimed that an ordinary user cannot enforce.
+    assert not limits["disk"].enforced
+    for kind in ("memory", "pids", "cpu"):
+        assert limits[kind].enforced == ("cgroup" in limits[kind].mechanism), limits[kind]
+
+
+def test_lifecycle_exec_shell_files(client, rootless_daemon, tmp_path):
+    sandbox_dirs = rootless_daemon.state_dir / "sandboxes"
+    with client.create_sandbox(image="host") as sb:
+        r = sb.exec(["id", "-u"], timeout=30)
+        assert (r.exit_code, r.stdout) == (0, b"0\n")
+        # The root is writable without touching the host's: a new top-level directory, a file
+        # in /usr's overlay.
+        r = sb.exec("mkdir /testbed && touch /usr/corral-rootless-probe && echo ok", timeout=30)
+        assert r.stdout == b"ok\n", r
+        assert not os.path.exists("/usr/corral-rootless-probe")
+        sb.write_file("data/a.txt", b"payload\n")
+        assert sb.read_file("/workspace/data/a.txt") == b"payload\n"
+        assert sb.exec("cat data/a.txt", timeout=30).stdout == b"payload\n"
+        (tmp_path / "up").mkdir()
+        (tmp_path / "up" / "b.bin").write_bytes(bytes(range(256)) * 64)
+        sb.upload(tmp_path / "up", "/workspace/in")
+        assert sb.exec("sha256sum in/up/b.bin | cut -c1-8", timeout=30).exit_code == 0
+        back = sb.download("/workspace/in/up", tmp_path / "back")
+        assert (back / "b.bin" if back.name == "up" else back / "up" / "b.bin").read_bytes() == (
+            tmp_path / "up" / "b.bin"
+        ).read_bytes()
+        shell = sb.shell("main")
+        shell.run("cd /tmp && export X=41")
+        turn = shell.run("echo $((X + 1)); pwd", timeout=30)
+        assert turn.output == b"42\n/tmp\n"
+        assert list(sandbox_dirs.iterdir())
+    assert not list(sandbox_dirs.iterdir()), "destroy left the sandbox's directory"
+
+
+def test_only_root_inside(client):
+    from corral.sdk.errors import FailedPrecondition
+
+    with client.create_sandbox(image="host") as sb, pytest.raises(FailedPrecondition, match="only root"):
+        sb.exec(["id"], user="nobody", timeout=30)
+
+
+def test_kernel(client):
+    from tests.conftest import require_kernel_python
+
+    require_kernel_python("local")
+    with client.create_sandbox(image="host") as sb:
+        kernel = sb.kernel()
+        kernel.execute("x = 21")
+        assert kernel.execute("x * 2").result_text == "42"
+
+
+def test_two_sandboxes_cannot_see_each_other(client):
+    marker = f"corral-rootless-{secrets.token_hex(4)}"
+    with client.create_sandbox(image="host") as a, client.create_sandbox(image="host") as b:
+        a.write_file(f"/workspace/{marker}", b"a's\n")
+        assert a.exec(f"echo a > /tmp/{marker} && touch /usr/{marker}", timeout=30).exit_code == 0
+        a.exec(f"exec -a {marker} sleep 600 >/dev/null 2>&1 &", timeout=30)
+        assert a.exec(f"pgrep -f {marker}", timeout=30).exit_code == 0
+        # (The bracket keeps the pattern from matching the command line that holds it.)
+        seen = b.exec(f"ps -eo args | grep -c '[{marker[0]}]{marker[1:]}'", timeout=30)
+        assert seen.stdout == b"0\n", seen
+        for path in (f"/workspace/{marker}", f"/tmp/{marker}", f"/usr/{marker}"):
+            assert b.exec(["test", "-e", path], timeout=30).exit_code == 1, path
+        # Nor can it signal the other's process by its host pid: no such pid exists in its namespace.
+        (host_pid,) = _marked(marker)
+        b.exec(f"kill -9 {host_pid}", timeout=30)
+        assert _marked(marker) == {host_pid}
+    assert not _wait_gone(marker), "destroy left a process of the sandbox"
+
+
+def test_timeout_kills_the_whole_tree(client):
+    marker = f"{secrets.randbelow(10**6) + 10**6}"
+    with client.create_sandbox(image="host") as sb:
+        r = sb.exec(
+            f"setsid sleep 1{marker} & (sleep 2{marker} &) ; sleep 3{marker} & sleep 4{marker}",
+            timeout=2,
+        )
+        assert r.timed_out
+        left = sb.exec(f"ps -eo args | grep '[s]leep [1-4]{marker}'", timeout=30).stdout
+        # The double-forked one (its parent gone before the timeout) is the documented exception.
+        assert left.split(b"\n")[:-1] in ([], [f"sleep 2{marker}".encode()]), left
+
+
+def test_daemon_killed_takes_its_sandboxes_along(rootless):
+    daemon = rootless.start("killed")
+    marker = f"corral-rootless-{secrets.token_hex(4)}"
+    try:
+        from corral.sdk import Client
+
+        with Client(daemon.address) as c:
+            sb = c.create_sandbox(image="host")
+            sb.exec(f"exec -a {marker}-bg sleep 600 >/dev/null 2>&1 &", timeout=30)
+            sb.shell("main").run(f"exec -a {marker}-shell sleep 600 &", timeout=30)
+        deadline = time.monotonic() + 10
+        while len(_marked(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the shell's job may not have exec'd yet when its turn ends)
+        assert len(_marked(marker)) == 2
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait(10)
+        assert not _wait_gone(marker), "a sandbox process outlived its daemon"
+        # The next start reaps what the killed one left.
+        restarted = rootless.start("killed")
+        try:
+            assert not list((restarted.state_dir / "sandboxes").iterdir())
+        finally:
+            restarted.stop()
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop()
+
+
+def test_directory_image(client):
+    from tests.conftest import SWE_ROOTFS_IMAGE, require_image
+
+    require_image("local", local_image=SWE_ROOTFS_IMAGE)
+    with client.create_sandbox(image=SWE_ROOTFS_IMAGE) as sb:
+        r = sb.exec(
+            "grep -c bookworm /etc/os-release; mkdir /scratch && echo made > /scratch/x && cat /scratch/x", timeout=30
+        )
+        assert r.exit_code == 0 and r.stdout.endswith(b"made\n"), r
+        # Host root's files are nobody's inside: readable, not writable.
+        assert sb.exec("echo x >> /etc/os-release", timeout=30).exit_code != 0
+
+
+def test_container_image(client, rootless):
+    from tests.integration.test_local_images import require_tools, small_image
+
+    require_tools()
+    layouts = rootless.root / "layouts"
+    layouts.mkdir(mode=0o755, exist_ok=True)
+    image = small_image(layouts, f"image-{secrets.token_hex(4)}")
+    subprocess.run(["chmod", "-R", "a+rX", str(layouts)], check=True)
+    with client.create_sandbox(image=image, user="root", timeout=300) as sb:
+        # Unpacked rootless, every file is the daemon's user's: root inside owns them all.
+        r = sb.exec(["/bin/sh", "-c", "echo x >> /bin/cat && echo ok"], timeout=30)
+        assert r.stdout == b"ok\n", r
