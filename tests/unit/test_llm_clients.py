@@ -8,12 +8,13 @@ import pytest
 
 from tests.torch_needed import TORCH_MISSING
 
-torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import asyncio
 import math
 import time
 
+import torch
 from aiohttp import ClientSession, web
 
 from corral.daemon.llm_pool import LLMPool, ServerAlreadyRegistered, UnknownServer
@@ -49,7 +50,6 @@ def replay_task() -> pb.Task:
 
 
 async def test_sglang_client_round_trip_against_the_reference_server(tmp_path):
-    import torch
 
     from corral.rollout.reference.tiny_model import TinyByteLM
 
@@ -268,7 +268,6 @@ def stand_in_logprobs(
     policy: TinyPolicy, prompt: list[int], output_ids: list[int], params: GenerateParams, mode: str
 ) -> list[float]:
     """The logprobs of `output_ids` as vLLM reports them in logprobs mode `mode`."""
-    import torch
     from torch.nn import functional as F
 
     with torch.no_grad():

@@ -8,7 +8,7 @@ import pytest
 
 from tests.torch_needed import TORCH_MISSING
 
-torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import json
 import math
@@ -17,6 +17,7 @@ import sys
 import urllib.request
 
 import aiohttp
+import torch
 from torch.nn import functional as F
 
 from corral.rollout.llm.client import LLMServerError

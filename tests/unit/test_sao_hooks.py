@@ -8,11 +8,13 @@ import pytest
 
 from tests.torch_needed import TORCH_MISSING
 
-torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import argparse
 import sys
 import types
+
+import torch
 
 from corral.trainer_adapters.sao import CODING, sao_policy_loss
 from corral.trainer_adapters.sao.hooks import miles_sao_loss

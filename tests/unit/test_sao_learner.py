@@ -7,10 +7,12 @@ import pytest
 
 from tests.torch_needed import TORCH_MISSING
 
-torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import asyncio
 import threading
+
+import torch
 
 from corral.rollout.reference.tiny_model import TinyByteLM
 from corral.sdk.rollout_messages import result_from_proto

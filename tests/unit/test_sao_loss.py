@@ -6,9 +6,11 @@ import pytest
 
 from tests.torch_needed import TORCH_MISSING
 
-torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import math
+
+import torch
 
 from corral.trainer_adapters.sao import (
     CODING,
