@@ -89,9 +89,15 @@ class Hierarchy:
 
 @dataclass(frozen=True)
 class LimitSupport:
+    """Whether one kind of limit holds: enforced (`mechanism` says how), approximated (not
+    enforced, but a weaker stand-in holds something like it: an rlimit per process, which
+    `mechanism` names with what it misses; `reason` says why not the real thing), or absent
+    (`reason` says why)."""
+
     enforced: bool
     mechanism: str = ""
     reason: str = ""
+    approximated: bool = False
 
 
 def _mountinfo() -> list[tuple[str, str, str, str]]:
@@ -167,10 +173,13 @@ class CgroupDriver:
         self.hierarchies: list[Hierarchy] = []
         self.reasons: dict[str, str] = {}
         self.mode = "none"
-        if os.geteuid() != 0:
-            self.reasons = {c: "the daemon is not root, so it cannot create cgroups" for c in CONTROLLERS}
-            return
+        # Not root: only a subtree delegated to the daemon's user (systemd's Delegate=yes, a Slurm
+        # job's or a pod's cgroup) is writable, and detection finds it by trying, as for root.
         self._detect()
+        if os.geteuid() != 0:
+            for c in CONTROLLERS:
+                if c in self.reasons:
+                    self.reasons[c] = f"the daemon is not root and has no delegated cgroup with it ({self.reasons[c]})"
 
     def _detect(self) -> None:
         mounts = _mountinfo()

@@ -38,6 +38,17 @@ class Limit:
     enforced: bool
     mechanism: str
     reason: str
+    approximated: bool = False
+
+    @property
+    def state(self) -> str:
+        """How `corral doctor` says it: enforced, approximated (by what, and why not enforced) or
+        not enforced (why)."""
+        if self.enforced:
+            return f"enforced ({self.mechanism})"
+        if self.approximated:
+            return f"approximated ({self.mechanism}); not enforced: {self.reason}"
+        return f"not enforced: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,10 @@ def host_backends(statuses: dict[str, BackendStatus]) -> list[Backend]:
             status.available,
             status.detail,
             status.isolation,
-            tuple(Limit(kind, limit.enforced, limit.mechanism, limit.reason) for kind, limit in status.limits.items()),
+            tuple(
+                Limit(kind, limit.enforced, limit.mechanism, limit.reason, limit.approximated)
+                for kind, limit in status.limits.items()
+            ),
         )
         for name, status in statuses.items()
     ]
@@ -78,7 +92,10 @@ def daemon_backends(node: NodeInfo) -> list[Backend]:
             status.available,
             status.detail,
             status.isolation,
-            tuple(Limit(limit.kind, limit.enforced, limit.mechanism, limit.reason) for limit in status.limits),
+            tuple(
+                Limit(limit.kind, limit.enforced, limit.mechanism, limit.reason, limit.approximated)
+                for limit in status.limits
+            ),
         )
         for status in node.backends
     ]
@@ -87,7 +104,10 @@ def daemon_backends(node: NodeInfo) -> list[Backend]:
 def fixes(backend: Backend) -> list[str]:
     """What to do about the parts of a backend that are missing or second best: its class's
     `fixes` (one this corral does not know, from a newer daemon, gets those every backend shares)."""
-    limits = {limit.kind: LimitSupport(limit.enforced, limit.mechanism, limit.reason) for limit in backend.limits}
+    limits = {
+        limit.kind: LimitSupport(limit.enforced, limit.mechanism, limit.reason, limit.approximated)
+        for limit in backend.limits
+    }
     status = BackendStatus(backend.available, backend.detail, backend.isolation, limits)
     return BACKENDS.get(backend.name, base.Backend).fixes(status)
 
@@ -100,9 +120,7 @@ def backend_lines(backends: Iterable[Backend], indent: str = "") -> list[str]:
         )
         if backend.available:  # (an unavailable backend enforces nothing: its limits would mislead)
             lines.append(f"{indent}  isolation: {backend.isolation}")
-            for limit in backend.limits:
-                state = f"enforced ({limit.mechanism})" if limit.enforced else f"not enforced: {limit.reason}"
-                lines.append(f"{indent}  {limit.kind}: {state}")
+            lines += [f"{indent}  {limit.kind}: {limit.state}" for limit in backend.limits]
         lines += [f"{indent}  fix: {fix}" for fix in fixes(backend)]
     return lines
 

@@ -561,6 +561,7 @@ def limit_status_from_proto(status: pb.LimitStatus) -> LimitStatus:
         enforced=status.enforced,
         mechanism=status.mechanism,
         reason=status.reason,
+        approximated=status.approximated,
     )
 
 

@@ -35,12 +35,15 @@ class ResourceLimits:
 
 @dataclass(frozen=True)
 class LimitStatus:
-    """Whether one kind of limit is really enforced, how (`mechanism`), or why not (`reason`)."""
+    """Whether one kind of limit is really enforced, how (`mechanism`), or why not (`reason`);
+    `approximated`: not enforced, but a weaker stand-in that `mechanism` names holds something
+    like it (an rlimit per process, say)."""
 
     kind: LimitKind
     enforced: bool
     mechanism: str
     reason: str
+    approximated: bool = False
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,13 @@ FILE_TYPES = {
 
 def limit_status(limits) -> list[pb.LimitStatus]:
     return [
-        pb.LimitStatus(kind=LIMIT_KINDS[name], enforced=s.enforced, mechanism=s.mechanism, reason=s.reason)
+        pb.LimitStatus(
+            kind=LIMIT_KINDS[name],
+            enforced=s.enforced,
+            mechanism=s.mechanism,
+            reason=s.reason,
+            approximated=s.approximated,
+        )
         for name, s in limits.items()
     ]
 

@@ -104,8 +104,9 @@ class RootlessDaemon:
                 os.chown(path, user.pw_uid, user.pw_gid)
         self.boot = boot
 
-    def start(self, name: str) -> DaemonProcess:
-        """A daemon with its socket and state under root/name (the same name: the same state)."""
+    def start(self, name: str, cgroup: Path | None = None) -> DaemonProcess:
+        """A daemon with its socket and state under root/name (the same name: the same state),
+        started in `cgroup` (a cgroup v2 directory) when one is given."""
         home = self.root / name
         if not home.exists():
             home.mkdir(mode=0o755)
@@ -113,6 +114,8 @@ class RootlessDaemon:
                 os.chown(home, self.user.pw_uid, self.user.pw_gid)
         env = [f"HOME={home}", f"TMPDIR={home}", f"PYTHONPATH={self.boot}"]
         prefix = [*_as_user(self.user), "env", *env]
+        if cgroup is not None:  # (joined before the user changes: the cgroup's parent may be root's)
+            prefix = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *prefix]
         return DaemonProcess(home, prefix=prefix, python=self.python).start(timeout=60)
 
     def remove(self) -> None:
@@ -179,7 +182,7 @@ def test_node_info_says_rootless(client):
     assert "ROOTLESS" in local.detail
     assert "overlayfs" in local.detail or "copy" in local.detail
     limits = {limit.kind: limit for limit in local.limits}
-    # Nothing is claimed that an ordinary user cannot enforce.
+    # Nothing is claimed that an ordinary user cannot enforce (test_rootless_limits.py checks each).
     assert not limits["disk"].enforced
     for kind in ("memory", "pids", "cpu"):
         assert limits[kind].enforced == ("cgroup" in limits[kind].mechanism), limits[kind]

@@ -72,6 +72,7 @@ from .launch import (
     root_layout,
     unshare_argv,
 )
+from .rlimits import STAND_INS, SandboxRlimits
 from .rootless import COPY, OVERLAY, copy_layout, remove_tree, setup_argv, user_namespace_support, writable_root_kind
 
 log = logging.getLogger(__name__)
@@ -450,6 +451,11 @@ class RootlessSandbox(LocalSandbox):
     def __init__(self, backend: LocalBackend, spec, uid: int) -> None:
         super().__init__(backend, spec, uid)
         self.user = self._inside_user(spec.user)
+        # The rlimits standing in for the limits no cgroup holds (rlimits.py): set on the init by
+        # the root setup step, and on every process that enters by a prefix.
+        limits = spec.limits
+        self.rlimits = backend.rlimits.values(limits.memory_bytes, limits.pids, limits.disk_bytes)
+        self.rlimit_prefix = backend.rlimits.prefix(self.rlimits)
 
     @staticmethod
     def _only_root(who: SandboxUser, spec: str) -> SandboxUser:
@@ -504,7 +510,7 @@ class RootlessSandbox(LocalSandbox):
             mounts = (*mounts, *host_paths_over_own_mounts(backend.host_paths, backend.hidden_paths))
         root, layers = self.sandbox_dir / "root", self.sandbox_dir / "layers"
         mountpoints = ("/proc", "/dev", "/tmp", "/run", self.workdir)
-        setup = setup_argv(sys.executable, root, layers, layout, mountpoints)
+        setup = setup_argv(sys.executable, root, layers, layout, mountpoints, self.rlimits)
         launch_args = (
             root,
             self.sandbox_dir,
@@ -544,7 +550,7 @@ class RootlessSandbox(LocalSandbox):
             user_namespace=f"/proc/{self.init_pid}/ns/user",
             preserve_credentials=True,
         )
-        return EnterCommand([*self.backend.seccomp_prefix, *enter], cgroup, "/")
+        return EnterCommand([*self.rlimit_prefix, *self.backend.seccomp_prefix, *enter], cgroup, "/")
 
 
 class LocalBackend(Backend):
@@ -565,6 +571,7 @@ class LocalBackend(Backend):
         # their writable root an overlay where the kernel allows one (probe), else a copy.
         self.rootless = os.geteuid() != 0 and context.settings.isolation != "none"
         self.root_kind = OVERLAY
+        self.rlimits = SandboxRlimits(held=set(STAND_INS))  # (none until the rootless probe decides)
         self.launch_slots = asyncio.Semaphore(LAUNCH_SLOTS)
         settings = context.settings
         self.images = ImageCache(
@@ -644,8 +651,11 @@ class LocalBackend(Backend):
 
     def _probe_rootless(self, limits: dict[str, LimitSupport], missing: list[str]) -> BackendStatus:
         """The status of a daemon that is not root: bubblewrap in a user namespace of the daemon's
-        user (rootless.py), limits only where the user was delegated cgroups, no disk cap."""
+        user (rootless.py), limits in cgroups where the user was delegated some, else rlimits
+        standing in for them (rlimits.py), no disk cap."""
         self.pool = None  # (the btrfs pool needs root to mount)
+        self.rlimits = SandboxRlimits(held={kind for kind, limit in limits.items() if limit.enforced})
+        limits = self.rlimits.report(limits)
         if self.settings.isolation == "unshare" or not self.bwrap:
             self.launcher = ""
             missing.append(f"{NO_BWRAP} (apt-get install bubblewrap): a daemon without root needs it")

@@ -8,8 +8,9 @@ unprivileged overlayfs, Linux 5.11 and later, over the image; where the kernel r
 copy of a directory image the daemon made beforehand) and execs bubblewrap, which, as root of
 that user namespace, makes the pid, ipc, uts and net namespaces as it does for a root daemon,
 binds the root at / and starts the sandbox's init. Commands enter with nsenter, user namespace
-included, as the daemon's own uid (the namespace's owner may). No cgroups (unless the user was
-delegated some), no per-sandbox filesystem: the backend's status says so.
+included, as the daemon's own uid (the namespace's owner may). Cgroups only where the user was
+delegated some, rlimits for the limits they do not hold (rlimits.py), no per-sandbox filesystem:
+the backend's status says so.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition
@@ -34,11 +35,13 @@ COPY = "copy"
 
 # Runs as the daemon's user, single-threaded, before bubblewrap: a user namespace mapping root to
 # the daemon's ids and a mount namespace of its own, the root built from the layout (argv[1],
-# JSON), then argv[2:] exec'd (bubblewrap, as root of the new user namespace). Every path reaches
+# JSON), the sandbox's rlimits set (rlimits.py; after the user namespace is made, so that the
+# kernel counts RLIMIT_NPROC in it), then argv[2:] exec'd (bubblewrap, as root of the new user
+# namespace; SIGXFSZ stays ignored, as Python leaves it, across the exec). Every path reaches
 # the overlay's options as /proc/self/fd/N, so commas or colons in them cannot change the options.
 # With --probe it only tries an overlay in a scratch directory and says which kind works.
 ROOT_SETUP = r"""
-import ctypes, json, os, signal, sys
+import ctypes, json, os, resource, signal, sys
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
@@ -99,6 +102,10 @@ def build(spec):
     for path in spec["mountpoints"]:
         os.makedirs(root + path, exist_ok=True)
 
+def set_rlimits(values):
+    for name, value in values.items():
+        resource.setrlimit(getattr(resource, "RLIMIT_" + name.upper()), (value, value))
+
 if sys.argv[1] == "--probe":
     enter_namespaces()
     scratch = sys.argv[2]
@@ -112,22 +119,31 @@ libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 if os.getppid() == 1:
     sys.exit("the daemon is gone")
 enter_namespaces()
-build(json.loads(sys.argv[1]))
+spec = json.loads(sys.argv[1])
+build(spec)
+set_rlimits(spec["rlimits"])
 os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
 def setup_argv(
-    python: str, root: Path, layers: Path, layout: Sequence[RootMount], mountpoints: Sequence[str]
+    python: str,
+    root: Path,
+    layers: Path,
+    layout: Sequence[RootMount],
+    mountpoints: Sequence[str],
+    rlimits: Mapping[str, int] | None = None,
 ) -> list[str]:
-    """The command prefix that builds the root in fresh user and mount namespaces, then execs what
-    follows it. `layout` holds the root's mounts (overlay, link, dir, bind, hide; masks are left
-    out: root inside is the daemon's own uid, and reads no more of the host than it could)."""
+    """The command prefix that builds the root in fresh user and mount namespaces, sets `rlimits`
+    (by prlimit's names: as, nproc, fsize) and execs what follows it. `layout` holds the root's
+    mounts (overlay, link, dir, bind, hide; masks are left out: root inside is the daemon's own
+    uid, and reads no more of the host than it could)."""
     spec = {
         "root": str(root),
         "layers": str(layers),
         "mounts": [(m.kind, m.src, m.dst) for m in layout if m.kind != "mask"],
         "mountpoints": list(mountpoints),
+        "rlimits": dict(rlimits or {}),
     }
     return [python, "-I", "-S", "-c", ROOT_SETUP, json.dumps(spec)]
 

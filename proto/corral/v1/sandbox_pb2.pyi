@@ -94,16 +94,18 @@ class ResourceLimits(_message.Message):
     def __init__(self, memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpu_millicores: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class LimitStatus(_message.Message):
-    __slots__ = ("kind", "enforced", "mechanism", "reason")
+    __slots__ = ("kind", "enforced", "mechanism", "reason", "approximated")
     KIND_FIELD_NUMBER: _ClassVar[int]
     ENFORCED_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    APPROXIMATED_FIELD_NUMBER: _ClassVar[int]
     kind: LimitKind
     enforced: bool
     mechanism: str
     reason: str
-    def __init__(self, kind: _Optional[_Union[LimitKind, str]] = ..., enforced: _Optional[bool] = ..., mechanism: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    approximated: bool
+    def __init__(self, kind: _Optional[_Union[LimitKind, str]] = ..., enforced: _Optional[bool] = ..., mechanism: _Optional[str] = ..., reason: _Optional[str] = ..., approximated: _Optional[bool] = ...) -> None: ...
 
 class Sandbox(_message.Message):
     __slots__ = ("sandbox_id", "backend", "image", "state", "isolation", "limits", "limit_status", "network", "labels", "created_at_unix_ms", "workdir", "idle_timeout_ms", "user", "mounts", "lease_ttl_ms", "lease_expires_at_unix_ms", "idempotency_key", "host_id_first", "host_id_count")
