@@ -115,7 +115,10 @@ class VLLMClient(HTTPClientBase):
             if self._logprobs_mode is None:
                 model = await self.resolve_model()
                 body = self.request_body(model, [0], SamplingOptions(max_new_tokens=2, temperature=1.0, top_k=1))
-                values = self.parse(await self._request("POST", COMPLETIONS_PATH, body, timeout_s=60)).logprobs
+                # The probe is a generation like any other: on a busy engine it waits its turn behind
+                # the queue, so it gets a generation's timeout (a shorter one took a busy server out
+                # of rotation and probed it again).
+                values = self.parse(await self._request("POST", COMPLETIONS_PATH, body)).logprobs
                 if values and all(value == 0.0 for value in values):
                     self._logprobs_mode = PROCESSED_LOGPROBS
                 elif all(value <= 0.0 for value in values):
