@@ -21,7 +21,7 @@ from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer
 from corral.sdk import AsyncClient, FailedPrecondition
 from corral.v1 import rollout_pb2 as pb
-from tests.conftest import DaemonProcess, alive_pids
+from tests.conftest import DaemonProcess, alive_pids, require_backend
 from tests.rollout_tasks import call, repair_task
 
 HARNESS = Path(__file__).with_name("replay_harness.py")
@@ -270,6 +270,7 @@ async def test_a_harness_that_makes_no_call_is_evaluated_with_an_empty_trajector
 
 
 async def test_host_harnesses_need_the_daemons_consent_and_counters_reach_the_metrics(tmp_path) -> None:
+    require_backend("local")
     port = free_port()
     daemon = DaemonProcess(tmp_path, "--metrics", f"127.0.0.1:{port}").start()  # allow_host_harness = false
     try:
@@ -290,6 +291,7 @@ async def test_host_harnesses_need_the_daemons_consent_and_counters_reach_the_me
 
 
 async def test_stopping_the_daemon_kills_a_running_harness(tmp_path) -> None:
+    require_backend("local")
     config = tmp_path / "corral.toml"
     config.write_text("[rollout]\nallow_host_harness = true\n")
     daemon = DaemonProcess(tmp_path, "--config", str(config)).start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -17,8 +18,11 @@ from pathlib import Path
 import pytest
 
 from corral.sdk import Client, errors
-from tests.conftest import DaemonProcess, alive_pids, require_backend, sandbox_pids
+from tests.conftest import ROOTLESS_HERE, DaemonProcess, alive_pids, require_backend, sandbox_pids
 from tests.integration.local_images import make_rootfs
+
+# A root daemon's local backend (its id blocks, mounts and launchers): rootless is another mode.
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason=ROOTLESS_HERE)
 
 LAUNCHERS = ("bwrap", "unshare")
 

@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 
 from corral.sdk import Client, errors
+from tests.conftest import ROOTLESS_HERE
 from tests.integration.local_images import make_rootfs
 from tests.integration.test_local_isolation import LAUNCHERS, start_daemon
+
+# A root daemon's local backend (its id blocks, mounts and launchers): rootless is another mode.
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason=ROOTLESS_HERE)
 
 UID_BASE = 1_500_000  # the daemon's default sandbox.uid_base
 INSIDE_IDS = 65536

