@@ -125,6 +125,7 @@ class PeerFront:
             await loop.create_unix_connection(lambda: _ServerSide(relay), sock=upstream)
         except OSError as err:
             log.warning("cannot relay a connection of uid %d to the daemon's server: %s", credentials.uid, err)
+            self._peers.pop(name, None)
             upstream.close()
             relay.close()
 
@@ -196,6 +197,7 @@ class _ClientSide(_Relay):
         super().__init__()
         self.front = front
         self.on_close: Callable[[], object] = lambda: None
+        self.connecting: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -208,7 +210,7 @@ class _ClientSide(_Relay):
             log.warning("cannot read a caller's peer credentials: %s", err)
             self.close()
             return
-        asyncio.ensure_future(self.front._connect(self, credentials))
+        self.connecting = asyncio.ensure_future(self.front._connect(self, credentials))  # (held: not collected)
 
     def started(self, partner: _Relay) -> None:
         self.partner = partner
