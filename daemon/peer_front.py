@@ -190,12 +190,14 @@ class _Relay(asyncio.Protocol):
 
 
 class _ClientSide(_Relay):
-    """The caller's connection: its credentials are read as it is accepted, and nothing it sends
-    is read until the relay to the gRPC server stands."""
+    """The caller's connection: its credentials are read as it is accepted, and what it sends
+    before the relay to the gRPC server stands is kept for it (reading is paused meanwhile, but
+    some Pythons, 3.11.2 among them, start reading after connection_made all the same)."""
 
     def __init__(self, front: PeerFront) -> None:
         super().__init__()
         self.front = front
+        self.early: list[bytes] = []
         self.on_close: Callable[[], object] = lambda: None
         self.connecting: asyncio.Future[None] | None = None
 
@@ -212,12 +214,22 @@ class _ClientSide(_Relay):
             return
         self.connecting = asyncio.ensure_future(self.front._connect(self, credentials))  # (held: not collected)
 
+    def data_received(self, data: bytes) -> None:
+        if self.partner is None:
+            self.early.append(data)
+        else:
+            super().data_received(data)
+
     def started(self, partner: _Relay) -> None:
         self.partner = partner
-        if self.transport is not None:
-            self.transport.resume_reading()
-        else:
+        if self.transport is None:
             partner.close()
+            return
+        if partner.transport is not None:
+            for data in self.early:
+                partner.transport.write(data)
+        self.early.clear()
+        self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front._track(self, False)

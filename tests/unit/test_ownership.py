@@ -252,3 +252,25 @@ def _config_in(tmp_path: Path) -> Config:
     config.daemon.socket = str(tmp_path / "corral.sock")
     config.daemon.state_dir = str(tmp_path / "state")
     return config
+
+
+def test_what_a_caller_sends_before_its_relay_stands_reaches_the_server_first(tmp_path) -> None:
+    """(Some Pythons read a connection at once though connection_made paused it.)"""
+    from corral.daemon.peer_front import _ClientSide, _Relay
+
+    class _Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+        def resume_reading(self) -> None:
+            pass
+
+    client, server = _ClientSide(PeerFront(tmp_path / "front")), _Relay()
+    client.transport, server.transport = _Transport(), _Transport()  # type: ignore[assignment]
+    client.data_received(b"PRI * HTTP/2.0")
+    client.started(server)
+    client.data_received(b"SETTINGS")
+    assert server.transport.written == [b"PRI * HTTP/2.0", b"SETTINGS"]  # type: ignore[union-attr]
