@@ -95,7 +95,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"corral doctor: {err}", file=sys.stderr)
         return 2
-    address, error = args.address or "the default address", None
+    address, error, fix = args.address or "the default address", None, None
     node: NodeInfo | None = None
     try:
         with Client(args.address, timeout=DOCTOR_CALL_TIMEOUT_S) as client:
@@ -103,12 +103,14 @@ def doctor_command(args: argparse.Namespace) -> int:
             node = client.node_info()
     except CorralError as err:
         error = err.details
+        fix = getattr(err, "hint", None)
     source = args.config or os.environ.get("CORRAL_CONFIG")
     found = report(
         config,
         address=address,
         node=node,
         error=error,
+        fix=fix,
         config_source=f"settings from {source}" if source else "default settings",
     )
     print(found.text)

@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except Unavailable as err:
-        print(f"corral {args.cmd}: {err}\nhint: {UNAVAILABLE_HINT}", file=sys.stderr)
+        # (A socket this user may not reach has a hint of its own: whom to ask, not "start one".)
+        hint = f"\nhint: {UNAVAILABLE_HINT}" if err.hint is None else ""
+        print(f"corral {args.cmd}: {err}{hint}", file=sys.stderr)
         return 1
     except (CorralError, OSError) as err:
         print(f"corral {args.cmd}: {err}", file=sys.stderr)

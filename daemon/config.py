@@ -8,6 +8,7 @@ its own module, found through the backend registry.
 from __future__ import annotations
 
 import dataclasses
+import grp
 import logging
 import os
 import tomllib
@@ -33,12 +34,20 @@ class TcpConfig:
     max_connections: int = 256
     handshake_timeout_s: float = 10.0
     idle_timeout_s: float = 300.0
+    # TCP callers are one identity, the token's owner ("tcp"): they see only the sandboxes and
+    # snapshots made over TCP, unless this makes them admins, who see everything.
+    admin: bool = False
 
 
 @dataclass
 class DaemonConfig:
     socket: str = DEFAULT_SOCKET
     socket_mode: str = "0660"
+    # The group of the socket ("": the daemon's own): its members may connect (with socket_mode's
+    # group bits) and each sees only what it made (daemon/callers.py).
+    socket_group: str = ""
+    # Members of this group ("": none) see and act on every caller's sandboxes, as root does.
+    admin_group: str = ""
     state_dir: str = DEFAULT_STATE_DIR
     grace_period_s: float = 10.0
     default_backend: str = "local"
@@ -423,6 +432,21 @@ def validate(config: Config) -> None:
         int(config.daemon.socket_mode, 8)
     except ValueError as err:
         raise ConfigError('daemon.socket_mode must be an octal string such as "0660"') from err
+    for key in ("socket_group", "admin_group"):
+        group_id(getattr(config.daemon, key), f"daemon.{key}")
+
+
+def group_id(name: str, key: str) -> int | None:
+    """The id of the host group `name` that configuration key `key` names (None for ""); a group
+    the host lacks is a ConfigError at start, not a socket nobody can reach."""
+    if not name:
+        return None
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ConfigError(
+            f"{key}: no group {name!r} on this host (create it with groupadd, or leave it empty)"
+        ) from None
 
 
 def gateway_address(listen: str) -> tuple[str, int]:

@@ -142,9 +142,10 @@ def kernel_python(path: str = DEFAULT_PATH) -> tuple[bool, str]:
     return True, f"{python} has ipykernel {found.stdout.strip()}"
 
 
-def daemon_section(address: str, node: NodeInfo | None, error: str | None) -> list[str]:
+def daemon_section(address: str, node: NodeInfo | None, error: str | None, fix: str | None = None) -> list[str]:
+    """`fix`: what to do when none answers, where the error says (else: start one)."""
     if node is None:
-        return [f"daemon at {address}: none answers ({error})", f"  fix: {FIX_NO_DAEMON}"]
+        return [f"daemon at {address}: none answers ({error})", f"  fix: {fix or FIX_NO_DAEMON}"]
     return [
         f"daemon at {address}: corral {node.version}, id {node.daemon_id}, {node.sandbox_count} sandboxes, "
         f"default backend {node.default_backend}, cgroups {node.cgroup_mode}",
@@ -229,13 +230,14 @@ def report(
     address: str,
     node: NodeInfo | None,
     error: str | None = None,
+    fix: str | None = None,
     config_source: str = "default settings",
 ) -> Report:
     """The daemon's view (`node`, from GetNodeInfo at `address`; None when none answered, with
-    `error`), then this host's."""
+    `error` and, when known, its `fix`), then this host's."""
     probed = probe(config)
     sections: Sequence[list[str]] = (
-        daemon_section(address, node, error),
+        daemon_section(address, node, error, fix),
         host_section(config, config_source, probed),
     )
     if node is not None:

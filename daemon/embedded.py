@@ -17,6 +17,7 @@ from typing import Any
 
 from corral.daemon.backends.base import Backend
 from corral.daemon.config import Config, load_config, validate
+from corral.daemon.interceptors import CallerOf
 from corral.daemon.server import Daemon
 
 
@@ -25,12 +26,14 @@ async def embedded_daemon(
     config: Config | None = None,
     *,
     backend_classes: Mapping[str, type[Backend]] | None = None,
+    caller_of: CallerOf | None = None,
     **rollout: Any,
 ) -> AsyncIterator[str]:
     """Starts a daemon (configuration: `config`, else the defaults and the environment) on a
     socket in a fresh temporary directory and yields its address. `rollout` overrides keys of the
     [rollout] section (e.g. tokenizer="byte", run_workers=8); `backend_classes` replaces the
-    backend registry (tests: corral.daemon.testing.fake_backends()). Everything it made is removed
+    backend registry (tests: corral.daemon.testing.fake_backends()), `caller_of` how callers are
+    told apart (tests: corral.daemon.testing.callers_by_token). Everything it made is removed
     on exit."""
     config = config or load_config(environ={})
     with tempfile.TemporaryDirectory(prefix="corral-embedded-") as root:
@@ -42,7 +45,7 @@ async def embedded_daemon(
             rollout=dataclasses.replace(config.rollout, **rollout),
         )
         validate(config)
-        daemon = Daemon(config, backend_classes=backend_classes)
+        daemon = Daemon(config, backend_classes=backend_classes, caller_of=caller_of)
         try:
             await daemon.start()
             yield f"unix://{daemon.socket_path}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 
@@ -14,6 +15,7 @@ from corral.sdk.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 
 from . import rules
 from .backends.base import CannotFork, ForkPoint
+from .callers import current_caller
 from .config import Config
 from .sandboxes import Sandbox, SandboxManager, new_sandbox_id, node_error
 
@@ -31,21 +33,28 @@ SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 @dataclass
 class NamedSnapshot:
-    """A sandbox's writable filesystem kept under a name (ForkManager.snapshot)."""
+    """A sandbox's writable filesystem kept under a name (ForkManager.snapshot). It is its
+    sandbox's owner's (callers.py), and names are per owner."""
 
     name: str
-    source: Sandbox  # a copy of its sandbox's entry as it was (settings and labels; no runtime)
+    source: Sandbox  # a copy of its sandbox's entry as it was (settings, labels, owner; no runtime)
     point: ForkPoint
     size_bytes: int
+    stored_name: str = ""  # what the backend keeps it under (ForkManager._storage_name)
     created_at: float = field(default_factory=time.time)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.source.owner, self.name)
 
 
 class ForkManager:
     def __init__(self, config: Config, sandboxes: SandboxManager) -> None:
         self.config = config
         self.sandboxes = sandboxes
-        self._snapshots: dict[str, NamedSnapshot] = {}
-        self._snapshots_starting: set[str] = set()
+        self._snapshots: dict[tuple[str, str], NamedSnapshot] = {}  # by (owner, name)
+        self._snapshots_starting: set[tuple[str, str]] = set()
+        self._stored_names: set[str] = set()  # what the backends keep them under (_storage_name)
 
     async def fork(
         self, sandbox_id: str, count: int, labels: dict[str, str], snapshot: str = "", lease_ttl_ms: int = 0
@@ -67,9 +76,7 @@ class ForkManager:
             raise InvalidArgument("give either a sandbox id or a snapshot name to fork")
         lease_ttl_s = rules.lease_ttl_s(self.config.leases, lease_ttl_ms)
         if snapshot:
-            named = self._snapshots.get(snapshot)
-            if named is None:
-                raise NotFound(f"no snapshot named {snapshot!r} on this node")
+            named = self._find_snapshot(snapshot)
             return await self._make_children(named.source, named.point, count, labels, lease_ttl_s)
         with self.sandboxes.using(sandbox_id) as parent:
             source = _settings_of(parent)
@@ -109,6 +116,7 @@ class ForkManager:
                 labels=dict(child_labels),
                 idle_timeout_s=source.idle_timeout_s,
                 user=source.user,
+                owner=self._owner_of_children(source, child_labels),
                 mounts=source.mounts,
                 lease_ttl_s=lease_ttl_s,
             )
@@ -134,6 +142,13 @@ class ForkManager:
             raise failed[0]
         return children
 
+    def _owner_of_children(self, source: Sandbox, labels: dict[str, str]) -> str:
+        """Children are their source's owner's, whoever forks it (an admin's fork of a user's
+        sandbox gives the user's children); the daemon's own fork for a rollout, its submitter's."""
+        if current_caller().internal:
+            return self.sandboxes.rollout_owner(labels) or source.owner
+        return source.owner
+
     async def _drop_children(self, children: list[Sandbox]) -> None:
         """Destroys those of a fork's children that came up (all of them or none)."""
         up = [child for child in children if child.sandbox_id in self.sandboxes]
@@ -157,30 +172,54 @@ class ForkManager:
             raise InvalidArgument(
                 f"a snapshot name is 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, got {name!r}"
             )
-        if name in self._snapshots or name in self._snapshots_starting:
+        key = (self.sandboxes.get(sandbox_id).owner, name)  # (NOT_FOUND first for another's sandbox)
+        if key in self._snapshots or key in self._snapshots_starting:
             raise AlreadyExists(f"a snapshot named {name!r} exists on this node")
-        self._snapshots_starting.add(name)
+        stored = self._storage_name(name)
+        self._snapshots_starting.add(key)
+        self._stored_names.add(stored)
         try:
             with self.sandboxes.using(sandbox_id) as sandbox:
                 assert sandbox.runtime is not None  # a running sandbox (SandboxManager.using)
                 impl = self.sandboxes.backends[sandbox.backend]
                 try:
-                    point, size = await impl.keep_snapshot(sandbox.runtime, name)
+                    point, size = await impl.keep_snapshot(sandbox.runtime, stored)
                 except OSError as err:
                     raise node_error(f"sandbox {sandbox_id} could not be snapshot", err) from err
-                named = NamedSnapshot(name, _settings_of(sandbox), point, size)
-                self._snapshots[name] = named
+                named = NamedSnapshot(name, _settings_of(sandbox), point, size, stored)
+                self._snapshots[key] = named
                 return named
+        except BaseException:
+            self._stored_names.discard(stored)
+            raise
         finally:
-            self._snapshots_starting.discard(name)
+            self._snapshots_starting.discard(key)
+
+    def _storage_name(self, name: str) -> str:
+        """What the backend keeps a new snapshot under: its name, unless another owner's snapshot
+        is kept under it already (names are per owner, the backends' stores are the node's)."""
+        return name if name not in self._stored_names else f"{name}.{secrets.token_hex(6)}"
 
     def snapshots(self) -> list[NamedSnapshot]:
-        return list(self._snapshots.values())
+        """The snapshots the current caller may see."""
+        caller = current_caller()
+        return [named for named in self._snapshots.values() if caller.may_act_on(named.source.owner)]
 
-    async def delete_snapshot(self, name: str) -> None:
-        named = self._snapshots.pop(name, None)
+    def _find_snapshot(self, name: str) -> NamedSnapshot:
+        """The current caller's snapshot `name`; for an admin, when it has none of that name,
+        another owner's (NOT_FOUND when nobody it may see has one)."""
+        caller = current_caller()
+        named = self._snapshots.get((caller.owner, name))
+        if named is None and caller.admin:
+            named = next((s for s in self._snapshots.values() if s.name == name), None)
         if named is None:
             raise NotFound(f"no snapshot named {name!r} on this node")
+        return named
+
+    async def delete_snapshot(self, name: str) -> None:
+        named = self._find_snapshot(name)
+        del self._snapshots[named.key]
+        self._stored_names.discard(named.stored_name)
         await self.sandboxes.backends[named.source.backend].drop_fork_point(named.point)
 
 

@@ -35,22 +35,26 @@ class IdempotentCreates(Generic[T]):
         self.window_s = window_s
         self._alive = alive
         self._clock = clock
-        self._keys: dict[str, _Entry[T]] = {}
+        self._keys: dict[tuple[str, str], _Entry[T]] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    async def create(self, key: str, request: Hashable, make: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
-        """(the result of `make()` for this key, whether an earlier create with it gave it)."""
+    async def create(
+        self, key: str, request: Hashable, make: Callable[[], Awaitable[T]], *, owner: str = ""
+    ) -> tuple[T, bool]:
+        """(the result of `make()` for this key, whether an earlier create with it gave it). Keys
+        are `owner`'s own: the same key of another owner is another key (callers.py)."""
         if len(key) > MAX_KEY_CHARS:
             raise InvalidArgument(f"idempotency_key must be at most {MAX_KEY_CHARS} characters, got {len(key)}")
         self._forget_stale()
-        entry = self._keys.get(key)
+        scoped = (owner, key)
+        entry = self._keys.get(scoped)
         hit = entry is not None
         if entry is None:
             entry = _Entry(request, asyncio.ensure_future(make()), self._clock())
-            self._keys[key] = entry
-            entry.task.add_done_callback(lambda task: self._done(key, task))
+            self._keys[scoped] = entry
+            entry.task.add_done_callback(lambda task: self._done(scoped, task))
         elif entry.request != request:
             raise FailedPrecondition(
                 f"idempotency_key {key!r} was used for a different CreateSandbox request on this node: "
@@ -58,7 +62,7 @@ class IdempotentCreates(Generic[T]):
             )
         return await asyncio.shield(entry.task), hit
 
-    def _done(self, key: str, task: asyncio.Future[T]) -> None:
+    def _done(self, key: tuple[str, str], task: asyncio.Future[T]) -> None:
         if task.cancelled() or task.exception() is not None:  # (retrieves it: no "never retrieved")
             entry = self._keys.get(key)
             if entry is not None and entry.task is task:

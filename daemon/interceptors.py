@@ -17,9 +17,11 @@ from google.protobuf.message import DecodeError
 
 from corral.sdk.errors import InvalidArgument
 
+from .callers import Caller, calling_as
 from .metrics import Metrics
 
 Guard = Callable[[str, grpc.aio.ServicerContext], contextlib.AbstractAsyncContextManager[None]]
+CallerOf = Callable[[grpc.aio.ServicerContext], Caller]
 
 
 class GuardInterceptor(grpc.aio.ServerInterceptor):
@@ -114,12 +116,24 @@ def bearer_token_guard(token: str) -> Guard:
 
     @contextlib.asynccontextmanager
     async def guard(method: str, context: grpc.aio.ServicerContext):
-        if not context.peer().startswith("unix:"):
+        if not context.peer().startswith(("unix:", "unix-abstract:")):
             metadata = dict(context.invocation_metadata() or ())
             given = str(metadata.get("authorization", "")).encode()
             if not token or not hmac.compare_digest(given, expected):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         yield
+
+    return guard
+
+
+def caller_guard(caller_of: CallerOf) -> Guard:
+    """Serves each call as its caller (callers.py), which `caller_of` tells from the call; an
+    error it raises is the call's answer (so this guard comes after map_errors)."""
+
+    @contextlib.asynccontextmanager
+    async def guard(method: str, context: grpc.aio.ServicerContext):
+        with calling_as(caller_of(context)):
+            yield
 
     return guard
 

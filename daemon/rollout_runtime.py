@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corral.daemon.callers import current_caller
 from corral.daemon.config import RolloutConfig
 from corral.daemon.gateway_access import GatewayAccess
 from corral.daemon.llm_pool import LLMPool
@@ -70,6 +71,8 @@ class RolloutRuntime:
         # rollout): a draining node still makes them, so that rollouts accepted before finish,
         # and [admission]'s pace caps leave them to rollout.init_workers.
         sandboxes.own_rollout = lambda labels: self.pipeline.is_live(labels.get(ROLLOUT_LABEL, ""))
+        # They are their submitter's (callers.py), though the daemon makes them.
+        sandboxes.rollout_owner = lambda labels: self.pipeline.submitter_of(labels.get(ROLLOUT_LABEL, ""))
 
     async def start(self) -> None:
         host_url = await self.gateway_access.start()
@@ -88,10 +91,11 @@ class RolloutRuntime:
     async def submit(
         self, task: pb.Task, options: pb.RolloutOptions, deliver: ResultSink, on_turn: TurnSink | None = None
     ) -> list[Rollout]:
-        """pipeline.submit, refused (UNAVAILABLE) while the node drains."""
+        """pipeline.submit as the current caller's rollouts, refused (UNAVAILABLE) while the node
+        drains."""
         if self.sandboxes.draining:
             raise Unavailable("this node is draining: it takes no new rollouts (submit them to another node)")
-        return await self.pipeline.submit(task, options, deliver, on_turn)
+        return await self.pipeline.submit(task, options, deliver, on_turn, submitter=current_caller().owner)
 
     async def close(self) -> None:
         """Ends unfinished rollouts (FILTERED, reason SHUTDOWN) and destroys their sandboxes; call

@@ -25,6 +25,7 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Res
 from . import rules
 from .admission import CreateGate, admit_memory, node_memory_bytes
 from .backends.base import Backend, BindMount, ForkPoint, Limits, SandboxRuntime, SandboxSpec
+from .callers import current_caller
 from .cgroups import LimitSupport
 from .config import Config, ConfigError, PoolEntry
 from .idempotency import IdempotentCreates
@@ -49,6 +50,9 @@ class Sandbox:
     labels: dict[str, str]
     idle_timeout_s: float
     user: str = ""  # who its programs run as unless a call names another ("": the image's user)
+    # Who made it (callers.py): only that caller and admins see it. "": nobody's yet (a warm
+    # pool's sandbox until a create takes it).
+    owner: str = ""
     mounts: tuple[BindMount, ...] = ()
     # Its lease: the TTL last set (0: no lease) and when it expires (monotonic for the reaper,
     # Unix time for records and replies); set once the sandbox runs, and by each renewal.
@@ -117,6 +121,9 @@ class SandboxManager:
         # stays out until it is undone.
         self.draining = state.draining
         self.own_rollout: Callable[[dict[str, str]], bool] = lambda labels: False
+        # `rollout_owner(labels)`: who submitted the live rollout these labels name (None: none),
+        # whose sandbox the daemon's own create then makes (callers.py).
+        self.rollout_owner: Callable[[dict[str, str]], str | None] = lambda labels: None
 
     def on_destroy(self, hook: Callable[[str], Awaitable[None]]) -> None:
         """Registers `await hook(sandbox_id)`, run before a sandbox is torn down (shells and
@@ -208,20 +215,32 @@ class SandboxManager:
         a create that repeats an earlier one returns its sandbox (daemon/idempotency.py)."""
         self.check_open()
         lease_ttl_s = rules.lease_ttl_s(self.config.leases, lease_ttl_ms)
+        owner = self.owner_of_new(labels)
         request = _Request(
             backend, image, limits, network, _env_key(env), _env_key(labels), idle_timeout_ms, user, tuple(mounts)
         )
         if not idempotency_key:
-            return await self._create(request, lease_ttl_s, "")
+            return await self._create(request, lease_ttl_s, "", owner)
         # A retry must repeat the request, its lease included (the key itself aside).
         sandbox, hit = await self.idempotent.create(
-            idempotency_key, (request, lease_ttl_ms), lambda: self._create(request, lease_ttl_s, idempotency_key)
+            idempotency_key,
+            (request, lease_ttl_ms),
+            lambda: self._create(request, lease_ttl_s, idempotency_key, owner),
+            owner=owner,
         )
         if hit:
             self.metrics.idempotent_hits.inc()
         return sandbox
 
-    async def _create(self, request: _Request, lease_ttl_s: float, idempotency_key: str) -> Sandbox:
+    def owner_of_new(self, labels: dict[str, str]) -> str:
+        """Who a sandbox made now for the current caller belongs to: the caller; for the daemon's
+        own create (its rollout service), the submitter of the rollout its labels name."""
+        caller = current_caller()
+        if caller.internal:
+            return self.rollout_owner(labels) or caller.owner
+        return caller.owner
+
+    async def _create(self, request: _Request, lease_ttl_s: float, idempotency_key: str, owner: str) -> Sandbox:
         backend, image, limits, network, user, mounts = (
             request.backend,
             request.image,
@@ -262,6 +281,7 @@ class SandboxManager:
                 if paced:
                     self.gate.take()  # a pool hit counts against the rate, not as a start
                 pooled.idempotency_key = idempotency_key
+                pooled.owner = owner
                 return self._hand_out(pooled, labels, idle_timeout_s, lease_ttl_s)
         self._admit_starts(1, paced=paced)
         sandbox = Sandbox(
@@ -274,6 +294,7 @@ class SandboxManager:
             labels=dict(labels),
             idle_timeout_s=idle_timeout_s,
             user=user,
+            owner=owner,
             mounts=checked_mounts,
             lease_ttl_s=lease_ttl_s,
             idempotency_key=idempotency_key,
@@ -326,7 +347,8 @@ class SandboxManager:
         """Raises UNAVAILABLE while the node drains, unless sandboxes with these labels are for a
         rollout this daemon runs; returns whether the pace caps of [admission] apply to them
         (they do not to the daemon's own rollouts, which rollout.init_workers bounds already)."""
-        own_rollout = self.own_rollout(labels)
+        # (Only the daemon's own creates: a caller's labels naming a rollout pass nothing.)
+        own_rollout = current_caller().internal and self.own_rollout(labels)
         if self.draining and not own_rollout:
             self.metrics.admission_refusals.labels("draining").inc()
             raise Unavailable(f"this node is draining: it takes no new sandboxes ({elsewhere})")
@@ -512,8 +534,11 @@ class SandboxManager:
             self.pools.resume()
 
     def get(self, sandbox_id: str) -> Sandbox:
+        """The sandbox `sandbox_id`, if the current caller may see it: every call that names a
+        sandbox finds it here (or through `using`), so another caller's answers exactly as one
+        that does not exist (callers.py)."""
         sandbox = self._sandboxes.get(sandbox_id)
-        if sandbox is None:
+        if sandbox is None or not current_caller().may_act_on(sandbox.owner):
             raise NotFound(f"no sandbox {sandbox_id!r} on this node")
         sandbox.last_used = time.monotonic()
         if sandbox.state == "running" and sandbox.runtime and not sandbox.runtime.alive():
@@ -521,8 +546,14 @@ class SandboxManager:
         return sandbox
 
     def list(self, labels: dict[str, str] | None = None) -> list[Sandbox]:
+        """Every sandbox of the node with these labels, whoever's (the node's own accounts)."""
         wanted = (labels or {}).items()
         return [sb for sb in self._sandboxes.values() if wanted <= sb.labels.items()]
+
+    def visible(self, labels: dict[str, str] | None = None) -> builtins.list[Sandbox]:
+        """The sandboxes with these labels that the current caller may see (ListSandboxes)."""
+        caller = current_caller()
+        return [sb for sb in self.list(labels) if caller.may_act_on(sb.owner)]
 
     def __len__(self) -> int:
         return len(self._sandboxes)

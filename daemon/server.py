@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from corral.sdk.errors import Unauthenticated
 from corral.v1 import (
     kernel_pb2,
     kernel_pb2_grpc,
@@ -34,17 +35,19 @@ from corral.v1 import (
 )
 
 from .backends.base import Backend
+from .callers import TCP_OWNER, Caller
 from .cgroups import CgroupDriver
-from .config import Config, TcpConfig
+from .config import Config, TcpConfig, group_id
 from .errors import map_errors
 from .execs import ExecManager
 from .files import FileManager
 from .forks import ForkManager
-from .interceptors import GuardInterceptor, bearer_token_guard, metrics_guard
+from .interceptors import CallerOf, GuardInterceptor, bearer_token_guard, caller_guard, metrics_guard
 from .kernels import KernelManager
 from .metrics import Metrics
 from .node import Node, make_backends
 from .notify import sd_notify
+from .peer_front import PeerFront, caller_of
 from .processes import ProcessManager
 from .reserved_signals import reset_ignored_reserved_signals
 from .rollout_runtime import RolloutRuntime
@@ -115,6 +118,24 @@ def _umask(mask: int) -> Iterator[None]:
         os.umask(old)
 
 
+def listen_on_socket(path: Path, mode: int, group: int | None) -> socket.socket:
+    """The daemon's listening Unix socket, created with `mode` and given to `group` (None: the
+    daemon's own) before it listens: nobody can connect while it is still root's alone, and its
+    mode is never wider for a moment."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        with _umask(0o777 & ~mode):
+            sock.bind(str(path))
+        if group is not None:
+            os.chown(path, -1, group)
+        os.chmod(path, mode)
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class DaemonAlreadyRunning(RuntimeError):
     pass
 
@@ -135,10 +156,17 @@ def _claim_socket(path: Path) -> None:
 
 
 class Daemon:
-    """The node daemon. `backend_classes` replaces the backend registry (tests: see
-    corral.daemon.testing)."""
+    """The node daemon. `backend_classes` replaces the backend registry, and `caller_of` how
+    the Unix socket's callers are told apart (tests: see corral.daemon.testing; by default, their
+    peer credentials: peer_front)."""
 
-    def __init__(self, config: Config, *, backend_classes: Mapping[str, type[Backend]] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend_classes: Mapping[str, type[Backend]] | None = None,
+        caller_of: CallerOf | None = None,
+    ) -> None:
         self.config = config
         self.state = StateStore(config.state_path)
         self.cgroups = CgroupDriver(
@@ -148,6 +176,9 @@ class Daemon:
             oom_score_adj=config.limits.oom_score_adj,
         )
         self.socket_path = Path(config.daemon.socket).absolute()
+        self.admin_gid = group_id(config.daemon.admin_group, "daemon.admin_group")
+        self.front: PeerFront | None = None
+        self.unix_caller_of = caller_of or self._peer_caller
         hidden = [config.daemon.state_dir, str(self.socket_path.parent)]
         self.backends = make_backends(
             config,
@@ -189,16 +220,29 @@ class Daemon:
         # Callers on the Unix socket and over TCP get servers of their own, so that TCP peers
         # (anyone who can reach the port, token or not) can neither exhaust the connections nor
         # the file descriptors that the socket's callers need (see tcp_options).
-        self.server = self._make_server([metrics_guard(self.metrics), map_errors], BASE_OPTIONS)
-        _claim_socket(self.socket_path)
-        mode = int(self.config.daemon.socket_mode, 8)
-        with _umask(0o777 & ~mode):  # the socket is created with its mode, never wider for a moment
-            self.server.add_insecure_port(f"unix:{self.socket_path}")
+        self.server = self._make_server(
+            [metrics_guard(self.metrics), map_errors, caller_guard(self.unix_caller_of)], BASE_OPTIONS
+        )
+        _claim_socket(self.socket_path)  # (first: a daemon that serves there keeps its front)
+        # The socket's callers reach the server through the front, which knows who each is.
+        self.front = PeerFront(self.config.state_path / "front")
+        self.server.add_insecure_port(self.front.grpc_address)
+        listener = listen_on_socket(
+            self.socket_path,
+            int(self.config.daemon.socket_mode, 8),
+            group_id(self.config.daemon.socket_group, "daemon.socket_group"),
+        )
         self._socket_bound = True
-        os.chmod(self.socket_path, mode)
+        await self.front.start(listener)
         tcp = self.config.daemon.tcp
         if tcp.listen:
-            guards = [bearer_token_guard(self.config.token), metrics_guard(self.metrics), map_errors]
+            tcp_caller = Caller(TCP_OWNER, admin=tcp.admin)
+            guards = [
+                bearer_token_guard(self.config.token),
+                metrics_guard(self.metrics),
+                map_errors,
+                caller_guard(lambda context: tcp_caller),
+            ]
             self.tcp_server = self._make_server(guards, [*BASE_OPTIONS, *tcp_options(tcp)])
             self.tcp_server.add_insecure_port(tcp.listen)
             await self.tcp_server.start()
@@ -228,6 +272,13 @@ class Daemon:
         )
         return server
 
+    def _peer_caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        """The caller of a call on the Unix socket, from its connection's peer credentials."""
+        credentials = self.front.credentials(context.peer()) if self.front else None
+        if credentials is None:
+            raise Unauthenticated("the daemon cannot tell who this caller is (no peer credentials)")
+        return caller_of(credentials, self.admin_gid)
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -243,6 +294,8 @@ class Daemon:
         await asyncio.gather(
             *(server.stop(self.config.daemon.grace_period_s) for server in (self.server, self.tcp_server) if server)
         )
+        if self.front:
+            await self.front.close()
         await self.shells.close()
         await self.processes.close()
         await self.kernels.close()

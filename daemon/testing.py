@@ -36,13 +36,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from corral.sdk.errors import InvalidArgument
 
 from .backends.base import Backend, BackendContext, BackendStatus, EnterCommand, ManagedSandbox, SandboxSpec
 from .backends.nsenter import HOST_ENV, inside_env
+from .callers import Caller, the_daemon, uid_owner
 from .cgroups import LimitSupport
 from .config import Config
 from .fsaccess import SandboxFiles
+from .interceptors import CallerOf
 from .uids import UidPool
 
 MARKER = "CORRAL_FAKE_SANDBOX"
@@ -179,11 +183,24 @@ def fake_backends(name: str = "local") -> dict[str, type[Backend]]:
     return {name: FakeBackend}
 
 
+def callers_by_token(context: grpc.aio.ServicerContext) -> Caller:
+    """Tells callers apart by the bearer token they send, for tests that need several users in
+    one process (where the peer credentials are all the test's): `Client(address, token="uid:1001")`
+    calls as uid 1001 (uid 0 is an admin), and a call without a token is the daemon's own (its
+    rollout service's)."""
+    metadata = dict(context.invocation_metadata() or ())
+    token = str(metadata.get("authorization", "")).removeprefix("Bearer ")
+    if not token:
+        return the_daemon()
+    uid = int(token.removeprefix("uid:"))
+    return Caller(uid_owner(uid), admin=uid == 0)
+
+
 @contextlib.contextmanager
-def fake_daemon_in_a_thread(config: Config | None = None) -> Iterator[str]:
+def fake_daemon_in_a_thread(config: Config | None = None, *, caller_of: CallerOf | None = None) -> Iterator[str]:
     """A daemon on the fake backend (`embedded_daemon`) serving from an event loop of its own
     thread, for tests whose clients block (`Client`, the generated stubs); yields its address and
-    stops it on exit."""
+    stops it on exit. `caller_of`: as embedded_daemon's."""
     from .embedded import embedded_daemon
 
     loop = asyncio.new_event_loop()
@@ -192,7 +209,7 @@ def fake_daemon_in_a_thread(config: Config | None = None) -> Iterator[str]:
 
     async def serve() -> None:
         try:
-            async with embedded_daemon(config, backend_classes=fake_backends()) as address:
+            async with embedded_daemon(config, backend_classes=fake_backends(), caller_of=caller_of) as address:
                 started.put(address)
                 await stopping.wait()
         except BaseException as error:

@@ -174,6 +174,8 @@ class Rollout:
     sample_index: int
     deliver: ResultSink
     on_turn: TurnSink | None = None
+    # Who submitted it, as the daemon names its callers (opaque here): its sandboxes are theirs.
+    submitter: str = ""
     submitted_at: float = field(default_factory=time.monotonic)
     enqueued_at: float = 0.0
     # When the stage in progress began its work (for INIT: once there was room for its sandbox).
@@ -309,11 +311,17 @@ class RolloutPipeline:
     # -- the API the service uses ----------------------------------------------------------------
 
     async def submit(
-        self, task: pb.Task, options: pb.RolloutOptions, deliver: ResultSink, on_turn: TurnSink | None = None
+        self,
+        task: pb.Task,
+        options: pb.RolloutOptions,
+        deliver: ResultSink,
+        on_turn: TurnSink | None = None,
+        *,
+        submitter: str = "",
     ) -> list[Rollout]:
         """Queues `options.n` rollouts of a task (waiting while the INIT queue is full) and returns
-        them. Each result goes to `deliver` when it is ready. Raises TaskError, NoLLMServers,
-        PipelineClosed."""
+        them. Each result goes to `deliver` when it is ready. `submitter` is who submitted them
+        (submitter_of). Raises TaskError, NoLLMServers, PipelineClosed."""
         if self._closed:
             raise PipelineClosed("the daemon is shutting down")
         check_task(task)
@@ -330,6 +338,7 @@ class RolloutPipeline:
                 sample_index=index,
                 deliver=deliver,
                 on_turn=on_turn if options.stream_turns else None,
+                submitter=submitter,
             )
             for index in range(options.n or 1)
         ]
@@ -349,7 +358,7 @@ class RolloutPipeline:
         """Puts the rollouts of a submission into shared INITs: the open one of their setup key
         (if any) while it has room, then new ones, each queued for an INIT worker."""
         task = rollouts[0].task
-        key = sharing_key(task) if task.setup_key else None
+        key = sharing_key(task, rollouts[0].submitter) if task.setup_key else None
         group = self._open_inits.get(key) if key is not None else None
         for rollout in rollouts:
             rollout.enqueued_at = time.monotonic()
@@ -417,6 +426,15 @@ class RolloutPipeline:
         """Whether a rollout (or an INIT shared by rollouts: its set-up sandbox carries the shared
         INIT's id as its rollout label) was accepted and has not ended yet."""
         return rollout_id in self._live or rollout_id in self._shared_inits
+
+    def submitter_of(self, rollout_id: str) -> str | None:
+        """Who submitted a live rollout, or the rollouts of a live shared INIT (one submitter's
+        only: sharing_key); None when `rollout_id` is neither."""
+        rollout = self._live.get(rollout_id)
+        if rollout is not None:
+            return rollout.submitter
+        group = self._shared_inits.get(rollout_id)
+        return group.members[0].submitter if group is not None and group.members else None
 
     # -- stages --------------------------------------------------------------------------------
 

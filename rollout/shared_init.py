@@ -50,9 +50,10 @@ def may_share(task: pb.Task, samples: int) -> bool:
     return not task.setup.per_rollout and (samples > 1 or bool(task.setup_key))
 
 
-def sharing_key(task: pb.Task) -> bytes:
-    """What tasks must have in common to share an INIT under their setup key: the key, and every
-    field that shapes the set-up sandbox."""
+def sharing_key(task: pb.Task, submitter: str = "") -> bytes:
+    """What tasks must have in common to share an INIT under their setup key: the key, every
+    field that shapes the set-up sandbox, and their submitter (whose the sandboxes are: one
+    submitter's rollouts never start from another's)."""
     shape = pb.Task(
         setup_key=task.setup_key,
         backend=task.backend,
@@ -64,7 +65,7 @@ def sharing_key(task: pb.Task) -> bytes:
             action_timeout_ms=task.limits.action_timeout_ms, init_timeout_ms=task.limits.init_timeout_ms
         ),
     )
-    return shape.SerializeToString(deterministic=True)
+    return submitter.encode() + b"\0" + shape.SerializeToString(deterministic=True)
 
 
 @dataclass(eq=False)

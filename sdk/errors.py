@@ -6,6 +6,9 @@ escape. `asyncio.CancelledError` is not a failure of the call and is never conve
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -105,7 +108,8 @@ class DeadlineExceeded(CorralError):
 class Unavailable(CorralError):
     """UNAVAILABLE: the daemon cannot be reached, is shutting down, or its backend engine is down.
 
-    `address` is the daemon address the call went to.
+    `address` is the daemon address the call went to; `hint`, what to do about it when that is
+    known (a socket this user may not connect to: socket_access_hint).
     """
 
     code = grpc.StatusCode.UNAVAILABLE
@@ -117,9 +121,11 @@ class Unavailable(CorralError):
         details: str | None = None,
         code: grpc.StatusCode | None = None,
         address: str | None = None,
+        hint: str | None = None,
     ) -> None:
         super().__init__(message, details=details, code=code)
         self.address = address
+        self.hint = hint
 
 
 class Cancelled(CorralError):
@@ -197,14 +203,51 @@ def error_from_rpc(error: grpc.RpcError, *, address: str) -> CorralError:
         # "Nothing listens there" and the daemon's own UNAVAILABLE (shutting down, backend engine
         # down) share this code and cannot be told apart, so the wording fits both; naming the
         # address is what lets the reader spot a wrong socket path or a stopped daemon.
+        hint = socket_access_hint(address) if "Permission denied" in details else None
         return Unavailable(
-            f"the corral daemon at {address} is unavailable: {details}", details=details, address=address
+            f"the corral daemon at {address} is unavailable: {details}" + (f" ({hint})" if hint else ""),
+            details=details,
+            address=address,
+            hint=hint,
         )
     if error_class is CorralError:
         return CorralError(f"{code.name}: {details}", details=details, code=code)
     if error_class is ResourceExhausted:
         return ResourceExhausted(details, details=details, retry_after_s=_retry_after_s(error))
     return error_class(details, details=details)
+
+
+def socket_access_hint(address: str) -> str | None:
+    """What a user refused by the daemon's socket (EACCES) can do: join the socket's group, named
+    from the socket itself, or ask whoever runs the daemon; None for an address that is no Unix
+    socket this process can see."""
+    if not address.startswith("unix:"):
+        return None
+    path = address.removeprefix("unix://") if address.startswith("unix://") else address.removeprefix("unix:")
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if info.st_gid == 0:
+        return (
+            f"{path} admits only root: ask the node's admin to set daemon.socket_group (a group of users "
+            "who may share the daemon) and add you to it"
+        )
+    try:
+        group = grp.getgrgid(info.st_gid).gr_name
+    except KeyError:
+        group = str(info.st_gid)
+    return (
+        f"{path} admits the members of group {group!r}: ask the node's admin to add you "
+        f"(usermod -aG {group} {_user_name()}), then log in again"
+    )
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def _retry_after_s(error: grpc.RpcError) -> float | None:

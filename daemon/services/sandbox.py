@@ -221,7 +221,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def ListSandboxes(self, request, context) -> pb.ListSandboxesResponse:
         return pb.ListSandboxesResponse(
-            sandboxes=[sandbox_summary(sb) for sb in self.manager.list(dict(request.labels))]
+            sandboxes=[sandbox_summary(sb) for sb in self.manager.visible(dict(request.labels))]
         )
 
     async def DestroySandbox(self, request, context) -> pb.DestroySandboxResponse:

@@ -28,6 +28,13 @@ if _version_not_supported:
 class SandboxServiceStub:
     """SandboxService creates and destroys sandboxes and runs one-shot commands and file operations in
     them. Interactive shells and Python kernels have their own services.
+
+    Ownership (every service): a sandbox, with all that is reached through its id (commands, files,
+    shells, kernels, background processes, leases, forks), and a named snapshot belong to the caller
+    that made them (on the Unix socket: the uid of its peer credentials; over TCP: the token's one
+    identity). Any RPC that names another caller's sandbox or snapshot answers NOT_FOUND, exactly as
+    for one that does not exist; lists show the caller's own. Root, members of the daemon's
+    admin_group (and TCP callers where daemon.tcp.admin is set) see and act on everything.
     """
 
     def __init__(self, channel):
@@ -131,6 +138,13 @@ class SandboxServiceStub:
 class SandboxServiceServicer:
     """SandboxService creates and destroys sandboxes and runs one-shot commands and file operations in
     them. Interactive shells and Python kernels have their own services.
+
+    Ownership (every service): a sandbox, with all that is reached through its id (commands, files,
+    shells, kernels, background processes, leases, forks), and a named snapshot belong to the caller
+    that made them (on the Unix socket: the uid of its peer credentials; over TCP: the token's one
+    identity). Any RPC that names another caller's sandbox or snapshot answers NOT_FOUND, exactly as
+    for one that does not exist; lists show the caller's own. Root, members of the daemon's
+    admin_group (and TCP callers where daemon.tcp.admin is set) see and act on everything.
     """
 
     def CreateSandbox(self, request, context):
@@ -147,14 +161,15 @@ class SandboxServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSandbox(self, request, context):
-        """Describes one sandbox. NOT_FOUND for an unknown id.
+        """Describes one sandbox. NOT_FOUND for an unknown id, or another caller's (see Ownership).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSandboxes(self, request, context):
-        """Lists the sandboxes this daemon owns, optionally filtered by labels. A sandbox the daemon
+        """Lists the caller's sandboxes on this daemon (every caller's for root and admins: see
+        Ownership), optionally filtered by labels. A sandbox the daemon
         cannot describe in full is listed with its id, labels and state only (and the cause logged).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -162,7 +177,8 @@ class SandboxServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DestroySandbox(self, request, context):
-        """Destroys a sandbox: kills every process in it and removes its files. NOT_FOUND for an unknown id.
+        """Destroys a sandbox: kills every process in it and removes its files. NOT_FOUND for an unknown id,
+        or another caller's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,7 +202,8 @@ class SandboxServiceServicer:
         to the node's admission: more sandboxes than it admits, or past its caps ([admission]
         max_starting, max_creates_per_s, each counting `count`): RESOURCE_EXHAUSTED (with
         `retry-after-ms` for the caps, as CreateSandbox); on a draining node (Drain): UNAVAILABLE.
-        Children have no lease unless the request sets one (lease_ttl_ms), and no idempotency key.
+        Children have no lease unless the request sets one (lease_ttl_ms), and no idempotency key;
+        they belong to the parent's (or the snapshot's) owner, whoever forks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -207,14 +224,16 @@ class SandboxServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSnapshots(self, request, context):
-        """The node's named snapshots.
+        """The caller's named snapshots on this node (every caller's for root and admins). Names are per
+        owner: two callers may each have one of the same name.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteSnapshot(self, request, context):
-        """Deletes a named snapshot (sandboxes made from it keep their files). NOT_FOUND for an unknown name.
+        """Deletes a named snapshot (sandboxes made from it keep their files). NOT_FOUND for an unknown name,
+        or another caller's (an admin without one of that name deletes another owner's).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -417,6 +436,13 @@ def add_SandboxServiceServicer_to_server(servicer, server):
 class SandboxService:
     """SandboxService creates and destroys sandboxes and runs one-shot commands and file operations in
     them. Interactive shells and Python kernels have their own services.
+
+    Ownership (every service): a sandbox, with all that is reached through its id (commands, files,
+    shells, kernels, background processes, leases, forks), and a named snapshot belong to the caller
+    that made them (on the Unix socket: the uid of its peer credentials; over TCP: the token's one
+    identity). Any RPC that names another caller's sandbox or snapshot answers NOT_FOUND, exactly as
+    for one that does not exist; lists show the caller's own. Root, members of the daemon's
+    admin_group (and TCP callers where daemon.tcp.admin is set) see and act on everything.
     """
 
     @staticmethod

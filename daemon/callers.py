@@ -1,0 +1,68 @@
+"""Who is calling: each call's caller, and what it may see.
+
+Every sandbox (with what hangs off it: shells, kernels, background processes, files, forks,
+leases) and every named snapshot belongs to an owner: the uid that made it over the Unix socket
+("uid:1001"), or "tcp" for the TCP listener's one token. A caller sees and acts on its own only;
+anyone else's answers exactly as a sandbox that does not exist (NOT_FOUND), so that nothing tells
+one user what another runs. Root, members of `daemon.admin_group` (and TCP callers where
+`daemon.tcp.admin` is set) are admins: they see and act on everything.
+
+The caller travels with the call in a context variable, set by the server's caller guard
+(interceptors.caller_guard) around each handler, and read where ids are resolved
+(SandboxManager.get and list, ForkManager's snapshots): so no handler passes it on, and none can
+forget to. Work the daemon starts on its own (the idle reaper, warm pools, shutdown) runs outside
+any call, as the daemon itself: an admin. So does the daemon's own client of its socket (the
+rollout service, peer_front.PeerCredentials.pid is the daemon's), which makes a rollout's
+sandboxes for the rollout's submitter (SandboxManager.rollout_owner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Caller:
+    owner: str  # what it makes belongs to this: "uid:N" or "tcp"
+    admin: bool = False  # sees and acts on everything
+    internal: bool = False  # the daemon itself (its rollout service, its own tasks)
+
+    def may_act_on(self, owner: str) -> bool:
+        return self.admin or owner == self.owner
+
+
+TCP_OWNER = "tcp"
+
+
+def uid_owner(uid: int) -> str:
+    return f"uid:{uid}"
+
+
+def the_daemon() -> Caller:
+    """The daemon acting on its own: an admin, whose own creations belong to its uid."""
+    return Caller(uid_owner(os.geteuid()), admin=True, internal=True)
+
+
+_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("corral_caller", default=None)
+
+
+def current_caller() -> Caller:
+    """The caller of the call being served; the daemon itself outside any call."""
+    return _CALLER.get() or the_daemon()
+
+
+@contextlib.contextmanager
+def calling_as(caller: Caller) -> Iterator[None]:
+    """Serves what runs inside as `caller`'s (tasks started inside inherit it)."""
+    token = _CALLER.set(caller)
+    try:
+        yield
+    finally:
+        # (A streaming handler's generator closed from another context cannot reset it; that
+        # context ends with the call anyway.)
+        with contextlib.suppress(ValueError):
+            _CALLER.reset(token)
