@@ -35,7 +35,7 @@ from corral.v1 import (
 )
 
 from .backends.base import Backend
-from .callers import TCP_OWNER, Caller
+from .callers import TCP_OWNER, Caller, the_daemon
 from .cgroups import CgroupDriver
 from .config import Config, TcpConfig, group_id
 from .errors import map_errors
@@ -178,6 +178,7 @@ class Daemon:
         self.socket_path = Path(config.daemon.socket).absolute()
         self.admin_gid = group_id(config.daemon.admin_group, "daemon.admin_group")
         self.front: PeerFront | None = None
+        self._test_caller_of = caller_of
         self.unix_caller_of = caller_of or self._peer_caller
         hidden = [config.daemon.state_dir, str(self.socket_path.parent)]
         self.backends = make_backends(
@@ -224,16 +225,20 @@ class Daemon:
             [metrics_guard(self.metrics), map_errors, caller_guard(self.unix_caller_of)], BASE_OPTIONS
         )
         _claim_socket(self.socket_path)  # (first: a daemon that serves there keeps its front)
-        # The socket's callers reach the server through the front, which knows who each is.
-        self.front = PeerFront(self.config.state_path / "front")
-        self.server.add_insecure_port(self.front.grpc_address)
-        listener = listen_on_socket(
-            self.socket_path,
-            int(self.config.daemon.socket_mode, 8),
-            group_id(self.config.daemon.socket_group, "daemon.socket_group"),
-        )
-        self._socket_bound = True
-        await self.front.start(listener)
+        mode = int(self.config.daemon.socket_mode, 8)
+        group = group_id(self.config.daemon.socket_group, "daemon.socket_group")
+        if self.shared_socket(mode, group):
+            # The socket's callers reach the server through the front, which knows who each is.
+            self.front = PeerFront(self.config.state_path / "front")
+            self.server.add_insecure_port(self.front.grpc_address)
+            listener = listen_on_socket(self.socket_path, mode, group)
+            self._socket_bound = True
+            await self.front.start(listener)
+        else:
+            with _umask(0o777 & ~mode):  # the socket is created with its mode, never wider for a moment
+                self.server.add_insecure_port(f"unix:{self.socket_path}")
+            self._socket_bound = True
+            os.chmod(self.socket_path, mode)
         tcp = self.config.daemon.tcp
         if tcp.listen:
             tcp_caller = Caller(TCP_OWNER, admin=tcp.admin)
@@ -272,9 +277,20 @@ class Daemon:
         )
         return server
 
+    def shared_socket(self, mode: int, group: int | None) -> bool:
+        """Whether users other than the daemon's own may open its socket (a socket_group, or a
+        mode that lets others in): only then are callers told apart, through the front (a relay
+        in the daemon's process, about 50 µs a call). A socket only the daemon's user (and its
+        group, root's by default) may open has one caller, the daemon's user, an admin: calls
+        go straight to gRPC. A `caller_of` given for tests stands in for the front."""
+        return self._test_caller_of is None and (group is not None or bool(mode & 0o007))
+
     def _peer_caller(self, context: grpc.aio.ServicerContext) -> Caller:
-        """The caller of a call on the Unix socket, from its connection's peer credentials."""
-        credentials = self.front.credentials(context.peer()) if self.front else None
+        """The caller of a call on the Unix socket, from its connection's peer credentials; the
+        daemon's own user where the socket is not shared (shared_socket)."""
+        if self.front is None:
+            return the_daemon()
+        credentials = self.front.credentials(context.peer())
         if credentials is None:
             raise Unauthenticated("the daemon cannot tell who this caller is (no peer credentials)")
         return caller_of(credentials, self.admin_gid)

@@ -145,11 +145,14 @@ async def test_the_daemons_own_creates_for_a_rollout_are_its_submitters(tmp_path
 
 
 async def test_callers_on_the_socket_are_told_apart_by_their_peer_credentials(tmp_path) -> None:
-    """No override: a client in another process is its uid; one in the daemon's own process is
-    the daemon (its rollout service)."""
-    daemon = Daemon(_config_in(tmp_path), backend_classes=fake_backends())
+    """A shared socket (a socket_group: here the test's own group): a client in another process
+    is its uid; one in the daemon's own process is the daemon (its rollout service)."""
+    config = _config_in(tmp_path)
+    config.daemon.socket_group = grp.getgrgid(os.getgid()).gr_name
+    daemon = Daemon(config, backend_classes=fake_backends())
     await daemon.start()
     try:
+        assert daemon.front is not None
         address = f"unix://{daemon.socket_path}"
         script = "import sys; from corral.sdk import Client; print(Client(sys.argv[1]).create_sandbox().id)"
         made = await asyncio.to_thread(
@@ -159,6 +162,24 @@ async def test_callers_on_the_socket_are_told_apart_by_their_peer_credentials(tm
         assert other.sandbox_id == made.stdout.strip() and other.owner == uid_owner(os.geteuid())
         async with AsyncClient(address) as client:
             assert {sb.id for sb in await client.list_sandboxes()} == {other.sandbox_id}  # the daemon sees all
+    finally:
+        await daemon.stop()
+
+
+async def test_a_socket_only_the_daemons_user_may_open_needs_no_front(tmp_path) -> None:
+    """The default socket (the daemon's user and group, no one else): one caller, the daemon's
+    user, an admin; calls go straight to gRPC, with no relay in between."""
+    daemon = Daemon(_config_in(tmp_path), backend_classes=fake_backends())
+    await daemon.start()
+    try:
+        assert daemon.front is None
+        script = "import sys; from corral.sdk import Client; print(Client(sys.argv[1]).create_sandbox().id)"
+        address = f"unix://{daemon.socket_path}"
+        made = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-c", script, address], capture_output=True, text=True, check=True
+        )
+        (sandbox,) = daemon.manager.list()
+        assert sandbox.sandbox_id == made.stdout.strip() and sandbox.owner == the_daemon().owner
     finally:
         await daemon.stop()
 
