@@ -72,7 +72,16 @@ from .launch import (
     root_layout,
     unshare_argv,
 )
-from .rootless import COPY, OVERLAY, copy_layout, remove_tree, setup_argv, user_namespace_support, writable_root_kind
+from .rootless import (
+    COPY,
+    OVERLAY,
+    copy_layout,
+    only_root,
+    remove_tree,
+    setup_argv,
+    user_namespace_support,
+    writable_root_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -451,21 +460,12 @@ class RootlessSandbox(LocalSandbox):
         super().__init__(backend, spec, uid)
         self.user = self._inside_user(spec.user)
 
-    @staticmethod
-    def _only_root(who: SandboxUser, spec: str) -> SandboxUser:
-        if who.uid != 0 or who.gid != 0:
-            raise FailedPrecondition(
-                f"user {spec!r} is uid {who.uid}: a daemon without root maps only root (uid 0) into its "
-                'sandboxes (docs/local-backend.md, "Without root")'
-            )
-        return who
-
     def _inside_user(self, user: str) -> SandboxUser:
         """`user` ("" = the default) as the sandbox knows it, refused unless it is root."""
         if not user:
             return self.user
         passwd = self._passwd() if self.files is not None else read_passwd(self.rootfs)
-        return self._only_root(resolve_user(user, passwd), user)
+        return only_root(resolve_user(user, passwd), user, 'docs/local-backend.md, "Without root"')
 
     def user_host_ids(self, user: str) -> tuple[int, int] | None:
         self._inside_user(user)

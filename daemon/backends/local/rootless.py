@@ -26,6 +26,7 @@ from pathlib import Path
 
 from corral.sdk.errors import FailedPrecondition
 
+from ...users import SandboxUser
 from ..root import RootMount
 
 # How the writable root is made, as the backend's status names it.
@@ -178,22 +179,35 @@ def copy_layout(layout: Sequence[RootMount], copy_dir: Path) -> list[RootMount]:
         if mount.kind != "overlay":
             copied.append(mount)
         elif mount.dst == "/":
-            copy = subprocess.run(
-                ["cp", "-a", "--reflink=auto", "--no-target-directory", mount.src, str(copy_dir)],
-                capture_output=True,
-                text=True,
-            )
-            # What the daemon's user may not read stays out, as an overlay would not show it either,
-            # and so do device nodes, which it may not make (the sandbox has a /dev of its own).
-            failures = [line for line in copy.stderr.splitlines() if not _copy_may_skip(line)]
-            if copy.returncode != 0 and (failures or not copy_dir.is_dir()):
-                raise FailedPrecondition(
-                    f"cannot copy image {mount.src} for the sandbox's root: {' '.join(failures) or copy.stderr.strip()}"
-                )
+            copy_image_tree(mount.src, copy_dir, "the sandbox's root")
             copied.append(RootMount("bind-writable", str(copy_dir), "/"))
         else:
             copied.append(RootMount("bind", mount.src, mount.dst))
     return copied
+
+
+def copy_image_tree(src: str, dest: Path, purpose: str) -> None:
+    """Copies the image directory `src` to `dest` as the daemon's user (hard links and holes kept,
+    reflinks where the filesystem has them), so that every file is the user's: root inside, which
+    is that user, then owns the image. FAILED_PRECONDITION naming `purpose` when it cannot."""
+    copy = subprocess.run(
+        ["cp", "-a", "--reflink=auto", "--no-target-directory", src, str(dest)], capture_output=True, text=True
+    )
+    # What the daemon's user may not read stays out, as an overlay would not show it either,
+    # and so do device nodes, which it may not make (the sandbox has a /dev of its own).
+    failures = [line for line in copy.stderr.splitlines() if not _copy_may_skip(line)]
+    if copy.returncode != 0 and (failures or not dest.is_dir()):
+        raise FailedPrecondition(f"cannot copy image {src} for {purpose}: {' '.join(failures) or copy.stderr.strip()}")
+
+
+def only_root(who: SandboxUser, spec: str, docs: str) -> SandboxUser:
+    """`who` (the user a request named as `spec`), refused unless it is root: a daemon without
+    root maps no other id into its sandboxes. `docs` names where that is explained."""
+    if who.uid != 0 or who.gid != 0:
+        raise FailedPrecondition(
+            f"user {spec!r} is uid {who.uid}: a daemon without root maps only root (uid 0) into its sandboxes ({docs})"
+        )
+    return who
 
 
 def _copy_may_skip(cp_error: str) -> bool:
