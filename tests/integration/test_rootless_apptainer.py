@@ -176,3 +176,17 @@ def test_daemon_killed_takes_its_sandboxes_along(rootless):
     finally:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.stop()
+
+
+def test_snapshot_outlives_its_sandbox(client):
+    name = f"rootless-{secrets.token_hex(4)}"
+    with _sandbox(client) as parent:
+        parent.exec("echo kept > /etc/snapshotted && echo ws > /workspace/snapshotted", timeout=30)
+        parent.snapshot(name)
+    try:
+        (made,) = client.fork_snapshot(name, 1)
+        with made:
+            r = made.exec("cat /etc/snapshotted /workspace/snapshotted", timeout=30)
+            assert r.stdout == b"kept\nws\n", r
+    finally:
+        client.delete_snapshot(name)
