@@ -11,13 +11,14 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import SIF_TEST_IMAGE, DaemonProcess
-from tests.integration.test_rootless import RootlessDaemon, _marked, _runs, _user, _wait_gone
+from tests.integration.test_rootless import RootlessDaemon, _as_user, _marked, _runs, _user, _wait_gone
 
 BACKEND = "singularity"
 
@@ -66,7 +67,7 @@ def _sandbox(client):
     return client.create_sandbox(image=SIF_TEST_IMAGE, backend=BACKEND, timeout=300)
 
 
-def test_node_info_and_doctor_say_rootless(client, rootless_daemon):
+def test_node_info_and_doctor_say_rootless(client, rootless):
     info = client.node_info()
     assert info.rootless
     status = next(b for b in info.backends if b.backend == BACKEND)
@@ -77,6 +78,15 @@ def test_node_info_and_doctor_say_rootless(client, rootless_daemon):
     assert limits["network"].enforced
     for kind in ("memory", "pids", "cpu"):
         assert limits[kind].enforced == ("cgroup" in limits[kind].mechanism), limits[kind]
+    env = ["env", f"HOME={rootless.root}", f"PYTHONPATH={rootless.boot}"]
+    doctor = subprocess.run(
+        [*_as_user(rootless.user), *env, rootless.python, "-m", "corral.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = next((x for x in doctor.stdout.splitlines() if x.strip().startswith(f"{BACKEND}:")), "")
+    assert "available" in line and "not available" not in line and "ROOTLESS" in line, doctor.stdout
 
 
 def test_lifecycle_exec_shell_files_kernel(client, rootless_daemon):

@@ -63,6 +63,7 @@ from ..storage import (
     node_pool,
     snapshot_paused,
 )
+from ..unprivileged import only_root, remove_tree, user_namespace_support
 from .images import ImageCache, parse_reference
 from .launch import (
     bwrap_argv,
@@ -72,16 +73,7 @@ from .launch import (
     root_layout,
     unshare_argv,
 )
-from .rootless import (
-    COPY,
-    OVERLAY,
-    copy_layout,
-    only_root,
-    remove_tree,
-    setup_argv,
-    user_namespace_support,
-    writable_root_kind,
-)
+from .rootless import COPY, OVERLAY, copy_layout, setup_argv, writable_root_kind
 
 log = logging.getLogger(__name__)
 

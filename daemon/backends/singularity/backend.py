@@ -55,7 +55,6 @@ from ..container_enter import (
     resolve_in_image,
 )
 from ..idmapped_binds import check_shown
-from ..local.rootless import only_root, remove_tree, user_namespace_support
 from ..mount_api import detach, make_user_namespace
 from ..nsenter import HOST_ENV
 from ..root import (
@@ -68,6 +67,7 @@ from ..root import (
     unmount_root,
 )
 from ..snapshot_store import SnapshotStore
+from ..unprivileged import only_root, remove_tree, user_namespace_support
 from .rootless import ImageCopies, enter_argv, fakeroot_detail, rootless_argv, subordinate_ids
 from .sif_mount import mount_sif
 

@@ -32,8 +32,8 @@ from corral.sdk.errors import FailedPrecondition
 
 from ...seccomp import loader_argv, supported
 from ..base import RUN_DIR_IN_SANDBOX
-from ..local.rootless import copy_image_tree, remove_tree
 from ..nsenter import nsenter_argv
+from ..unprivileged import copy_image_tree, remove_tree
 from .sif_mount import squashfs_partition
 
 # unsquashfs's complaint about the device nodes a SIF's /dev may hold, which only root may make
