@@ -1,9 +1,11 @@
-"""The local backend without root against the same backend as root, on the same machine in the
-same run: a root daemon and a daemon run as an unprivileged user (docs/local-backend.md, "Without
-root"), both on the "host" image, in alternating blocks.
+"""A backend without root against the same backend as root, on the same machine in the same run:
+a root daemon and a daemon run as an unprivileged user, in alternating blocks. --backend local
+(docs/local-backend.md, "Without root") runs the "host" image; --backend singularity
+(docs/backends.md, "Apptainer / Singularity", "Without root") the test SIF image
+($CORRAL_TEST_SIF_IMAGE, default /var/cache/corral-test-images/python-bookworm.sif).
 
 Variants, per daemon (root_*, rootless_*):
-  create       client.create_sandbox(image="host") until it answers (destroyed untimed after)
+  create       client.create_sandbox(image=IMAGE) until it answers (destroyed untimed after)
   first_exec   create_sandbox + sb.exec(["true"]): a sandbox up to its first command
   exec         sb.exec(["true"]) in a sandbox kept for the run
   shell_turn   sh.run("true") in a shell session kept for the run
@@ -14,7 +16,7 @@ too). Where that user cannot execute this Python (a virtual environment whose ba
 lies under root's home), it runs /usr/bin/python3 of the same version with this environment's
 site-packages.
 
-Usage: python bench/rootless.py [--quick] [--json PATH] [--user NAME]
+Usage: python bench/rootless.py [--quick] [--json PATH] [--user NAME] [--backend local|singularity]
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ from _common import (
 from corral.sdk import Client
 
 SYSTEM_PYTHON = "/usr/bin/python3"
+# The image each backend's sandboxes run.
+IMAGES = {
+    "local": "host",
+    "singularity": os.environ.get("CORRAL_TEST_SIF_IMAGE", "/var/cache/corral-test-images/python-bookworm.sif"),
+}
 
 
 class UnprivilegedDaemon(Daemon):
@@ -65,9 +72,9 @@ class UnprivilegedDaemon(Daemon):
         return [*self.as_user, *self.env, python, "-m", "corral.cli", "serve"]
 
 
-def timed_create(client: Client, first_exec: bool) -> dict[str, float]:
+def timed_create(client: Client, backend: str, first_exec: bool) -> dict[str, float]:
     start = time.perf_counter()
-    sb = client.create_sandbox(image="host")
+    sb = client.create_sandbox(image=IMAGES[backend], backend=backend, timeout=300)
     if first_exec:
         sb.exec(["true"], timeout=30)
     ms = (time.perf_counter() - start) * 1000
@@ -76,17 +83,22 @@ def timed_create(client: Client, first_exec: bool) -> dict[str, float]:
 
 
 def main() -> None:
-    args = parse_args(__doc__ or "", lambda p: p.add_argument("--user", default="corral-rootless"))
+    def options(parser) -> None:
+        parser.add_argument("--user", default="corral-rootless")
+        parser.add_argument("--backend", choices=sorted(IMAGES), default="local")
+
+    args = parse_args(__doc__ or "", options)
+    backend = args.backend
     if os.geteuid() != 0:
         sys.exit("run as root: it compares a root daemon with one it starts as --user")
     user = pwd.getpwnam(args.user)
     n, warmup = (10, 2) if args.quick else (100, 5)
-    print_header(f"local backend, root vs rootless daemon (user {user.pw_name})")
+    print_header(f"{backend} backend, root vs rootless daemon (user {user.pw_name}, image {IMAGES[backend]})")
     with Daemon() as root_daemon, UnprivilegedDaemon(user) as rootless_daemon:
         clients = {"root": Client(root_daemon.address), "rootless": Client(rootless_daemon.address)}
         starts = interleaved_phases(
             {
-                f"{who}_{kind}": (lambda c=c, first=first: timed_create(c, first))
+                f"{who}_{kind}": (lambda c=c, first=first: timed_create(c, backend, first))
                 for who, c in clients.items()
                 for kind, first in (("create", False), ("first_exec", True))
             },
@@ -95,7 +107,9 @@ def main() -> None:
         )
         # (Each start variant times one phase, named by its kind.)
         results = {variant: summary(next(iter(phases.values()))) for variant, phases in starts.items()}
-        kept = {who: c.create_sandbox(image="host") for who, c in clients.items()}
+        kept = {
+            who: c.create_sandbox(image=IMAGES[backend], backend=backend, timeout=300) for who, c in clients.items()
+        }
         shells = {who: sb.shell("bench") for who, sb in kept.items()}
         calls = {f"{who}_exec": (lambda sb=sb: sb.exec(["true"], timeout=30)) for who, sb in kept.items()}
         calls |= {f"{who}_shell_turn": (lambda sh=sh: sh.run("true", timeout=30)) for who, sh in shells.items()}
@@ -108,7 +122,9 @@ def main() -> None:
     pairs = [(f"rootless_{kind}", f"root_{kind}") for kind in ("create", "first_exec", "exec", "shell_turn")]
     ratio_values = ratios(results, pairs)
     print_ratios(ratio_values)
-    write_json(args.json, results, ratio_values, {"load_average": os.getloadavg(), "user": user.pw_name})
+    write_json(
+        args.json, results, ratio_values, {"load_average": os.getloadavg(), "user": user.pw_name, "backend": backend}
+    )
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from ..storage import (
     node_pool,
     snapshot_paused,
 )
+from ..unprivileged import only_root, remove_tree, user_namespace_support
 from .images import ImageCache, parse_reference
 from .launch import (
     bwrap_argv,
@@ -73,7 +74,7 @@ from .launch import (
     unshare_argv,
 )
 from .rlimits import STAND_INS, SandboxRlimits
-from .rootless import COPY, OVERLAY, copy_layout, remove_tree, setup_argv, user_namespace_support, writable_root_kind
+from .rootless import COPY, OVERLAY, copy_layout, setup_argv, writable_root_kind
 
 log = logging.getLogger(__name__)
 
@@ -457,21 +458,12 @@ class RootlessSandbox(LocalSandbox):
         self.rlimits = backend.rlimits.values(limits.memory_bytes, limits.pids, limits.disk_bytes)
         self.rlimit_prefix = backend.rlimits.prefix(self.rlimits)
 
-    @staticmethod
-    def _only_root(who: SandboxUser, spec: str) -> SandboxUser:
-        if who.uid != 0 or who.gid != 0:
-            raise FailedPrecondition(
-                f"user {spec!r} is uid {who.uid}: a daemon without root maps only root (uid 0) into its "
-                'sandboxes (docs/local-backend.md, "Without root")'
-            )
-        return who
-
     def _inside_user(self, user: str) -> SandboxUser:
         """`user` ("" = the default) as the sandbox knows it, refused unless it is root."""
         if not user:
             return self.user
         passwd = self._passwd() if self.files is not None else read_passwd(self.rootfs)
-        return self._only_root(resolve_user(user, passwd), user)
+        return only_root(resolve_user(user, passwd), user, 'docs/local-backend.md, "Without root"')
 
     def user_host_ids(self, user: str) -> tuple[int, int] | None:
         self._inside_user(user)

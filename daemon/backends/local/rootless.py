@@ -15,19 +15,15 @@ the backend's status says so.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from corral.sdk.errors import FailedPrecondition
-
 from ..root import RootMount
+from ..unprivileged import copy_image_tree
 
 # How the writable root is made, as the backend's status names it.
 OVERLAY = "overlay"
@@ -168,22 +164,6 @@ def writable_root_kind(python: str = sys.executable) -> tuple[str, str]:
         return COPY, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
 
 
-def user_namespace_support(unshare: str | None) -> str:
-    """ "" when the daemon's user may make a user namespace mapping root to itself, else why not
-    (the kernel's or the distribution's refusal, as `unshare --user --map-root-user` reports it)."""
-    if unshare is None:
-        return "util-linux unshare is not installed (apt-get install util-linux)"
-    try:
-        done = subprocess.run(
-            [unshare, "--user", "--map-root-user", "true"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError) as err:
-        return f"no unprivileged user namespaces ({err})"
-    if done.returncode != 0:
-        return f"no unprivileged user namespaces ({done.stderr.strip() or f'exit {done.returncode}'})"
-    return ""
-
-
 def copy_layout(layout: Sequence[RootMount], copy_dir: Path) -> list[RootMount]:
     """The layout without overlays, for a kernel that refuses unprivileged ones: a directory image
     is copied once into `copy_dir` (hard links and holes kept, reflinks where the filesystem
@@ -194,43 +174,8 @@ def copy_layout(layout: Sequence[RootMount], copy_dir: Path) -> list[RootMount]:
         if mount.kind != "overlay":
             copied.append(mount)
         elif mount.dst == "/":
-            copy = subprocess.run(
-                ["cp", "-a", "--reflink=auto", "--no-target-directory", mount.src, str(copy_dir)],
-                capture_output=True,
-                text=True,
-            )
-            # What the daemon's user may not read stays out, as an overlay would not show it either,
-            # and so do device nodes, which it may not make (the sandbox has a /dev of its own).
-            failures = [line for line in copy.stderr.splitlines() if not _copy_may_skip(line)]
-            if copy.returncode != 0 and (failures or not copy_dir.is_dir()):
-                raise FailedPrecondition(
-                    f"cannot copy image {mount.src} for the sandbox's root: {' '.join(failures) or copy.stderr.strip()}"
-                )
+            copy_image_tree(mount.src, copy_dir, "the sandbox's root")
             copied.append(RootMount("bind-writable", str(copy_dir), "/"))
         else:
             copied.append(RootMount("bind", mount.src, mount.dst))
     return copied
-
-
-def _copy_may_skip(cp_error: str) -> bool:
-    return cp_error.endswith("Permission denied") or (
-        "cannot create special file" in cp_error and cp_error.endswith("Operation not permitted")
-    )
-
-
-def remove_tree(path: Path) -> None:
-    """Removes a directory tree the daemon's user owns, directories without write or search
-    permission included (an image's read-only directories copied up by an overlay, overlayfs's
-    own mode 000 work directories): root would pass through them, an ordinary user must first
-    give itself the permission."""
-    if not path.is_dir() or path.is_symlink():
-        return
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
-    for parent, dirs, _files in os.walk(path):
-        for name in dirs:
-            full = os.path.join(parent, name)
-            if not os.path.islink(full):
-                with contextlib.suppress(OSError):
-                    os.chmod(full, 0o700)
-    shutil.rmtree(path, ignore_errors=True)

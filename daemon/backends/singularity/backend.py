@@ -29,11 +29,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import pwd
 import secrets as tokens
 import shutil
 import signal
 import stat
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +43,17 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from ...cgroups import CgroupGroup, LimitSupport
 from ...diskcap import DiskCapError, disk_usage, run_step
+from ...fsaccess import SandboxFiles
 from ...process import in_cgroup, is_process
 from ...users import INSIDE_ID_COUNT, SandboxUser
-from ..base import NOT_ROOT, RUN_DIR_IN_SANDBOX, Backend, BackendStatus, ForkPoint, SandboxRuntime
-from ..container_enter import CAPABILITY_MASK, HOST_NETWORK_CAPABILITY_MASK, ImageUserSandbox, read_only_argv
+from ..base import RUN_DIR_IN_SANDBOX, Backend, BackendStatus, EnterCommand, ForkPoint, SandboxRuntime
+from ..container_enter import (
+    CAPABILITY_MASK,
+    HOST_NETWORK_CAPABILITY_MASK,
+    ImageUserSandbox,
+    read_only_argv,
+    resolve_in_image,
+)
 from ..idmapped_binds import check_shown
 from ..mount_api import detach, make_user_namespace
 from ..nsenter import HOST_ENV
@@ -58,6 +67,8 @@ from ..root import (
     unmount_root,
 )
 from ..snapshot_store import SnapshotStore
+from ..unprivileged import only_root, remove_tree, user_namespace_support
+from .rootless import ImageCopies, enter_argv, fakeroot_detail, rootless_argv, subordinate_ids
 from .sif_mount import mount_sif
 
 log = logging.getLogger(__name__)
@@ -114,6 +125,8 @@ while :; do interrupted=; read -r _ && continue; [ -n "$interrupted" ] || exit 0
 UPPER, WORKSPACE = "upper", "workspace"
 # What a sandbox's launcher (nsenter, exec'ing apptainer and its starter) is called.
 LAUNCHER_NAMES = ("nsenter", "apptainer", "singularity", "starter")
+# Where a daemon without root explains what its sandboxes can and cannot do.
+ROOTLESS_DOCS = 'docs/backends.md, "Apptainer / Singularity", "Without root"'
 # Characters apptainer's --bind syntax (src:dst:opts, comma-separated) cannot carry in a path.
 BIND_SEPARATORS = (":", ",")
 
@@ -247,7 +260,16 @@ class SingularitySandbox(ImageUserSandbox):
             start_new_session=True,
             pass_fds=(self._userns_fd,),
         )
-        assert self._launcher.stdout is not None
+        await self._await_init(binary)
+        code, out = await _run(read_only_argv(self.init_pid), START_TIMEOUT_S)
+        if code != 0:
+            raise FailedPrecondition(f"cannot make the kernel's settings read-only in the sandbox: {out}")
+        await asyncio.to_thread(check_shown, self.spec.mounts, self.uid, self.init_pid, False)
+        self.adopt_user("")
+
+    async def _await_init(self, binary: str) -> None:
+        """Waits for the launcher's init to say it is ready, and finds its host pid."""
+        assert self._launcher is not None and self._launcher.stdout is not None
         try:
             ready = await asyncio.wait_for(asyncio.to_thread(self._launcher.stdout.readline), START_TIMEOUT_S)
         except TimeoutError:
@@ -257,11 +279,6 @@ class SingularitySandbox(ImageUserSandbox):
             said = (ready + await asyncio.to_thread(self._launcher.stdout.read)).decode(errors="replace").strip()
             raise FailedPrecondition(f"{os.path.basename(binary)} could not start the sandbox: {said or 'no output'}")
         self.init_pid = _container_init(self._launcher.pid)
-        code, out = await _run(read_only_argv(self.init_pid), START_TIMEOUT_S)
-        if code != 0:
-            raise FailedPrecondition(f"cannot make the kernel's settings read-only in the sandbox: {out}")
-        await asyncio.to_thread(check_shown, self.spec.mounts, self.uid, self.init_pid, False)
-        self.adopt_user("")
 
     def fork_point(self, point: Path) -> ForkPoint:
         """Pauses the sandbox (where its cgroup can be frozen: cgroup v2), copies its root's
@@ -339,6 +356,97 @@ class SingularitySandbox(ImageUserSandbox):
 
     def record_extra(self) -> dict:
         return {"launcher_pid": self._launcher.pid if self._launcher else 0}
+
+
+class RootlessSingularitySandbox(SingularitySandbox):
+    """A sandbox of a daemon that is not root (rootless.py): Apptainer's own unprivileged mode as
+    the daemon's user, root inside being that user, over a copy of the image the user owns. Its
+    writable layer (layers/upper, --overlay) and workspace are where the root mode keeps them, so
+    that forks and snapshots copy them the same way (one uid: no owner to move)."""
+
+    # No filesystem of its own without root (diskcap mounts one): its disk is the state directory's.
+    caps_disk = False
+
+    def host_ids(self, user: SandboxUser) -> tuple[int, int]:
+        return os.getuid(), os.getgid()
+
+    def host_id_block(self) -> tuple[int, int]:
+        return os.getuid(), 1
+
+    def user_host_ids(self, user: str) -> tuple[int, int] | None:
+        self._root_only(user)
+        return os.getuid(), os.getgid()
+
+    def _root_only(self, user: str) -> SandboxUser:
+        """`user` ("" = the default) as the image knows it, refused unless it is root."""
+        if not user:
+            return self.user
+        return only_root(resolve_in_image(self.init_pid, user), user, ROOTLESS_DOCS)
+
+    def adopt_user(self, image_user: str) -> None:
+        spec = self.spec.user or image_user or "root"
+        self.user = only_root(resolve_in_image(self.init_pid, spec), spec, ROOTLESS_DOCS)
+
+    async def _make_dirs(self) -> None:
+        # (Owned by the daemon's uid, which is root inside: nothing to give away.)
+        self.sandbox_dir.mkdir(parents=True, exist_ok=True)
+        self.sandbox_dir.parent.chmod(0o711)
+        for sub in ("workspace", "apptainer"):
+            (self.sandbox_dir / sub).mkdir(mode=0o700, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run_dir, 0o711)
+
+    async def launch(self) -> None:
+        binary = self.backend.binary
+        assert binary is not None
+        for mount in self.spec.mounts:
+            if any(c in f"{mount.host_path}{mount.sandbox_path}" for c in BIND_SEPARATORS):
+                raise InvalidArgument(f"mount {mount.sandbox_path}: apptainer cannot bind a path with ':' or ','")
+        image = await self.backend.image_copies.get(self.spec.image)
+        if self.spec.fork is not None:
+            await asyncio.to_thread(self._take_fork, self.spec.fork)
+        argv = rootless_argv(
+            binary,
+            image,
+            overlay=self.sandbox_dir / "layers",
+            workspace=self.workspace,
+            workdir=self.workdir,
+            run_dir=self.run_dir,
+            mounts=self.spec.mounts,
+            network=self.spec.network,
+            init_script=INIT_SCRIPT,
+        )
+        (self.sandbox_dir / "layers").mkdir(mode=0o700, exist_ok=True)
+        config = str(self.sandbox_dir / "apptainer")
+        # Spawned from the event loop thread on purpose: nothing here may die with a worker.
+        self._launcher = subprocess.Popen(
+            in_cgroup(argv, self.cgroup.leaf("init") if self.cgroup else None),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**HOST_ENV, "APPTAINER_CONFIGDIR": config, "HOME": config},
+            cwd="/",
+            start_new_session=True,
+        )
+        await self._await_init(binary)
+        self.adopt_user("")
+
+    def enter_command(
+        self, argv: Sequence[str], *, cwd: str, leaf: str, env: Mapping[str, str], user: str = ""
+    ) -> EnterCommand:
+        self._root_only(user)
+        cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
+        return EnterCommand(enter_argv(self.init_pid, self.workdir, argv, cwd, env), cgroup, "/")
+
+    def make_file_access(self) -> SandboxFiles:
+        """File access through the init's root as the daemon itself (its uid is root inside)."""
+        return SandboxFiles(f"/proc/{self.init_pid}/root", self.workdir, None, None, self.context.max_file_bytes)
+
+    async def destroy(self) -> None:
+        await super().destroy()
+        # What the daemon's user may not remove without first giving itself the permission
+        # (overlayfs's mode 000 work directory).
+        await asyncio.to_thread(remove_tree, self.sandbox_dir)
 
 
 def shift_ids(top: Path, from_first: int, to_first: int) -> None:
@@ -419,6 +527,10 @@ class SingularityBackend(Backend):
 
     def __init__(self, context) -> None:
         self.binary = shutil.which("apptainer") or shutil.which("singularity")
+        # A daemon that is not root runs Apptainer's own unprivileged mode (RootlessSingularitySandbox)
+        # over copies of its images that the daemon's user owns.
+        self.rootless = os.geteuid() != 0
+        self.image_copies = ImageCopies(context.state_dir / "singularity-images")
         self.snapshot_store = SnapshotStore(
             "singularity.snapshot_store_bytes", context.settings.snapshot_store_bytes, disk_usage, _remove_tree
         )
@@ -445,8 +557,10 @@ class SingularityBackend(Backend):
         problems += [
             f"{tool} (util-linux) is not installed" for tool in ("unshare", "nsenter") if not shutil.which(tool)
         ]
-        if os.geteuid() != 0:
-            problems.append(f"{NOT_ROOT}: it makes sandboxes' user namespaces and roots itself")
+        if self.rootless:
+            if why_not := user_namespace_support(shutil.which("unshare")):
+                problems.append(why_not)
+            limits = self._rootless_limits(limits)
         elif why_not := kernel_support():
             problems.append(why_not)
         version = ""
@@ -459,11 +573,48 @@ class SingularityBackend(Backend):
                 problems.append(f"{self.binary} does not run: {err}")
         if problems or not self.binary:
             return BackendStatus(False, "; ".join(problems), "none", limits)
-        return BackendStatus(True, f"{os.path.basename(self.binary)} {version}", "container", limits)
+        detail = f"{os.path.basename(self.binary)} {version}"
+        if self.rootless:
+            detail += "; " + self._rootless_detail()
+        return BackendStatus(True, detail, "container", limits)
+
+    def _rootless_limits(self, limits: dict[str, LimitSupport]) -> dict[str, LimitSupport]:
+        """What a daemon without root enforces: cgroup limits only where the user was delegated
+        some (the cgroup driver's reasons otherwise), no disk cap (no filesystem of the sandbox's
+        own without root)."""
+        cgroups = self.context.cgroups
+        return {
+            **limits,
+            "wall_clock": LimitSupport(
+                True,
+                "process group + cgroup kill"
+                if cgroups.can_track
+                else "process group kill and its descendants' (no cgroup: a process that left the tree is missed)",
+            ),
+            "network": LimitSupport(True, "network namespace of its own (--net --network none, unprivileged)"),
+            "disk": LimitSupport(
+                False,
+                reason="the daemon is not root: it cannot mount a size-capped filesystem per sandbox; the writable "
+                "layer and workspace lie on the state directory's disk, /tmp on apptainer's in-memory tmpfs",
+            ),
+        }
+
+    def _rootless_detail(self) -> str:
+        why_no_range = subordinate_ids(pwd.getpwuid(os.getuid()))
+        return (
+            f"ROOTLESS (the daemon is uid {os.getuid()}): apptainer's unprivileged mode; "
+            f"{fakeroot_detail(why_no_range)}; requests run as root only; image: a copy the daemon's user owns "
+            "(a SIF unpacked once per image); writable layer: --overlay on the sandbox's own directory"
+        )
 
     @classmethod
     def own_fixes(cls, status: BackendStatus) -> list[str]:
         return [FIX_APPTAINER] if NO_APPTAINER in status.detail else []
+
+    def new_sandbox(self, spec, uid: int) -> SingularitySandbox:
+        if self.rootless:
+            return RootlessSingularitySandbox(self, spec, uid)
+        return SingularitySandbox(self, spec, uid)
 
     def default_image(self) -> str:
         return self.settings.default_image
@@ -507,6 +658,8 @@ class SingularityBackend(Backend):
         sandbox_dir = Path(record.get("sandbox_dir", ""))
         if sandbox_dir.parent == self.context.sandboxes_dir:
             await asyncio.to_thread(unmount_sandbox, sandbox_dir)
+            if self.rootless:
+                await asyncio.to_thread(remove_tree, sandbox_dir)  # (overlayfs's mode 000 work directory)
 
     async def reap_orphans(self) -> None:
         # A killed daemon's fork points and named snapshots (no snapshot outlives its daemon).
