@@ -1,145 +1,37 @@
 """The local backend of a daemon that is not root (docs/local-backend.md, "Without root"): a real
 `corral serve` run as an unprivileged user, driven through the SDK.
 
-Run as root (CI), the tests make a system user for it (ROOTLESS_USER) and start the daemon as that
-user; run as an ordinary user, they start it as themselves. They skip, naming the reason, where
-the kernel refuses that user an unprivileged user namespace or bubblewrap is missing. Every
-process they look for on the host carries a marker of their own in its command line."""
+The daemon runs as an unprivileged user (tests/integration/rootless_daemons.py: a system user
+made for it when the suite runs as root, else the suite's own user). The tests skip, naming the
+reason, where the kernel refuses that user an unprivileged user namespace or bubblewrap is
+missing. Every process they look for on the host carries a marker of their own in its command
+line."""
 
 from __future__ import annotations
 
 import os
-import pwd
 import secrets
-import shutil
 import signal
 import subprocess
-import sys
-import sysconfig
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import DaemonProcess
-
-ROOTLESS_USER = "corral-rootless"
-# Debian's own interpreter, for a user who cannot execute the test's (a virtual environment's
-# base interpreter under root's home, say): the same minor version loads the same packages.
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-def _user() -> pwd.struct_passwd:
-    """The unprivileged user the daemon runs as: this process's own, or (as root) ROOTLESS_USER,
-    made when missing."""
-    if os.geteuid() != 0:
-        return pwd.getpwuid(os.geteuid())
-    try:
-        return pwd.getpwnam(ROOTLESS_USER)
-    except KeyError:
-        made = subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ROOTLESS_USER],
-            capture_output=True,
-            text=True,
-        )
-        if made.returncode != 0:
-            pytest.skip(f"cannot make the unprivileged user {ROOTLESS_USER}: {made.stderr.strip()}")
-        return pwd.getpwnam(ROOTLESS_USER)
-
-
-def _as_user(user: pwd.struct_passwd) -> list[str]:
-    """The prefix that runs a command as `user` in place (setpriv execs: the pid stays the daemon's)."""
-    if os.geteuid() != 0:
-        return []
-    return ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
-
-
-def _runs(user: pwd.struct_passwd, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*_as_user(user), *argv], capture_output=True, text=True, timeout=30)
-
-
-def _interpreter(user: pwd.struct_passwd) -> str:
-    """An interpreter the user may execute that loads this environment's packages."""
-    if _runs(user, "env", sys.executable, "-c", "pass").returncode == 0:
-        return sys.executable
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    probe = _runs(user, "env", SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
-    if probe.returncode == 0 and probe.stdout.strip() == version:
-        return SYSTEM_PYTHON
-    pytest.skip(f"{user.pw_name} can execute neither {sys.executable} nor a Python {version} at {SYSTEM_PYTHON}")
-
-
-def _require_unprivileged_namespaces(user: pwd.struct_passwd) -> None:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap): a daemon without root needs it")
-    made = _runs(user, "unshare", "--user", "--map-root-user", "true")
-    if made.returncode != 0:
-        pytest.skip(f"this kernel refuses {user.pw_name} an unprivileged user namespace: {made.stderr.strip()}")
-
-
-def _site_bootstrap(root: Path) -> Path:
-    """A directory for PYTHONPATH whose sitecustomize adds this environment's site-packages (and
-    its .pth files: corral's editable install) to an interpreter other than the environment's."""
-    boot = root / "boot"
-    boot.mkdir()
-    site_dir = sysconfig.get_paths()["purelib"]
-    (boot / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({site_dir!r})\n")
-    return boot
-
-
-class RootlessDaemon:
-    """Where the unprivileged daemon's files lie, and how to start one there."""
-
-    def __init__(self, user: pwd.struct_passwd) -> None:
-        self.user = user
-        # Under /tmp, not pytest's root-only directory: the daemon's user must reach it.
-        self.root = Path(tempfile.mkdtemp(prefix="corral-rootless-"))
-        self.root.chmod(0o755)
-        self.python = _interpreter(user)
-        boot = _site_bootstrap(self.root)
-        if os.geteuid() == 0:
-            for path in (self.root, boot, boot / "sitecustomize.py"):
-                os.chown(path, user.pw_uid, user.pw_gid)
-        self.boot = boot
-
-    def start(self, name: str, cgroup: Path | None = None) -> DaemonProcess:
-        """A daemon with its socket and state under root/name (the same name: the same state),
-        started in `cgroup` (a cgroup v2 directory) when one is given."""
-        home = self.root / name
-        if not home.exists():
-            home.mkdir(mode=0o755)
-            if os.geteuid() == 0:
-                os.chown(home, self.user.pw_uid, self.user.pw_gid)
-        env = [f"HOME={home}", f"TMPDIR={home}", f"PYTHONPATH={self.boot}"]
-        prefix = [*_as_user(self.user), "env", *env]
-        if cgroup is not None:  # (joined before the user changes: the cgroup's parent may be root's)
-            prefix = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *prefix]
-        return DaemonProcess(home, prefix=prefix, python=self.python).start(timeout=60)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+from tests.integration.rootless_daemons import RootlessDaemon, marked, rootless_place, wait_gone
 
 
 @pytest.fixture(scope="module")
 def rootless() -> Iterator[RootlessDaemon]:
-    user = _user()
-    _require_unprivileged_namespaces(user)
-    place = RootlessDaemon(user)
-    try:
+    with rootless_place() as place:
         yield place
-    finally:
-        place.remove()
 
 
 @pytest.fixture(scope="module")
 def rootless_daemon(rootless) -> Iterator[DaemonProcess]:
-    daemon = rootless.start("shared")
-    try:
+    with rootless.running("shared") as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture
@@ -148,30 +40,6 @@ def client(rootless_daemon):
 
     with Client(rootless_daemon.address) as c:
         yield c
-
-
-def _marked(marker: str) -> set[int]:
-    """Host pids of live processes whose command line holds `marker` (zombies count as gone)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() not in (entry / "cmdline").read_bytes():
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            found.add(int(entry.name))
-    return found
-
-
-def _wait_gone(marker: str, timeout: float = 15.0) -> set[int]:
-    deadline = time.monotonic() + timeout
-    while (left := _marked(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
 
 
 def test_node_info_says_rootless(client):
@@ -247,10 +115,10 @@ def test_two_sandboxes_cannot_see_each_other(client):
         for path in (f"/workspace/{marker}", f"/tmp/{marker}", f"/usr/{marker}"):
             assert b.exec(["test", "-e", path], timeout=30).exit_code == 1, path
         # Nor can it signal the other's process by its host pid: no such pid exists in its namespace.
-        (host_pid,) = _marked(marker)
+        (host_pid,) = marked(marker)
         b.exec(f"kill -9 {host_pid}", timeout=30)
-        assert _marked(marker) == {host_pid}
-    assert not _wait_gone(marker), "destroy left a process of the sandbox"
+        assert marked(marker) == {host_pid}
+    assert not wait_gone(marker), "destroy left a process of the sandbox"
 
 
 def test_timeout_kills_the_whole_tree(client):
@@ -277,13 +145,13 @@ def test_daemon_killed_takes_its_sandboxes_along(rootless):
             sb.exec(f"exec -a {marker}-bg sleep 600 >/dev/null 2>&1 &", timeout=30)
             sb.shell("main").run(f"exec -a {marker}-shell sleep 600 &", timeout=30)
         deadline = time.monotonic() + 10
-        while len(_marked(marker)) < 2 and time.monotonic() < deadline:
+        while len(marked(marker)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)  # (the shell's job may not have exec'd yet when its turn ends)
-        assert len(_marked(marker)) == 2
+        assert len(marked(marker)) == 2
         assert daemon.proc is not None
         daemon.proc.send_signal(signal.SIGKILL)
         daemon.proc.wait(10)
-        assert not _wait_gone(marker), "a sandbox process outlived its daemon"
+        assert not wait_gone(marker), "a sandbox process outlived its daemon"
         # The next start reaps what the killed one left.
         restarted = rootless.start("killed")
         try:

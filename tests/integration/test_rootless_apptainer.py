@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import SIF_TEST_IMAGE, DaemonProcess
-from tests.integration.test_rootless import RootlessDaemon, _as_user, _marked, _runs, _user, _wait_gone
+from tests.integration.rootless_daemons import RootlessDaemon, as_user, marked, rootless_place, runs, wait_gone
 
 BACKEND = "singularity"
 
@@ -29,29 +29,21 @@ def _require_apptainer(user) -> None:
         pytest.skip("neither apptainer nor singularity is installed")
     if not os.path.isfile(SIF_TEST_IMAGE):
         pytest.skip(f"no test SIF image at {SIF_TEST_IMAGE} (scripts/build_test_images.sh builds it)")
-    made = _runs(user, "unshare", "--user", "--map-root-user", "true")
+    made = runs(user, "unshare", "--user", "--map-root-user", "true")
     if made.returncode != 0:
         pytest.skip(f"this kernel refuses {user.pw_name} an unprivileged user namespace: {made.stderr.strip()}")
 
 
 @pytest.fixture(scope="module")
 def rootless() -> Iterator[RootlessDaemon]:
-    user = _user()
-    _require_apptainer(user)
-    place = RootlessDaemon(user)
-    try:
+    with rootless_place(_require_apptainer) as place:
         yield place
-    finally:
-        place.remove()
 
 
 @pytest.fixture(scope="module")
 def rootless_daemon(rootless) -> Iterator[DaemonProcess]:
-    daemon = rootless.start("shared")
-    try:
+    with rootless.running("shared") as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture
@@ -80,7 +72,7 @@ def test_node_info_and_doctor_say_rootless(client, rootless):
         assert limits[kind].enforced == ("cgroup" in limits[kind].mechanism), limits[kind]
     env = ["env", f"HOME={rootless.root}", f"PYTHONPATH={rootless.boot}"]
     doctor = subprocess.run(
-        [*_as_user(rootless.user), *env, rootless.python, "-m", "corral.cli", "doctor"],
+        [*as_user(rootless.user), *env, rootless.python, "-m", "corral.cli", "doctor"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -133,10 +125,10 @@ def test_two_sandboxes_cannot_see_each_other(client):
         assert seen.stdout == b"0\n", seen
         for path in (f"/workspace/{marker}", f"/tmp/{marker}", f"/usr/{marker}"):
             assert b.exec(["test", "-e", path], timeout=30).exit_code == 1, path
-        (host_pid,) = _marked(marker)
+        (host_pid,) = marked(marker)
         b.exec(f"kill -9 {host_pid}", timeout=30)
-        assert _marked(marker) == {host_pid}
-    assert not _wait_gone(marker), "destroy left a process of the sandbox"
+        assert marked(marker) == {host_pid}
+    assert not wait_gone(marker), "destroy left a process of the sandbox"
 
 
 def test_timeout_kills_the_whole_tree(client):
@@ -170,14 +162,14 @@ def test_daemon_killed_takes_its_sandboxes_along(rootless):
             sb.exec(f"exec -a {marker}-bg sleep 600 >/dev/null 2>&1 &", timeout=30)
             sb.shell("main").run(f"exec -a {marker}-shell sleep 600 &", timeout=30)
         deadline = time.monotonic() + 10
-        while len(_marked(marker)) < 2 and time.monotonic() < deadline:
+        while len(marked(marker)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(_marked(marker)) == 2
+        assert len(marked(marker)) == 2
         assert daemon.proc is not None
         daemon.proc.send_signal(signal.SIGKILL)
         daemon.proc.wait(10)
-        assert not _wait_gone(marker), "a sandbox process outlived its daemon"
-        assert not _wait_gone(str(daemon.state_dir / "sandboxes")), "apptainer outlived its daemon"
+        assert not wait_gone(marker), "a sandbox process outlived its daemon"
+        assert not wait_gone(str(daemon.state_dir / "sandboxes")), "apptainer outlived its daemon"
         restarted = rootless.start("killed")
         try:
             assert not list((restarted.state_dir / "sandboxes").iterdir())

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DaemonProcess
-from tests.integration.test_rootless import RootlessDaemon, _require_unprivileged_namespaces, _user
+from tests.integration.rootless_daemons import RootlessDaemon, rootless_place
 
 MiB = 1 << 20
 # Forks until the kernel refuses (EAGAIN) or `limit` children live, prints how many, then lets
@@ -44,22 +44,14 @@ for pid in children:
 
 @pytest.fixture(scope="module")
 def rootless() -> Iterator[RootlessDaemon]:
-    user = _user()
-    _require_unprivileged_namespaces(user)
-    place = RootlessDaemon(user)
-    try:
+    with rootless_place() as place:
         yield place
-    finally:
-        place.remove()
 
 
 @pytest.fixture(scope="module")
 def limits_daemon(rootless) -> Iterator[DaemonProcess]:
-    daemon = rootless.start("limits")
-    try:
+    with rootless.running("limits") as daemon:
         yield daemon
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture
