@@ -28,7 +28,9 @@ socket=$run_dir/corral.sock
 token_file=$CORRAL_JOB_DIR/token
 log=$CORRAL_JOB_DIR/logs/$node.log
 start_timeout_s=${CORRAL_START_TIMEOUT_S:-120}
-# The daemon runs as root (every backend needs it); where the job does not, e.g. CORRAL_SERVE_PREFIX="sudo -n".
+# The daemon runs as the job's user: as root where the job is, else rootless (local and Apptainer
+# sandboxes; docs/local-backend.md, "Without root"). For a root daemon in a job that is not root:
+# CORRAL_SERVE_PREFIX="sudo -n".
 read -r -a serve_prefix <<<"${CORRAL_SERVE_PREFIX:-}"
 
 mkdir -p "$run_dir" "$CORRAL_JOB_DIR/logs"

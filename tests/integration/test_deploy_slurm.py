@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import require_backend
+from tests.integration.rootless_daemons import as_user, rootless_place
 
 SLURM = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
 # srun's stand-in: drops srun's options and runs the task's command on this node.
@@ -69,11 +70,14 @@ def job_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     }
 
 
-def run_job(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Runs corral.sbatch with ARGS; past `timeout`, its process group (the node's script and
-    daemon among it) gets SIGTERM, as scancel would send, so that no daemon outlives the test."""
+def run_job(
+    args: list[str], env: dict[str, str], timeout: float, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs corral.sbatch with ARGS (after `prefix`: as another user); past `timeout`, its process
+    group (the node's script and daemon among it) gets SIGTERM, as scancel would send, so that no
+    daemon outlives the test."""
     with subprocess.Popen(
-        ["bash", str(SLURM / "corral.sbatch"), *args],
+        [*(prefix or []), "bash", str(SLURM / "corral.sbatch"), *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -129,3 +133,43 @@ def test_a_daemon_that_cannot_start_fails_the_job_with_its_log(tmp_path: Path) -
     assert "unknown configuration key daemon.no_such_key" in job.stderr  # the log's end, shown
     assert "a node's daemon did not start" in job.stderr
     assert not (tmp_path / "job" / "cluster.json").exists()
+
+
+# The rootless job's command: the same, and what the node's daemon says of itself.
+ROOTLESS_JOB_COMMAND = JOB_COMMAND.replace(
+    "with Client(address, token=cluster.token()) as client, client.create_sandbox() as sandbox:",
+    "with Client(address, token=cluster.token()) as client, client.create_sandbox() as sandbox:\n"
+    "    print('rootless', client.node_info().rootless)",
+)
+
+
+def test_the_batch_script_serves_a_rootless_daemon_as_the_jobs_user() -> None:
+    """A job whose user is not root, with no CORRAL_SERVE_PREFIX: each node's daemon runs as the
+    job's user, rootless (docs/local-backend.md, "Without root"), and the job's command makes a
+    sandbox on it."""
+    with rootless_place() as place:
+        home = place.root / "slurm"
+        home.mkdir(mode=0o755)
+        # The corral command as the job's user runs it: an interpreter it may execute, loading
+        # this environment's packages (rootless_daemons.RootlessDaemon).
+        corral = home / "corral"
+        corral.write_text(f'#!/bin/sh\nexec {place.python} -m corral.cli "$@"\n')
+        corral.chmod(0o755)
+        port = free_port()
+        env = job_env(
+            home,
+            port,
+            CORRAL_BIN=str(corral),
+            CORRAL_PYTHON=place.python,
+            PYTHONPATH=str(place.boot),
+            HOME=str(home),
+            TMPDIR=str(home),
+        )
+        if os.geteuid() == 0:
+            os.chown(home, place.user.pw_uid, place.user.pw_gid)
+        args = [place.python, "-c", ROOTLESS_JOB_COMMAND, str(SLURM / "corral_nodes.py")]
+        job = run_job(args, env, 180, prefix=as_user(place.user))
+        logs = "".join(p.read_text() for p in (home / "job" / "logs").glob("*.log"))
+        assert job.returncode == 0, f"{job.stdout}\n{job.stderr}\n{logs}"
+        assert "rootless True" in job.stdout and f"sandbox says hello on 127.0.0.1:{port}" in job.stdout
+        assert not (home / "node-a" / "corral.sock").exists()  # stopped with the job
