@@ -15,11 +15,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import DaemonProcess
 from tests.integration.rootless_daemons import RootlessDaemon, marked, rootless_place, wait_gone
+
+BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "repair.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +103,27 @@ def test_kernel(client):
         kernel = sb.kernel()
         kernel.execute("x = 21")
         assert kernel.execute("x * 2").result_text == "42"
+
+
+def test_bundled_tasks_reach_reward_1_through_the_rollout_service(client):
+    """The rollout service of a daemon without root: every bundled repair task through the replay
+    policy (INIT, the agent's turns, evaluation in a clean sandbox) to reward 1.0."""
+    from corral.rollout.reference.replay import ReplayPolicy
+    from corral.rollout.reference.server import ReferenceServer
+    from corral.sdk.tasks import load_tasks
+
+    tasks = load_tasks(BUNDLED_TASKS)
+    server = ReferenceServer(ReplayPolicy(tasks))
+    url = server.start_in_thread()
+    try:
+        info = client.rollouts.register_llm(url)
+        try:
+            results = [client.rollouts.run(task, timeout=300) for task in tasks]
+        finally:
+            client.rollouts.remove_llm(info.address)
+    finally:
+        server.stop_in_thread()
+    assert [(r.task_id, r.status, r.reward) for r in results] == [(t.task_id, "completed", 1.0) for t in tasks]
 
 
 def test_two_sandboxes_cannot_see_each_other(client):
