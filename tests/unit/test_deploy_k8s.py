@@ -23,7 +23,7 @@ from corral.daemon.config import load_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = DEPLOY / "k8s"
-OVERLAYS = ["base", "with-engines"]
+OVERLAYS = ["base", "with-engines", "rootless"]
 # The oldest Kubernetes the manifests are for (appArmorProfile: 1.30) and the newest schemas shipped.
 VERSIONS = ["1.30", kubernetes_validate.latest_version()]
 TOKEN_PATH = "/var/run/secrets/corral/token"
@@ -50,25 +50,47 @@ def one(resources: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found
 
 
+def merge_map(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A map merged as a strategic-merge patch merges it: maps recursively, a null deletes the
+    key, anything else replaces it."""
+    merged = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = merge_map(base[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def merge_by(base: list[dict[str, Any]], patch: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """A list merged as a strategic-merge patch merges it, in kustomize's order: the patch's
-    entries first (each over the base's entry of the same `key`), then the base's others."""
+    entries first (each over the base's entry of the same `key`), then the base's others; an
+    entry with `$patch: delete` removes the base's."""
     patched = {entry[key] for entry in patch}
-    merged = [{**next((b for b in base if b[key] == entry[key]), {}), **entry} for entry in patch]
+    merged = [
+        merge_map(next((b for b in base if b[key] == entry[key]), {}), entry)
+        for entry in patch
+        if entry.get("$patch") != "delete"
+    ]
     return merged + [entry for entry in base if entry[key] not in patched]
 
 
 def with_patch(daemonset: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """The DaemonSet with a strategic-merge patch of the kind with-engines holds applied: fields
-    of the pod's spec set, volumes merged by name, the containers' volumeMounts by mountPath."""
+    """The DaemonSet with a strategic-merge patch of the kind the overlays hold applied: fields
+    of the pod's spec merged, volumes merged by name, each container's fields merged and its
+    volumeMounts by mountPath."""
     merged = copy.deepcopy(daemonset)
     spec, patch_spec = merged["spec"]["template"]["spec"], patch["spec"]["template"]["spec"]
-    spec.update({key: value for key, value in patch_spec.items() if key not in ("containers", "volumes")})
+    others = {key: value for key, value in patch_spec.items() if key not in ("containers", "volumes")}
+    spec.update(merge_map(spec, others))
     for patch_container in patch_spec.get("containers", []):
         (container,) = [c for c in spec["containers"] if c["name"] == patch_container["name"]]
-        container["volumeMounts"] = merge_by(
-            container["volumeMounts"], patch_container.get("volumeMounts", []), "mountPath"
-        )
+        mounts = merge_by(container["volumeMounts"], patch_container.get("volumeMounts", []), "mountPath")
+        fields = {key: value for key, value in patch_container.items() if key not in ("name", "volumeMounts")}
+        container.update(merge_map(container, fields))
+        container["volumeMounts"] = mounts
     spec["volumes"] = merge_by(spec["volumes"], patch_spec.get("volumes", []), "name")
     return merged
 
@@ -223,3 +245,22 @@ def test_with_engines_the_daemon_sees_the_engines_containers_and_they_its_mounts
     for path in ("/var/run/docker.sock", "/run/podman/podman.sock"):
         assert volumes[mounts[path]["name"]]["hostPath"] == {"path": path, "type": "Socket"}
     assert len(mounts) == len(container(daemonset)["volumeMounts"])  # merged, not doubled
+
+
+def test_the_rootless_pod_asks_for_no_privilege() -> None:
+    """deploy/k8s/rootless: not privileged, no capability, no privilege escalation, not root, a
+    user namespace of its own, nothing of the node's mounted but what base shares with every pod
+    (the config and token), and the daemon it runs is the base's (same command, probes, ports)."""
+    daemonset = one(overlay_resources("rootless"), "DaemonSet")
+    pod, main = daemonset["spec"]["template"]["spec"], container(daemonset)
+    security = main["securityContext"]
+    assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["procMount"] == "Unmasked"
+    assert pod["hostUsers"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert [v["name"] for v in pod["volumes"] if "hostPath" in v] == []
+    assert "/dev" not in {m["mountPath"] for m in main["volumeMounts"]}
+    assert {v["name"] for v in pod["volumes"]} == {m["name"] for m in main["volumeMounts"]}
+    base = container(one(base_resources(), "DaemonSet"))
+    for field in ("command", "ports", "startupProbe", "readinessProbe", "livenessProbe"):
+        assert main[field] == base[field], field
