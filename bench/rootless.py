@@ -9,6 +9,9 @@ Variants, per daemon (root_*, rootless_*):
   first_exec   create_sandbox + sb.exec(["true"]): a sandbox up to its first command
   exec         sb.exec(["true"]) in a sandbox kept for the run
   shell_turn   sh.run("true") in a shell session kept for the run
+and, with --backend local, the floor for a sandbox up to its first command:
+  raw_first_exec   `bwrap --unshare-all --die-with-parent --ro-bind / / --proc /proc --dev /dev true`
+                   run as the same user (namespaces, no writable root, no daemon)
 
 Run as root: the rootless daemon runs as --user (default corral-rootless, which must exist:
 `useradd --system --no-create-home corral-rootless`; tests/integration/test_rootless.py makes it
@@ -21,12 +24,14 @@ Usage: python bench/rootless.py [--quick] [--json PATH] [--user NAME] [--backend
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 
 from _common import (
     Daemon,
@@ -72,6 +77,30 @@ class UnprivilegedDaemon(Daemon):
         return [*self.as_user, *self.env, python, "-m", "corral.cli", "serve"]
 
 
+# What the daemon's rootless first_exec is compared with: bubblewrap alone, as the same user.
+RAW_FIRST_EXEC = {
+    "local": [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "true",
+    ],
+}
+
+
+def timed_raw(as_user: list[str], argv: list[str]) -> dict[str, float]:
+    start = time.perf_counter()
+    subprocess.run([*as_user, *argv], check=True, capture_output=True, timeout=60)
+    return {"first_exec": (time.perf_counter() - start) * 1000}
+
+
 def timed_create(client: Client, backend: str, first_exec: bool) -> dict[str, float]:
     start = time.perf_counter()
     sb = client.create_sandbox(image=IMAGES[backend], backend=backend, timeout=300)
@@ -96,15 +125,15 @@ def main() -> None:
     print_header(f"{backend} backend, root vs rootless daemon (user {user.pw_name}, image {IMAGES[backend]})")
     with Daemon() as root_daemon, UnprivilegedDaemon(user) as rootless_daemon:
         clients = {"root": Client(root_daemon.address), "rootless": Client(rootless_daemon.address)}
-        starts = interleaved_phases(
-            {
-                f"{who}_{kind}": (lambda c=c, first=first: timed_create(c, backend, first))
-                for who, c in clients.items()
-                for kind, first in (("create", False), ("first_exec", True))
-            },
-            n,
-            warmup,
-        )
+        variants: dict[str, Callable[[], dict[str, float]]] = {
+            f"{who}_{kind}": functools.partial(timed_create, c, backend, first)
+            for who, c in clients.items()
+            for kind, first in (("create", False), ("first_exec", True))
+        }
+        if backend in RAW_FIRST_EXEC:
+            as_user, raw = rootless_daemon.as_user, RAW_FIRST_EXEC[backend]
+            variants["raw_first_exec"] = functools.partial(timed_raw, as_user, raw)
+        starts = interleaved_phases(variants, n, warmup)
         # (Each start variant times one phase, named by its kind.)
         results = {variant: summary(next(iter(phases.values()))) for variant, phases in starts.items()}
         kept = {
@@ -120,6 +149,8 @@ def main() -> None:
             c.close()
     print_table("latency (ms)", results)
     pairs = [(f"rootless_{kind}", f"root_{kind}") for kind in ("create", "first_exec", "exec", "shell_turn")]
+    if "raw_first_exec" in results:
+        pairs.append(("rootless_first_exec", "raw_first_exec"))
     ratio_values = ratios(results, pairs)
     print_ratios(ratio_values)
     write_json(
