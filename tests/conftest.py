@@ -91,18 +91,18 @@ PODMAN_CONFIG = f'[docker]\nsocket = "{PODMAN_SOCKET}"\nulimits = {json.dumps(li
 ROOT_INSIDE = {"docker", "singularity"}
 
 
-# What a test of a root daemon's local backend says to an ordinary user, whose daemon would run the
-# backend rootless (other semantics: one uid, no fork, no cgroups).
+# What a test of a root daemon says to an ordinary user, whose daemon would run the local and
+# singularity backends rootless (other semantics: one id inside, no cgroups, no id blocks).
 ROOTLESS_HERE = (
-    "the tests of a root daemon's local backend need root; as an ordinary user the local backend runs "
-    "rootless, which tests/integration/test_rootless*.py cover (sudo make test runs these)"
+    "the tests of a root daemon's backends need root; as an ordinary user the local and singularity "
+    "backends run rootless, which tests/integration/test_rootless*.py cover (sudo make test runs the rest)"
 )
 
 
 def require_backend(name: str) -> None:
     """Skips (or, when CORRAL_REQUIRE_BACKENDS names the backend, fails) if it is unavailable.
     `name` is a backend, or "podman" for the docker backend on Podman's socket."""
-    if name == "local" and os.geteuid() != 0:
+    if name in ("local", "singularity") and os.geteuid() != 0:
         if name in REQUIRED:
             pytest.fail(f"{ROOTLESS_HERE} (CORRAL_REQUIRE_BACKENDS={os.environ['CORRAL_REQUIRE_BACKENDS']})")
         pytest.skip(ROOTLESS_HERE)

@@ -33,14 +33,17 @@ def nsenter_argv(
     gid: int | None = None,
     user_namespace: str = "",
     preserve_credentials: bool = False,
+    net: bool = True,
 ) -> list[str]:
     """Runs argv as `uid` (and `gid`, default: the uid) in the mount, pid, ipc, uts and net
     namespaces and the root of `target_pid`, starting in `cwd` (default: the target's own cwd,
     which is `workdir`), with environment `env`. `user_namespace`: a path to a user namespace to
     join last, whose ids uid and gid then are; with `preserve_credentials`, the caller's own ids
     are kept instead (a daemon without root entering the user namespace it owns, where its uid is
-    already the one it maps: it may not change ids). Spawn it with HOST_ENV."""
-    enter = [nsenter, "-t", str(target_pid), "-m", "-p", "-i", "-u", "-n", "-r", "-w"]
+    already the one it maps: it may not change ids). `net=False` leaves the net namespace alone:
+    a sandbox on the host's network, whose namespace an unprivileged daemon may not join (nor
+    need to). Spawn it with HOST_ENV."""
+    enter = [nsenter, "-t", str(target_pid), "-m", "-p", "-i", "-u", *(["-n"] if net else []), "-r", "-w"]
     if user_namespace:
         # nsenter joins a user namespace after the others when that drops privileges.
         enter.append(f"--user={user_namespace}")

@@ -126,6 +126,18 @@ def test_bundled_tasks_reach_reward_1_through_the_rollout_service(client):
     assert [(r.task_id, r.status, r.reward) for r in results] == [(t.task_id, "completed", 1.0) for t in tasks]
 
 
+def test_a_sandbox_with_network_runs_commands_on_the_hosts_network(client):
+    """network=True: the sandbox is on the host's network namespace (an unprivileged daemon may
+    not join it, and need not), and commands, shells and kernels still enter it."""
+    with client.create_sandbox(image="host", network=True) as sb:
+        r = sb.exec(["sh", "-c", "readlink /proc/self/ns/net"], timeout=30)
+        assert r.exit_code == 0 and r.stdout.strip() == os.readlink("/proc/self/ns/net").encode(), r
+        assert sb.shell("net").run("echo in-shell", timeout=30).output == b"in-shell\n"
+    with client.create_sandbox(image="host") as sb:
+        r = sb.exec(["sh", "-c", "readlink /proc/self/ns/net"], timeout=30)
+        assert r.exit_code == 0 and r.stdout.strip() != os.readlink("/proc/self/ns/net").encode(), r
+
+
 def test_two_sandboxes_cannot_see_each_other(client):
     marker = f"corral-rootless-{secrets.token_hex(4)}"
     with client.create_sandbox(image="host") as a, client.create_sandbox(image="host") as b:

@@ -59,6 +59,15 @@ def _sandbox(client):
     return client.create_sandbox(image=SIF_TEST_IMAGE, backend=BACKEND, timeout=300)
 
 
+def test_a_sandbox_with_network_is_entered_on_the_hosts_network(client):
+    """network=True: Apptainer leaves the sandbox on the host's network namespace, which an
+    unprivileged daemon may not join (nor needs to): commands and shells still enter."""
+    with client.create_sandbox(image=SIF_TEST_IMAGE, backend=BACKEND, network=True, timeout=300) as sb:
+        r = sb.exec(["sh", "-c", "readlink /proc/self/ns/net"], timeout=30)
+        assert r.exit_code == 0 and r.stdout.strip() == os.readlink("/proc/self/ns/net").encode(), r
+        assert sb.shell("net").run("echo in-shell", timeout=30).output == b"in-shell\n"
+
+
 def test_node_info_and_doctor_say_rootless(client, rootless):
     info = client.node_info()
     assert info.rootless

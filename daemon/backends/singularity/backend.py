@@ -436,7 +436,9 @@ class RootlessSingularitySandbox(SingularitySandbox):
     ) -> EnterCommand:
         self._root_only(user)
         cgroup = self.cgroup.leaf(leaf) if self.cgroup else None
-        return EnterCommand(enter_argv(self.init_pid, self.workdir, argv, cwd, env), cgroup, "/")
+        return EnterCommand(
+            enter_argv(self.init_pid, self.workdir, argv, cwd, env, network=self.spec.network), cgroup, "/"
+        )
 
     def make_file_access(self) -> SandboxFiles:
         """File access through the init's root as the daemon itself (its uid is root inside)."""

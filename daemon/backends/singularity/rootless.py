@@ -163,10 +163,13 @@ def rootless_argv(
     return [*argv, str(image), "/bin/sh", "-c", init_script]
 
 
-def enter_argv(init_pid: int, workdir: str, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> list[str]:
+def enter_argv(
+    init_pid: int, workdir: str, argv: Sequence[str], cwd: str, env: Mapping[str, str], *, network: bool
+) -> list[str]:
     """The host command that runs argv in the sandbox of `init_pid` as root inside: nsenter into its
     namespaces, its user namespace included, keeping the daemon's own uid (root there), under the
-    seccomp filter."""
+    seccomp filter. A sandbox with `network` is on the host's network namespace, which is not
+    joined (an unprivileged daemon may not)."""
     enter = nsenter_argv(
         shutil.which("nsenter") or "nsenter",
         init_pid,
@@ -177,6 +180,7 @@ def enter_argv(init_pid: int, workdir: str, argv: Sequence[str], cwd: str, env: 
         env,
         user_namespace=f"/proc/{init_pid}/ns/user",
         preserve_credentials=True,
+        net=not network,
     )
     return [*seccomp_prefix(), *enter]
 
