@@ -164,7 +164,7 @@ def usage(result: CallResult) -> dict[str, int]:
 def openai_tool_calls(reply: Message) -> list[dict[str, Any]]:
     return [
         {
-            "id": f"call_{secrets.token_hex(12)}",
+            "id": call["id"],
             "type": "function",
             "function": {
                 "name": call["function"]["name"],

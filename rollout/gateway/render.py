@@ -123,7 +123,13 @@ def _normalize_tool_calls(calls: Any, where: str) -> list[Message]:
                 raise RequestError(f"{where}[{i}].function.arguments is not JSON: {error.msg}", where) from None
         if not isinstance(arguments, dict):
             raise RequestError(f"{where}[{i}].function.arguments must be a JSON object", where)
-        normalized.append({"type": "function", "function": {"name": function["name"], "arguments": arguments}})
+        entry: Message = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+        call_id = call.get("id")
+        if call_id is not None:
+            if not isinstance(call_id, str) or not call_id:
+                raise RequestError(f"{where}[{i}].id must be a non-empty string", where)
+            entry["id"] = call_id
+        normalized.append(entry)
     return normalized
 
 
@@ -133,12 +139,15 @@ def message_tool_calls(message: Mapping[str, Any]) -> list[ToolCall]:
 
 def same_reply(recorded: Mapping[str, Any], sent: Mapping[str, Any]) -> bool:
     """Whether `sent` is the assistant reply `recorded` as a harness may send it back: the same
-    tool calls (arguments compared as objects, so JSON spacing does not matter), the same content
-    up to surrounding whitespace (None and "" alike)."""
-    return (
-        sent.get("role") == "assistant"
-        and recorded["content"].strip() == sent["content"].strip()
-        and recorded.get("tool_calls", []) == sent.get("tool_calls", [])
+    tool calls (arguments compared as objects, so JSON spacing does not matter; each call's id,
+    where the harness sends one, the id the gateway gave it), the same content up to surrounding
+    whitespace (None and "" alike)."""
+    if sent.get("role") != "assistant" or recorded["content"].strip() != sent["content"].strip():
+        return False
+    recorded_calls, sent_calls = recorded.get("tool_calls", []), sent.get("tool_calls", [])
+    return len(recorded_calls) == len(sent_calls) and all(
+        mine["function"] == theirs["function"] and theirs.get("id", mine.get("id")) == mine.get("id")
+        for mine, theirs in zip(recorded_calls, sent_calls)
     )
 
 

@@ -130,8 +130,10 @@ class GatewaySession:
             result = await self._generate_for(plan, options)
             reply: Message = {"role": "assistant", "content": self.reply_content(result)}
             if result.tool_calls:
+                # The ids the harness is given; it sends them back with the reply and the results,
+                # and the assembly checks that they are these.
                 reply["tool_calls"] = [
-                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    {"id": new_tool_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                     for c in result.tool_calls
                 ]
             self._commit(plan, result, reply)
@@ -251,6 +253,10 @@ class GatewaySession:
         while end and ids[end - 1] in self._end_of_turn:
             end -= 1
         return ids[:end]
+
+
+def new_tool_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
 
 
 def _without_stop_string(text: str, stops: Sequence[str]) -> str:

@@ -35,20 +35,35 @@ def test_normalization_makes_equivalent_spellings_equal():
     compact = {
         "role": "assistant",
         "content": [{"type": "text", "text": ""}],
-        "tool_calls": [{"id": "call_2", "function": {"name": "bash", "arguments": {"command": "ls"}}}],
+        "tool_calls": [{"id": "call_1", "function": {"name": "bash", "arguments": {"command": "ls"}}}],
     }
     assert normalize_messages([spaced]) == normalize_messages([compact])
     (message,) = normalize_messages([spaced])
     assert message == {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}],
+        "tool_calls": [
+            {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}, "id": "call_1"}
+        ],
     }
     assert normalize_messages([{"role": "developer", "content": [{"type": "text", "text": "a"}, "b"]}]) == (
         {"role": "system", "content": "ab"},
     )
     tool = normalize_messages([{"role": "tool", "tool_call_id": "call_1", "content": "out"}])
     assert tool == ({"role": "tool", "content": "out", "tool_call_id": "call_1"},)
+
+
+def test_a_reply_sent_back_matches_only_with_the_tool_call_ids_it_was_given():
+    call = {"type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    (recorded,) = normalize_messages([{"role": "assistant", "content": "", "tool_calls": [{**call, "id": "call_a"}]}])
+    (same,) = normalize_messages([{"role": "assistant", "content": "", "tool_calls": [{**call, "id": "call_a"}]}])
+    (other,) = normalize_messages([{"role": "assistant", "content": "", "tool_calls": [{**call, "id": "call_b"}]}])
+    (no_id,) = normalize_messages([{"role": "assistant", "content": "", "tool_calls": [call]}])
+    assert same_reply(recorded, same)
+    assert not same_reply(recorded, other)
+    assert same_reply(recorded, no_id)  # a harness that drops ids still extends the sample
+    with pytest.raises(RequestError, match="id must be a non-empty string"):
+        normalize_messages([{"role": "assistant", "content": "", "tool_calls": [{**call, "id": 7}]}])
 
 
 def test_a_reply_matches_up_to_surrounding_whitespace_but_not_other_calls():
@@ -170,13 +185,14 @@ async def test_hugging_face_template_gets_tools_and_tool_calls_and_stays_token_e
     assert reply["tool_calls"][0]["function"] == {"name": "bash", "arguments": {"command": "ls -la"}}
     prompt_text = hf_tools.decode(result.prompt_ids)
     assert "# Tools\n<tools>\n" in prompt_text and '"name": "bash"' in prompt_text
+    call_id = reply["tool_calls"][0]["id"]
     messages += [
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "c1", "function": {"name": "bash", "arguments": '{"command":"ls -la"}'}}],
+            "tool_calls": [{"id": call_id, "function": {"name": "bash", "arguments": '{"command":"ls -la"}'}}],
         },
-        {"role": "tool", "tool_call_id": "c1", "content": "main.py tests"},
+        {"role": "tool", "tool_call_id": call_id, "content": "main.py tests"},
     ]
     await session.chat(Conversation(normalize_messages(messages), tools), options)
     outcome = session.close()
