@@ -125,11 +125,19 @@ def harness_environment(
     workdir: str,
     task_env: Mapping[str, str],
 ) -> dict[str, str]:
-    """The variables a harness gets (the task's own env last, so it may override them)."""
+    """The variables a harness gets (the task's own env last, so it may override them): the
+    gateway as each API's clients look for it (OpenAI's base URL ends in /v1; Anthropic's and
+    Gemini's SDKs add their own paths to the server's root), with the session's key."""
+    root = gateway.base_url.removesuffix("/v1")
     return {
         "OPENAI_BASE_URL": gateway.base_url,
         "OPENAI_API_BASE": gateway.base_url,
         "OPENAI_API_KEY": gateway.key,
+        "ANTHROPIC_BASE_URL": root,
+        "ANTHROPIC_API_KEY": gateway.key,
+        "GOOGLE_GEMINI_BASE_URL": root,
+        "GEMINI_API_KEY": gateway.key,
+        "CORRAL_GATEWAY_URL": root,
         "CORRAL_MODEL": gateway.model,
         "CORRAL_ROLLOUT_ID": rollout_id,
         "CORRAL_SANDBOX_ID": sandbox_id,

@@ -133,7 +133,11 @@ class GatewaySession:
                 # The ids the harness is given; it sends them back with the reply and the results,
                 # and the assembly checks that they are these.
                 reply["tool_calls"] = [
-                    {"id": new_tool_call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    {
+                        "id": new_tool_call_id(),
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
                     for c in result.tool_calls
                 ]
             self._commit(plan, result, reply)

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from corral.rollout.prompt import fill_prompt_fields
 from corral.rollout.reference.bash_calls import as_bash_call
 from corral.rollout.reference.policies import GenerateParams, PolicyError, PolicyOutput
+from corral.rollout.reference.vocabularies import Vocabulary
 from corral.rollout.tokenizer import IM_END, IM_START, ByteChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat, render_tool_calls
 from corral.rollout.types import ToolCall
@@ -68,6 +69,9 @@ class ReplayPolicy:
       bash call running `submit_command` (mini's: `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`);
       see `bash_calls`. Behind the LLM gateway, which parses HERMES markup into OpenAI
       tool_calls, such a harness sees its own action format.
+    - With `vocabulary` (rollout/reference/vocabularies), the answers are in that harness's own
+      tools (a coding CLI's shell and edit tools; its final answer a reply without tool calls);
+      `workdir` is the directory the harness runs in, for tools that take absolute paths.
 
     Unknown prompts raise PolicyError (the server answers 400). The weight version is always 0;
     there are no weights to load.
@@ -81,9 +85,15 @@ class ReplayPolicy:
         tokenizer: ByteChatTokenizer | None = None,
         *,
         submit_command: str | None = None,
+        vocabulary: Vocabulary | None = None,
+        workdir: str = "/workspace",
     ) -> None:
         if submit_command is not None and not submit_command.strip():
             raise ValueError("submit_command must be a non-empty command")
+        if submit_command is not None and vocabulary is not None:
+            raise ValueError("give submit_command (mini-swe-agent's bash-only calls) or a vocabulary, not both")
+        self.vocabulary = vocabulary
+        self.workdir = workdir
         self.tokenizer = tokenizer or ByteChatTokenizer()
         self.submit_command = submit_command
         self.weight_version = 0
@@ -122,7 +132,8 @@ class ReplayPolicy:
         try:
             if self.submit_command is not None:
                 call = as_bash_call(call, self.submit_command)
-            text = render_tool_calls([call], entry.format)
+            answer = self.vocabulary.answer(call, self.workdir) if self.vocabulary is not None else call
+            text = answer if isinstance(answer, str) else render_tool_calls([answer], entry.format)
         except ValueError as error:
             raise PolicyError(f"task {entry.task_id!r}, turn {turn}: {error}") from None
         return entry.task_id, self.tokenizer.encode(text) + [self._end_id]

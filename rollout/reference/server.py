@@ -22,6 +22,7 @@ without blocking) lets benchmarks model a real server's timing.
 Command line:
     python -m corral.rollout.reference.server --policy replay --tasks FILE.jsonl --port N
         [--submit-command 'echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT']   (a bash-only harness's calls)
+        [--vocabulary NAME [--workdir DIR]]   (a harness's own tools: a coding CLI's)
     python -m corral.rollout.reference.server --policy tiny [--checkpoint PATH] --port N
 It prints the base URL on one line once it listens.
 """
@@ -310,15 +311,23 @@ def make_policy(
     checkpoint: str | None = None,
     seed: int = 0,
     submit_command: str | None = None,
+    vocabulary: str | None = None,
+    workdir: str = "/workspace",
 ) -> Policy:
     if kind == "replay":
         from corral.rollout.reference.replay import ReplayPolicy
+        from corral.rollout.reference.vocabularies import vocabulary as load_vocabulary
 
         if not tasks:
             raise ValueError("--policy replay needs --tasks FILE.jsonl")
-        return ReplayPolicy(load_tasks_jsonl(tasks), submit_command=submit_command)
-    if submit_command is not None:
-        raise ValueError("--submit-command is an option of the replay policy")
+        return ReplayPolicy(
+            load_tasks_jsonl(tasks),
+            submit_command=submit_command,
+            vocabulary=load_vocabulary(vocabulary) if vocabulary else None,
+            workdir=workdir,
+        )
+    if submit_command is not None or vocabulary is not None:
+        raise ValueError("--submit-command and --vocabulary are options of the replay policy")
     if kind == "tiny":
         from corral.rollout.reference.tiny import TinyPolicy
 
@@ -351,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         help="replay: answer as a harness whose only tool is bash (mini-swe-agent): editor calls as bash "
         "commands, the submit call as a bash call running this command",
     )
+    parser.add_argument(
+        "--vocabulary",
+        help="replay: answer in this harness's own tools (rollout/reference/vocabularies: a coding CLI's)",
+    )
+    parser.add_argument(
+        "--workdir", default="/workspace", help="replay with --vocabulary: the directory the harness runs in"
+    )
     parser.add_argument("--checkpoint", help="a torch.save'd TinyByteLM state dict for the tiny policy")
     parser.add_argument("--seed", type=int, default=0, help="the tiny policy's initial weights and sampling seed")
     parser.add_argument("--host", default="127.0.0.1")
@@ -365,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint=args.checkpoint,
             seed=args.seed,
             submit_command=args.submit_command,
+            vocabulary=args.vocabulary,
+            workdir=args.workdir,
         )
     except (OSError, ValueError, PolicyError) as error:
         print(f"error: {error}", file=sys.stderr)

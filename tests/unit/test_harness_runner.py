@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.rollout.harness import HarnessExit, host_base_environment, run_on_host
+from corral.rollout.harness import GatewayAddress, HarnessExit, harness_environment, host_base_environment, run_on_host
 from corral.rollout.tasks import TaskError, check_task, runs_on_host
 from corral.v1 import rollout_pb2 as pb
 from tests.conftest import alive_pids
@@ -151,3 +151,20 @@ def test_the_gateway_listens_on_loopback_and_host_harnesses_are_off_by_default()
     assert gateway_address(config.gateway_listen) == ("127.0.0.1", 0)
     assert gateway_address("[::1]:8000") == ("::1", 8000)
     assert config.allow_host_harness is False
+
+
+def test_every_api_s_clients_find_the_gateway_session_under_their_own_variables():
+    env = harness_environment(
+        GatewayAddress("http://127.0.0.1:4000/v1", "key-1", "corral"),
+        rollout_id="r",
+        sandbox_id="s",
+        daemon_address="unix:///run/corral.sock",
+        task_prompt="fix it",
+        workdir="/workspace",
+        task_env={"ANTHROPIC_API_KEY": "the task's own"},
+    )
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:4000/v1" and env["OPENAI_API_KEY"] == "key-1"
+    assert env["ANTHROPIC_BASE_URL"] == env["GOOGLE_GEMINI_BASE_URL"] == env["CORRAL_GATEWAY_URL"]
+    assert env["CORRAL_GATEWAY_URL"] == "http://127.0.0.1:4000"
+    assert env["GEMINI_API_KEY"] == "key-1"
+    assert env["ANTHROPIC_API_KEY"] == "the task's own"  # the task's env wins

@@ -116,7 +116,7 @@ def test_the_submit_command_is_an_option_of_the_replay_policy_only() -> None:
     task.prompt.messages.add(role="user", content="do it")
     with pytest.raises(ValueError, match="non-empty"):
         ReplayPolicy([task], submit_command=" ")
-    with pytest.raises(ValueError, match="option of the replay policy"):
+    with pytest.raises(ValueError, match="options of the replay policy"):
         make_policy("tiny", submit_command=SUBMIT)
     assert make_policy("replay", tasks=str(REPAIR_TASKS), submit_command=SUBMIT).submit_command == SUBMIT  # type: ignore[attr-defined]
 
