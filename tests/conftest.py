@@ -35,6 +35,9 @@ REQUIRED = {b.strip() for b in os.environ.get("CORRAL_REQUIRE_BACKENDS", "").spl
 REQUIRED_TRAINERS = {t.strip() for t in os.environ.get("CORRAL_REQUIRE_TRAINERS", "").split(",") if t.strip()}
 REQUIRED_HARNESSES = {h.strip() for h in os.environ.get("CORRAL_REQUIRE_HARNESSES", "").split(",") if h.strip()}
 REQUIRED_CLUSTERS = {c.strip() for c in os.environ.get("CORRAL_REQUIRE_CLUSTERS", "").split(",") if c.strip()}
+REQUIRED_CODING_CLIS = {c.strip() for c in os.environ.get("CORRAL_REQUIRE_CODING_CLIS", "").split(",") if c.strip()}
+# Where the coding CLIs are installed (npm --prefix; `python -m corral.rollout.coding_clis install`).
+CODING_CLIS_PREFIX = os.environ.get("CORRAL_CODING_CLIS", "/opt/corral-clis")
 
 
 def require_trainer(name: str, module: str, extra: str) -> None:
@@ -54,6 +57,20 @@ def require_cluster(name: str, module: str, extra: str) -> None:
     """require_trainer's twin for the cluster engines corral.cluster runs on (extra ray), required
     by CORRAL_REQUIRE_CLUSTERS."""
     _require_package("CORRAL_REQUIRE_CLUSTERS", REQUIRED_CLUSTERS, name, module, extra)
+
+
+def require_coding_cli(name: str) -> str:
+    """The path of the coding CLI `name`'s binary under CODING_CLIS_PREFIX; skips (or, when
+    CORRAL_REQUIRE_CODING_CLIS names it, fails) when it is not installed there."""
+    from corral.rollout.coding_clis import coding_cli
+
+    path = coding_cli(name).binary_path(CODING_CLIS_PREFIX)
+    if os.access(path, os.X_OK):
+        return path
+    reason = f"coding CLI {name} is not installed at {path} (python -m corral.rollout.coding_clis install)"
+    if name in REQUIRED_CODING_CLIS:
+        pytest.fail(f"{reason} (CORRAL_REQUIRE_CODING_CLIS={os.environ['CORRAL_REQUIRE_CODING_CLIS']})", pytrace=False)
+    pytest.skip(reason)
 
 
 def _require_package(variable: str, required: set[str], name: str, module: str, extra: str) -> None:
