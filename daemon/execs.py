@@ -156,12 +156,9 @@ class ExecManager:
                         await runner
 
     async def _in_directory(self, sandbox: Sandbox, spec: rules.CommandSpec) -> rules.CommandSpec:
-        """`spec` with its cwd resolved inside the sandbox (FileManager.working_directory)."""
-        runtime = sandbox.runtime
-        assert runtime is not None  # a running sandbox (SandboxManager.using)
-        if not spec.cwd or spec.cwd == runtime.workdir:
-            return spec
-        return replace(spec, cwd=await self.files.working_directory(sandbox, spec.cwd))
+        """`spec` with its cwd resolved inside the sandbox (FileManager.command_directory)."""
+        cwd = await self.files.command_directory(sandbox, spec.cwd)
+        return spec if cwd == spec.cwd else replace(spec, cwd=cwd)
 
     def _start(self, sandbox: Sandbox, spec: rules.CommandSpec):
         runtime = sandbox.runtime

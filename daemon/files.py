@@ -40,6 +40,16 @@ class FileManager:
             assert sandbox.runtime is not None
             return await self._run(sandbox.runtime.file_access(), call)
 
+    async def command_directory(self, sandbox: Sandbox, cwd: str) -> str:
+        """A command's `cwd` checked before anything starts in it: "" and the workdir as they are,
+        anything else through `working_directory` (FAILED_PRECONDITION naming a missing path, not
+        a shell, kernel or process that fails to start for a reason it cannot say)."""
+        runtime = sandbox.runtime
+        assert runtime is not None  # a running sandbox (SandboxManager.using)
+        if not cwd or cwd == runtime.workdir:
+            return cwd
+        return await self.working_directory(sandbox, cwd)
+
     async def working_directory(self, sandbox: Sandbox, cwd: str) -> str:
         """The absolute path of a command's `cwd` in a running sandbox (relative to the workdir,
         as the file calls take paths): FAILED_PRECONDITION naming the path when it is missing or

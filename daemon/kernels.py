@@ -42,6 +42,7 @@ from .backends.base import SandboxRuntime
 from .cgroups import CgroupGroup
 from .commands import sandbox_environment
 from .config import Config
+from .files import FileManager
 from .fsaccess import create_private_file
 from .kernel_events import (
     DISPLAY_LIMIT_BYTES,
@@ -572,9 +573,10 @@ class Kernel:
 
 
 class KernelManager:
-    def __init__(self, config: Config, sandboxes: SandboxManager) -> None:
+    def __init__(self, config: Config, sandboxes: SandboxManager, files: FileManager) -> None:
         self.config = config
         self.sandboxes = sandboxes
+        self.files = files
         self._kernels: dict[str, dict[str, Kernel]] = {}
         self._zmq: zmq.asyncio.Context | None = None
         sandboxes.on_destroy(self.close_sandbox)
@@ -605,6 +607,7 @@ class KernelManager:
         env = rules.environment(env)
         user = rules.user(user)
         with self.sandboxes.using(sandbox_id) as sandbox:
+            cwd = await self.files.command_directory(sandbox, cwd)
             kernels = self._kernels.setdefault(sandbox_id, {})
             if len(kernels) >= MAX_KERNELS_PER_SANDBOX:
                 raise ResourceExhausted(f"sandbox {sandbox_id} already runs {MAX_KERNELS_PER_SANDBOX} kernels")

@@ -15,6 +15,7 @@ from corral.sdk.errors import FailedPrecondition, InvalidArgument, NotFound, Res
 from . import rules
 from .commands import sandbox_environment
 from .config import Config
+from .files import FileManager
 from .pty import Terminal
 from .sandboxes import SandboxManager
 
@@ -176,9 +177,10 @@ class BackgroundProcess:
 
 
 class ProcessManager:
-    def __init__(self, config: Config, sandboxes: SandboxManager) -> None:
+    def __init__(self, config: Config, sandboxes: SandboxManager, files: FileManager) -> None:
         self.config = config
         self.sandboxes = sandboxes
+        self.files = files
         self._processes: dict[str, dict[str, BackgroundProcess]] = {}
         self._ids = itertools.count(1)
         sandboxes.on_destroy(self.close_sandbox)
@@ -211,6 +213,7 @@ class ProcessManager:
         capacity = capacity or DEFAULT_BUFFER_BYTES
         with self.sandboxes.using(sandbox_id) as sandbox:
             processes = self._processes.setdefault(sandbox_id, {})
+            cwd = await self.files.command_directory(sandbox, cwd)
             self._make_room(sandbox_id, processes, capacity)
             runtime = sandbox.runtime
             command = argv or runtime.shell_argv(shell)

@@ -194,9 +194,9 @@ class Daemon:
         self.files = FileManager(self.manager)
         self.execs = ExecManager(config, self.manager, self.files, self.metrics)
         self.forks = ForkManager(config, self.manager)
-        self.shells = ShellManager(config, self.manager)
-        self.processes = ProcessManager(config, self.manager)
-        self.kernels = KernelManager(config, self.manager)
+        self.shells = ShellManager(config, self.manager, self.files)
+        self.processes = ProcessManager(config, self.manager, self.files)
+        self.kernels = KernelManager(config, self.manager, self.files)
         self.rollouts = RolloutRuntime(config.rollout, self.socket_path, self.manager, self.metrics)
         self.node = Node(
             config, self.state.daemon_id, self.backends, self.cgroups, self.manager, self.rollouts.pipeline

@@ -13,6 +13,7 @@ from corral.sdk.errors import AlreadyExists, FailedPrecondition, NotFound
 from . import rules
 from .commands import sandbox_environment
 from .config import Config
+from .files import FileManager
 from .pty import Terminal
 from .sandboxes import SandboxManager
 from .shell_session import ShellSession, TurnResult
@@ -39,9 +40,10 @@ AttachInput = tuple[Literal["input"], bytes] | tuple[Literal["resize"], tuple[in
 
 
 class ShellManager:
-    def __init__(self, config: Config, sandboxes: SandboxManager) -> None:
+    def __init__(self, config: Config, sandboxes: SandboxManager, files: FileManager) -> None:
         self.config = config
         self.sandboxes = sandboxes
+        self.files = files
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._slots: dict[str, int] = {}
         sandboxes.on_destroy(self.close_sandbox)
@@ -79,6 +81,7 @@ class ShellManager:
                 raise AlreadyExists(f"sandbox {sandbox_id} already has a shell named {name!r}")
             if len(sessions) >= MAX_SESSIONS_PER_SANDBOX:
                 raise FailedPrecondition(f"sandbox {sandbox_id} already has {MAX_SESSIONS_PER_SANDBOX} shells")
+            cwd = await self.files.command_directory(sandbox, cwd)
             runtime = sandbox.runtime
             slot = self._slots[sandbox_id] = self._slots.get(sandbox_id, 0) + 1
             rows, cols = size or DEFAULT_SIZE

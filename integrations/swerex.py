@@ -36,6 +36,7 @@ import re
 import secrets
 import shlex
 import shutil
+import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,7 +77,7 @@ from swerex.runtime.abstract import (
 )
 from swerex.utils.log import get_logger
 
-from corral.sdk import AsyncClient, AsyncProcess, AsyncSandbox, AsyncShell, CorralError, ExpectFailed, NotFound
+from corral.sdk import AsyncClient, AsyncProcess, AsyncSandbox, AsyncShell, Client, CorralError, ExpectFailed, NotFound
 from corral.sdk.ansi import strip_ansi
 from corral.sdk.errors import PermissionDenied
 
@@ -375,7 +376,9 @@ class CorralDeploymentConfig(BaseModel):
 class CorralDeployment(AbstractDeployment):
     """SWE-ReX's AbstractDeployment: `start()` creates a corral sandbox (labelled
     corral.harness=swe-rex, with an idle timeout as a safety net) and a CorralRuntime on it;
-    `stop()` closes the runtime and destroys the sandbox."""
+    `stop()` closes the runtime and destroys the sandbox. A deployment that is never stopped
+    (mini-swe-agent's SwerexDockerEnvironment never calls `stop()`) destroys its sandbox when it
+    is garbage-collected or at interpreter exit, whichever comes first."""
 
     def __init__(self, *, logger: logging.Logger | None = None, **kwargs: Any) -> None:
         self._config = CorralDeploymentConfig(**kwargs)
@@ -383,10 +386,18 @@ class CorralDeployment(AbstractDeployment):
         self._hooks = CombinedDeploymentHook()
         self._client: AsyncClient | None = None
         self._runtime: CorralRuntime | None = None
+        self._left_behind: weakref.finalize | None = None
 
     @classmethod
     def from_config(cls, config: CorralDeploymentConfig) -> CorralDeployment:
         return cls(**config.model_dump(exclude={"type"}))
+
+    def __del__(self) -> None:
+        # SWE-ReX's own __del__ schedules stop() on the current event loop, or runs it on a loop
+        # that is not this client's: the sandbox outlived the deployment. Destroy it directly.
+        left_behind = getattr(self, "_left_behind", None)
+        if left_behind is not None:
+            left_behind()
 
     def add_hook(self, hook: DeploymentHook) -> None:
         self._hooks.add_hook(hook)
@@ -430,12 +441,16 @@ class CorralDeployment(AbstractDeployment):
             raise
         self._client = client
         self._runtime = CorralRuntime(sandbox, check_syntax=config.check_syntax, logger=self.logger)
+        # Synchronous, with a client of its own: it may run where no event loop does.
+        self._left_behind = weakref.finalize(self, _destroy_left_behind, client.address, sandbox.id, self.logger)
         self.logger.info("Started corral sandbox %s (%s)", sandbox.id, sandbox.info.backend)
 
     async def stop(self) -> None:
         """Closes the runtime and destroys the sandbox; stopping twice (or before start) does nothing."""
         runtime, client = self._runtime, self._client
         self._runtime = self._client = None
+        if self._left_behind is not None:
+            self._left_behind.detach()
         if runtime is None or client is None:
             return
         try:
@@ -448,6 +463,18 @@ class CorralDeployment(AbstractDeployment):
             self.logger.warning("could not destroy corral sandbox %s: %s", runtime.sandbox.id, error)
         finally:
             await client.close()
+
+
+def _destroy_left_behind(address: str, sandbox_id: str, logger: logging.Logger) -> None:
+    """Destroys the sandbox of a deployment that was dropped without `stop()`."""
+    try:
+        with Client(address) as client:
+            client.get_sandbox(sandbox_id).destroy()
+        logger.info("destroyed corral sandbox %s: its deployment was dropped without stop()", sandbox_id)
+    except NotFound:
+        pass
+    except CorralError as error:  # the idle timeout still destroys it
+        logger.warning("could not destroy corral sandbox %s left by its deployment: %s", sandbox_id, error)
 
 
 def _argv(command: Command) -> list[str]:

@@ -40,7 +40,7 @@ from minisweagent.exceptions import Submitted  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
 
 from corral.integrations.minisweagent import HARNESS_LABEL, HARNESS_NAME, CorralEnvironment  # noqa: E402
-from corral.sdk import Client, NotFound  # noqa: E402
+from corral.sdk import Client, FailedPrecondition, NotFound  # noqa: E402
 from tests.conftest import DOCKER_TEST_IMAGE, require_backend, require_image  # noqa: E402
 
 CLASS_PATH = "corral.integrations.minisweagent.CorralEnvironment"
@@ -299,6 +299,11 @@ def test_persistent_shell_keeps_cwd_and_variables(local_daemon, backend):
         # A cwd argument moves the session there, as a `cd` would.
         assert env.execute({"command": "pwd"}, cwd="/")["output"] == "/\n"
         assert env.execute({"command": "pwd"})["output"] == "/\n"
+
+
+def test_persistent_shell_in_a_missing_directory_names_it(local_daemon, backend):
+    with pytest.raises(FailedPrecondition, match="cwd /no/such/dir does not exist"):
+        CorralEnvironment(address=local_daemon.address, persistent_shell=True, cwd="/no/such/dir", **SANDBOXES[backend])
 
 
 # The safety net: labels, explicit cleanup, collection, and the idle timeout after a crash.

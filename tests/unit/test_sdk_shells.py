@@ -185,3 +185,20 @@ def test_shell_deadline_and_decoding():
     assert plain.output_plain == b"" and plain.timeout_reason is None
     newer = shell_result_from_proto(shell_pb2.RunInShellResponse(timed_out=True, timeout_reason="cpu"))
     assert newer.timeout_reason == "timeout"
+
+
+def test_a_missing_working_directory_is_named_before_anything_starts(sandbox):
+    """A shell, a background process or a kernel asked to start in a directory the sandbox lacks
+    fails with FAILED_PRECONDITION naming it (not "the shell exited at once (exit 126)")."""
+    from corral.sdk import FailedPrecondition
+
+    missing = sandbox.info.workdir.rstrip("/") + "/no/such/dir"
+    with pytest.raises(FailedPrecondition, match=f"cwd {missing} does not exist in sandbox {sandbox.id}"):
+        sandbox.shell("elsewhere", cwd=missing)
+    with pytest.raises(FailedPrecondition, match=f"cwd {missing} does not exist"):
+        sandbox.start_process(["true"], cwd=missing)
+    with pytest.raises(FailedPrecondition, match=f"cwd {missing} does not exist"):
+        sandbox.kernel(cwd=missing)
+    assert [s.name for s in sandbox.list_shells()] == []  # nothing was left half-started
+    existing = sandbox.shell("here", cwd=sandbox.info.workdir).run("pwd")
+    assert existing.text.strip() == sandbox.info.workdir
