@@ -14,6 +14,11 @@ back as the gateway returned it, with its call ids), no splice, no split, nothin
 The CLIs' npm prefix (CORRAL_CODING_CLIS, /opt/corral-clis) is shown read-only in every sandbox
 (`local.host_paths`); node, which runs npm's `codex` launcher, is the host image's. About 60 s
 for the 25 tasks on a 2-core machine.
+
+With the sandbox's network off (the default), Codex reaches only the gateway: with its plugin
+sync turned back on, which at start runs `git ls-remote https://github.com/openai/plugins.git`
+and queries api.github.com (seen with strace on the host), a task still completes token-exact,
+while a probe in the same sandbox finds the outside unreachable and the gateway reachable.
 """
 
 from __future__ import annotations
@@ -140,6 +145,40 @@ def check_solved_token_exact(
     assert (result.gateway.calls, result.gateway.prefix_hits) == (len(exchanges), len(exchanges) - 1)
     assert (result.gateway.splices, result.gateway.splits, result.gateway.discarded) == (0, 0, 0)
     assert result.extra_samples == []
+
+
+# Run before Codex in the harness's sandbox: which addresses a connection reaches (into the
+# workdir, which the evaluation sees).
+PROBE = """python3 -c '
+import os, socket, urllib.parse
+def reach(host, port):
+    try:
+        socket.create_connection((host, port), 3).close()
+        return "connected"
+    except OSError as error:
+        return "failed: %s" % error
+gateway = urllib.parse.urlsplit(os.environ["OPENAI_BASE_URL"])
+with open(os.path.join(os.environ["CORRAL_WORKDIR"], "net-probe.txt"), "w") as out:
+    out.write("outside-ip %s\\n" % reach("1.1.1.1", 443))
+    out.write("outside-name %s\\n" % reach("github.com", 443))
+    out.write("gateway %s\\n" % reach(gateway.hostname, gateway.port))
+'"""
+
+
+async def test_codex_reaches_only_the_gateway_with_the_network_off(daemon) -> None:
+    (task,) = [task for task in codex_tasks() if task.task_id == "accounts-super-init"]
+    script = task.harness.command[2].replace(" exec ", " exec --enable plugins --enable remote_plugin ", 1)
+    task.harness.command[2] = f"{PROBE}; {script}"
+    # Evaluated in a fresh sandbox with the workdir's changes: the probe's file is one of them.
+    task.evaluation.commands.insert(0, "cat net-probe.txt")
+    replay = ReplayPolicy([task], vocabulary=vocabulary("codex"))
+    policy = RecordingReplay(replay)
+    async with AsyncClient(daemon.address) as client:
+        (result,) = await run_all(client, [task], policy)
+    check_solved_token_exact(result, task, policy.exchanges[task.task_id], replay)
+    probe = result.eval_output.decode()
+    assert "outside-ip failed:" in probe and "outside-name failed:" in probe, probe
+    assert "gateway connected" in probe, probe
 
 
 async def test_codex_solves_every_bundled_task_token_exact(daemon) -> None:

@@ -136,6 +136,32 @@ async def test_call_ids_are_compared_when_the_history_comes_back(served):
     assert (outcome.counters.prefix_hits, outcome.counters.splits, len(outcome.samples)) == (0, 1, 2)
 
 
+async def test_parallel_calls_come_back_as_one_assistant_turn():
+    """Two calls in one reply are two function_call items; sent back with their outputs after
+    them, they are the one assistant message the gateway returned (a prefix hit)."""
+    two = hermes("exec_command", {"cmd": "ls"}) + "\n" + hermes("exec_command", {"cmd": "pwd"})
+    llm = ScriptedLLM([two, "Done."])
+    gateway = Gateway(llm, TOK, context_length=Window(8192))
+    url = await gateway.listen_tcp()
+    try:
+        session = gateway.open_session("parallel", settings())
+        client = openai.AsyncOpenAI(base_url=url, api_key=session.key)
+        items: list[Any] = [{"role": "user", "content": "Look around."}]
+        first = await client.responses.create(model="m", input=items, tools=[SHELL_TOOL], parallel_tool_calls=True)
+        assert [(item.type, json.loads(item.arguments)) for item in first.output] == [
+            ("function_call", {"cmd": "ls"}),
+            ("function_call", {"cmd": "pwd"}),
+        ]
+        items += [item.model_dump(exclude_none=True) for item in first.output]
+        items += [{"type": "function_call_output", "call_id": item.call_id, "output": "x"} for item in first.output]
+        await client.responses.create(model="m", input=items, tools=[SHELL_TOOL])
+        outcome = gateway.close_session(session.key)
+    finally:
+        await gateway.close()
+    assert (outcome.counters.prefix_hits, outcome.counters.splits) == (1, 0)
+    assert_token_exact(outcome.samples[0], llm.calls)
+
+
 async def test_streamed_events_carry_the_same_reply_as_the_whole_response(served):
     gateway, url, llm = served
     whole_key = gateway.open_session("whole", settings()).key
