@@ -24,6 +24,10 @@ $CODEX_HOME in the sandbox's /tmp (Codex warns that it makes no PATH aliases for
 under a temporary directory: `apply_patch` stays a tool, not a command). `--ephemeral` keeps no
 session files; stdin is /dev/null, since `codex exec` otherwise waits to read more of the prompt
 from it.
+
+A reply cut at the task's max_new_tokens_per_turn comes back `incomplete` (OpenAI's
+max_output_tokens), on which Codex ends its run with an error (exit 1: the rollout is
+harness_failed), as it would against OpenAI; give Codex tasks a per-turn budget its replies fit.
 """
 
 from __future__ import annotations

@@ -226,9 +226,10 @@ def _openai_events(chunks: Iterable[Any]) -> Iterator[bytes]:
 
 
 async def _sse(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
+    """The events as one event stream. The reply is whole before its first event, so they are
+    written at once (one write, not one per event)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for event in events:
-        await response.write(event)
+    await response.write(b"".join(events))
     await response.write_eof()
     return response
