@@ -2,14 +2,15 @@
 session per rollout, found by its key (the Bearer token, or /r/<key>/v1/... in the path).
 
 Routes (each also under /r/<key>): POST /v1/chat/completions, POST /v1/completions,
-GET /v1/models. Errors are OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+POST /v1/responses, GET /v1/models. Errors are OpenAI-shaped: {"error": {"message", "type",
+"param", "code"}}.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +26,14 @@ from corral.rollout.gateway.openai_api import (
     parse_chat_request,
     parse_completion_request,
     sse_event,
+)
+from corral.rollout.gateway.responses_api import (
+    ResponseIds,
+    output_items,
+    parse_responses_request,
+    response_events,
+    response_object,
+    sse_named_event,
 )
 from corral.rollout.gateway.session import GatewayOutcome, GatewaySession, SessionSettings
 from corral.rollout.types import ChatTokenizer, GenerateFn
@@ -58,6 +67,7 @@ class Gateway:
         for prefix in ("", "/r/{key}"):
             self._app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             self._app.router.add_post(prefix + "/v1/completions", self._completions)
+            self._app.router.add_post(prefix + "/v1/responses", self._responses)
             self._app.router.add_get(prefix + "/v1/models", self._models)
         self._runner: web.AppRunner | None = None
 
@@ -146,7 +156,7 @@ class Gateway:
             return _error_response(error)
         context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
         if parsed.stream.stream:
-            return await _sse(request, chat_chunks(context, result, reply, parsed, self.tokenizer))
+            return await _sse(request, _openai_events(chat_chunks(context, result, reply, parsed, self.tokenizer)))
         return _json_response(chat_response(context, result, reply, parsed, self.tokenizer))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -158,8 +168,22 @@ class Gateway:
             return _error_response(error)
         context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")
         if parsed.stream.stream:
-            return await _sse(request, completion_chunks(context, result, parsed, self.tokenizer))
+            return await _sse(request, _openai_events(completion_chunks(context, result, parsed, self.tokenizer)))
         return _json_response(completion_response(context, result, parsed, self.tokenizer))
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            session = self._session_for(request)
+            parsed = parse_responses_request(await _json_body(request))
+            result, reply = await session.chat(parsed.conversation, parsed.options)
+        except GatewayError as error:
+            return _error_response(error)
+        ids = ResponseIds.new()
+        output = output_items(result, reply, parsed, self.tokenizer)
+        if parsed.stream:
+            events = response_events(ids, self.model_name, session.rollout_id, parsed, result, output)
+            return await _sse(request, (sse_named_event(event) for event in events))
+        return _json_response(response_object(ids, self.model_name, session.rollout_id, parsed, result, output))
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -194,11 +218,18 @@ def _error_response(error: GatewayError) -> web.Response:
     return _json_response(error.body(), error.status)
 
 
-async def _sse(request: web.Request, chunks: Iterable[Any]) -> web.StreamResponse:
+def _openai_events(chunks: Iterable[Any]) -> Iterator[bytes]:
+    """Chat and completions chunks as events, then OpenAI's closing `data: [DONE]`."""
+    for chunk in chunks:
+        yield sse_event(chunk)
+    yield sse_event("[DONE]")
+
+
+async def _sse(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
+    """The events as one event stream. The reply is whole before its first event, so they are
+    written at once (one write, not one per event)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for chunk in chunks:
-        await response.write(sse_event(chunk))
-    await response.write(sse_event("[DONE]"))
+    await response.write(b"".join(events))
     await response.write_eof()
     return response
