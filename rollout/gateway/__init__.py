@@ -3,7 +3,7 @@ servers token-in/token-out and records every call's exact ids into trainable sam
 
 See docs/gateway.md. Modules: render (requests into template messages and ids), assembly (calls
 into samples, with the prefix/splice/split rules), session (one rollout's call path and limits),
-openai_api (the wire format), app (the aiohttp server), errors.
+openai_api and anthropic_api (the wire formats), app (the aiohttp server), errors.
 """
 
 from corral.rollout.gateway.app import Gateway

@@ -2,7 +2,9 @@
 session per rollout, found by its key (the Bearer token, or /r/<key>/v1/... in the path).
 
 Routes (each also under /r/<key>): POST /v1/chat/completions, POST /v1/completions,
-GET /v1/models. Errors are OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+GET /v1/models, with OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}}; and
+Anthropic's POST /v1/messages and POST /v1/messages/count_tokens (key in x-api-key or the Bearer
+token), with Anthropic-shaped errors: {"type": "error", "error": {"type", "message"}}.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+import corral.rollout.gateway.anthropic_api as anthropic_api
 from corral.rollout.gateway.assembly import GatewayCounters
 from corral.rollout.gateway.errors import GatewayError, RequestError, UnknownKey
 from corral.rollout.gateway.openai_api import (
@@ -59,6 +62,8 @@ class Gateway:
             self._app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             self._app.router.add_post(prefix + "/v1/completions", self._completions)
             self._app.router.add_get(prefix + "/v1/models", self._models)
+            self._app.router.add_post(prefix + "/v1/messages", self._messages)
+            self._app.router.add_post(prefix + "/v1/messages/count_tokens", self._count_tokens)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -127,8 +132,12 @@ class Gateway:
 
     # Handlers.
 
-    def _session_for(self, request: web.Request) -> GatewaySession:
+    def _session_for(self, request: web.Request, *key_headers: str) -> GatewaySession:
+        """The session of the key in the path, else in the first of `key_headers` present, else
+        the Bearer token."""
         key = request.match_info.get("key")
+        for header in key_headers:
+            key = key or request.headers.get(header)
         if key is None:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             key = token.strip() if scheme.lower() == "bearer" else None
@@ -160,6 +169,32 @@ class Gateway:
         if parsed.stream.stream:
             return await _sse(request, completion_chunks(context, result, parsed, self.tokenizer))
         return _json_response(completion_response(context, result, parsed, self.tokenizer))
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        try:
+            session = self._session_for(request, "x-api-key")
+            parsed = anthropic_api.parse_messages_request(await _json_body(request))
+            result, reply = await session.chat(parsed.conversation, parsed.options)
+        except GatewayError as error:
+            return _json_response(error.anthropic_body(), error.status)
+        stops = (*parsed.options.stop, *session.settings.sampling.stop)
+        stop = anthropic_api.stop_sequence(result, stops, self.tokenizer)
+        context = anthropic_api.MessageContext.new(self.model_name, session.rollout_id)
+        if parsed.stream:
+            events = anthropic_api.message_events(context, result, reply, stop)
+            return await _stream(request, (anthropic_api.sse_frame(event, data) for event, data in events))
+        return _json_response(anthropic_api.message_response(context, result, reply, stop))
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """The prompt's length in the task's tokenizer, as the next call would render it in full;
+        not a call of the rollout (nothing is generated or recorded)."""
+        try:
+            session = self._session_for(request, "x-api-key")
+            parsed = anthropic_api.parse_messages_request(await _json_body(request), count_only=True)
+            tokens = len(session.renderer.encode_prompt(parsed.conversation))
+        except GatewayError as error:
+            return _json_response(error.anthropic_body(), error.status)
+        return _json_response({"input_tokens": tokens})
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -195,10 +230,14 @@ def _error_response(error: GatewayError) -> web.Response:
 
 
 async def _sse(request: web.Request, chunks: Iterable[Any]) -> web.StreamResponse:
+    """OpenAI's stream: each chunk as a data line, then [DONE]."""
+    return await _stream(request, [*(sse_event(chunk) for chunk in chunks), sse_event("[DONE]")])
+
+
+async def _stream(request: web.Request, frames: Iterable[bytes]) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for chunk in chunks:
-        await response.write(sse_event(chunk))
-    await response.write(sse_event("[DONE]"))
+    for frame in frames:
+        await response.write(frame)
     await response.write_eof()
     return response
