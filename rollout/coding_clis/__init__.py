@@ -52,7 +52,7 @@ class CodingCli:
 
 
 # name -> module defining CLI (imported on first use).
-_MODULES: dict[str, str] = {}
+_MODULES: dict[str, str] = {"claude": "corral.rollout.coding_clis.claude"}
 
 
 def names() -> list[str]:
