@@ -176,7 +176,7 @@ class Gateway:
             parsed = anthropic_api.parse_messages_request(await _json_body(request))
             result, reply = await session.chat(parsed.conversation, parsed.options)
         except GatewayError as error:
-            return _json_response(error.anthropic_body(), error.status)
+            return _anthropic_error_response(error)
         stops = (*parsed.options.stop, *session.settings.sampling.stop)
         stop = anthropic_api.stop_sequence(result, stops, self.tokenizer)
         context = anthropic_api.MessageContext.new(self.model_name, session.rollout_id)
@@ -193,7 +193,7 @@ class Gateway:
             parsed = anthropic_api.parse_messages_request(await _json_body(request), count_only=True)
             tokens = len(session.renderer.encode_prompt(parsed.conversation))
         except GatewayError as error:
-            return _json_response(error.anthropic_body(), error.status)
+            return _anthropic_error_response(error)
         return _json_response({"input_tokens": tokens})
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -217,12 +217,20 @@ async def _json_body(request: web.Request) -> Any:
         raise RequestError(f"the request body is larger than {MAX_REQUEST_BYTES} bytes") from None
 
 
-def _json_response(data: Any, status: int = 200) -> web.Response:
+def _json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
         body=json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode(),
         status=status,
         content_type="application/json",
+        headers=headers,
     )
+
+
+def _anthropic_error_response(error: GatewayError) -> web.Response:
+    # Anthropic's clients retry 409 (and Claude Code retries ten times, backing off for minutes)
+    # unless told not to: a refusal of the gateway's is final, an unavailable LLM may come back.
+    final = {"x-should-retry": "false"} if error.status < 500 else None
+    return _json_response(error.anthropic_body(), error.status, final)
 
 
 def _error_response(error: GatewayError) -> web.Response:

@@ -12,6 +12,10 @@ Checked per task: reward 1.0; the trajectory token-exact against what the engine
 and generated; one gateway call per turn and no other call (no count_tokens, title or quota
 calls: `calls` is the turns the solution needs), every later call's prompt the recorded ids plus
 Claude Code's new messages re-rendered exactly (prefix hits, no splice, no split).
+
+Then Claude Code's own history rewrite, under each history policy: it fills in its tools' defaults
+in the assistant messages it sends back, so an Edit call generated without `replace_all` comes
+back changed, and the call after it is new.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from corral.rollout.reference.policies import GenerateParams, PolicyOutput  # no
 from corral.rollout.reference.replay import ReplayPolicy  # noqa: E402
 from corral.rollout.reference.server import ReferenceServer, load_tasks_jsonl  # noqa: E402
 from corral.rollout.reference.vocabularies import FINAL_TEXT, vocabulary  # noqa: E402
+from corral.rollout.types import ToolCall  # noqa: E402
 from corral.sdk import AsyncClient, RolloutResult  # noqa: E402
 from corral.v1 import rollout_pb2 as pb  # noqa: E402
 from tests.conftest import DaemonProcess, require_backend, shared_daemon_config  # noqa: E402
@@ -153,3 +158,47 @@ async def test_claude_code_solves_every_bundled_task_token_exact_in_a_sandbox_wi
     assert sorted(r.task_id for r in results) == sorted(by_id)
     for result in results:
         check_solved_token_exact(result, by_id[result.task_id], policy.exchanges[result.task_id])
+
+
+class EditWithoutDefaults:
+    """Claude Code's vocabulary, but Edit calls written without `replace_all` (as a model may)."""
+
+    name = "claude-without-defaults"
+
+    def answer(self, call: ToolCall, workdir: str) -> ToolCall | str:
+        answer = vocabulary("claude").answer(call, workdir)
+        if isinstance(answer, ToolCall) and answer.name == "Edit":
+            return ToolCall("Edit", {k: v for k, v in answer.arguments.items() if k != "replace_all"})
+        return answer
+
+
+async def test_claude_code_s_rewritten_history_under_split_mask_and_fail(daemon) -> None:
+    # accounts-super-init: Edit, Bash, the final reply. Claude Code sends the Edit back with
+    # replace_all added, so the Bash call's conversation does not extend the recorded one.
+    (task,) = [t for t in load_tasks_jsonl(REPAIR_TASKS) if t.task_id == "accounts-super-init"]
+    tasks = []
+    for policy_name in ("SPLIT", "MASK", "FAIL"):
+        harnessed = with_coding_cli(
+            task, "claude", CODING_CLIS_PREFIX, history_policy=pb.HistoryPolicy.Value(f"HISTORY_POLICY_{policy_name}")
+        )
+        harnessed.task_id = f"{task.task_id}-{policy_name.lower()}"
+        harnessed.prompt.messages[-1].content += f" ({policy_name.lower()})"  # the replay policy tells them apart
+        harnessed.limits.max_total_tokens = MAX_TOTAL_TOKENS
+        tasks.append(harnessed)
+    policy = RecordingReplay(ReplayPolicy(tasks, vocabulary=EditWithoutDefaults(), workdir=WORKDIR))
+    async with AsyncClient(daemon.address) as client:
+        results = {r.task_id.rsplit("-", 1)[1]: r for r in await run_all(client, tasks, policy)}
+    split, mask, fail = results["split"], results["mask"], results["fail"]
+    for result in (split, mask):
+        # Two samples: the Edit call's, then the rest from the conversation as Claude Code sent it.
+        assert (result.status, result.reward) == ("completed", 1.0), result.error
+        assert result.gateway is not None and len(result.extra_samples) == 1
+        assert (result.gateway.calls, result.gateway.prefix_hits, result.gateway.splits) == (3, 1, 1)
+    assert split.gateway is not None and mask.gateway is not None
+    assert split.gateway.masked_samples == 0 and any(split.response_mask)
+    assert mask.gateway.masked_samples == 2
+    assert not any(mask.response_mask) and not any(mask.extra_samples[0].response_mask)
+    # FAIL: the second call is refused (409, which Claude Code is told not to retry), the CLI
+    # exits, and the rollout is filtered.
+    assert (fail.status, fail.filter_reason) == ("filtered", "history_rewritten"), fail.error
+    assert len(policy.exchanges[f"{task.task_id}-fail"]) == 1

@@ -19,7 +19,7 @@ from corral.rollout.gateway import Gateway, HistoryPolicy
 from corral.rollout.gateway.anthropic_api import parse_messages_request
 from corral.rollout.gateway.errors import RequestError
 from corral.rollout.gateway.render import ChatRenderer
-from tests.unit.gateway_support import TOK, ScriptedLLM, Window, assert_token_exact, settings
+from tests.unit.gateway_support import TOK, ScriptedLLM, Unreachable, Window, assert_token_exact, settings
 
 EDIT = '<tool_call>{"name": "Edit", "arguments": {"file_path": "/w/a.py", "old_string": "a - b", "new_string": "a + b"}}</tool_call>'
 BASH = '<tool_call>{"name": "Bash", "arguments": {"command": "python3 -m unittest"}}</tool_call>'
@@ -366,6 +366,27 @@ async def test_refusals_keep_their_status_in_anthropic_shape(served):
     assert error["error"]["message"].startswith("history_rewritten: ")
     status, error, _ = await post(url, "/v1/messages", b"{not json", headers)
     assert status == 400 and "not JSON" in error["error"]["message"]
+
+
+async def test_refusals_say_not_to_retry_and_an_unavailable_llm_does_not(served):
+    # Anthropic's clients retry a 409 (Claude Code ten times, for minutes) unless told not to.
+    gateway, url, llm = served
+    session = gateway.open_session("retry", settings(HistoryPolicy.FAIL))
+    headers = {"x-api-key": session.key}
+    llm.fail_with = Unreachable("down")
+    rewritten = first_request()
+    rewritten["messages"][0]["content"] = "Another task."
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/messages", json=first_request(), headers=headers) as response:
+            assert response.status == 503 and "x-should-retry" not in response.headers
+            assert (await response.json())["error"]["type"] == "api_error"
+        async with http.post(url + "/v1/messages", json=first_request(), headers=headers) as response:
+            assert response.status == 200
+        for body, status in ((rewritten, 409), (without("max_tokens"), 400), (first_request(), 409)):
+            async with http.post(url + "/v1/messages", json=body, headers=headers) as response:
+                assert (response.status, response.headers.get("x-should-retry")) == (status, "false")
+        async with http.post(url + "/v1/messages", json=first_request(), headers={"x-api-key": "k"}) as response:
+            assert (response.status, response.headers.get("x-should-retry")) == (401, "false")
 
 
 def mutations(rng: random.Random, body: Any, depth: int = 0) -> Any:
