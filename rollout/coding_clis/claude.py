@@ -16,8 +16,8 @@ no side calls (no count_tokens, no title or quota calls): with the sandbox's net
 connection it opens is to the gateway.
 
 Its requests are large: a system prompt of about 7 KB and 12 tools of about 31 KB of JSON, about
-45,000 ids per prompt with the byte tokenizer, so its tasks need max_total_tokens well above the
-default 32768.
+49,000 ids in its first prompt with the byte tokenizer, so its tasks need max_total_tokens well
+above the default 32768 (the tests use 131072).
 """
 
 from __future__ import annotations
