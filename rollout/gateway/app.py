@@ -2,8 +2,10 @@
 session per rollout, found by its key (the Bearer token, or /r/<key>/v1/... in the path).
 
 Routes (each also under /r/<key>): POST /v1/chat/completions, POST /v1/completions,
-POST /v1/responses, GET /v1/models. Errors are OpenAI-shaped: {"error": {"message", "type",
-"param", "code"}}.
+POST /v1/responses, GET /v1/models, with OpenAI-shaped errors: {"error": {"message", "type",
+"param", "code"}}; and Anthropic's POST /v1/messages and POST /v1/messages/count_tokens (key in
+x-api-key or the Bearer token), with Anthropic-shaped errors: {"type": "error", "error": {"type",
+"message"}}.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+import corral.rollout.gateway.anthropic_api as anthropic_api
 from corral.rollout.gateway.assembly import GatewayCounters
 from corral.rollout.gateway.errors import GatewayError, RequestError, UnknownKey
 from corral.rollout.gateway.openai_api import (
@@ -69,6 +72,8 @@ class Gateway:
             self._app.router.add_post(prefix + "/v1/completions", self._completions)
             self._app.router.add_post(prefix + "/v1/responses", self._responses)
             self._app.router.add_get(prefix + "/v1/models", self._models)
+            self._app.router.add_post(prefix + "/v1/messages", self._messages)
+            self._app.router.add_post(prefix + "/v1/messages/count_tokens", self._count_tokens)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -137,8 +142,12 @@ class Gateway:
 
     # Handlers.
 
-    def _session_for(self, request: web.Request) -> GatewaySession:
+    def _session_for(self, request: web.Request, *key_headers: str) -> GatewaySession:
+        """The session of the key in the path, else in the first of `key_headers` present, else
+        the Bearer token."""
         key = request.match_info.get("key")
+        for header in key_headers:
+            key = key or request.headers.get(header)
         if key is None:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             key = token.strip() if scheme.lower() == "bearer" else None
@@ -185,6 +194,32 @@ class Gateway:
             return await _sse(request, (sse_named_event(event) for event in events))
         return _json_response(response_object(ids, self.model_name, session.rollout_id, parsed, result, output))
 
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        try:
+            session = self._session_for(request, "x-api-key")
+            parsed = anthropic_api.parse_messages_request(await _json_body(request))
+            result, reply = await session.chat(parsed.conversation, parsed.options)
+        except GatewayError as error:
+            return _anthropic_error_response(error)
+        stops = (*parsed.options.stop, *session.settings.sampling.stop)
+        stop = anthropic_api.stop_sequence(result, stops, self.tokenizer)
+        context = anthropic_api.MessageContext.new(self.model_name, session.rollout_id)
+        if parsed.stream:
+            events = anthropic_api.message_events(context, result, reply, stop)
+            return await _sse(request, (anthropic_api.sse_frame(event, data) for event, data in events))
+        return _json_response(anthropic_api.message_response(context, result, reply, stop))
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """The prompt's length in the task's tokenizer, as the next call would render it in full;
+        not a call of the rollout (nothing is generated or recorded)."""
+        try:
+            session = self._session_for(request, "x-api-key")
+            parsed = anthropic_api.parse_messages_request(await _json_body(request), count_only=True)
+            tokens = len(session.renderer.encode_prompt(parsed.conversation))
+        except GatewayError as error:
+            return _anthropic_error_response(error)
+        return _json_response({"input_tokens": tokens})
+
     async def _models(self, request: web.Request) -> web.Response:
         try:
             self._session_for(request)
@@ -206,12 +241,20 @@ async def _json_body(request: web.Request) -> Any:
         raise RequestError(f"the request body is larger than {MAX_REQUEST_BYTES} bytes") from None
 
 
-def _json_response(data: Any, status: int = 200) -> web.Response:
+def _json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
         body=json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode(),
         status=status,
         content_type="application/json",
+        headers=headers,
     )
+
+
+def _anthropic_error_response(error: GatewayError) -> web.Response:
+    # Anthropic's clients retry 409 (and Claude Code retries ten times, backing off for minutes)
+    # unless told not to: a refusal of the gateway's is final, an unavailable LLM may come back.
+    final = {"x-should-retry": "false"} if error.status < 500 else None
+    return _json_response(error.anthropic_body(), error.status, final)
 
 
 def _error_response(error: GatewayError) -> web.Response:
