@@ -2,7 +2,7 @@
 
 Every sandbox (with what hangs off it: shells, kernels, background processes, files, forks,
 leases) and every named snapshot belongs to an owner: the uid that made it over the Unix socket
-("uid:1001"), or "tcp" for the TCP listener's one token. A caller sees and acts on its own only;
+("uid:1001"), or "tcp" for the TCP listener's one token, "tcp:NAME" for a named token. A caller sees and acts on its own only;
 anyone else's answers exactly as a sandbox that does not exist (NOT_FOUND), so that nothing tells
 one user what another runs. Root, members of `daemon.admin_group` (and TCP callers where
 `daemon.tcp.admin` is set) are admins: they see and act on everything.
@@ -36,6 +36,15 @@ class Caller:
 
 
 TCP_OWNER = "tcp"
+
+
+def tcp_callers(token: str, named: dict[str, str], *, all_admin: bool, admins: list[str]) -> dict[str, Caller]:
+    """Each TCP bearer token's caller: the single token's is "tcp", a named token's "tcp:NAME"
+    (daemon.tcp.tokens_file); admins per daemon.tcp.admin (all) and daemon.tcp.admins (by name)."""
+    callers = {token: Caller(TCP_OWNER, admin=all_admin)} if token else {}
+    for secret, name in named.items():
+        callers[secret] = Caller(f"{TCP_OWNER}:{name}", admin=all_admin or name in admins)
+    return callers
 
 
 def uid_owner(uid: int) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 import grp
 import logging
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,11 @@ class TcpConfig:
     # TCP callers are one identity, the token's owner ("tcp"): they see only the sandboxes and
     # snapshots made over TCP, unless this makes them admins, who see everything.
     admin: bool = False
+    # Named tokens, one identity each ("tcp:NAME"): a file of `NAME TOKEN` lines (blank lines and
+    # `#` comments ignored), beside or instead of token_file's one token.
+    tokens_file: str = ""
+    # Names of tokens_file whose callers are admins.
+    admins: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -230,6 +236,8 @@ class Config:
     backends: dict[str, Any] = field(default_factory=lambda: {name: cls.Settings() for name, cls in BACKENDS.items()})
     # The bearer token for the TCP listener (from token_file or CORRAL_TOKEN); never from TOML text.
     token: str = ""
+    # The named tokens of daemon.tcp.tokens_file, token -> name; never from TOML text.
+    tcp_tokens: dict[str, str] = field(default_factory=dict)
     # The bearer token of the metrics endpoint (from metrics.token_file); empty: no authentication.
     metrics_token: str = ""
 
@@ -258,7 +266,7 @@ def _same_kind(default: Any, value: Any) -> bool:
 
 # Config fields that a TOML file cannot set: the token comes from a file or the environment (never
 # from configuration text), and backend sections are merged by their own names.
-_NOT_FROM_TOML = frozenset({"token", "metrics_token", "backends"})
+_NOT_FROM_TOML = frozenset({"token", "tcp_tokens", "metrics_token", "backends"})
 
 
 def _merge_file(config: Config, values: dict[str, Any]) -> None:
@@ -342,6 +350,8 @@ def load_config(
     if config.daemon.tcp.token_file:
         config.token = _read_token(config.daemon.tcp.token_file)
     config.token = config.token or env.get("CORRAL_TOKEN", "")
+    if config.daemon.tcp.tokens_file:
+        config.tcp_tokens = _read_named_tokens(config.daemon.tcp.tokens_file)
     if config.metrics.token_file:
         config.metrics_token = _read_token(config.metrics.token_file)
     validate(config)
@@ -353,6 +363,32 @@ def _read_token(path: str) -> str:
         return Path(path).read_text().strip()
     except OSError as err:
         raise ConfigError(f"cannot read token file {path}: {err}") from err
+
+
+_TOKEN_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+
+
+def _read_named_tokens(path: str) -> dict[str, str]:
+    """daemon.tcp.tokens_file's `NAME TOKEN` lines as token -> name."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise ConfigError(f"cannot read tokens file {path}: {err}") from err
+    tokens: dict[str, str] = {}
+    names: set[str] = set()
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split()
+        if len(fields) != 2 or not _TOKEN_NAME.fullmatch(fields[0]):
+            raise ConfigError(f"{path}:{number}: expected `NAME TOKEN` (a name of letters, digits and ._@-)")
+        name, token = fields
+        if name in names or token in tokens:
+            raise ConfigError(f"{path}:{number}: the name or the token of {name!r} is used twice")
+        names.add(name)
+        tokens[token] = name
+    return tokens
 
 
 # Keys that moved, (section, key) -> (section, key). The old spelling keeps working for a release,
@@ -384,10 +420,17 @@ def _move_deprecated_keys(values: dict[str, Any]) -> list[str]:
 
 
 def validate(config: Config) -> None:
-    if config.daemon.tcp.listen and not config.token:
+    if config.daemon.tcp.listen and not config.token and not config.tcp_tokens:
         raise ConfigError(
-            "daemon.tcp.listen is set but no bearer token is configured: set daemon.tcp.token_file "
-            "or CORRAL_TOKEN (the TCP listener never starts without one)"
+            "daemon.tcp.listen is set but no bearer token is configured: set daemon.tcp.token_file, "
+            "daemon.tcp.tokens_file or CORRAL_TOKEN (the TCP listener never starts without one)"
+        )
+    if config.token and config.token in config.tcp_tokens:
+        raise ConfigError("daemon.tcp.token_file's token is also one of daemon.tcp.tokens_file's")
+    unknown_admins = set(config.daemon.tcp.admins) - set(config.tcp_tokens.values())
+    if unknown_admins:
+        raise ConfigError(
+            f"daemon.tcp.admins names no token of daemon.tcp.tokens_file: {', '.join(sorted(unknown_admins))}"
         )
     for name, settings in config.backends.items():
         try:

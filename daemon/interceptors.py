@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import grpc
@@ -109,17 +109,30 @@ async def _checked_requests(requests):
         yield _checked(request)
 
 
-def bearer_token_guard(token: str) -> Guard:
-    """Calls over TCP must carry `authorization: Bearer <token>`; Unix-socket calls are trusted
-    (the socket's file mode decides who may connect)."""
-    expected = f"Bearer {token}".encode()
+def bearer_token(context: grpc.aio.ServicerContext) -> str:
+    """The call's `authorization: Bearer <token>`'s token ("" without one)."""
+    metadata = dict(context.invocation_metadata() or ())
+    scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
+    return token if scheme == "Bearer" else ""
+
+
+def known_token(given: str, tokens: Collection[str]) -> str | None:
+    """The token of `tokens` that `given` is, compared in constant time with every one."""
+    found = None
+    for token in tokens:
+        if token and hmac.compare_digest(given.encode(), token.encode()):
+            found = token
+    return found
+
+
+def bearer_token_guard(tokens: Collection[str]) -> Guard:
+    """Calls over TCP must carry `authorization: Bearer <token>` with one of `tokens`; Unix-socket
+    calls are trusted (the socket's file mode decides who may connect)."""
 
     @contextlib.asynccontextmanager
     async def guard(method: str, context: grpc.aio.ServicerContext):
         if not context.peer().startswith(("unix:", "unix-abstract:")):
-            metadata = dict(context.invocation_metadata() or ())
-            given = str(metadata.get("authorization", "")).encode()
-            if not token or not hmac.compare_digest(given, expected):
+            if known_token(bearer_token(context), tokens) is None:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         yield
 

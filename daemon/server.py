@@ -35,14 +35,22 @@ from corral.v1 import (
 )
 
 from .backends.base import Backend
-from .callers import TCP_OWNER, Caller, the_daemon
+from .callers import Caller, tcp_callers, the_daemon
 from .cgroups import CgroupDriver
 from .config import Config, TcpConfig, group_id
 from .errors import map_errors
 from .execs import ExecManager
 from .files import FileManager
 from .forks import ForkManager
-from .interceptors import CallerOf, GuardInterceptor, bearer_token_guard, caller_guard, metrics_guard
+from .interceptors import (
+    CallerOf,
+    GuardInterceptor,
+    bearer_token,
+    bearer_token_guard,
+    caller_guard,
+    known_token,
+    metrics_guard,
+)
 from .kernels import KernelManager
 from .metrics import Metrics
 from .node import Node, make_backends
@@ -241,12 +249,17 @@ class Daemon:
             os.chmod(self.socket_path, mode)
         tcp = self.config.daemon.tcp
         if tcp.listen:
-            tcp_caller = Caller(TCP_OWNER, admin=tcp.admin)
+            callers = tcp_callers(self.config.token, self.config.tcp_tokens, all_admin=tcp.admin, admins=tcp.admins)
+
+            def tcp_caller_of(context: grpc.aio.ServicerContext) -> Caller:
+                # The bearer guard has let only these tokens in.
+                return callers[known_token(bearer_token(context), callers) or ""]
+
             guards = [
-                bearer_token_guard(self.config.token),
+                bearer_token_guard(list(callers)),
                 metrics_guard(self.metrics),
                 map_errors,
-                caller_guard(lambda context: tcp_caller),
+                caller_guard(tcp_caller_of),
             ]
             self.tcp_server = self._make_server(guards, [*BASE_OPTIONS, *tcp_options(tcp)])
             self.tcp_server.add_insecure_port(tcp.listen)

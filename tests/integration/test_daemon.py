@@ -80,6 +80,40 @@ def test_tcp_needs_the_token(tmp_path):
         d.stop()
 
 
+def test_named_tcp_tokens_are_callers_of_their_own(tmp_path):
+    """daemon.tcp.tokens_file: each token its own identity over TCP (another's sandbox is
+    NOT_FOUND), daemon.tcp.admins' names see everyone's, and the single token still works."""
+    require_backend("local")
+    port = _free_port()
+    (tmp_path / "token").write_text("the-single-one\n")
+    (tmp_path / "tokens").write_text("# name token\nalice a-secret-1\n\nbob b-secret-2\ncarol c-secret-3\n")
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        f'[daemon.tcp]\nlisten = "127.0.0.1:{port}"\ntoken_file = "{tmp_path / "token"}"\n'
+        f'tokens_file = "{tmp_path / "tokens"}"\nadmins = ["carol"]\n'
+    )
+    d = DaemonProcess(tmp_path, env={"CORRAL_CONFIG": str(config)}).start()
+    address = f"127.0.0.1:{port}"
+    try:
+        with (
+            Client(address, token="a-secret-1") as alice,
+            Client(address, token="b-secret-2") as bob,
+            Client(address, token="c-secret-3") as carol,
+            Client(address, token="the-single-one") as single,
+        ):
+            with alice.create_sandbox(image="host") as sb:
+                assert [s.id for s in alice.list_sandboxes()] == [sb.id]
+                assert bob.list_sandboxes() == [] and single.list_sandboxes() == []
+                with pytest.raises(errors.NotFound):
+                    bob.get_sandbox(sb.id)
+                assert [s.id for s in carol.list_sandboxes()] == [sb.id]
+                assert carol.get_sandbox(sb.id).exec(["echo", "seen"], timeout=10).stdout == b"seen\n"
+            with Client(address, token="alice") as name_is_no_token, pytest.raises(errors.Unauthenticated):
+                name_is_no_token.list_sandboxes()
+    finally:
+        d.stop()
+
+
 def test_tcp_without_token_refuses_to_start(tmp_path):
     proc = subprocess.run(
         [

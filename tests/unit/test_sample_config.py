@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "deploy" / "corral.toml"
 README = ROOT / "README.md"
 # Not keys of the file: secrets come from files or the environment, [[pool]] entries are examples.
-NOT_IN_THE_FILE = {"token", "metrics_token", "pool"}
+NOT_IN_THE_FILE = {"token", "tcp_tokens", "metrics_token", "pool"}
 
 
 def declared_keys(settings: Any, prefix: str = "") -> dict[str, Any]:

@@ -86,3 +86,29 @@ def test_command_validation():
     ):
         with pytest.raises(InvalidArgument):
             _spec(**bad)
+
+
+def test_named_tcp_tokens_are_read_from_their_file_and_checked(tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# who token\nalice s1\n\n  bob   s2  \n")
+    config_file = tmp_path / "c.toml"
+    config_file.write_text(f'[daemon.tcp]\nlisten = "127.0.0.1:7700"\ntokens_file = "{tokens}"\nadmins = ["bob"]\n')
+    config = load_config(config_file, environ={})
+    assert config.tcp_tokens == {"s1": "alice", "s2": "bob"} and config.token == ""
+    for text, complaint in [
+        ("alice\n", "expected `NAME TOKEN`"),
+        ("alice s1 extra\n", "expected `NAME TOKEN`"),
+        ("al/ice s1\n", "expected `NAME TOKEN`"),
+        ("alice s1\nbob s1\n", "used twice"),
+        ("alice s1\nalice s2\n", "used twice"),
+        ("carol s3\n", "admins names no token of daemon.tcp.tokens_file: bob"),
+    ]:
+        tokens.write_text(text)
+        with pytest.raises(ConfigError, match=complaint):
+            load_config(config_file, environ={})
+    tokens.write_text("bob s2\n")
+    with pytest.raises(ConfigError, match="also one of"):
+        load_config(config_file, environ={"CORRAL_TOKEN": "s2"})
+    config_file.write_text('[daemon.tcp]\ntokens_file = "/no/such/file"\n')
+    with pytest.raises(ConfigError, match="cannot read tokens file /no/such/file"):
+        load_config(config_file, environ={})
