@@ -7,6 +7,12 @@ anyone else's answers exactly as a sandbox that does not exist (NOT_FOUND), so t
 one user what another runs. Root, members of `daemon.admin_group` (and TCP callers where
 `daemon.tcp.admin` is set) are admins: they see and act on everything.
 
+What changes the node itself rather than one caller's sandboxes (NODE_RPCS: draining it, the
+LLM servers its rollouts generate from, the policy version they are measured against) is the
+node's operator's: root, the admin group, the TCP token's holder (who runs the node in a
+cluster) and the daemon itself. Another caller of a shared socket is refused (PERMISSION_DENIED
+naming the admin group to join: node_refusal).
+
 The caller travels with the call in a context variable, set by the server's caller guard
 (interceptors.caller_guard) around each handler, and read where ids are resolved
 (SandboxManager.get and list, ForkManager's snapshots): so no handler passes it on, and none can
@@ -24,12 +30,19 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+# The RPCs that change the node for every caller (by method name), the operator's only.
+NODE_RPCS = frozenset({"Drain", "RegisterLLM", "RemoveLLM", "SetPolicyVersion"})
+
 
 @dataclass(frozen=True)
 class Caller:
     owner: str  # what it makes belongs to this: "uid:N" or "tcp"
     admin: bool = False  # sees and acts on everything
     internal: bool = False  # the daemon itself (its rollout service, its own tasks)
+    operator: bool = False  # may call NODE_RPCS (admins always may)
+
+    def may_change_node(self) -> bool:
+        return self.admin or self.operator
 
     def may_act_on(self, owner: str) -> bool:
         return self.admin or owner == self.owner
@@ -40,6 +53,13 @@ TCP_OWNER = "tcp"
 
 def uid_owner(uid: int) -> str:
     return f"uid:{uid}"
+
+
+def node_refusal(method: str, admin_group: str) -> str:
+    """Why a caller who is not the node's operator may not call `method` (one of NODE_RPCS)."""
+    who = f"root and members of group {admin_group!r} (daemon.admin_group)" if admin_group else "root"
+    join = "" if admin_group else "; daemon.admin_group names a group whose members may too"
+    return f"{method} changes the node for every user of this daemon: only {who} may call it{join}"
 
 
 def the_daemon() -> Caller:

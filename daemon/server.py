@@ -222,7 +222,12 @@ class Daemon:
         # (anyone who can reach the port, token or not) can neither exhaust the connections nor
         # the file descriptors that the socket's callers need (see tcp_options).
         self.server = self._make_server(
-            [metrics_guard(self.metrics), map_errors, caller_guard(self.unix_caller_of)], BASE_OPTIONS
+            [
+                metrics_guard(self.metrics),
+                map_errors,
+                caller_guard(self.unix_caller_of, self.config.daemon.admin_group),
+            ],
+            BASE_OPTIONS,
         )
         _claim_socket(self.socket_path)  # (first: a daemon that serves there keeps its front)
         mode = int(self.config.daemon.socket_mode, 8)
@@ -241,7 +246,8 @@ class Daemon:
             os.chmod(self.socket_path, mode)
         tcp = self.config.daemon.tcp
         if tcp.listen:
-            tcp_caller = Caller(TCP_OWNER, admin=tcp.admin)
+            # (The token's holder runs the node, in a cluster: it may drain it and register LLM servers.)
+            tcp_caller = Caller(TCP_OWNER, admin=tcp.admin, operator=True)
             guards = [
                 bearer_token_guard(self.config.token),
                 metrics_guard(self.metrics),

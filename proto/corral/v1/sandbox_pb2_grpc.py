@@ -328,7 +328,8 @@ class SandboxServiceServicer:
         refuses new sandboxes (CreateSandbox: UNAVAILABLE) and new rollouts (RolloutService Run and
         Stream submissions: UNAVAILABLE), lets what it runs finish (rollouts already accepted still
         get their sandboxes), stops refilling its warm pools and tears down their ready sandboxes.
-        GetNodeInfo says `draining`, and `empty` once nothing is left. Idempotent both ways.
+        GetNodeInfo says `draining`, and `empty` once nothing is left. Idempotent both ways. On a
+        shared daemon, a caller who is neither root nor in daemon.admin_group: PERMISSION_DENIED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
