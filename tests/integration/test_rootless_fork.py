@@ -7,6 +7,7 @@ sandboxes' own mount namespaces) and the watched one (plain directories)."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -87,6 +88,27 @@ def test_children_start_from_the_parent_and_are_isolated(client, disk):
         assert sh(first, "cat /workspace/a /usr/rootfile") == "ws\nchanged\n"
     finally:
         destroy_all(parent, *children)
+
+
+@pytest.mark.parametrize("disk", sorted(DISK_CAPS))
+def test_a_directory_image_forks_from_its_writable_layer(client, disk):
+    """A directory image's root is one overlay: its writable layer (not the image) is copied."""
+    from tests.conftest import SWE_ROOTFS_IMAGE, require_image
+
+    require_image("local", local_image=SWE_ROOTFS_IMAGE)
+    parent = client.create_sandbox(image=SWE_ROOTFS_IMAGE, disk_bytes=DISK_CAPS[disk])
+    try:
+        sh(parent, "mkdir /scratch && echo made > /scratch/x && echo ws > /workspace/a")
+        children = parent.fork(2)
+        try:
+            for child in children:
+                assert sh(child, "cat /scratch/x /workspace/a") == "made\nws\n"
+            sh(children[0], "echo changed > /scratch/x")
+            assert sh(children[1], "cat /scratch/x") == "made\n"
+        finally:
+            destroy_all(*children)
+    finally:
+        parent.destroy()
 
 
 def test_a_childs_disk_cap_is_its_own(client):
@@ -170,3 +192,29 @@ def test_snapshots_outlive_their_sandbox_and_are_bounded(client, fork_daemon):
     finally:
         big.destroy()
     assert not list((fork_daemon.state_dir / "snapshots" / "local").iterdir())
+
+
+def test_a_killed_daemons_snapshots_are_removed_at_its_next_start(rootless):
+    from corral.sdk import Client
+
+    daemon = rootless.start("reaped")
+    try:
+        with Client(daemon.address) as c:
+            sb = c.create_sandbox(image="host")
+            sh(sb, "echo kept > /workspace/kept")
+            sb.snapshot("left")
+        kept = daemon.state_dir / "snapshots" / "local"
+        assert [p.name for p in kept.iterdir()] == ["left"]
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait(10)
+        restarted = rootless.start("reaped")
+        try:
+            assert not kept.exists() or not list(kept.iterdir())
+            with Client(restarted.address) as c:
+                assert c.list_snapshots() == []
+        finally:
+            restarted.stop()
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop()

@@ -1,7 +1,8 @@
 """Limits of the local backend without root (docs/local-backend.md, "Without root"): a daemon run
 as an unprivileged user (test_rootless.py's helpers) holds each limit in a cgroup its user was
-delegated, else by an rlimit standing in for it (daemon/backends/local/rlimits.py), and says
-which in GetNodeInfo. Each test asserts what the node's status claims, then that it holds.
+delegated, else by an rlimit standing in for it (daemon/backends/local/rlimits.py), the disk in
+a capped tmpfs or by a watcher (diskwatch.py), and says which in GetNodeInfo and each sandbox's
+limit_status. Each test asserts what the node's status claims, then that it holds.
 
 The delegated case needs root to make the user a cgroup v2 subtree (as systemd's Delegate=yes
 does: the directory and its cgroup.procs, cgroup.subtree_control and cgroup.threads given to the

@@ -563,6 +563,7 @@ class RootlessSandbox(LocalSandbox):
                 self.in_userns(),
                 self.writable_paths,
                 lambda: self.init_pid,
+                self.alive,
                 baseline,
             )
             self.disk_watch.start()

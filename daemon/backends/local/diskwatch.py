@@ -53,8 +53,9 @@ def usage_bytes(in_userns: Sequence[str], paths: Sequence[str]) -> int:
 
 class DiskWatch:
     """Watches one sandbox: `paths()` its writable directories now, `in_userns` the prefix that
-    runs du in its user namespace, `init_pid()` its init's host pid, `baseline` what they held
-    when it started that the cap does not count (a copied image)."""
+    runs du in its user namespace, `init_pid()` its init's host pid, `alive()` whether it still
+    runs, `baseline` what they held when it started that the cap does not count (a copied
+    image)."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class DiskWatch:
         in_userns: Sequence[str],
         paths: Callable[[], Sequence[str]],
         init_pid: Callable[[], int],
+        alive: Callable[[], bool],
         baseline: int = 0,
     ) -> None:
         self.sandbox_id = sandbox_id
@@ -70,6 +72,7 @@ class DiskWatch:
         self.in_userns = list(in_userns)
         self.paths = paths
         self.init_pid = init_pid
+        self.alive = alive
         self.baseline = baseline
         # Times the sandbox's processes were killed for its disk (execs compare it before and after).
         self.kills = 0
@@ -108,6 +111,8 @@ class DiskWatch:
             try:
                 await self.check()
             except (OSError, subprocess.SubprocessError) as err:
+                if not self.alive():
+                    return  # (its init is gone: nothing left to sum until it is destroyed)
                 log.warning("cannot sum the disk of sandbox %s: %s", self.sandbox_id, err)
             await asyncio.sleep(max(INTERVAL_S, PAUSE_PER_WALK * (time.monotonic() - started)))
 
