@@ -729,6 +729,7 @@ def shell_result_from_proto(response: shell_pb.RunInShellResponse) -> ShellResul
         output_plain=response.output_plain if response.HasField("output_plain") else None,
         stderr=response.stderr if response.HasField("stderr") else None,
         stderr_total_bytes=response.stderr_total_bytes,
+        disk_cap_killed=response.disk_cap_killed,
     )
 
 

@@ -326,6 +326,9 @@ class ShellResult:
     # Capped like `output` (`truncated` covers both).
     stderr: bytes | None = None
     stderr_total_bytes: int = 0
+    # The daemon killed the sandbox's processes, this command's among them, for writing past a
+    # disk cap it watches (as ExecResult.disk_cap_killed).
+    disk_cap_killed: bool = False
 
     @property
     def ok(self) -> bool:

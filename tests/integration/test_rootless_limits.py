@@ -192,6 +192,12 @@ def test_a_large_disk_cap_is_watched(rootless):
             r = sb.exec("head -c 20M /dev/zero > /usr/b; sleep 30; echo survived", timeout=60)
             assert r.disk_cap_killed and r.signal == 9 and not r.timed_out and b"survived" not in r.stdout, r
             assert sb.exec("rm /tmp/a /usr/b && sleep 3 && echo ok", timeout=60).stdout == b"ok\n"
+            # A shell turn says so too; its shell was among the processes, and starts afresh.
+            shell = sb.shell("main")
+            shell.run("export KEPT=1")
+            turn = shell.run("head -c 40M /dev/zero > /tmp/a; head -c 20M /dev/zero > /tmp/b; sleep 30", timeout=60)
+            assert turn.disk_cap_killed and turn.shell_restarted and not turn.timed_out, turn
+            assert shell.run("echo kept=$KEPT; rm /tmp/a /tmp/b", timeout=30).output == b"kept=\n"
             # One file past the cap is stopped at once by RLIMIT_FSIZE (SIGXFSZ, as under
             # `ulimit -f`), before any sum (removed at once, before the next one).
             r = sb.exec("head -c 40M /dev/zero > /tmp/big; echo rc=$?; rm /tmp/big", timeout=60)

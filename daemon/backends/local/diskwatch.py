@@ -5,8 +5,8 @@ sandbox but its init (docs/local-backend.md, "Limits without root").
 
 Like the out-of-memory killer for memory, and unlike a filesystem's cap, it acts after the fact:
 a write past the cap succeeds, and a sandbox may hold up to what it writes in one interval more
-than its cap until the next sum. The command whose processes were killed says so
-(ExitStatus.disk_cap_killed); what the sandbox wrote stays, so that it may remove files (a
+than its cap until the next sum. The command or shell turn whose processes were killed says so
+(ExitStatus.disk_cap_killed, RunInShellResponse.disk_cap_killed); what the sandbox wrote stays, so that it may remove files (a
 command run while it is still past the cap is killed at the next sum too).
 
 The sum is du's (hard links once, holes not counted), run in the sandbox's user namespace, where
