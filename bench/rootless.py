@@ -12,6 +12,12 @@ Variants, per daemon (root_*, rootless_*):
 and, with --backend local, the floor for a sandbox up to its first command:
   raw_first_exec   `bwrap --unshare-all --die-with-parent --ro-bind / / --proc /proc --dev /dev true`
                    run as the same user (namespaces, no writable root, no daemon)
+and, with --backend local --forks, ForkSandbox on the rootless daemon alone (the root daemon's
+needs its btrfs pool: bench/fork.py): a "host" parent holding --fork-mb MB (half in its
+workspace, half in its root's writable layer) forked into 1 and 16 children, timed from the call
+to every child having answered `true`, p50 over the runs, with each disk cap: a capped tmpfs
+(disk_bytes 1 GiB, the default local.rootless_tmpfs_max_bytes) and a watched one (4 GiB):
+  rootless_fork_{tmpfs,watched}_{1,16}
 
 Run as root: the rootless daemon runs as --user (default corral-rootless, which must exist:
 `useradd --system --no-create-home corral-rootless`; tests/integration/test_rootless.py makes it
@@ -20,6 +26,7 @@ lies under root's home), it runs /usr/bin/python3 of the same version with this 
 site-packages.
 
 Usage: python bench/rootless.py [--quick] [--json PATH] [--user NAME] [--backend local|singularity]
+                                [--forks] [--fork-mb 200]
 """
 
 from __future__ import annotations
@@ -111,10 +118,39 @@ def timed_create(client: Client, backend: str, first_exec: bool) -> dict[str, fl
     return {"first_exec" if first_exec else "create": ms}
 
 
+# The disk caps of the fork variants: one a capped tmpfs holds, one the daemon watches.
+FORK_DISK_CAPS = {"tmpfs": 1 << 30, "watched": 4 << 30}
+
+
+def fork_times(client: Client, fork_mb: int, runs: int) -> dict[str, dict]:
+    """rootless_fork_{cap}_{count}: a parent holding `fork_mb` MB forked into `count` children,
+    up to every child's first answer, `runs` times each (alternating), p50 and p99."""
+    samples: dict[str, list[float]] = {}
+    for cap_name, cap in FORK_DISK_CAPS.items():
+        parent = client.create_sandbox(image="host", disk_bytes=cap, memory_bytes=2 << 30, timeout=300)
+        half = fork_mb // 2
+        fill = f"head -c {half}M /dev/urandom > /workspace/data && head -c {half}M /dev/urandom > /usr/data"
+        parent.exec(fill, timeout=300).check()
+        for _ in range(runs):
+            for count in (1, 16):
+                start = time.perf_counter()
+                children = parent.fork(count, timeout=300)
+                for child in children:
+                    child.exec(["true"], timeout=60)
+                ms = (time.perf_counter() - start) * 1000
+                samples.setdefault(f"rootless_fork_{cap_name}_{count}", []).append(ms)
+                for child in children:
+                    child.destroy()
+        parent.destroy()
+    return {name: summary(values) for name, values in samples.items()}
+
+
 def main() -> None:
     def options(parser) -> None:
         parser.add_argument("--user", default="corral-rootless")
         parser.add_argument("--backend", choices=sorted(IMAGES), default="local")
+        parser.add_argument("--forks", action="store_true", help="also time forks on the rootless daemon (local)")
+        parser.add_argument("--fork-mb", type=int, default=200)
 
     args = parse_args(__doc__ or "", options)
     backend = args.backend
@@ -145,6 +181,8 @@ def main() -> None:
         results |= {name: summary(samples) for name, samples in interleaved(calls, n * 3, warmup).items()}
         for sb in kept.values():
             sb.destroy()
+        if args.forks and backend == "local":
+            results |= fork_times(clients["rootless"], args.fork_mb, 5 if args.quick else 10)
         for c in clients.values():
             c.close()
     print_table("latency (ms)", results)

@@ -32,6 +32,8 @@ class ExecOutcome:
     truncated: bool
     stdout_total: int
     stderr_total: int
+    # The daemon killed the sandbox's processes for its disk cap while the command ran.
+    disk_cap_killed: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class ExecManager:
             spec = await self._in_directory(sandbox, spec)
             buffers = {1: HeadTailBuffer(spec.output_limit), 2: HeadTailBuffer(spec.output_limit)}
             oom_before = _sandbox_ooms(sandbox)
+            disk_before = sandbox.runtime.disk_kills()
             proc = self._start(sandbox, spec)
             exit = await proc.run(lambda stream, data: buffers[stream].write(data), spec.timeout_s)
             out, err = buffers[1], buffers[2]
@@ -86,7 +89,7 @@ class ExecManager:
                 sandbox,
                 proc,
                 exit,
-                oom_before,
+                (oom_before, disk_before),
                 (out.getvalue(), out.total),
                 (err.getvalue(), err.total),
                 out.truncated or err.truncated,
@@ -114,6 +117,7 @@ class ExecManager:
                         proc.pause_output()
 
             oom_before = _sandbox_ooms(sandbox)
+            disk_before = sandbox.runtime.disk_kills()
             proc = self._start(sandbox, spec)
             # Running before Started is yielded: a client gone at that first event still has its
             # command killed, reaped and its leaf handed back (by cancelling the runner below).
@@ -145,7 +149,9 @@ class ExecManager:
                 exit = runner.result()
                 truncated = totals[1] + totals[2] > spec.output_limit
                 yield Exited(
-                    self._outcome(sandbox, proc, exit, oom_before, (b"", totals[1]), (b"", totals[2]), truncated)
+                    self._outcome(
+                        sandbox, proc, exit, (oom_before, disk_before), (b"", totals[1]), (b"", totals[2]), truncated
+                    )
                 )
             finally:
                 if getter is not None and not getter.done():
@@ -168,11 +174,14 @@ class ExecManager:
         self.metrics.execs.labels(sandbox.backend).inc()
         return runtime.start_process(argv, env=env, cwd=spec.cwd, stdin=spec.stdin, user=spec.user)
 
-    def _outcome(self, sandbox, proc, exit: ProcessExit, oom_before: int, out, err, truncated) -> ExecOutcome:
+    def _outcome(self, sandbox, proc, exit: ProcessExit, before: tuple[int, int], out, err, truncated) -> ExecOutcome:
+        """`before`: the sandbox's OOM kills and disk cap kills when the command started."""
+        oom_before, disk_before = before
         oom = proc.cgroup is not None and proc.oom_kills() + _sandbox_ooms(sandbox) > oom_before
+        disk_killed = bool(exit.signal) and sandbox.runtime.disk_kills() > disk_before
         if exit.timed_out:
             self.metrics.exec_timeouts.labels(sandbox.backend).inc()
-        return ExecOutcome(exit, oom, out[0], err[0], truncated, out[1], err[1])
+        return ExecOutcome(exit, oom, out[0], err[0], truncated, out[1], err[1], disk_killed)
 
 
 def _sandbox_ooms(sandbox: Sandbox) -> int:

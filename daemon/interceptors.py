@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError
 
-from corral.sdk.errors import InvalidArgument
+from corral.sdk.errors import InvalidArgument, PermissionDenied
 
-from .callers import Caller, calling_as
+from .callers import NODE_RPCS, Caller, calling_as, node_refusal
 from .metrics import Metrics
 
 Guard = Callable[[str, grpc.aio.ServicerContext], contextlib.AbstractAsyncContextManager[None]]
@@ -139,13 +139,18 @@ def bearer_token_guard(tokens: Collection[str]) -> Guard:
     return guard
 
 
-def caller_guard(caller_of: CallerOf) -> Guard:
+def caller_guard(caller_of: CallerOf, admin_group: str = "") -> Guard:
     """Serves each call as its caller (callers.py), which `caller_of` tells from the call; an
-    error it raises is the call's answer (so this guard comes after map_errors)."""
+    error it raises is the call's answer (so this guard comes after map_errors). A call of one
+    of NODE_RPCS by a caller who is not the node's operator is refused (PERMISSION_DENIED naming
+    `admin_group`, daemon.admin_group)."""
 
     @contextlib.asynccontextmanager
     async def guard(method: str, context: grpc.aio.ServicerContext):
-        with calling_as(caller_of(context)):
+        caller = caller_of(context)
+        if method in NODE_RPCS and not caller.may_change_node():
+            raise PermissionDenied(node_refusal(method, admin_group))
+        with calling_as(caller):
             yield
 
     return guard

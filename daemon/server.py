@@ -230,7 +230,12 @@ class Daemon:
         # (anyone who can reach the port, token or not) can neither exhaust the connections nor
         # the file descriptors that the socket's callers need (see tcp_options).
         self.server = self._make_server(
-            [metrics_guard(self.metrics), map_errors, caller_guard(self.unix_caller_of)], BASE_OPTIONS
+            [
+                metrics_guard(self.metrics),
+                map_errors,
+                caller_guard(self.unix_caller_of, self.config.daemon.admin_group),
+            ],
+            BASE_OPTIONS,
         )
         _claim_socket(self.socket_path)  # (first: a daemon that serves there keeps its front)
         mode = int(self.config.daemon.socket_mode, 8)

@@ -113,6 +113,8 @@ class TurnResult:
     shell_restarted: bool
     stderr: bytes | None = None  # only when asked for apart
     stderr_total: int = 0
+    # The daemon killed the sandbox's processes, the shell's among them, for its disk cap.
+    disk_cap_killed: bool = False
 
 
 class _Relabeled:
@@ -490,6 +492,7 @@ class ShellSession:
         if terminal is None:  # close() ran while the shell restarted
             raise FailedPrecondition(f"shell {self.name!r} was closed")
         started = time.monotonic()
+        disk_kills = self.runtime.disk_kills()
         terminal.reset()
         self._write_command(self._command_text(command))
         stderr = None
@@ -554,6 +557,7 @@ class ShellSession:
             shell_restarted=restarted,
             stderr=None if stderr is None else _captured(stderr.buffer),
             stderr_total=0 if stderr is None else stderr.buffer.total,
+            disk_cap_killed=exit_code >= 128 and self.runtime.disk_kills() > disk_kills,
         )
 
     async def _wait_turn_or_exit(self, turn: _Turn, terminal: Terminal) -> str:

@@ -578,6 +578,7 @@ def exec_result_from_proto(response: pb.ExecResponse) -> ExecResult:
         duration_ms=status.duration_ms,
         stdout_total_bytes=response.stdout_total_bytes,
         stderr_total_bytes=response.stderr_total_bytes,
+        disk_cap_killed=status.disk_cap_killed,
     )
 
 
@@ -600,6 +601,7 @@ def exec_event_from_proto(response: pb.ExecStreamResponse) -> ExecEvent:
             duration_ms=exited.status.duration_ms,
             stdout_total_bytes=exited.stdout_total_bytes,
             stderr_total_bytes=exited.stderr_total_bytes,
+            disk_cap_killed=exited.status.disk_cap_killed,
         )
     raise ProtocolError("ExecStream sent an event with none of started/output/keepalive/exited set")
 
@@ -727,6 +729,7 @@ def shell_result_from_proto(response: shell_pb.RunInShellResponse) -> ShellResul
         output_plain=response.output_plain if response.HasField("output_plain") else None,
         stderr=response.stderr if response.HasField("stderr") else None,
         stderr_total_bytes=response.stderr_total_bytes,
+        disk_cap_killed=response.disk_cap_killed,
     )
 
 

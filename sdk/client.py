@@ -519,8 +519,8 @@ class AsyncSandbox:
         now: its image, limits, env, user and labels (plus `labels`, "corral.fork.generation" and
         "corral.fork.parent"). Running processes are not copied; this sandbox keeps running. All
         or none: a failed fork raises and leaves no child. Local and docker backends with
-        storage = "btrfs", and singularity (a copy, reflinked where the filesystem can);
-        FailedPrecondition elsewhere. `lease_ttl_s`: a lease for
+        storage = "btrfs", and singularity and a local daemon without root (a copy, reflinked
+        where the filesystem can); FailedPrecondition elsewhere. `lease_ttl_s`: a lease for
         each child, as create_sandbox's (None: none; this sandbox's lease is not inherited). The
         node admits a fork as `count` creates: ResourceExhausted (with `retry_after_s` for its
         caps) past them; Unavailable while it drains."""

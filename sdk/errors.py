@@ -308,6 +308,8 @@ def _describe_failure(result: ExecResult | ShellResult) -> str:
             what = f"timed out after {result.duration_ms} ms"
     elif exec_result is not None and exec_result.oom_killed:
         what = f"was killed by the out-of-memory killer (exit code {result.exit_code})"
+    elif result.disk_cap_killed:
+        what = f"was killed for the sandbox's writes past its disk cap (exit code {result.exit_code})"
     elif exec_result is not None and exec_result.signal:
         what = f"was killed by signal {exec_result.signal}"
     else:

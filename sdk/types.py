@@ -121,6 +121,9 @@ class ExecResult:
     duration_ms: int
     stdout_total_bytes: int
     stderr_total_bytes: int
+    # The daemon killed the sandbox's processes, this command's among them, for writing past a
+    # disk cap it watches (a daemon without root: docs/local-backend.md, "Limits without root").
+    disk_cap_killed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -172,6 +175,7 @@ class ExecExited:
     duration_ms: int
     stdout_total_bytes: int
     stderr_total_bytes: int
+    disk_cap_killed: bool = False
 
 
 ExecEvent = ExecStarted | ExecOutput | ExecKeepalive | ExecExited
@@ -322,6 +326,9 @@ class ShellResult:
     # Capped like `output` (`truncated` covers both).
     stderr: bytes | None = None
     stderr_total_bytes: int = 0
+    # The daemon killed the sandbox's processes, this command's among them, for writing past a
+    # disk cap it watches (as ExecResult.disk_cap_killed).
+    disk_cap_killed: bool = False
 
     @property
     def ok(self) -> bool:

@@ -253,6 +253,11 @@ class SandboxRuntime(abc.ABC):
             raise FailedPrecondition("the sandbox's files are not reachable (it is starting or stopping)")
         return self.files
 
+    def disk_kills(self) -> int:
+        """Times the daemon killed the sandbox's processes for writing past its disk cap (a
+        watched cap: local/diskwatch.py); a command that sees it grow was among them."""
+        return 0
+
     @abc.abstractmethod
     def shell_argv(self, script: str) -> list[str]:
         """argv that runs a shell string with the sandbox's shell."""

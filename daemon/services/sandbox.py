@@ -172,6 +172,7 @@ def exit_status(outcome: ExecOutcome) -> pb.ExitStatus:
         timed_out=e.timed_out,
         oom_killed=outcome.oom_killed,
         duration_ms=e.duration_ms,
+        disk_cap_killed=outcome.disk_cap_killed,
     )
 
 

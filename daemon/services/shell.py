@@ -73,6 +73,7 @@ class ShellServicer(shell_pb2_grpc.ShellServiceServicer):
             output_total_bytes=result.output_total,
             duration_ms=result.duration_ms,
             shell_restarted=result.shell_restarted,
+            disk_cap_killed=result.disk_cap_killed,
         )
         if plain is not None:
             response.output_plain = plain

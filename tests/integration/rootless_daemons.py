@@ -100,24 +100,29 @@ class RootlessDaemon:
                 os.chown(path, user.pw_uid, user.pw_gid)
         self.boot = boot
 
-    def start(self, name: str, cgroup: Path | None = None) -> DaemonProcess:
+    def start(self, name: str, cgroup: Path | None = None, config: str = "") -> DaemonProcess:
         """A daemon with its socket and state under root/name (the same name: the same state),
-        started in `cgroup` (a cgroup v2 directory) when one is given."""
+        started in `cgroup` (a cgroup v2 directory) when one is given, with `config` (TOML) as
+        its configuration."""
         home = self.root / name
         if not home.exists():
             home.mkdir(mode=0o755)
             if os.geteuid() == 0:
                 os.chown(home, self.user.pw_uid, self.user.pw_gid)
+        extra: list[str] = []
+        if config:
+            (home / "corral.toml").write_text(config)
+            extra = ["--config", str(home / "corral.toml")]
         env = [f"HOME={home}", f"TMPDIR={home}", f"PYTHONPATH={self.boot}"]
         prefix = [*as_user(self.user), "env", *env]
         if cgroup is not None:  # (joined before the user changes: the cgroup's parent may be root's)
             prefix = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *prefix]
-        return DaemonProcess(home, prefix=prefix, python=self.python).start(timeout=60)
+        return DaemonProcess(home, *extra, prefix=prefix, python=self.python).start(timeout=60)
 
     @contextlib.contextmanager
-    def running(self, name: str) -> Iterator[DaemonProcess]:
-        """start(name), stopped at the end of the block."""
-        daemon = self.start(name)
+    def running(self, name: str, config: str = "") -> Iterator[DaemonProcess]:
+        """start(name, config=config), stopped at the end of the block."""
+        daemon = self.start(name, config=config)
         try:
             yield daemon
         finally:

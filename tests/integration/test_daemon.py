@@ -110,6 +110,11 @@ def test_named_tcp_tokens_are_callers_of_their_own(tmp_path):
                 assert carol.get_sandbox(sb.id).exec(["echo", "seen"], timeout=10).stdout == b"seen\n"
             with Client(address, token="alice") as name_is_no_token, pytest.raises(errors.Unauthenticated):
                 name_is_no_token.list_sandboxes()
+            # What changes the node: not a named token's holder's, unless an admin's.
+            with pytest.raises(errors.PermissionDenied, match="changes the node"):
+                bob.rollouts.set_policy_version(3)
+            carol.rollouts.set_policy_version(3)
+            single.rollouts.set_policy_version(4)
     finally:
         d.stop()
 

@@ -59,8 +59,10 @@ def test_node_info_says_rootless(client):
     assert "ROOTLESS" in local.detail
     assert "overlayfs" in local.detail or "copy" in local.detail
     limits = {limit.kind: limit for limit in local.limits}
-    # Nothing is claimed that an ordinary user cannot enforce (test_rootless_limits.py checks each).
-    assert not limits["disk"].enforced
+    # Nothing is claimed that an ordinary user cannot enforce (test_rootless_limits.py checks each):
+    # the disk only where a capped tmpfs holds it, for small caps (the probe tried one).
+    assert limits["disk"].enforced == ("size-capped tmpfs" in limits["disk"].mechanism), limits["disk"]
+    assert "watcher" in limits["disk"].mechanism, limits["disk"]
     for kind in ("memory", "pids", "cpu"):
         assert limits[kind].enforced == ("cgroup" in limits[kind].mechanism), limits[kind]
 

@@ -1,7 +1,8 @@
 """Limits of the local backend without root (docs/local-backend.md, "Without root"): a daemon run
 as an unprivileged user (test_rootless.py's helpers) holds each limit in a cgroup its user was
-delegated, else by an rlimit standing in for it (daemon/backends/local/rlimits.py), and says
-which in GetNodeInfo. Each test asserts what the node's status claims, then that it holds.
+delegated, else by an rlimit standing in for it (daemon/backends/local/rlimits.py), the disk in
+a capped tmpfs or by a watcher (diskwatch.py), and says which in GetNodeInfo and each sandbox's
+limit_status. Each test asserts what the node's status claims, then that it holds.
 
 The delegated case needs root to make the user a cgroup v2 subtree (as systemd's Delegate=yes
 does: the directory and its cgroup.procs, cgroup.subtree_control and cgroup.threads given to the
@@ -123,33 +124,84 @@ def test_pids_limit_counts_per_sandbox(client):
         assert 8 <= int(forked.stdout) < 24, forked
 
 
-def test_file_size_limit(client):
-    limit = _local_limits(client)["disk"]
-    if not (limit.enforced or limit.approximated):
-        pytest.skip(f"no disk limit on this node: {limit.reason}")
-    with client.create_sandbox(image="host", disk_bytes=32 * MiB) as sb:
-        write = f"""
-import errno
+# Writes 1 MiB at a time to the file argv[1] until argv[2] MiB or a failure, and prints the
+# error's name (nothing when every write went through).
+WRITE_UNTIL_REFUSED = """
+import errno, sys
 try:
-    with open('/tmp/big', 'wb') as fh:
-        for _ in range(48):
-            fh.write(b'x' * {MiB})
+    with open(sys.argv[1], 'wb') as fh:
+        for _ in range(int(sys.argv[2])):
+            fh.write(b'x' * (1 << 20))
             fh.flush()
 except OSError as err:
     print(errno.errorcode[err.errno])
 """
-        failed = sb.exec(["python3", "-c", write], timeout=60)
-        assert failed.stdout.strip() in (b"EFBIG", b"ENOSPC", b"EDQUOT"), failed
-        # A shell's command that writes past it fails (killed by SIGXFSZ under the rlimit, as
-        # under `ulimit -f`; ENOSPC under a cap), and the shell lives on.
+
+
+def _disk_status(sandbox):
+    return next(limit for limit in sandbox.refresh().limit_status if limit.kind == "disk")
+
+
+def test_a_small_disk_cap_is_a_capped_tmpfs(client, limits_daemon):
+    """A cap up to local.rootless_tmpfs_max_bytes: the root's writable layer, the workspace and
+    /tmp together on a capped tmpfs, where a write past the cap fails with ENOSPC."""
+    if not _local_limits(client)["disk"].enforced:
+        pytest.skip(f"no capped tmpfs on this node: {_local_limits(client)['disk'].reason}")
+    with client.create_sandbox(image="host", disk_bytes=32 * MiB) as sb:
+        status = _disk_status(sb)
+        assert status.enforced and "size-capped tmpfs" in status.mechanism, status
+        # Under the cap everything works, and the three places draw on one cap.
+        r = sb.exec(
+            "head -c 10M /dev/zero > /tmp/a && head -c 10M /dev/zero > w && head -c 10M /dev/zero > /usr/c && echo ok",
+            timeout=60,
+        )
+        assert r.stdout == b"ok\n", r
+        for path in ("/tmp/big", "/workspace/big", "/opt-big"):
+            failed = sb.exec(["python3", "-c", WRITE_UNTIL_REFUSED, path, "48"], timeout=60)
+            assert failed.stdout.strip() == b"ENOSPC", (path, failed)
+            sb.exec(["rm", "-f", path], timeout=30)
+        # A shell's command that writes past it fails with ENOSPC (no signal), and the shell lives on.
         shell = sb.shell("main")
         turn = shell.run("head -c 40M /dev/zero > /tmp/other; echo rc=$?", timeout=60)
-        assert turn.output.endswith(b"rc=153\n" if limit.approximated else b"rc=1\n"), turn.output
-        assert shell.run("echo alive", timeout=30).output == b"alive\n"
-        if limit.approximated:
-            # Per file: two files under the cap each are not refused.
-            both = sb.exec("head -c 24M /dev/zero > /tmp/a && head -c 24M /dev/zero > /tmp/b && echo ok", timeout=60)
-            assert both.stdout == b"ok\n", both
+        assert b"No space left on device" in turn.output and turn.output.endswith(b"rc=1\n"), turn.output
+        assert shell.run("rm /tmp/other /tmp/a w /usr/c && echo alive", timeout=30).output == b"alive\n"
+        # Removing files gives the space back.
+        again = sb.exec(["python3", "-c", WRITE_UNTIL_REFUSED, "/tmp/again", "24"], timeout=60)
+        assert again.exit_code == 0 and again.stdout == b"", again
+        # None of it is on the host's disk: the tmpfs covers the sandbox's directory only in the
+        # sandbox's own mount namespace.
+        assert not list((limits_daemon.state_dir / "sandboxes" / sb.id).rglob("again"))
+
+
+def test_a_large_disk_cap_is_watched(rootless):
+    """A cap above local.rootless_tmpfs_max_bytes: the daemon sums the sandbox's writable
+    directories and, past the cap, kills its processes, saying so in the command's result; the
+    sandbox lives on, and once under the cap again its commands run."""
+    from corral.sdk import Client
+
+    with (
+        rootless.running("watched", config="[local]\nrootless_tmpfs_max_bytes = 0\n") as daemon,
+        Client(daemon.address) as c,
+    ):
+        assert _local_limits(c)["disk"].approximated
+        with c.create_sandbox(image="host", disk_bytes=32 * MiB) as sb:
+            status = _disk_status(sb)
+            assert status.approximated and "watcher" in status.mechanism, status
+            assert sb.exec("head -c 20M /dev/zero > /tmp/a && sleep 3 && echo ok", timeout=60).stdout == b"ok\n"
+            # Two files under RLIMIT_FSIZE each, past the cap together; the command then waits.
+            r = sb.exec("head -c 20M /dev/zero > /usr/b; sleep 30; echo survived", timeout=60)
+            assert r.disk_cap_killed and r.signal == 9 and not r.timed_out and b"survived" not in r.stdout, r
+            assert sb.exec("rm /tmp/a /usr/b && sleep 3 && echo ok", timeout=60).stdout == b"ok\n"
+            # A shell turn says so too; its shell was among the processes, and starts afresh.
+            shell = sb.shell("main")
+            shell.run("export KEPT=1")
+            turn = shell.run("head -c 40M /dev/zero > /tmp/a; head -c 20M /dev/zero > /tmp/b; sleep 30", timeout=60)
+            assert turn.disk_cap_killed and turn.shell_restarted and not turn.timed_out, turn
+            assert shell.run("echo kept=$KEPT; rm /tmp/a /tmp/b", timeout=30).output == b"kept=\n"
+            # One file past the cap is stopped at once by RLIMIT_FSIZE (SIGXFSZ, as under
+            # `ulimit -f`), before any sum (removed at once, before the next one).
+            r = sb.exec("head -c 40M /dev/zero > /tmp/big; echo rc=$?; rm /tmp/big", timeout=60)
+            assert r.stdout == b"rc=153\n" and b"File size limit exceeded" in r.stderr, r
 
 
 # -- a delegated cgroup v2 subtree ---------------------------------------------------------------

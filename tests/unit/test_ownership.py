@@ -29,7 +29,7 @@ from corral.daemon.peer_front import PeerCredentials, PeerFront, caller_of
 from corral.daemon.server import Daemon, listen_on_socket
 from corral.daemon.testing import FakeBackend, callers_by_token, fake_backends
 from corral.sdk import AsyncClient
-from corral.sdk.errors import NotFound, Unavailable, socket_access_hint
+from corral.sdk.errors import NotFound, PermissionDenied, Unavailable, socket_access_hint
 from tests.ownership_probes import PROBES, Target, not_found_details, probe_all
 
 
@@ -127,6 +127,40 @@ async def test_snapshot_names_and_idempotency_keys_are_each_callers_own() -> Non
         assert [s.sandbox_id for s in await alice.list_snapshots()] == [first.id]
 
 
+@pytest.mark.parametrize("admin_group", ["", grp.getgrgid(0).gr_name])
+async def test_only_the_nodes_operator_changes_the_node(admin_group: str) -> None:
+    """Drain, the LLM servers and the policy version are every user's: a caller who is neither
+    root nor in daemon.admin_group is refused, told which group to join; reads stay open."""
+    config = Config()
+    config.daemon.admin_group = admin_group
+    changes = {
+        "Drain": lambda c: c.drain(True),
+        "RegisterLLM": lambda c: c.rollouts.register_llm("http://127.0.0.1:9"),
+        "RemoveLLM": lambda c: c.rollouts.remove_llm("http://127.0.0.1:9"),
+        "SetPolicyVersion": lambda c: c.rollouts.set_policy_version(3),
+    }
+    async with (
+        embedded_daemon(config, backend_classes=fake_backends(), caller_of=callers_by_token) as address,
+        as_user(address, ALICE) as alice,
+        as_user(address, ROOT) as root,
+    ):
+        for method, change in changes.items():
+            with pytest.raises(PermissionDenied) as refused:
+                await change(alice)
+            said = str(refused.value)
+            assert method in said and "daemon.admin_group" in said, said
+            assert (f"group {admin_group!r}" in said) == bool(admin_group), said
+        assert await alice.rollouts.list_llms() == [] and not (await alice.node_info()).draining
+        await alice.rollouts.stats()
+        # Root (an admin) may, and what it did is what everyone sees.
+        await root.rollouts.register_llm("http://127.0.0.1:9")
+        assert await root.rollouts.set_policy_version(3) == 3
+        await root.rollouts.remove_llm("http://127.0.0.1:9")
+        await root.drain(True)
+        assert (await alice.node_info()).draining
+        await root.drain(False)
+
+
 async def test_the_daemons_own_creates_for_a_rollout_are_its_submitters(tmp_path) -> None:
     daemon = Daemon(_config_in(tmp_path), backend_classes=fake_backends())
     await daemon.start()
@@ -191,6 +225,9 @@ def test_who_peer_credentials_make() -> None:
     assert caller_of(PeerCredentials(stranger, 1001, 1001, frozenset({50})), 50).admin
     assert caller_of(PeerCredentials(stranger, 1001, 50, frozenset()), 50).admin
     assert caller_of(PeerCredentials(os.getpid(), 1001, 1001, frozenset()), None).internal
+    # Only admins (and the daemon) may change the node, of the socket's callers.
+    assert not caller_of(PeerCredentials(stranger, 1001, 1001, frozenset()), 50).may_change_node()
+    assert caller_of(PeerCredentials(stranger, 1001, 1001, frozenset({50})), 50).may_change_node()
 
 
 def test_a_peer_that_is_no_connection_of_the_front_has_no_credentials(tmp_path) -> None:

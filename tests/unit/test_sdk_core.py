@@ -47,6 +47,7 @@ from corral.sdk.types import ExecExited, ExecKeepalive, ExecOutput, ExecResult, 
 from corral.v1 import kernel_pb2 as kernel_pb
 from corral.v1 import rollout_pb2 as rollout_pb
 from corral.v1 import sandbox_pb2 as pb
+from corral.v1 import shell_pb2 as shell_pb
 
 # ---- addresses -------------------------------------------------------------------------------
 
@@ -519,6 +520,17 @@ def test_exec_result_from_proto() -> None:
     assert not result.ok
 
 
+def test_a_command_killed_for_the_disk_cap_says_so() -> None:
+    status = pb.ExitStatus(exit_code=137, signal=9, disk_cap_killed=True)
+    assert _core.exec_result_from_proto(pb.ExecResponse(status=status)).disk_cap_killed
+    exited = _core.exec_event_from_proto(pb.ExecStreamResponse(exited=pb.ExecExited(status=status)))
+    assert isinstance(exited, ExecExited) and exited.disk_cap_killed
+    turn = _core.shell_result_from_proto(shell_pb.RunInShellResponse(exit_code=137, disk_cap_killed=True))
+    assert turn.disk_cap_killed
+    with pytest.raises(CommandExitError, match="past its disk cap"):
+        turn.check()
+
+
 def make_result(**fields: Any) -> ExecResult:
     defaults: dict[str, Any] = dict(
         exit_code=0,
@@ -548,6 +560,7 @@ def test_check_passes_ok_results() -> None:
         ({"exit_code": 137, "signal": 9, "timed_out": True, "duration_ms": 5000}, "timed out after 5000 ms"),
         ({"exit_code": 137, "signal": 9}, "killed by signal 9"),
         ({"exit_code": 137, "signal": 9, "oom_killed": True}, "out-of-memory"),
+        ({"exit_code": 137, "signal": 9, "disk_cap_killed": True}, "past its disk cap"),
     ],
 )
 def test_check_raises_with_the_result(fields: dict, phrase: str) -> None:

@@ -22,6 +22,7 @@ stdin, held by the daemon, closes) and the kernel kills every process of the san
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import secrets as tokens
@@ -41,6 +42,7 @@ from ...fsaccess import PASSWD_MAX_BYTES, SandboxFiles, read_passwd
 from ...process import in_cgroup, is_process, read_line
 from ...seccomp import loader_argv, program, supported
 from ...users import INSIDE_ID_COUNT, ROOT, SandboxUser, resolve_user
+from .. import snapshot_store
 from ..base import NOT_ROOT, Backend, BackendStatus, CannotFork, EnterCommand, ForkPoint, ManagedSandbox, SandboxRuntime
 from ..nsenter import HOST_ENV, inside_env, nsenter_argv
 from ..root import (
@@ -64,6 +66,9 @@ from ..storage import (
     snapshot_paused,
 )
 from ..unprivileged import only_root, remove_tree, user_namespace_support
+from . import nsprocs
+from .diskwatch import DiskWatch, rootless_disk_support, sandbox_disk_support, usage_bytes, watcher_mechanism
+from .forkcopy import check_room, copy_writable, has_reflinks, in_own_userns, in_sandbox_userns
 from .images import ImageCache, parse_reference
 from .launch import (
     bwrap_argv,
@@ -74,7 +79,7 @@ from .launch import (
     unshare_argv,
 )
 from .rlimits import STAND_INS, SandboxRlimits
-from .rootless import COPY, OVERLAY, copy_layout, setup_argv, writable_root_kind
+from .rootless import COPY, OVERLAY, TmpfsDisk, copy_layout, setup_argv, writable_root_kind
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +135,10 @@ class LocalSettings:
     storage_bytes: int = 0
     # What named snapshots (SnapshotSandbox) may hold together, counted as the bytes each holds.
     snapshot_store_bytes: int = 64 << 30
+    # A daemon without root caps a sandbox's disk with a size-capped tmpfs (memory) when its
+    # limits.disk_bytes is at most this, else with a watcher that kills its processes past the
+    # cap (docs/local-backend.md, "Limits without root"); 0: the watcher always.
+    rootless_tmpfs_max_bytes: int = 1 << 30
 
     def validate(self) -> None:
         if self.isolation not in ISOLATION_MODES:
@@ -153,6 +162,8 @@ class LocalSettings:
             raise ValueError("snapshot_store_bytes must be 0 (no named snapshots) or positive")
         if self.storage_bytes < 0:
             raise ValueError("storage_bytes must be 0 (the state disk's size) or positive")
+        if self.rootless_tmpfs_max_bytes < 0:
+            raise ValueError("rootless_tmpfs_max_bytes must be 0 (no tmpfs: the watcher) or positive")
 
 
 ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
@@ -452,10 +463,17 @@ class RootlessSandbox(LocalSandbox):
     def __init__(self, backend: LocalBackend, spec, uid: int) -> None:
         super().__init__(backend, spec, uid)
         self.user = self._inside_user(spec.user)
+        limits = spec.limits
+        # Its disk cap: a capped tmpfs where the node has one and the cap is small enough, else
+        # watched (diskwatch.py), with RLIMIT_FSIZE per file besides.
+        self.tmpfs_bytes = limits.disk_bytes if 0 < limits.disk_bytes <= backend.tmpfs_max_bytes else 0
+        self.disk_watch: DiskWatch | None = None
+        disk = sandbox_disk_support(self.tmpfs_bytes, self.limits["disk"], backend.disk_watcher)
+        self.limits = {**self.limits, "disk": disk}
         # The rlimits standing in for the limits no cgroup holds (rlimits.py): set on the init by
         # the root setup step, and on every process that enters by a prefix.
-        limits = spec.limits
-        self.rlimits = backend.rlimits.values(limits.memory_bytes, limits.pids, limits.disk_bytes)
+        fsize = 0 if self.tmpfs_bytes else limits.disk_bytes
+        self.rlimits = backend.rlimits.values(limits.memory_bytes, limits.pids, fsize)
         self.rlimit_prefix = backend.rlimits.prefix(self.rlimits)
 
     def _inside_user(self, user: str) -> SandboxUser:
@@ -502,7 +520,24 @@ class RootlessSandbox(LocalSandbox):
             mounts = (*mounts, *host_paths_over_own_mounts(backend.host_paths, backend.hidden_paths))
         root, layers = self.sandbox_dir / "root", self.sandbox_dir / "layers"
         mountpoints = ("/proc", "/dev", "/tmp", "/run", self.workdir)
-        setup = setup_argv(sys.executable, root, layers, layout, mountpoints, self.rlimits)
+        fork = self.spec.fork
+        disk = TmpfsDisk(self.tmpfs_bytes, fork.path if fork else "") if self.tmpfs_bytes else None
+        if fork is not None and disk is None:
+            # (An OS error, as a node's: a full state disk is RESOURCE_EXHAUSTED.)
+            await asyncio.to_thread(
+                copy_writable,
+                in_own_userns(backend.unshare or "unshare"),
+                Path(fork.path),
+                self.sandbox_dir,
+                self.writable_dirs(),
+            )
+        baseline = 0
+        if self.spec.limits.disk_bytes and disk is None and backend.root_kind == COPY:
+            # (The copied image is the root's writable layer: what it held at the start is not counted.)
+            baseline = await asyncio.to_thread(
+                usage_bytes, in_own_userns(backend.unshare or "unshare"), [str(self.sandbox_dir / "image")]
+            )
+        setup = setup_argv(sys.executable, root, layers, layout, mountpoints, self.rlimits, disk)
         launch_args = (
             root,
             self.sandbox_dir,
@@ -514,7 +549,86 @@ class RootlessSandbox(LocalSandbox):
         argv, pass_fds = self._bwrap_command(bwrap_argv(backend.bwrap, *launch_args, mounts))
         init_cgroup = self.cgroup.leaf("init") if self.cgroup else None
         async with backend.launch_slots:
-            await self._spawn_launcher(in_cgroup([*setup, *argv], init_cgroup), pass_fds)
+            try:
+                await self._spawn_launcher(in_cgroup([*setup, *argv], init_cgroup), pass_fds)
+            except FailedPrecondition as err:
+                if disk is not None and os.strerror(errno.ENOSPC) in str(err):
+                    # A fork point larger than the child's cap: the node's answer, not the request's.
+                    raise diskcap.DiskCapError(errno.ENOSPC, f"the sandbox's disk cap: {err}") from err
+                raise
+        if self.spec.limits.disk_bytes and disk is None:
+            self.disk_watch = DiskWatch(
+                self.spec.sandbox_id,
+                self.spec.limits.disk_bytes,
+                self.in_userns(),
+                self.writable_paths,
+                lambda: self.init_pid,
+                self.alive,
+                baseline,
+            )
+            self.disk_watch.start()
+
+    def writable_dirs(self) -> list[str]:
+        """What the sandbox can write, as directories of its own: its root's writable layer (the
+        overlays' upper directories, or the copied image), the root's own directory on a "host"
+        root (a new top-level directory lies there, beside the overlays' mount points), the
+        workspace and /tmp. What a fork copies and the watcher sums."""
+        own = ["workspace", "tmp"]
+        if self.backend.root_kind == COPY:
+            return [*own, "root" if self.rootfs == "/" else "image"]
+        return [*own, "layers/upper", *(["root"] if self.rootfs == "/" else [])]
+
+    def writable_paths(self) -> list[str]:
+        """writable_dirs as the daemon's user reaches them: through the setup step's mount
+        namespace, in which a capped tmpfs covers the sandbox's directory."""
+        return [f"{self.setup_view()}/{sub}" for sub in self.writable_dirs()]
+
+    def setup_view(self) -> str:
+        """The sandbox's directory as its launcher (bubblewrap's outer process, in the mount
+        namespace the setup step made) sees it."""
+        assert self._launcher is not None
+        return f"/proc/{self._launcher.pid}/root{self.sandbox_dir}"
+
+    def in_userns(self) -> list[str]:
+        """The prefix that runs a host command in the sandbox's user namespace (forkcopy.py)."""
+        assert self.backend.nsenter is not None  # (the probe requires it)
+        return in_sandbox_userns(self.backend.nsenter, self.init_pid)
+
+    def disk_kills(self) -> int:
+        return self.disk_watch.kills if self.disk_watch else 0
+
+    async def shutdown(self) -> None:
+        if self.disk_watch is not None:
+            await self.disk_watch.stop()
+        await super().shutdown()
+
+    def fork_point(self, point: Path) -> ForkPoint:
+        """Pauses the sandbox (its cgroup frozen where one was delegated, else every process of it
+        stopped: nsprocs.py), copies its root's writable layer, workspace and /tmp to `point`
+        (reflinks where the filesystem has them), and resumes it. Nothing is left at `point` when
+        the copy fails; RESOURCE_EXHAUSTED when it would not fit on the state directory's disk."""
+        backend = self.backend
+        if backend.root_kind == COPY:
+            raise CannotFork(
+                "forking sandboxes of a daemon without root needs the kernel's unprivileged overlayfs "
+                '(docs/local-backend.md, "Without root")'
+            )
+        point.mkdir(mode=0o700)
+        try:
+            frozen = bool(self.cgroup) and self.cgroup.freeze(True)  # type: ignore[union-attr]
+            stopped = [] if frozen else nsprocs.stop_all(self.init_pid)
+            try:
+                if not backend.reflinks:
+                    check_room(usage_bytes(self.in_userns(), self.writable_paths()), point.parent)
+                copy_writable(self.in_userns(), Path(self.setup_view()), point, self.writable_dirs())
+            finally:
+                if frozen:
+                    self.cgroup.freeze(False)  # type: ignore[union-attr]
+                nsprocs.resume(stopped)
+        except BaseException:
+            remove_tree(point)
+            raise
+        return ForkPoint(self.spec.sandbox_id, str(point), os.getuid())
 
     def make_file_access(self) -> SandboxFiles:
         """File access through the init's root as the daemon itself (its uid is root inside)."""
@@ -564,6 +678,11 @@ class LocalBackend(Backend):
         # their writable root an overlay where the kernel allows one (probe), else a copy.
         self.rootless = os.geteuid() != 0 and context.settings.isolation != "none"
         self.root_kind = OVERLAY
+        # Rootless: the largest disk cap a capped tmpfs holds (0: none does; the watcher), the
+        # watcher as a limit's mechanism, and whether the state disk has reflinks (forks' copies).
+        self.tmpfs_max_bytes = 0
+        self.disk_watcher = ""
+        self.reflinks: bool | None = None
         self.rlimits = SandboxRlimits(held=set(STAND_INS))  # (none until the rootless probe decides)
         self.launch_slots = asyncio.Semaphore(LAUNCH_SLOTS)
         settings = context.settings
@@ -579,7 +698,17 @@ class LocalBackend(Backend):
             self.seccomp_program = program()
             self.seccomp_prefix = loader_argv(sys.executable, entering=True)
         self._host_secrets: list[str] | None = None
-        self.snapshot_store = SnapshotStore("local.snapshot_store_bytes", settings.snapshot_store_bytes)
+        self.snapshot_store: snapshot_store.SnapshotStore = SnapshotStore(
+            "local.snapshot_store_bytes", settings.snapshot_store_bytes
+        )
+        if self.rootless:
+            # Copies under the state directory (forkcopy.py), each counted as the disk it takes.
+            self.snapshot_store = snapshot_store.SnapshotStore(
+                "local.snapshot_store_bytes",
+                settings.snapshot_store_bytes,
+                lambda point: usage_bytes(in_own_userns(self.unshare or "unshare"), [str(point)]),
+                remove_tree,
+            )
         self.pool = node_pool(context.state_dir, settings.storage_bytes) if settings.storage == "btrfs" else None
         super().__init__(context)
 
@@ -645,7 +774,7 @@ class LocalBackend(Backend):
     def _probe_rootless(self, limits: dict[str, LimitSupport], missing: list[str]) -> BackendStatus:
         """The status of a daemon that is not root: bubblewrap in a user namespace of the daemon's
         user (rootless.py), limits in cgroups where the user was delegated some, else rlimits
-        standing in for them (rlimits.py), no disk cap."""
+        standing in for them (rlimits.py), the disk capped by a tmpfs or watched (diskwatch.py)."""
         self.pool = None  # (the btrfs pool needs root to mount)
         self.rlimits = SandboxRlimits(held={kind for kind, limit in limits.items() if limit.enforced})
         limits = self.rlimits.report(limits)
@@ -662,11 +791,15 @@ class LocalBackend(Backend):
             limits["wall_clock"] = LimitSupport(
                 True, "process group kill and its descendants' (no cgroup: a process that left the tree is missed)"
             )
-        self.root_kind, why_not_overlay = writable_root_kind()
+        writable = writable_root_kind()
+        self.root_kind = writable.root_kind
+        self.tmpfs_max_bytes = self.settings.rootless_tmpfs_max_bytes if not writable.why_not_tmpfs else 0
+        self.disk_watcher = watcher_mechanism(limits["disk"])
+        limits["disk"] = rootless_disk_support(self.tmpfs_max_bytes, writable.why_not_tmpfs, self.disk_watcher)
         root = (
             "writable root: the kernel's unprivileged overlayfs over the image"
             if self.root_kind == OVERLAY
-            else f"writable root: a copy of a directory image, the host's system read-only (no unprivileged overlayfs: {why_not_overlay})"
+            else f"writable root: a copy of a directory image, the host's system read-only (no unprivileged overlayfs: {writable.why_not_overlay})"
         )
         users = (
             f"ROOTLESS (the daemon is uid {os.getuid()}): root inside a user namespace mapped to the "
@@ -729,6 +862,22 @@ class LocalBackend(Backend):
             raise InvalidArgument(f"local image {image} is not a directory")
         return os.path.realpath(image)
 
+    def fork_points(self) -> Path:
+        """Where a daemon without root keeps fork points until their children exist."""
+        return self.context.state_dir / "forks" / self.name
+
+    def snapshots(self) -> Path:
+        """Where a daemon without root keeps named snapshots (until deleted or its next start)."""
+        return self.context.state_dir / "snapshots" / self.name
+
+    async def _copy_point(self, sandbox: SandboxRuntime, point: Path) -> ForkPoint:
+        """A rootless sandbox's fork point: a copy at `point` (forkcopy.py)."""
+        assert isinstance(sandbox, RootlessSandbox)
+        point.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        if self.reflinks is None:  # (tried at the first fork: a probe makes nothing)
+            self.reflinks = await asyncio.to_thread(has_reflinks, point.parent)
+        return await asyncio.to_thread(sandbox.fork_point, point)
+
     def _forkable(self, sandbox: SandboxRuntime) -> tuple[StoragePool, LocalSandbox]:
         if self.pool is None or not isinstance(sandbox, LocalSandbox) or sandbox.subvolume is None:
             raise CannotFork(
@@ -738,17 +887,27 @@ class LocalBackend(Backend):
         return self.pool, sandbox
 
     async def fork_point(self, sandbox: SandboxRuntime) -> ForkPoint:
+        if self.rootless:
+            assert isinstance(sandbox, RootlessSandbox)
+            return await self._copy_point(
+                sandbox, self.fork_points() / f"{sandbox.spec.sandbox_id}-{tokens.token_hex(4)}"
+            )
         pool, local = self._forkable(sandbox)
         point = pool.forks / f"{local.spec.sandbox_id}-{tokens.token_hex(4)}"
         return await asyncio.to_thread(local.fork_point, point)
 
     async def keep_snapshot(self, sandbox: SandboxRuntime, name: str) -> tuple[ForkPoint, int]:
-        pool, local = self._forkable(sandbox)
-        point = await asyncio.to_thread(local.fork_point, pool.snapshots / name)
-        return point, await asyncio.to_thread(self.snapshot_store.admit, Path(point.path), local.spec.sandbox_id)
+        if self.rootless:
+            point = await self._copy_point(sandbox, self.snapshots() / name)
+        else:
+            pool, local = self._forkable(sandbox)
+            point = await asyncio.to_thread(local.fork_point, pool.snapshots / name)
+        return point, await asyncio.to_thread(self.snapshot_store.admit, Path(point.path), point.source_id)
 
     async def drop_fork_point(self, point: ForkPoint) -> None:
-        await asyncio.to_thread(self.snapshot_store.drop, Path(point.path))
+        path = Path(point.path)
+        if not self.rootless or path.parent in (self.fork_points(), self.snapshots()):
+            await asyncio.to_thread(self.snapshot_store.drop, path)
 
     async def check_image(self, image: str) -> None:
         source = parse_reference(image)
@@ -767,6 +926,10 @@ class LocalBackend(Backend):
             await asyncio.to_thread(unmount_root, sandbox_dir)
 
     async def reap_orphans(self) -> None:
+        if self.rootless:
+            # A killed daemon's fork points and named snapshots (no snapshot outlives its daemon).
+            for kept in (self.fork_points(), self.snapshots()):
+                await asyncio.to_thread(remove_tree, kept)
         for group in self.context.cgroups.existing_groups():
             await asyncio.to_thread(group.kill)
             await asyncio.to_thread(group.remove)

@@ -15,8 +15,8 @@ namespace, which root inside lacks.
   sandbox's processes and threads alone, as pids.max counts them. Before 5.14 it counted every
   process of the daemon's uid on the host (the daemon, every sandbox, the user's login), which
   would fail sandboxes for what others run: there it is left out.
-- disk: RLIMIT_FSIZE, the size of each file written: no single file past the cap, the files
-  together uncapped. A write past it sends the writer SIGXFSZ, which kills it ("File size limit
+- disk, where the cap is watched (diskwatch.py; a capped tmpfs needs no rlimit): RLIMIT_FSIZE,
+  the size of each file written: no single file past the cap between two of the watcher's sums. A write past it sends the writer SIGXFSZ, which kills it ("File size limit
   exceeded", as under `ulimit -f`), and fails with EFBIG ("File too large") in a program that
   ignores the signal (Python does). Sandbox programs get the signal's default as any program does
   (seccomp.py's loader resets it), so it is not ignored for them here either.

@@ -9,8 +9,11 @@ copy of a directory image the daemon made beforehand) and execs bubblewrap, whic
 that user namespace, makes the pid, ipc, uts and net namespaces as it does for a root daemon,
 binds the root at / and starts the sandbox's init. Commands enter with nsenter, user namespace
 included, as the daemon's own uid (the namespace's owner may). Cgroups only where the user was
-delegated some, rlimits for the limits they do not hold (rlimits.py), no per-sandbox filesystem:
-the backend's status says so.
+delegated some, rlimits for the limits they do not hold (rlimits.py). The disk cap: a size-capped
+tmpfs the setup step mounts over the sandbox's directory in that mount namespace (an ordinary user
+may, in a user namespace of its own), holding the overlay's writable layer, the workspace and
+/tmp, for caps up to local.rootless_tmpfs_max_bytes; past that, or without an overlay, the
+daemon watches the sandbox's writable directories instead (diskwatch.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..root import RootMount
@@ -35,7 +39,11 @@ COPY = "copy"
 # kernel counts RLIMIT_NPROC in it), then argv[2:] exec'd (bubblewrap, as root of the new user
 # namespace; SIGXFSZ stays ignored, as Python leaves it, across the exec). Every path reaches
 # the overlay's options as /proc/self/fd/N, so commas or colons in them cannot change the options.
-# With --probe it only tries an overlay in a scratch directory and says which kind works.
+# With spec["disk"] it first mounts a size-capped tmpfs over the sandbox's directory (there, not
+# on the host: the daemon reaches it through /proc/<launcher>/root) and makes the directories the
+# root, the workspace and /tmp need in it, copying a fork point's into them ("seed"). With --probe
+# it only tries an overlay in a scratch directory, then one whose writable layer is on a capped
+# tmpfs, and says which work.
 ROOT_SETUP = r"""
 import ctypes, json, os, resource, signal, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -98,6 +106,17 @@ def build(spec):
     for path in spec["mountpoints"]:
         os.makedirs(root + path, exist_ok=True)
 
+def capped_disk(sandbox, size, seed):
+    mount("corral-disk", sandbox, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0711")
+    for sub, mode in (("workspace", 0o755), ("tmp", 0o1777), ("root", 0o755), ("layers", 0o700)):
+        os.mkdir(f"{sandbox}/{sub}")
+        os.chmod(f"{sandbox}/{sub}", mode)
+    if seed:
+        import subprocess
+        done = subprocess.run(["cp", "-a", "--", f"{seed}/.", sandbox], capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"cannot copy the fork point: {done.stderr.strip()}")
+
 def set_rlimits(values):
     for name, value in values.items():
         resource.setrlimit(getattr(resource, "RLIMIT_" + name.upper()), (value, value))
@@ -108,7 +127,12 @@ if sys.argv[1] == "--probe":
     for d in ("lower", "upper", "work", "merged"):
         os.mkdir(f"{scratch}/{d}")
     overlay(f"{scratch}/lower", f"{scratch}/merged", f"{scratch}/upper", f"{scratch}/work")
-    print("overlay")
+    print("overlay", flush=True)
+    os.mkdir(f"{scratch}/capped")
+    capped_disk(f"{scratch}/capped", 1 << 24, "")
+    overlay(f"{scratch}/lower", f"{scratch}/capped/root", f"{scratch}/capped/layers/upper", f"{scratch}/capped/layers/work")
+    os.mkdir(f"{scratch}/capped/root/made")
+    print("tmpfs")
     sys.exit(0)
 # Dies with the daemon (bubblewrap's --die-with-parent takes over after the exec).
 libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -116,6 +140,8 @@ if os.getppid() == 1:
     sys.exit("the daemon is gone")
 enter_namespaces()
 spec = json.loads(sys.argv[1])
+if spec["disk"]:
+    capped_disk(spec["disk"]["dir"], spec["disk"]["bytes"], spec["disk"]["seed"])
 build(spec)
 set_rlimits(spec["rlimits"])
 os.execv(sys.argv[2], sys.argv[2:])
@@ -129,12 +155,15 @@ def setup_argv(
     layout: Sequence[RootMount],
     mountpoints: Sequence[str],
     rlimits: Mapping[str, int] | None = None,
+    disk: TmpfsDisk | None = None,
 ) -> list[str]:
     """The command prefix that builds the root in fresh user and mount namespaces, sets `rlimits`
     (by prlimit's names: as, nproc, fsize) and execs what follows it. `layout` holds the root's
     mounts (overlay, link, dir, bind, hide; masks are left out: root inside is the daemon's own
-    uid, and reads no more of the host than it could)."""
+    uid, and reads no more of the host than it could). `disk`: the capped tmpfs the sandbox's
+    directory (the parent of `root` and `layers`) gets first, where it has one."""
     spec = {
+        "disk": {"dir": str(root.parent), "bytes": disk.size_bytes, "seed": disk.seed} if disk else None,
         "root": str(root),
         "layers": str(layers),
         "mounts": [(m.kind, m.src, m.dst) for m in layout if m.kind != "mask"],
@@ -144,10 +173,29 @@ def setup_argv(
     return [python, "-I", "-S", "-c", ROOT_SETUP, json.dumps(spec)]
 
 
-def writable_root_kind(python: str = sys.executable) -> tuple[str, str]:
-    """(OVERLAY or COPY, why not an overlay): whether this kernel lets the daemon's user mount an
-    overlayfs in a user namespace of its own (Linux 5.11 and later, unless a distribution turned
-    it off). Tried, not guessed from the version."""
+@dataclass(frozen=True)
+class TmpfsDisk:
+    """A sandbox's capped tmpfs: its size, and the fork point whose copy it starts with ("": none)."""
+
+    size_bytes: int
+    seed: str = ""
+
+
+@dataclass(frozen=True)
+class Writable:
+    """How this node gives rootless sandboxes a writable root (OVERLAY or COPY, and why not an
+    overlay), and whether their writable space can be a capped tmpfs (why not, where not)."""
+
+    root_kind: str
+    why_not_overlay: str = ""
+    why_not_tmpfs: str = ""
+
+
+def writable_root_kind(python: str = sys.executable) -> Writable:
+    """Whether this kernel lets the daemon's user mount an overlayfs in a user namespace of its
+    own (Linux 5.11 and later, unless a distribution turned it off), and one whose writable layer
+    is on a size-capped tmpfs (user.* extended attributes on tmpfs, which overlayfs's userxattr
+    needs: Linux 6.6 and later). Tried, not guessed from the version."""
     with tempfile.TemporaryDirectory(prefix="corral-rootless-probe-") as scratch:
         try:
             done = subprocess.run(
@@ -158,10 +206,13 @@ def writable_root_kind(python: str = sys.executable) -> tuple[str, str]:
                 stdin=subprocess.DEVNULL,
             )
         except (OSError, subprocess.SubprocessError) as err:
-            return COPY, str(err)
-        if done.returncode == 0 and done.stdout.strip() == OVERLAY:
-            return OVERLAY, ""
-        return COPY, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+            return Writable(COPY, str(err), "no overlay")
+        said = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+        if done.stdout.split() == [OVERLAY, "tmpfs"] and done.returncode == 0:
+            return Writable(OVERLAY)
+        if done.stdout.split()[:1] == [OVERLAY]:
+            return Writable(OVERLAY, why_not_tmpfs=f"no overlay over a capped tmpfs: {said}")
+        return Writable(COPY, said, "no overlay")
 
 
 def copy_layout(layout: Sequence[RootMount], copy_dir: Path) -> list[RootMount]:

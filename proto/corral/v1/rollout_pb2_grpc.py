@@ -82,7 +82,9 @@ class RolloutServiceServicer:
 
     def RegisterLLM(self, request, context):
         """Adds an LLM server to the pool the agent loop generates from. ALREADY_EXISTS if the address
-        is registered; INVALID_ARGUMENT for an unusable address or protocol.
+        is registered; INVALID_ARGUMENT for an unusable address or protocol. On a shared daemon, a
+        caller who is neither root nor in daemon.admin_group: PERMISSION_DENIED (as RemoveLLM and
+        SetPolicyVersion: they change the node for every user).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -90,7 +92,7 @@ class RolloutServiceServicer:
 
     def RemoveLLM(self, request, context):
         """Takes an LLM server out of the pool: no new requests go to it; requests in flight finish.
-        NOT_FOUND for an unknown address.
+        NOT_FOUND for an unknown address; PERMISSION_DENIED as RegisterLLM.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -106,6 +108,7 @@ class RolloutServiceServicer:
     def SetPolicyVersion(self, request, context):
         """Sets the trainer's current policy (weight) version, against which staleness is measured.
         Versions only move forward: FAILED_PRECONDITION for a version lower than the current one.
+        PERMISSION_DENIED as RegisterLLM.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -373,18 +373,20 @@ class Command(_message.Message):
     def __init__(self, argv: _Optional[_Union[Argv, _Mapping]] = ..., shell: _Optional[str] = ..., stdin: _Optional[bytes] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., output_limit_bytes: _Optional[int] = ..., user: _Optional[str] = ...) -> None: ...
 
 class ExitStatus(_message.Message):
-    __slots__ = ("exit_code", "signal", "timed_out", "oom_killed", "duration_ms")
+    __slots__ = ("exit_code", "signal", "timed_out", "oom_killed", "duration_ms", "disk_cap_killed")
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     OOM_KILLED_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    DISK_CAP_KILLED_FIELD_NUMBER: _ClassVar[int]
     exit_code: int
     signal: int
     timed_out: bool
     oom_killed: bool
     duration_ms: int
-    def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., timed_out: _Optional[bool] = ..., oom_killed: _Optional[bool] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+    disk_cap_killed: bool
+    def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., timed_out: _Optional[bool] = ..., oom_killed: _Optional[bool] = ..., duration_ms: _Optional[int] = ..., disk_cap_killed: _Optional[bool] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
     __slots__ = ("sandbox_id", "command")

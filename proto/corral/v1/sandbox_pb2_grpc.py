@@ -191,11 +191,13 @@ class SandboxServiceServicer:
         image, limits, network, env, user, bind mounts and labels, plus the request's labels,
         "corral.fork.generation" (the parent's plus one) and "corral.fork.parent" (its id). Running
         processes are not copied; the parent keeps running, paused only while its filesystem is
-        snapshot (where its cgroup can be frozen). All children or none: a fork that fails, or is
+        snapshot or copied (its cgroup frozen, or its processes stopped on a local daemon without
+        root). All children or none: a fork that fails, or is
         cancelled (its deadline passes), leaves nothing behind. count outside 1..64:
         INVALID_ARGUMENT; an unknown id: NOT_FOUND; a backend or node that cannot fork (today the
         local and docker backends with local.storage /
-        docker.storage = "btrfs", and apptainer, can): FAILED_PRECONDITION, as for a parent that is
+        docker.storage = "btrfs", the local backend of a daemon without root (a copy), and
+        apptainer, can): FAILED_PRECONDITION, as for a parent that is
         not running, and for nothing else. A fork that failed on its way (a child that could not
         start, a parent the engine could not resume, the node short of disk or time): UNAVAILABLE,
         or RESOURCE_EXHAUSTED where the node or a child's disk cap ran out. A fork is `count` creates
@@ -326,7 +328,8 @@ class SandboxServiceServicer:
         refuses new sandboxes (CreateSandbox: UNAVAILABLE) and new rollouts (RolloutService Run and
         Stream submissions: UNAVAILABLE), lets what it runs finish (rollouts already accepted still
         get their sandboxes), stops refilling its warm pools and tears down their ready sandboxes.
-        GetNodeInfo says `draining`, and `empty` once nothing is left. Idempotent both ways.
+        GetNodeInfo says `draining`, and `empty` once nothing is left. Idempotent both ways. On a
+        shared daemon, a caller who is neither root nor in daemon.admin_group: PERMISSION_DENIED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

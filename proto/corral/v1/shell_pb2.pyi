@@ -80,7 +80,7 @@ class RunInShellRequest(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., name: _Optional[str] = ..., command: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., output_limit_bytes: _Optional[int] = ..., strip_ansi: _Optional[bool] = ..., separate_stderr: _Optional[bool] = ...) -> None: ...
 
 class RunInShellResponse(_message.Message):
-    __slots__ = ("output", "exit_code", "timed_out", "timeout_reason", "truncated", "output_total_bytes", "duration_ms", "shell_restarted", "output_plain", "stderr", "stderr_total_bytes")
+    __slots__ = ("output", "exit_code", "timed_out", "timeout_reason", "truncated", "output_total_bytes", "duration_ms", "shell_restarted", "output_plain", "stderr", "stderr_total_bytes", "disk_cap_killed")
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class RunInShellResponse(_message.Message):
     OUTPUT_PLAIN_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
     STDERR_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_CAP_KILLED_FIELD_NUMBER: _ClassVar[int]
     output: bytes
     exit_code: int
     timed_out: bool
@@ -103,7 +104,8 @@ class RunInShellResponse(_message.Message):
     output_plain: bytes
     stderr: bytes
     stderr_total_bytes: int
-    def __init__(self, output: _Optional[bytes] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., timeout_reason: _Optional[str] = ..., truncated: _Optional[bool] = ..., output_total_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ..., shell_restarted: _Optional[bool] = ..., output_plain: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., stderr_total_bytes: _Optional[int] = ...) -> None: ...
+    disk_cap_killed: bool
+    def __init__(self, output: _Optional[bytes] = ..., exit_code: _Optional[int] = ..., timed_out: _Optional[bool] = ..., timeout_reason: _Optional[str] = ..., truncated: _Optional[bool] = ..., output_total_bytes: _Optional[int] = ..., duration_ms: _Optional[int] = ..., shell_restarted: _Optional[bool] = ..., output_plain: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., stderr_total_bytes: _Optional[int] = ..., disk_cap_killed: _Optional[bool] = ...) -> None: ...
 
 class CloseShellRequest(_message.Message):
     __slots__ = ("sandbox_id", "name")
