@@ -1,21 +1,31 @@
-"""The gateway's HTTP side: an OpenAI-compatible server (aiohttp) in front of a GenerateFn, one
-session per rollout, found by its key (the Bearer token, or /r/<key>/v1/... in the path).
+"""The gateway's HTTP side: an aiohttp server in front of a GenerateFn, one session per rollout,
+found by its key (the API's own key header, or /r/<key>/... in the path).
 
-Routes (each also under /r/<key>): POST /v1/chat/completions, POST /v1/completions,
-GET /v1/models. Errors are OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+Routes (each also under /r/<key>):
+- OpenAI: POST /v1/chat/completions, POST /v1/completions, GET /v1/models (key: the Bearer
+  token; errors {"error": {"message", "type", "param", "code"}});
+- Gemini: POST /v1beta/models/<model>:generateContent, :streamGenerateContent (?alt=sse: server-sent
+  events; otherwise a JSON array of the chunks) and :countTokens, also under /v1/ (key:
+  x-goog-api-key or ?key=; errors {"error": {"code", "message", "status", "details"}}).
 """
 
 from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from aiohttp import web
 
 from corral.rollout.gateway.assembly import GatewayCounters
-from corral.rollout.gateway.errors import GatewayError, RequestError, UnknownKey
+from corral.rollout.gateway.errors import GatewayError, NotFound, RequestError, UnknownKey, google_error_body
+from corral.rollout.gateway.gemini_api import (
+    generate_response,
+    parse_count_tokens_request,
+    parse_generate_request,
+    stream_chunks,
+)
 from corral.rollout.gateway.openai_api import (
     ResponseContext,
     chat_chunks,
@@ -59,6 +69,8 @@ class Gateway:
             self._app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             self._app.router.add_post(prefix + "/v1/completions", self._completions)
             self._app.router.add_get(prefix + "/v1/models", self._models)
+            for version in ("/v1beta", "/v1"):
+                self._app.router.add_post(prefix + version + "/models/{target}", self._gemini)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -127,11 +139,14 @@ class Gateway:
 
     # Handlers.
 
-    def _session_for(self, request: web.Request) -> GatewaySession:
+    def _session_for(
+        self, request: web.Request, api_key: Callable[[web.Request], str | None] | None = None
+    ) -> GatewaySession:
+        """The session of the key in the path, else of the API's key header (`api_key`; the
+        Bearer token by default)."""
         key = request.match_info.get("key")
         if key is None:
-            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            key = token.strip() if scheme.lower() == "bearer" else None
+            key = (api_key or _bearer)(request)
         session = self._sessions.get(key or "")
         if session is None or session.closed:
             raise UnknownKey()
@@ -146,7 +161,7 @@ class Gateway:
             return _error_response(error)
         context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
         if parsed.stream.stream:
-            return await _sse(request, chat_chunks(context, result, reply, parsed, self.tokenizer))
+            return await _sse(request, _openai_events(chat_chunks(context, result, reply, parsed, self.tokenizer)))
         return _json_response(chat_response(context, result, reply, parsed, self.tokenizer))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -158,8 +173,31 @@ class Gateway:
             return _error_response(error)
         context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")
         if parsed.stream.stream:
-            return await _sse(request, completion_chunks(context, result, parsed, self.tokenizer))
+            return await _sse(request, _openai_events(completion_chunks(context, result, parsed, self.tokenizer)))
         return _json_response(completion_response(context, result, parsed, self.tokenizer))
+
+    async def _gemini(self, request: web.Request) -> web.StreamResponse:
+        """POST .../models/<model>:<method>, Gemini's generateContent, streamGenerateContent and
+        countTokens; errors in Google's shape."""
+        try:
+            session = self._session_for(request, _google_key)
+            _, _, method = request.match_info["target"].partition(":")
+            if method == "countTokens":
+                conversation = parse_count_tokens_request(await _json_body(request))
+                return _json_response({"totalTokens": len(session.renderer.encode_prompt(conversation))})
+            if method not in ("generateContent", "streamGenerateContent"):
+                raise NotFound(f"unknown method {method!r}: generateContent, streamGenerateContent, countTokens")
+            parsed = parse_generate_request(await _json_body(request))
+            result, reply = await session.chat(parsed.conversation, parsed.options)
+        except GatewayError as error:
+            return _json_response(google_error_body(error), error.status)
+        context = ResponseContext.new(self.model_name, session.rollout_id, "gemini")
+        if method == "generateContent":
+            return _json_response(generate_response(context, result, reply))
+        chunks = stream_chunks(context, result, reply)
+        if request.query.get("alt") == "sse":
+            return await _sse(request, (sse_event(chunk) for chunk in chunks))
+        return _json_response(list(chunks))
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -171,6 +209,16 @@ class Gateway:
         if window:
             model["max_model_len"] = window
         return _json_response({"object": "list", "data": [model]})
+
+
+def _bearer(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _google_key(request: web.Request) -> str | None:
+    """Google's API key: the x-goog-api-key header (the Gen AI SDKs') or the ?key= parameter."""
+    return request.headers.get("x-goog-api-key") or request.query.get("key")
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -194,11 +242,17 @@ def _error_response(error: GatewayError) -> web.Response:
     return _json_response(error.body(), error.status)
 
 
-async def _sse(request: web.Request, chunks: Iterable[Any]) -> web.StreamResponse:
+def _openai_events(chunks: Iterable[Any]) -> Iterator[bytes]:
+    """Chat and completions chunks as events, then OpenAI's closing `data: [DONE]`."""
+    for chunk in chunks:
+        yield sse_event(chunk)
+    yield sse_event("[DONE]")
+
+
+async def _sse(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    for chunk in chunks:
-        await response.write(sse_event(chunk))
-    await response.write(sse_event("[DONE]"))
+    for event in events:
+        await response.write(event)
     await response.write_eof()
     return response
