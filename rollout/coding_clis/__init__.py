@@ -52,7 +52,9 @@ class CodingCli:
 
 
 # name -> module defining CLI (imported on first use).
-_MODULES: dict[str, str] = {}
+_MODULES: dict[str, str] = {
+    "gemini": "corral.rollout.coding_clis.gemini",
+}
 
 
 def names() -> list[str]:

@@ -34,7 +34,9 @@ class Vocabulary(Protocol):
 
 
 # name -> module defining VOCABULARY (imported on first use).
-_MODULES: dict[str, str] = {}
+_MODULES: dict[str, str] = {
+    "gemini": "corral.rollout.reference.vocabularies.gemini",
+}
 
 
 def names() -> list[str]:
