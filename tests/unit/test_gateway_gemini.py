@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from corral.rollout.gateway import Gateway
+from corral.rollout.gateway import Gateway, HistoryPolicy
 from corral.rollout.gateway.gemini_api import parse_generate_request
 from tests.unit.gateway_support import TOK, ScriptedLLM, Unreachable, Window, assert_token_exact, settings
 
@@ -289,6 +289,17 @@ async def test_unknown_methods_limits_and_llm_failures_answer_in_google_s_shape(
     assert (await post(url, "/v1beta/models/m:generateContent", body, session.key))[0] == 200
     status, error = await post(url, "/v1beta/models/m:generateContent", body, session.key)
     assert (status, error["error"]["details"][0]["reason"]) == (400, "MAX_TURNS_EXCEEDED")
+
+
+async def test_a_rewritten_history_under_fail_is_answered_409_aborted(served):
+    gateway, url, _ = served
+    session = gateway.open_session("r-fail", settings(HistoryPolicy.FAIL))
+    path = "/v1beta/models/m:generateContent"
+    assert (await post(url, path, request([user("List the files.")]), session.key))[0] == 200
+    status, error = await post(url, path, request([user("Something else.")]), session.key)
+    assert (status, error["error"]["status"]) == (409, "ABORTED")
+    assert error["error"]["details"][0]["reason"] == "HISTORY_REWRITTEN"
+    assert gateway.close_session(session.key).history_rewritten
 
 
 def _mutations(rng: random.Random, body: Any) -> Any:
