@@ -55,6 +55,7 @@ class CodingCli:
 _MODULES: dict[str, str] = {
     "claude": "corral.rollout.coding_clis.claude",
     "codex": "corral.rollout.coding_clis.codex",
+    "gemini": "corral.rollout.coding_clis.gemini",
 }
 
 

@@ -1,11 +1,14 @@
-"""The gateway's HTTP side: an OpenAI-compatible server (aiohttp) in front of a GenerateFn, one
-session per rollout, found by its key (the Bearer token, or /r/<key>/v1/... in the path).
+"""The gateway's HTTP side: an aiohttp server in front of a GenerateFn, one session per rollout,
+found by its key (the API's own key header, or /r/<key>/... in the path).
 
-Routes (each also under /r/<key>): POST /v1/chat/completions, POST /v1/completions,
-POST /v1/responses, GET /v1/models, with OpenAI-shaped errors: {"error": {"message", "type",
-"param", "code"}}; and Anthropic's POST /v1/messages and POST /v1/messages/count_tokens (key in
-x-api-key or the Bearer token), with Anthropic-shaped errors: {"type": "error", "error": {"type",
-"message"}}.
+Routes (each also under /r/<key>):
+- OpenAI: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models
+  (key: the Bearer token; errors {"error": {"message", "type", "param", "code"}});
+- Anthropic: POST /v1/messages and POST /v1/messages/count_tokens (key: x-api-key or the Bearer
+  token; errors {"type": "error", "error": {"type", "message"}});
+- Gemini: POST /v1beta/models/<model>:generateContent, :streamGenerateContent (?alt=sse: server-sent
+  events; otherwise a JSON array of the chunks) and :countTokens, also under /v1/ (key:
+  x-goog-api-key or ?key=; errors {"error": {"code", "message", "status", "details"}}).
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ from aiohttp import web
 
 import corral.rollout.gateway.anthropic_api as anthropic_api
 from corral.rollout.gateway.assembly import GatewayCounters
-from corral.rollout.gateway.errors import GatewayError, RequestError, UnknownKey
+from corral.rollout.gateway.errors import GatewayError, NotFound, RequestError, UnknownKey, google_error_body
+from corral.rollout.gateway.gemini_api import (
+    generate_response,
+    parse_count_tokens_request,
+    parse_generate_request,
+    stream_chunks,
+)
 from corral.rollout.gateway.openai_api import (
     ResponseContext,
     chat_chunks,
@@ -74,6 +83,8 @@ class Gateway:
             self._app.router.add_get(prefix + "/v1/models", self._models)
             self._app.router.add_post(prefix + "/v1/messages", self._messages)
             self._app.router.add_post(prefix + "/v1/messages/count_tokens", self._count_tokens)
+            for version in ("/v1beta", "/v1"):
+                self._app.router.add_post(prefix + version + "/models/{target}", self._gemini)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -142,15 +153,14 @@ class Gateway:
 
     # Handlers.
 
-    def _session_for(self, request: web.Request, *key_headers: str) -> GatewaySession:
-        """The session of the key in the path, else in the first of `key_headers` present, else
-        the Bearer token."""
+    def _session_for(
+        self, request: web.Request, api_key: Callable[[web.Request], str | None] | None = None
+    ) -> GatewaySession:
+        """The session of the key in the path, else of the API's key header (`api_key`; the
+        Bearer token by default)."""
         key = request.match_info.get("key")
-        for header in key_headers:
-            key = key or request.headers.get(header)
         if key is None:
-            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-            key = token.strip() if scheme.lower() == "bearer" else None
+            key = (api_key or _bearer)(request)
         session = self._sessions.get(key or "")
         if session is None or session.closed:
             raise UnknownKey()
@@ -196,7 +206,7 @@ class Gateway:
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         try:
-            session = self._session_for(request, "x-api-key")
+            session = self._session_for(request, _anthropic_key)
             parsed = anthropic_api.parse_messages_request(await _json_body(request))
             result, reply = await session.chat(parsed.conversation, parsed.options)
         except GatewayError as error:
@@ -213,12 +223,35 @@ class Gateway:
         """The prompt's length in the task's tokenizer, as the next call would render it in full;
         not a call of the rollout (nothing is generated or recorded)."""
         try:
-            session = self._session_for(request, "x-api-key")
+            session = self._session_for(request, _anthropic_key)
             parsed = anthropic_api.parse_messages_request(await _json_body(request), count_only=True)
             tokens = len(session.renderer.encode_prompt(parsed.conversation))
         except GatewayError as error:
             return _anthropic_error_response(error)
         return _json_response({"input_tokens": tokens})
+
+    async def _gemini(self, request: web.Request) -> web.StreamResponse:
+        """POST .../models/<model>:<method>, Gemini's generateContent, streamGenerateContent and
+        countTokens; errors in Google's shape."""
+        try:
+            session = self._session_for(request, _google_key)
+            _, _, method = request.match_info["target"].partition(":")
+            if method == "countTokens":
+                conversation = parse_count_tokens_request(await _json_body(request))
+                return _json_response({"totalTokens": len(session.renderer.encode_prompt(conversation))})
+            if method not in ("generateContent", "streamGenerateContent"):
+                raise NotFound(f"unknown method {method!r}: generateContent, streamGenerateContent, countTokens")
+            parsed = parse_generate_request(await _json_body(request))
+            result, reply = await session.chat(parsed.conversation, parsed.options)
+        except GatewayError as error:
+            return _json_response(google_error_body(error), error.status)
+        context = ResponseContext.new(self.model_name, session.rollout_id, "gemini")
+        if method == "generateContent":
+            return _json_response(generate_response(context, result, reply))
+        chunks = stream_chunks(context, result, reply)
+        if request.query.get("alt") == "sse":
+            return await _sse(request, (sse_event(chunk) for chunk in chunks))
+        return _json_response(list(chunks))
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -230,6 +263,22 @@ class Gateway:
         if window:
             model["max_model_len"] = window
         return _json_response({"object": "list", "data": [model]})
+
+
+def _bearer(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _anthropic_key(request: web.Request) -> str | None:
+    """Anthropic's API key: the x-api-key header (ANTHROPIC_API_KEY's), else the Bearer token
+    (ANTHROPIC_AUTH_TOKEN's)."""
+    return request.headers.get("x-api-key") or _bearer(request)
+
+
+def _google_key(request: web.Request) -> str | None:
+    """Google's API key: the x-goog-api-key header (the Gen AI SDKs') or the ?key= parameter."""
+    return request.headers.get("x-goog-api-key") or request.query.get("key")
 
 
 async def _json_body(request: web.Request) -> Any:

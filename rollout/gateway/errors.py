@@ -44,7 +44,9 @@ class UnknownKey(GatewayError):
     code = "invalid_api_key"
 
     def __init__(self) -> None:
-        super().__init__("unknown or closed gateway key (pass the rollout's key as the Bearer token or in /r/<key>/v1)")
+        super().__init__(
+            "unknown or closed gateway key (pass the rollout's key as the API's own key, e.g. the Bearer token, or in /r/<key>/...)"
+        )
 
 
 class ContextLengthExceeded(GatewayError):
@@ -72,3 +74,34 @@ class Unavailable(GatewayError):
     status = 503
     type = "server_error"
     code = "llm_unavailable"
+
+
+class NotFound(GatewayError):
+    """No such route or method (an API that answers unknown methods itself, as Google's does)."""
+
+    status = 404
+    code = "not_found"
+
+
+# google.rpc.Code names for the HTTP statuses the gateway answers with (Google's error shape).
+GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 409: "ABORTED", 503: "UNAVAILABLE"}
+
+
+def google_error_body(error: GatewayError) -> dict[str, object]:
+    """The error as Google's APIs write it: {"error": {"code", "message", "status", "details"}},
+    the gateway's code (and the field, when one is named) in an ErrorInfo detail."""
+    metadata = {"param": error.param} if error.param else {}
+    detail = {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": (error.code or error.type).upper(),
+        "domain": "corral",
+        "metadata": metadata,
+    }
+    return {
+        "error": {
+            "code": error.status,
+            "message": str(error),
+            "status": GOOGLE_STATUS.get(error.status, "UNKNOWN"),
+            "details": [detail],
+        }
+    }

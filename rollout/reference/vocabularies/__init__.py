@@ -37,6 +37,7 @@ class Vocabulary(Protocol):
 _MODULES: dict[str, str] = {
     "claude": "corral.rollout.reference.vocabularies.claude",
     "codex": "corral.rollout.reference.vocabularies.codex",
+    "gemini": "corral.rollout.reference.vocabularies.gemini",
 }
 
 
