@@ -7,9 +7,10 @@ GET /v1/models. Errors are OpenAI-shaped: {"error": {"message", "type", "param",
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -17,17 +18,18 @@ from aiohttp import web
 from corral.rollout.gateway.assembly import GatewayCounters
 from corral.rollout.gateway.errors import GatewayError, RequestError, UnknownKey
 from corral.rollout.gateway.openai_api import (
+    ChatStream,
+    CompletionStream,
     ResponseContext,
-    chat_chunks,
     chat_response,
-    completion_chunks,
     completion_response,
     parse_chat_request,
     parse_completion_request,
     sse_event,
 )
 from corral.rollout.gateway.session import GatewayOutcome, GatewaySession, SessionSettings
-from corral.rollout.types import ChatTokenizer, GenerateFn
+from corral.rollout.gateway.streaming import CallDone, StreamEvent, TextDelta
+from corral.rollout.types import ChatTokenizer, GenerateFn, StreamingGenerateFn
 
 # Long agent conversations are sent whole on every call.
 MAX_REQUEST_BYTES = 256 * 1024 * 1024
@@ -40,7 +42,7 @@ class Gateway:
 
     def __init__(
         self,
-        generate: GenerateFn,
+        generate: GenerateFn | StreamingGenerateFn,
         tokenizer: ChatTokenizer,
         *,
         policy_version: Callable[[], int] = lambda: 0,
@@ -141,24 +143,37 @@ class Gateway:
         try:
             session = self._session_for(request)
             parsed = parse_chat_request(await _json_body(request))
+            context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
+            if parsed.stream.stream:
+                chunks = ChatStream(context, parsed, self.tokenizer, session.counters.calls)
+
+                def chat_events(event: StreamEvent) -> Iterable[Any]:
+                    if isinstance(event, TextDelta):
+                        return chunks.text(event.text)
+                    assert event.reply is not None  # a chat call's
+                    return chunks.done(event.result, event.reply)
+
+                return await _sse(request, session.chat_stream(parsed.conversation, parsed.options), chat_events)
             result, reply = await session.chat(parsed.conversation, parsed.options)
         except GatewayError as error:
             return _error_response(error)
-        context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
-        if parsed.stream.stream:
-            return await _sse(request, chat_chunks(context, result, reply, parsed, self.tokenizer))
         return _json_response(chat_response(context, result, reply, parsed, self.tokenizer))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         try:
             session = self._session_for(request)
             parsed = parse_completion_request(await _json_body(request))
+            context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")
+            if parsed.stream.stream:
+                chunks = CompletionStream(context, parsed, self.tokenizer, session.counters.calls)
+
+                def completion_events(event: StreamEvent) -> Iterable[Any]:
+                    return chunks.text(event.text) if isinstance(event, TextDelta) else chunks.done(event.result)
+
+                return await _sse(request, session.complete_stream(parsed.prompt, parsed.options), completion_events)
             result = await session.complete(parsed.prompt, parsed.options)
         except GatewayError as error:
             return _error_response(error)
-        context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")
-        if parsed.stream.stream:
-            return await _sse(request, completion_chunks(context, result, parsed, self.tokenizer))
         return _json_response(completion_response(context, result, parsed, self.tokenizer))
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -194,11 +209,36 @@ def _error_response(error: GatewayError) -> web.Response:
     return _json_response(error.body(), error.status)
 
 
-async def _sse(request: web.Request, chunks: Iterable[Any]) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    for chunk in chunks:
-        await response.write(sse_event(chunk))
-    await response.write(sse_event("[DONE]"))
-    await response.write_eof()
+async def _sse(
+    request: web.Request, events: AsyncGenerator[StreamEvent, None], chunks: Callable[[StreamEvent], Iterable[Any]]
+) -> web.StreamResponse:
+    """Sends a streaming call's events as server-sent events (`chunks` maps each to the API's
+    objects), then `data: [DONE]`. The response starts with the first event, so a call refused or
+    failing before its first token is answered with its status like a whole one (the GatewayError
+    raised here goes to the caller); a failure after that is sent as an error event. A client that
+    goes away closes `events`, which cancels the generation."""
+    response: web.StreamResponse | None = None
+    async with contextlib.aclosing(events):
+        try:
+            async for event in events:
+                if response is None:
+                    response = web.StreamResponse(
+                        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                    )
+                    await response.prepare(request)
+                for chunk in chunks(event):
+                    await response.write(sse_event(chunk))
+                if isinstance(event, CallDone):
+                    break
+            assert response is not None  # a stream ends with CallDone
+        except GatewayError as error:
+            if response is None:
+                raise
+            with contextlib.suppress(ConnectionError):
+                await response.write(sse_event(error.body()))
+        except ConnectionError:  # the client went away
+            return response if response is not None else web.Response(status=499)
+    with contextlib.suppress(ConnectionError):
+        await response.write(sse_event("[DONE]"))
+        await response.write_eof()
     return response
