@@ -145,7 +145,7 @@ class Gateway:
             parsed = parse_chat_request(await _json_body(request))
             context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
             if parsed.stream.stream:
-                chunks = ChatStream(context, parsed, self.tokenizer, session.counters.calls)
+                chunks = ChatStream(context, parsed, self.tokenizer, _next_call_index(session))
 
                 def chat_events(event: StreamEvent) -> Iterable[Any]:
                     if isinstance(event, TextDelta):
@@ -165,7 +165,7 @@ class Gateway:
             parsed = parse_completion_request(await _json_body(request))
             context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")
             if parsed.stream.stream:
-                chunks = CompletionStream(context, parsed, self.tokenizer, session.counters.calls)
+                chunks = CompletionStream(context, parsed, self.tokenizer, _next_call_index(session))
 
                 def completion_events(event: StreamEvent) -> Iterable[Any]:
                     return chunks.text(event.text) if isinstance(event, TextDelta) else chunks.done(event.result)
@@ -186,6 +186,12 @@ class Gateway:
         if window:
             model["max_model_len"] = window
         return _json_response({"object": "list", "data": [model]})
+
+
+def _next_call_index(session: GatewaySession) -> Callable[[], int]:
+    """The index a streaming call's commit will give it, asked at its first content delta: the
+    call then holds the session's lock, so no other call commits before it."""
+    return lambda: session.counters.calls
 
 
 async def _json_body(request: web.Request) -> Any:

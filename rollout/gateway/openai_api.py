@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,19 +217,22 @@ def chat_response(
 class ChatStream:
     """A streamed chat completion as chat.completion.chunk objects: the role with the first
     content, each content delta, then (`done`) the logprobs, the tool calls, the finish reason and
-    usage when asked."""
+    usage when asked. `call_index` is asked at the first chunk (see app.py)."""
 
     def __init__(
-        self, context: ResponseContext, request: ChatRequest, tokenizer: ChatTokenizer, call_index: int
+        self, context: ResponseContext, request: ChatRequest, tokenizer: ChatTokenizer, call_index: Callable[[], int]
     ) -> None:
         self.context = context
         self.request = request
         self.tokenizer = tokenizer
-        self._envelope = context.envelope("chat.completion.chunk", call_index)
+        self._call_index = call_index
+        self._envelope: dict[str, Any] | None = None
         self._extra = {"usage": None} if request.stream.include_usage else {}
         self._started = False
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        if self._envelope is None:
+            self._envelope = self.context.envelope("chat.completion.chunk", self._call_index())
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {**self._envelope, "choices": [choice], **self._extra}
 
@@ -243,6 +246,8 @@ class ChatStream:
         yield self._chunk({"content": text})
 
     def done(self, result: CallResult, reply: Message) -> Iterator[dict[str, Any]]:
+        if self._envelope is None:
+            self._envelope = self.context.envelope("chat.completion.chunk", result.call_index)
         yield from self._role()
         if self.request.logprobs:
             yield self._chunk({"content": ""}, logprobs=chat_logprobs(result, self.tokenizer))
@@ -272,28 +277,35 @@ def completion_response(
 
 class CompletionStream:
     """A streamed completion as text_completion chunks: each text delta, then (`done`) a chunk
-    with the logprobs and token ids when asked, the finish reason, and usage when asked."""
+    with the logprobs and token ids when asked, the finish reason, and usage when asked.
+    `call_index` is asked at the first chunk (see app.py)."""
 
     def __init__(
-        self, context: ResponseContext, request: CompletionRequest, tokenizer: ChatTokenizer, call_index: int
+        self,
+        context: ResponseContext,
+        request: CompletionRequest,
+        tokenizer: ChatTokenizer,
+        call_index: Callable[[], int],
     ) -> None:
         self.context = context
         self.request = request
         self.tokenizer = tokenizer
-        self._base = context.envelope("text_completion", call_index)
+        self._call_index = call_index
+        self._envelope: dict[str, Any] | None = None
         self._extra = {"usage": None} if request.stream.include_usage else {}
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        return {
-            **self._base,
-            "choices": [{"index": 0, "logprobs": None, "finish_reason": None, **choice}],
-            **self._extra,
-        }
+        if self._envelope is None:
+            self._envelope = self.context.envelope("text_completion", self._call_index())
+        choice = {"index": 0, "logprobs": None, "finish_reason": None, **choice}
+        return {**self._envelope, "choices": [choice], **self._extra}
 
     def text(self, text: str) -> Iterator[dict[str, Any]]:
         yield self._chunk({"text": text})
 
     def done(self, result: CallResult) -> Iterator[dict[str, Any]]:
+        if self._envelope is None:
+            self._envelope = self.context.envelope("text_completion", result.call_index)
         whole = completion_response(self.context, result, self.request, self.tokenizer)
         choice = whole["choices"][0]
         if self.request.logprobs or self.request.return_token_ids:
@@ -304,7 +316,7 @@ class CompletionStream:
             yield tail
         yield self._chunk({"text": "", "finish_reason": choice["finish_reason"]})
         if self.request.stream.include_usage:
-            yield {**self._base, "choices": [], "usage": whole["usage"]}
+            yield {**self._envelope, "choices": [], "usage": whole["usage"]}
 
 
 def sse_event(data: Mapping[str, Any] | str) -> bytes:

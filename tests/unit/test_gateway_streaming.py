@@ -285,3 +285,25 @@ async def test_openai_client_streams_chat_and_completions_with_logprobs_and_ids(
         assert all(p.model_extra["corral"]["call_index"] == 1 for p in parts)
     finally:
         await gateway.close()
+
+
+async def test_concurrent_streamed_calls_of_one_session_carry_their_own_call_index():
+    """Calls of one session wait for each other; each streamed call's chunks name the index its
+    commit gives it, not the one current when it arrived."""
+    llm = ScriptedLLM(["First reply.", "Second reply."], token_delay_s=0.005)
+    gateway = Gateway(llm, TOK, context_length=Window(4096))
+    url = await gateway.listen_tcp()
+    try:
+        session = gateway.open_session("r-two", settings())
+        first = {"messages": [{"role": "user", "content": "one"}], "stream": True}
+        second = {"messages": [{"role": "user", "content": "two"}], "stream": True}
+        answers = await asyncio.gather(sse_lines(url, first, session.key), sse_lines(url, second, session.key))
+    finally:
+        await gateway.close()
+    seen = {}
+    for status, events in answers:
+        chunks = [e for e in events if e != "[DONE]"]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert status == 200 and len({c["corral"]["call_index"] for c in chunks}) == 1
+        seen[text] = chunks[0]["corral"]["call_index"]
+    assert seen == {"First reply.": 0, "Second reply.": 1}  # the replies come in commit order
