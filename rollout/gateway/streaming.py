@@ -77,6 +77,7 @@ class ContentHoldback:
         self._format = tool_call_format
         self._max_ids = max_ids
         self._ids: list[int] = []
+        self._decoded = IncrementalText(tokenizer)
         self.shown = ""
 
     def feed(self, ids: Sequence[int]) -> str:
@@ -89,7 +90,7 @@ class ContentHoldback:
         end = len(self._ids)
         while end and self._ids[end - 1] in self._end_of_turn:
             end -= 1
-        text = self._tokenizer.decode(self._ids[:end])
+        text = self._decoded.text(self._ids[:end])
         safe = text[: self.safe_length(text)]
         if len(safe) <= len(self.shown) or not safe.startswith(self.shown):
             return ""
@@ -120,6 +121,46 @@ class ContentHoldback:
         if shown[:1].isspace():
             return 0
         return len(shown.rstrip())
+
+
+class IncrementalText:
+    """The text of a growing id sequence, decoding only its end: the text of the ids up to a
+    settled point is kept, and the ids after it are decoded together with a few before it, whose
+    own text is then cut off (a tokenizer may write a token differently at the start of a text:
+    SentencePiece drops its leading space). The settled point moves on while the text before it is
+    whole characters. Whenever the pieces do not fit (the context's text is not where the longer
+    decoding begins), it decodes everything: the result is always the tokenizer's decode."""
+
+    CONTEXT = 4  # ids decoded before the settled point, for the tokenizer's context
+    WINDOW = 16  # ids left unsettled at the end
+
+    def __init__(self, tokenizer: ChatTokenizer) -> None:
+        self._decode = tokenizer.decode
+        self._settled = 0  # ids whose text is `_settled_text`
+        self._settled_text = ""
+        self._context_text = ""  # the text of the CONTEXT ids before the settled point, alone
+
+    def text(self, ids: Sequence[int]) -> str:
+        settled = self._settled
+        if settled > len(ids):
+            return self._decode(ids)
+        start = max(0, settled - self.CONTEXT)
+        tail = self._decode(ids[start:])
+        if not tail.startswith(self._context_text):
+            return self._decode(ids)
+        text = self._settled_text + tail[len(self._context_text) :]
+        if len(ids) - settled >= 2 * self.WINDOW:
+            self._settle(ids, len(ids) - self.WINDOW)
+        return text
+
+    def _settle(self, ids: Sequence[int], point: int) -> None:
+        start = max(0, self._settled - self.CONTEXT)
+        piece = self._decode(ids[start:point])
+        if not piece.startswith(self._context_text) or piece.endswith("\ufffd"):
+            return  # not a clean point: try again later
+        self._settled_text += piece[len(self._context_text) :]
+        self._settled = point
+        self._context_text = self._decode(ids[max(0, point - self.CONTEXT) : point])
 
 
 def _marker_start(text: str, marker: str) -> int:

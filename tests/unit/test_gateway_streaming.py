@@ -16,7 +16,7 @@ import pytest
 from corral.rollout.gateway import Gateway
 from corral.rollout.gateway.render import Conversation, normalize_messages, normalize_tools
 from corral.rollout.gateway.session import CallOptions
-from corral.rollout.gateway.streaming import CallDone, ContentHoldback, TextDelta
+from corral.rollout.gateway.streaming import CallDone, ContentHoldback, IncrementalText, TextDelta
 from corral.rollout.tool_calls import ToolCallFormat
 from corral.rollout.types import DeltaSink, Generation, GenerationDelta, SamplingOptions
 from tests.unit.gateway_support import (
@@ -30,6 +30,7 @@ from tests.unit.gateway_support import (
     make_session,
     settings,
 )
+from tests.unit.test_gateway_render import tiny_qwen2  # noqa: F401 - a fixture
 
 CALL = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
 SUBMIT_BLOCK = "```bash\nls\n```"
@@ -307,3 +308,20 @@ async def test_concurrent_streamed_calls_of_one_session_carry_their_own_call_ind
         assert status == 200 and len({c["corral"]["call_index"] for c in chunks}) == 1
         seen[text] = chunks[0]["corral"]["call_index"]
     assert seen == {"First reply.": 0, "Second reply.": 1}  # the replies come in commit order
+
+
+@pytest.mark.parametrize("hf", [False, True], ids=["bytes", "hf"])
+def test_incremental_decoding_is_the_tokenizers_decode_at_every_step(hf, request):
+    """The holdback decodes only the end of a long reply; at every length its text is the
+    tokenizer's own decode of all the ids (multibyte characters split across ids included)."""
+    import random
+
+    tokenizer = request.getfixturevalue("tiny_qwen2") if hf else TOK
+    rng = random.Random(7)
+    words = ["fix", " the", " test", "é", "日本", "🙂", "\n", "  ", "<tool_call>", "calc.py", "ü"]
+    text = "".join(rng.choice(words) for _ in range(400))
+    ids = tokenizer._tokenizer.encode(text) if hf else tokenizer.encode(text)
+    decoded = IncrementalText(tokenizer)
+    for end in range(1, len(ids) + 1):
+        assert decoded.text(ids[:end]) == tokenizer.decode(ids[:end])
+    assert decoded._settled > len(ids) // 2  # it did settle (decoding only the end)
