@@ -36,6 +36,7 @@ from corral.rollout.llm.client import (
     int_or_none,
     optional_sampling_fields,
     protocol_error,
+    token_weight_versions,
     weight_version,
 )
 from corral.rollout.types import DeltaSink, Generation, GenerationDelta, SamplingOptions
@@ -187,6 +188,7 @@ class SGLangClient(HTTPClientBase):
             finish_reason=finish,
             weight_version=weight_version(meta),
             server=self.base_url,
+            weight_versions=token_weight_versions(meta.get("weight_versions"), len(output_ids)),
         )
 
     async def get_weight_version(self) -> int | None:

@@ -325,3 +325,25 @@ def test_incremental_decoding_is_the_tokenizers_decode_at_every_step(hf, request
     for end in range(1, len(ids) + 1):
         assert decoded.text(ids[:end]) == tokenizer.decode(ids[:end])
     assert decoded._settled > len(ids) // 2  # it did settle (decoding only the end)
+
+
+async def test_weight_versions_reported_per_token_are_recorded_per_token():
+    """A generation during which the weights changed (the engine labels each token): the sample
+    keeps each generated token's version, and the turn the oldest."""
+    reply = TOK.encode("Two versions.") + [IM_END_ID]
+    versions = tuple([3] * 5 + [4] * (len(reply) - 5))
+
+    async def relabelled(
+        prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str, *, on_delta: DeltaSink | None = None
+    ) -> Generation:
+        if on_delta is not None:
+            for token, version in zip(reply, versions):
+                on_delta(GenerationDelta([token], [-0.5], version))
+        return Generation(reply, [-0.5] * len(reply), "stop", 3, "labelled", weight_versions=versions)
+
+    session = make_session(ScriptedLLM(["unused"]))
+    session._generate = relabelled
+    texts, done = await streamed(session, *chat(False))
+    (sample,) = session.close().samples
+    assert "".join(texts) == "Two versions." and done.result.generation.weight_versions == versions
+    assert sample.weight_versions == list(versions) and sample.turns[0].weight_version == 3

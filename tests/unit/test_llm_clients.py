@@ -124,6 +124,7 @@ def test_sglang_parse_appends_a_dropped_stop_token_and_rejects_missing_logprobs(
         {"version": "5", "start": 1, "end": 3},
     ]
     assert client.parse(answer).weight_version == 4
+    assert client.parse(answer).weight_versions == (4, 5, 5)  # and each token keeps its own
     del answer["meta_info"]["output_token_logprobs"]
     with pytest.raises(LLMServerError, match="output_token_logprobs"):
         client.parse(answer)
@@ -453,6 +454,7 @@ def test_vllm_parse_generate_reads_weight_version_spans():
     choice["logprobs"]["content"].append({"token_id": 7, "logprob": -0.5})
     generation = client.parse_generate({"choices": [choice]})
     assert generation.weight_version == 4  # the oldest, when the weights changed mid-generation
+    assert generation.weight_versions == (4, 5, 5)  # and each token keeps its own label
     assert generation.output_ids == [5, 6, 7] and generation.logprobs == [-1.0, -2.0, -0.5]
 
 
