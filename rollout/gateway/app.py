@@ -216,13 +216,20 @@ def _error_response(error: GatewayError) -> web.Response:
 
 
 async def _sse(
-    request: web.Request, events: AsyncGenerator[StreamEvent, None], chunks: Callable[[StreamEvent], Iterable[Any]]
+    request: web.Request,
+    events: AsyncGenerator[StreamEvent, None],
+    chunks: Callable[[StreamEvent], Iterable[Any]],
+    *,
+    encode: Callable[[Any], bytes] = sse_event,
+    error_event: Callable[[GatewayError], bytes] = lambda error: sse_event(error.body()),
+    last: bytes | None = sse_event("[DONE]"),
 ) -> web.StreamResponse:
-    """Sends a streaming call's events as server-sent events (`chunks` maps each to the API's
-    objects), then `data: [DONE]`. The response starts with the first event, so a call refused or
-    failing before its first token is answered with its status like a whole one (the GatewayError
-    raised here goes to the caller); a failure after that is sent as an error event. A client that
-    goes away closes `events`, which cancels the generation."""
+    """Sends a streaming call's events as server-sent events: `chunks` maps each to the API's
+    objects, `encode` writes one (OpenAI's `data:` lines by default), `error_event` a failure
+    after the stream began, `last` ends the stream (`data: [DONE]`). The response starts with the
+    first event, so a call refused or failing before its first token is answered with its status
+    like a whole one (the GatewayError raised here goes to the caller). A client that goes away
+    closes `events`, which cancels the generation."""
     response: web.StreamResponse | None = None
     async with contextlib.aclosing(events):
         try:
@@ -233,7 +240,7 @@ async def _sse(
                     )
                     await response.prepare(request)
                 for chunk in chunks(event):
-                    await response.write(sse_event(chunk))
+                    await response.write(encode(chunk))
                 if isinstance(event, CallDone):
                     break
             assert response is not None  # a stream ends with CallDone
@@ -241,10 +248,11 @@ async def _sse(
             if response is None:
                 raise
             with contextlib.suppress(ConnectionError):
-                await response.write(sse_event(error.body()))
+                await response.write(error_event(error))
         except ConnectionError:  # the client went away
             return response if response is not None else web.Response(status=499)
     with contextlib.suppress(ConnectionError):
-        await response.write(sse_event("[DONE]"))
+        if last is not None:
+            await response.write(last)
         await response.write_eof()
     return response
