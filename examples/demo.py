@@ -59,7 +59,11 @@ def main() -> int:
                 for limit in local.limits:
                     show(
                         f"limit {limit.kind}",
-                        f"enforced by {limit.mechanism}" if limit.enforced else f"NOT enforced: {limit.reason}",
+                        f"enforced by {limit.mechanism}"
+                        if limit.enforced
+                        else f"approximated by {limit.mechanism}; not enforced: {limit.reason}"
+                        if limit.approximated
+                        else f"NOT enforced: {limit.reason}",
                     )
 
                 print("\nsandbox lifecycle")

@@ -94,10 +94,10 @@ if [[ "$(id -u)" == 0 ]] && have apt-get; then
 fi
 
 if [[ "$(id -u)" == 0 ]]; then
-  fix="apt-get install ${packages[*]}"
+  fix="apt-get install --no-install-recommends ${packages[*]}"
   hint=" (Debian/Ubuntu package names; this machine has no apt-get)"
 else
-  fix="sudo apt-get install ${packages[*]}"
+  fix="sudo apt-get install --no-install-recommends ${packages[*]}"
   hint=" (not root: not installed here)"
 fi
 echo "missing: $missing ; install with: $fix$hint" >&2

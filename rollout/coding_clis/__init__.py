@@ -52,7 +52,10 @@ class CodingCli:
 
 
 # name -> module defining CLI (imported on first use).
-_MODULES: dict[str, str] = {}
+_MODULES: dict[str, str] = {
+    "claude": "corral.rollout.coding_clis.claude",
+    "codex": "corral.rollout.coding_clis.codex",
+}
 
 
 def names() -> list[str]:

@@ -2,7 +2,10 @@
 session per rollout, found by its key (the Bearer token, or /r/<key>/v1/... in the path).
 
 Routes (each also under /r/<key>): POST /v1/chat/completions, POST /v1/completions,
-GET /v1/models. Errors are OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+POST /v1/responses, GET /v1/models, with OpenAI-shaped errors: {"error": {"message", "type",
+"param", "code"}}; and Anthropic's POST /v1/messages and POST /v1/messages/count_tokens (key in
+x-api-key or the Bearer token), with Anthropic-shaped errors: {"type": "error", "error": {"type",
+"message"}}.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+import corral.rollout.gateway.anthropic_api as anthropic_api
 from corral.rollout.gateway.assembly import GatewayCounters
 from corral.rollout.gateway.errors import GatewayError, RequestError, UnknownKey
 from corral.rollout.gateway.openai_api import (
@@ -26,6 +30,14 @@ from corral.rollout.gateway.openai_api import (
     parse_chat_request,
     parse_completion_request,
     sse_event,
+)
+from corral.rollout.gateway.responses_api import (
+    ResponseIds,
+    output_items,
+    parse_responses_request,
+    response_events,
+    response_object,
+    sse_named_event,
 )
 from corral.rollout.gateway.session import GatewayOutcome, GatewaySession, SessionSettings
 from corral.rollout.gateway.streaming import CallDone, StreamEvent, TextDelta
@@ -60,7 +72,10 @@ class Gateway:
         for prefix in ("", "/r/{key}"):
             self._app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             self._app.router.add_post(prefix + "/v1/completions", self._completions)
+            self._app.router.add_post(prefix + "/v1/responses", self._responses)
             self._app.router.add_get(prefix + "/v1/models", self._models)
+            self._app.router.add_post(prefix + "/v1/messages", self._messages)
+            self._app.router.add_post(prefix + "/v1/messages/count_tokens", self._count_tokens)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -129,8 +144,12 @@ class Gateway:
 
     # Handlers.
 
-    def _session_for(self, request: web.Request) -> GatewaySession:
+    def _session_for(self, request: web.Request, *key_headers: str) -> GatewaySession:
+        """The session of the key in the path, else in the first of `key_headers` present, else
+        the Bearer token."""
         key = request.match_info.get("key")
+        for header in key_headers:
+            key = key or request.headers.get(header)
         if key is None:
             scheme, _, token = request.headers.get("Authorization", "").partition(" ")
             key = token.strip() if scheme.lower() == "bearer" else None
@@ -176,6 +195,46 @@ class Gateway:
             return _error_response(error)
         return _json_response(completion_response(context, result, parsed, self.tokenizer))
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            session = self._session_for(request)
+            parsed = parse_responses_request(await _json_body(request))
+            result, reply = await session.chat(parsed.conversation, parsed.options)
+        except GatewayError as error:
+            return _error_response(error)
+        ids = ResponseIds.new()
+        output = output_items(result, reply, parsed, self.tokenizer)
+        if parsed.stream:
+            events = response_events(ids, self.model_name, session.rollout_id, parsed, result, output)
+            return await _sse_whole(request, (sse_named_event(event) for event in events))
+        return _json_response(response_object(ids, self.model_name, session.rollout_id, parsed, result, output))
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        try:
+            session = self._session_for(request, "x-api-key")
+            parsed = anthropic_api.parse_messages_request(await _json_body(request))
+            result, reply = await session.chat(parsed.conversation, parsed.options)
+        except GatewayError as error:
+            return _anthropic_error_response(error)
+        stops = (*parsed.options.stop, *session.settings.sampling.stop)
+        stop = anthropic_api.stop_sequence(result, stops, self.tokenizer)
+        context = anthropic_api.MessageContext.new(self.model_name, session.rollout_id)
+        if parsed.stream:
+            events = anthropic_api.message_events(context, result, reply, stop)
+            return await _sse_whole(request, (anthropic_api.sse_frame(event, data) for event, data in events))
+        return _json_response(anthropic_api.message_response(context, result, reply, stop))
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """The prompt's length in the task's tokenizer, as the next call would render it in full;
+        not a call of the rollout (nothing is generated or recorded)."""
+        try:
+            session = self._session_for(request, "x-api-key")
+            parsed = anthropic_api.parse_messages_request(await _json_body(request), count_only=True)
+            tokens = len(session.renderer.encode_prompt(parsed.conversation))
+        except GatewayError as error:
+            return _anthropic_error_response(error)
+        return _json_response({"input_tokens": tokens})
+
     async def _models(self, request: web.Request) -> web.Response:
         try:
             self._session_for(request)
@@ -203,16 +262,33 @@ async def _json_body(request: web.Request) -> Any:
         raise RequestError(f"the request body is larger than {MAX_REQUEST_BYTES} bytes") from None
 
 
-def _json_response(data: Any, status: int = 200) -> web.Response:
+def _json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
         body=json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode(),
         status=status,
         content_type="application/json",
+        headers=headers,
     )
+
+
+def _anthropic_error_response(error: GatewayError) -> web.Response:
+    # Anthropic's clients retry 409 (and Claude Code retries ten times, backing off for minutes)
+    # unless told not to: a refusal of the gateway's is final, an unavailable LLM may come back.
+    final = {"x-should-retry": "false"} if error.status < 500 else None
+    return _json_response(error.anthropic_body(), error.status, final)
 
 
 def _error_response(error: GatewayError) -> web.Response:
     return _json_response(error.body(), error.status)
+
+
+async def _sse_whole(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
+    """A reply generated whole, sent as its events in one write (the Responses and Messages APIs)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    await response.write(b"".join(events))
+    await response.write_eof()
+    return response
 
 
 async def _sse(
@@ -239,20 +315,20 @@ async def _sse(
                         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
                     )
                     await response.prepare(request)
-                for chunk in chunks(event):
-                    await response.write(encode(chunk))
-                if isinstance(event, CallDone):
+                done = isinstance(event, CallDone)
+                # One write per event (the final one's chunks and the closing event together).
+                data = b"".join(encode(chunk) for chunk in chunks(event))
+                await response.write(data + (last or b"") if done else data)
+                if done:
                     break
-            assert response is not None  # a stream ends with CallDone
         except GatewayError as error:
             if response is None:
                 raise
             with contextlib.suppress(ConnectionError):
-                await response.write(error_event(error))
+                await response.write(error_event(error) + (last or b""))
         except ConnectionError:  # the client went away
             return response if response is not None else web.Response(status=499)
+    assert response is not None  # a stream ends with CallDone, or an error after its first event
     with contextlib.suppress(ConnectionError):
-        if last is not None:
-            await response.write(last)
         await response.write_eof()
     return response

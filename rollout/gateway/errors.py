@@ -1,7 +1,18 @@
 """What a gateway call can fail with, each error carrying the HTTP status and the OpenAI-shaped
-`type`/`code` the harness gets (never a 500 for the caller's mistake)."""
+`type`/`code` the harness gets (never a 500 for the caller's mistake). Each API writes the same
+error in its own shape: `body()` OpenAI's, `anthropic_body()` Anthropic's."""
 
 from __future__ import annotations
+
+# Anthropic's error type per status (its API has no type of its own for 409: a conflict with
+# the recorded history is the request's fault).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+}
 
 
 class GatewayError(Exception):
@@ -15,6 +26,13 @@ class GatewayError(Exception):
 
     def body(self) -> dict[str, object]:
         return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+    def anthropic_body(self) -> dict[str, object]:
+        """Anthropic's shape: {"type": "error", "error": {"type", "message"}}; the code, where
+        there is one, leads the message (Anthropic's shape has no field for it)."""
+        message = f"{self.code}: {self}" if self.code else str(self)
+        error_type = _ANTHROPIC_TYPES.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
 class RequestError(GatewayError):

@@ -163,3 +163,30 @@ def wait_gone(marker: str, timeout: float = 15.0) -> set[int]:
     while (left := marked(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+def run_harness_in_a_sandbox(client, *, backend: int = 0, image: str = "") -> None:
+    """Runs replay_harness.py's sandbox mode as a harness task on a rootless daemon (`client`):
+    reward 1.0, three gateway calls, token-exact, and the node's LLM server out of its reach (the
+    harness exits 5 if it can reach it)."""
+    from corral.rollout.reference.server import ReferenceServer
+    from corral.v1 import rollout_pb2 as pb
+    from tests.integration.test_harness_tasks import RecordingReplay, assert_token_exact, harness_task
+
+    task = harness_task(f"rootless-harness-{backend}", "local", place=pb.HARNESS_PLACE_SANDBOX)
+    task.backend, task.image = backend, image  # type: ignore[assignment]
+    policy = RecordingReplay([task])
+    server = ReferenceServer(policy)
+    url = server.start_in_thread()
+    try:
+        info = client.rollouts.register_llm(url)
+        task.harness.env["PROBE_URL"] = info.address + "/health"
+        try:
+            result = client.rollouts.run(task, timeout=300)
+        finally:
+            client.rollouts.remove_llm(info.address)
+    finally:
+        server.stop_in_thread()
+    assert result.status == "completed", result.error
+    assert result.reward == 1.0 and result.gateway is not None and result.gateway.calls == 3
+    assert_token_exact(result, policy)

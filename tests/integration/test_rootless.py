@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DaemonProcess
-from tests.integration.rootless_daemons import RootlessDaemon, marked, rootless_place, wait_gone
+from tests.integration.rootless_daemons import (
+    RootlessDaemon,
+    marked,
+    rootless_place,
+    run_harness_in_a_sandbox,
+    wait_gone,
+)
 
 BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "repair.jsonl"
 
@@ -124,6 +130,13 @@ def test_bundled_tasks_reach_reward_1_through_the_rollout_service(client):
     finally:
         server.stop_in_thread()
     assert [(r.task_id, r.status, r.reward) for r in results] == [(t.task_id, "completed", 1.0) for t in tasks]
+
+
+def test_a_harness_in_a_sandbox_reaches_the_gateway_and_nothing_else(client):
+    """A harness task inside a rootless sandbox (network off), whose network namespace the daemon
+    may not enter itself: it reaches the gateway on the sandbox's loopback, not the LLM server on
+    the node's, and the rollout is token-exact."""
+    run_harness_in_a_sandbox(client)
 
 
 def test_a_sandbox_with_network_runs_commands_on_the_hosts_network(client):

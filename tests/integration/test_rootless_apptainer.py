@@ -18,7 +18,15 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import SIF_TEST_IMAGE, DaemonProcess
-from tests.integration.rootless_daemons import RootlessDaemon, as_user, marked, rootless_place, runs, wait_gone
+from tests.integration.rootless_daemons import (
+    RootlessDaemon,
+    as_user,
+    marked,
+    rootless_place,
+    run_harness_in_a_sandbox,
+    runs,
+    wait_gone,
+)
 
 BACKEND = "singularity"
 
@@ -66,6 +74,12 @@ def test_a_sandbox_with_network_is_entered_on_the_hosts_network(client):
         r = sb.exec(["sh", "-c", "readlink /proc/self/ns/net"], timeout=30)
         assert r.exit_code == 0 and r.stdout.strip() == os.readlink("/proc/self/ns/net").encode(), r
         assert sb.shell("net").run("echo in-shell", timeout=30).output == b"in-shell\n"
+
+
+def test_a_harness_in_a_sandbox_reaches_the_gateway_and_nothing_else(client):
+    from corral.v1 import sandbox_pb2
+
+    run_harness_in_a_sandbox(client, backend=sandbox_pb2.BACKEND_SINGULARITY, image=SIF_TEST_IMAGE)
 
 
 def test_node_info_and_doctor_say_rootless(client, rootless):

@@ -34,7 +34,10 @@ class Vocabulary(Protocol):
 
 
 # name -> module defining VOCABULARY (imported on first use).
-_MODULES: dict[str, str] = {}
+_MODULES: dict[str, str] = {
+    "claude": "corral.rollout.reference.vocabularies.claude",
+    "codex": "corral.rollout.reference.vocabularies.codex",
+}
 
 
 def names() -> list[str]:
