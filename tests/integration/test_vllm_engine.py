@@ -447,7 +447,8 @@ async def test_weight_versions_come_from_the_engines_labels_across_a_paused_upda
     """A trainer labels the engine's weights (vLLM's /update_weight_version) and updates them
     between /pause (keeping requests in flight) and /resume; /inference/v1/generate reports the
     label of every token, and each turn carries the oldest of its labels, not the daemon's policy
-    version: the turn the update cut through is 7, the next one 8."""
+    version: the turn the update cut through is 7, the next one 8; in the trajectory each generated
+    token keeps its own label (the cut turn's tokens 7, then 8)."""
 
     async def post(session: aiohttp.ClientSession, path: str, **json_body: str) -> None:
         async with session.post(f"{engine.url}{path}", json=json_body or None) as answer:
@@ -479,8 +480,10 @@ async def test_weight_versions_come_from_the_engines_labels_across_a_paused_upda
     assert [e.weight_versions for e in exchanges] == [["7"], ["7", "8"], ["8"]]
     assert [turn.weight_version for turn in result.turns] == [7, 7, 8]
     offset = 0
-    for turn in result.turns:  # every generated token carries its turn's version
-        assert set(result.weight_versions[offset : offset + len(turn.generated_ids)]) == {turn.weight_version}
+    for turn, exchange in zip(result.turns, exchanges):  # every generated token keeps its own label
+        versions = result.weight_versions[offset : offset + len(turn.generated_ids)]
+        assert versions == sorted(versions) and versions[0] == turn.weight_version
+        assert {str(v) for v in versions} == set(exchange.weight_versions)
         offset += len(turn.generated_ids) + len(turn.observation_ids)
     assert_matches_the_engine(result, exchanges)
 
