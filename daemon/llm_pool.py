@@ -28,7 +28,13 @@ server's cool-down early; it waits so at most `unavailable_wait_s` in all, then 
 remaining attempts anyway. So a restart of the only server costs the rollouts waiting on it the
 restart's time, not their sample.
 
-`pool.generate` has GenerateFn's signature, so the agent loop can take it directly, and
+Streaming (`on_delta` given): the server streams, and the deltas are passed on as they come. A
+failure before the first delta is retried as above (nothing was shown to anyone); after it, the
+ids already passed on cannot be taken back, so the call raises LLMUnavailable at once (the server
+is taken out of rotation as for any failure). The routing key and the weight versions are those
+of a whole generation.
+
+`pool.generate` has GenerateFn's signature (and StreamingGenerateFn's), so the agent loop can take it directly, and
 `pool.context_length` is the agent loop's context window (the smallest the servers report).
 """
 
@@ -49,7 +55,7 @@ from corral.rollout.llm.client import LLMClient, LLMRequestRejected, LLMServerEr
 from corral.rollout.llm.routing import routed, routed_session
 from corral.rollout.llm.sglang import SGLangClient
 from corral.rollout.llm.vllm import VLLMClient
-from corral.rollout.types import Generation, LLMUnavailable, SamplingOptions
+from corral.rollout.types import DeltaSink, Generation, GenerationDelta, LLMUnavailable, SamplingOptions
 from corral.sdk.errors import AlreadyExists, InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
@@ -252,13 +258,25 @@ class LLMPool:
 
     # ---- generation --------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str, *, on_delta: DeltaSink | None = None
+    ) -> Generation:
         if not self._servers:
             raise LLMUnavailable("no LLM server is registered")
         tried: set[str] = set()
         last_error = "no LLM server is available"
         backoff = self.backoff_s
         wait_deadline = self._clock() + self.unavailable_wait_s
+        delivered = False
+        sink: DeltaSink | None = None
+        if on_delta is not None:
+            deliver = on_delta
+
+            def sink(delta: GenerationDelta) -> None:
+                nonlocal delivered
+                delivered = True
+                deliver(delta)
+
         for attempt in range(self.max_attempts):
             await self._confirm_cooled_down()
             server = self._choose(rollout_id, tried)
@@ -274,9 +292,13 @@ class LLMPool:
             tried.add(server.address)
             try:
                 with routed(rollout_id):
-                    generation = await self._call(server, prompt_ids, sampling)
+                    generation = await self._call(server, prompt_ids, sampling, sink)
             except LLMServerError as error:
                 last_error = str(error)
+                if delivered:
+                    raise LLMUnavailable(
+                        f"the LLM server failed after streaming part of the reply: {last_error}"
+                    ) from None
                 if not error.retryable:
                     raise LLMRequestRejected(last_error, server=server.address, status=error.status) from None
                 continue
@@ -320,12 +342,18 @@ class LLMPool:
         except Exception:  # noqa: BLE001 - a probe that fails says "not healthy", whatever the cause
             return False
 
-    async def _call(self, server: _Server, prompt_ids: list[int], sampling: SamplingOptions) -> Generation:
+    async def _call(
+        self, server: _Server, prompt_ids: list[int], sampling: SamplingOptions, on_delta: DeltaSink | None
+    ) -> Generation:
         client = self._client(server)
         server.in_flight += 1
         server.requests += 1
         try:
-            generation = await client.generate(prompt_ids, sampling)
+            generation = await (
+                client.generate(prompt_ids, sampling)
+                if on_delta is None
+                else client.generate(prompt_ids, sampling, on_delta)
+            )
         except LLMServerError as error:
             server.failures += 1
             if error.take_out:

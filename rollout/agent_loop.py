@@ -30,7 +30,6 @@ from corral.rollout.types import (
     ChatTokenizer,
     FinishReason,
     GenerateFn,
-    Generation,
     LLMUnavailable,
     SamplingOptions,
     ToolBox,
@@ -110,7 +109,7 @@ class AgentLoop:
                 # The server gave up on the request (a weight update pausing generation, an
                 # overloaded engine): the turn is cut by the infrastructure, not by the model.
                 raise LLMUnavailable(f"the LLM server {generation.server or ''} aborted the generation")
-            generation = _clipped(generation, max_new)
+            generation = generation.clipped(max_new)
             assistant = {"role": "assistant", "content": self._reply_text(generation.output_ids)}
 
             calls, error = self._parse(assistant["content"])
@@ -158,6 +157,9 @@ class AgentLoop:
                 llm_time_s=llm_time,
                 tool_time_s=tool_time,
                 llm_server=generation.server,
+                generated_weight_versions=None
+                if generation.weight_versions is None
+                else list(generation.weight_versions),
             )
             trajectory.messages += [assistant, *observations]
             trajectory.append_turn(turn)
@@ -206,16 +208,3 @@ class AgentLoop:
 
     def _length(self) -> int:
         return len(self.trajectory.prompt_ids) + len(self.trajectory.response_ids)
-
-
-def _clipped(generation: Generation, max_new: int) -> Generation:
-    """A server that returned more than asked is cut to `max_new` ids, so the trajectory never
-    outgrows max_total_tokens."""
-    if len(generation.output_ids) <= max_new:
-        return generation
-    return dataclasses.replace(
-        generation,
-        output_ids=generation.output_ids[:max_new],
-        logprobs=generation.logprobs[:max_new],
-        finish_reason="length",
-    )

@@ -5,6 +5,7 @@ Kept free of I/O so that trainer adapters can import it without a daemon.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -48,18 +49,62 @@ class Generation:
     # "stop" (end of turn or stop string), "length" (max_new_tokens), "abort".
     finish_reason: str
     # None when the server does not report one; the caller then uses the trainer's policy version.
+    # The oldest when the weights changed mid-generation (staleness is measured by it).
     weight_version: int | None = None
     # Which server generated it (a base URL), for the per-turn record.
     server: str = ""
+    # The weight version of each generated id, when the server reports one per token (vLLM's
+    # spans, SGLang's label on each streamed chunk); None otherwise.
+    weight_versions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.logprobs):
             raise ValueError(f"{len(self.output_ids)} output ids but {len(self.logprobs)} logprobs")
+        if self.weight_versions is not None and len(self.weight_versions) != len(self.output_ids):
+            raise ValueError(f"{len(self.output_ids)} output ids but {len(self.weight_versions)} weight versions")
+
+    def clipped(self, max_new: int) -> Generation:
+        """At most `max_new` ids (finish "length" when cut): a server that returned more than asked
+        must not make a sample outgrow its limits."""
+        if len(self.output_ids) <= max_new:
+            return self
+        versions = self.weight_versions
+        return dataclasses.replace(
+            self,
+            output_ids=self.output_ids[:max_new],
+            logprobs=self.logprobs[:max_new],
+            finish_reason="length",
+            weight_versions=None if versions is None else versions[:max_new],
+        )
+
+
+@dataclass(frozen=True)
+class GenerationDelta:
+    """Ids a streamed generation produced since the last delta, their logprobs, and the weight
+    version the server labelled them with (None when it did not). The deltas of a generation,
+    joined, are its Generation's output_ids and logprobs (a prefix of them when it fails)."""
+
+    ids: list[int]
+    logprobs: list[float]
+    weight_version: int | None = None
+
+
+# Called with each delta as it arrives (synchronously: it must not block).
+DeltaSink = Callable[[GenerationDelta], None]
 
 
 # generate(prompt_ids, sampling, rollout_id) -> Generation. rollout_id lets a server pool keep one
 # rollout on one server (prefix cache). Raises LLMUnavailable.
 GenerateFn = Callable[[list[int], SamplingOptions, str], Awaitable[Generation]]
+
+
+class StreamingGenerateFn(Protocol):
+    """A GenerateFn that also streams: given `on_delta`, it generates streamed and calls it with
+    the ids as they come, then returns the same Generation as without it."""
+
+    def __call__(
+        self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str, *, on_delta: DeltaSink | None = None
+    ) -> Awaitable[Generation]: ...
 
 
 class ChatTokenizer(Protocol):
@@ -146,6 +191,8 @@ class TurnRecord:
     llm_time_s: float
     tool_time_s: float
     llm_server: str = ""
+    # Per generated id, when the server reported versions per token (else weight_version for all).
+    generated_weight_versions: list[int] | None = None
 
 
 @dataclass
@@ -168,7 +215,12 @@ class Trajectory:
         self.response_ids += turn.generated_ids
         self.response_mask += [1] * len(turn.generated_ids)
         self.response_logprobs += turn.generated_logprobs
-        self.weight_versions += [turn.weight_version] * len(turn.generated_ids)
+        if turn.generated_weight_versions is not None and len(turn.generated_weight_versions) == len(
+            turn.generated_ids
+        ):
+            self.weight_versions += turn.generated_weight_versions
+        else:
+            self.weight_versions += [turn.weight_version] * len(turn.generated_ids)
         self.response_ids += turn.observation_ids
         self.response_mask += [0] * len(turn.observation_ids)
         self.response_logprobs += [0.0] * len(turn.observation_ids)

@@ -3,8 +3,9 @@ servers token-in/token-out and records every call's exact ids into trainable sam
 
 See docs/gateway.md. Modules: render (requests into template messages and ids), assembly (calls
 into samples, with the prefix/splice/split rules), session (one rollout's call path and limits),
-openai_api (the chat and completions wire format), responses_api (OpenAI's Responses API),
-anthropic_api (Anthropic's Messages API), app (the aiohttp server), errors.
+streaming (streamed calls' events and what of a reply may be shown yet), openai_api (the chat and
+completions wire format), responses_api (OpenAI's Responses API), anthropic_api (Anthropic's
+Messages API), app (the aiohttp server), errors.
 """
 
 from corral.rollout.gateway.app import Gateway

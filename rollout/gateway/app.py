@@ -13,9 +13,10 @@ Routes (each also under /r/<key>):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -30,10 +31,10 @@ from corral.rollout.gateway.gemini_api import (
     stream_chunks,
 )
 from corral.rollout.gateway.openai_api import (
+    ChatStream,
+    CompletionStream,
     ResponseContext,
-    chat_chunks,
     chat_response,
-    completion_chunks,
     completion_response,
     parse_chat_request,
     parse_completion_request,
@@ -48,7 +49,8 @@ from corral.rollout.gateway.responses_api import (
     sse_named_event,
 )
 from corral.rollout.gateway.session import GatewayOutcome, GatewaySession, SessionSettings
-from corral.rollout.types import ChatTokenizer, GenerateFn
+from corral.rollout.gateway.streaming import CallDone, StreamEvent, TextDelta
+from corral.rollout.types import ChatTokenizer, GenerateFn, StreamingGenerateFn
 
 # Long agent conversations are sent whole on every call.
 MAX_REQUEST_BYTES = 256 * 1024 * 1024
@@ -61,7 +63,7 @@ class Gateway:
 
     def __init__(
         self,
-        generate: GenerateFn,
+        generate: GenerateFn | StreamingGenerateFn,
         tokenizer: ChatTokenizer,
         *,
         policy_version: Callable[[], int] = lambda: 0,
@@ -170,24 +172,37 @@ class Gateway:
         try:
             session = self._session_for(request)
             parsed = parse_chat_request(await _json_body(request))
+            context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
+            if parsed.stream.stream:
+                chunks = ChatStream(context, parsed, self.tokenizer, _next_call_index(session))
+
+                def chat_events(event: StreamEvent) -> Iterable[Any]:
+                    if isinstance(event, TextDelta):
+                        return chunks.text(event.text)
+                    assert event.reply is not None  # a chat call's
+                    return chunks.done(event.result, event.reply)
+
+                return await _sse(request, session.chat_stream(parsed.conversation, parsed.options), chat_events)
             result, reply = await session.chat(parsed.conversation, parsed.options)
         except GatewayError as error:
             return _error_response(error)
-        context = ResponseContext.new(self.model_name, session.rollout_id, "chatcmpl")
-        if parsed.stream.stream:
-            return await _sse(request, _openai_events(chat_chunks(context, result, reply, parsed, self.tokenizer)))
         return _json_response(chat_response(context, result, reply, parsed, self.tokenizer))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         try:
             session = self._session_for(request)
             parsed = parse_completion_request(await _json_body(request))
+            context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")
+            if parsed.stream.stream:
+                chunks = CompletionStream(context, parsed, self.tokenizer, _next_call_index(session))
+
+                def completion_events(event: StreamEvent) -> Iterable[Any]:
+                    return chunks.text(event.text) if isinstance(event, TextDelta) else chunks.done(event.result)
+
+                return await _sse(request, session.complete_stream(parsed.prompt, parsed.options), completion_events)
             result = await session.complete(parsed.prompt, parsed.options)
         except GatewayError as error:
             return _error_response(error)
-        context = ResponseContext.new(self.model_name, session.rollout_id, "cmpl")
-        if parsed.stream.stream:
-            return await _sse(request, _openai_events(completion_chunks(context, result, parsed, self.tokenizer)))
         return _json_response(completion_response(context, result, parsed, self.tokenizer))
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
@@ -201,7 +216,7 @@ class Gateway:
         output = output_items(result, reply, parsed, self.tokenizer)
         if parsed.stream:
             events = response_events(ids, self.model_name, session.rollout_id, parsed, result, output)
-            return await _sse(request, (sse_named_event(event) for event in events))
+            return await _sse_whole(request, (sse_named_event(event) for event in events))
         return _json_response(response_object(ids, self.model_name, session.rollout_id, parsed, result, output))
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
@@ -216,7 +231,7 @@ class Gateway:
         context = anthropic_api.MessageContext.new(self.model_name, session.rollout_id)
         if parsed.stream:
             events = anthropic_api.message_events(context, result, reply, stop)
-            return await _sse(request, (anthropic_api.sse_frame(event, data) for event, data in events))
+            return await _sse_whole(request, (anthropic_api.sse_frame(event, data) for event, data in events))
         return _json_response(anthropic_api.message_response(context, result, reply, stop))
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
@@ -250,7 +265,7 @@ class Gateway:
             return _json_response(generate_response(context, result, reply))
         chunks = stream_chunks(context, result, reply)
         if request.query.get("alt") == "sse":
-            return await _sse(request, (sse_event(chunk) for chunk in chunks))
+            return await _sse_whole(request, (sse_event(chunk) for chunk in chunks))
         return _json_response(list(chunks))
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -279,6 +294,12 @@ def _anthropic_key(request: web.Request) -> str | None:
 def _google_key(request: web.Request) -> str | None:
     """Google's API key: the x-goog-api-key header (the Gen AI SDKs') or the ?key= parameter."""
     return request.headers.get("x-goog-api-key") or request.query.get("key")
+
+
+def _next_call_index(session: GatewaySession) -> Callable[[], int]:
+    """The index a streaming call's commit will give it, asked at its first content delta: the
+    call then holds the session's lock, so no other call commits before it."""
+    return lambda: session.counters.calls
 
 
 async def _json_body(request: web.Request) -> Any:
@@ -310,18 +331,53 @@ def _error_response(error: GatewayError) -> web.Response:
     return _json_response(error.body(), error.status)
 
 
-def _openai_events(chunks: Iterable[Any]) -> Iterator[bytes]:
-    """Chat and completions chunks as events, then OpenAI's closing `data: [DONE]`."""
-    for chunk in chunks:
-        yield sse_event(chunk)
-    yield sse_event("[DONE]")
-
-
-async def _sse(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
-    """The events as one event stream. The reply is whole before its first event, so they are
-    written at once (one write, not one per event)."""
+async def _sse_whole(request: web.Request, events: Iterable[bytes]) -> web.StreamResponse:
+    """A reply generated whole, sent as its events in one write (the Responses, Messages and Gemini APIs)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     await response.write(b"".join(events))
     await response.write_eof()
+    return response
+
+
+async def _sse(
+    request: web.Request,
+    events: AsyncGenerator[StreamEvent, None],
+    chunks: Callable[[StreamEvent], Iterable[Any]],
+    *,
+    encode: Callable[[Any], bytes] = sse_event,
+    error_event: Callable[[GatewayError], bytes] = lambda error: sse_event(error.body()),
+    last: bytes | None = sse_event("[DONE]"),
+) -> web.StreamResponse:
+    """Sends a streaming call's events as server-sent events: `chunks` maps each to the API's
+    objects, `encode` writes one (OpenAI's `data:` lines by default), `error_event` a failure
+    after the stream began, `last` ends the stream (`data: [DONE]`). The response starts with the
+    first event, so a call refused or failing before its first token is answered with its status
+    like a whole one (the GatewayError raised here goes to the caller). A client that goes away
+    closes `events`, which cancels the generation."""
+    response: web.StreamResponse | None = None
+    async with contextlib.aclosing(events):
+        try:
+            async for event in events:
+                if response is None:
+                    response = web.StreamResponse(
+                        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                    )
+                    await response.prepare(request)
+                done = isinstance(event, CallDone)
+                # One write per event (the final one's chunks and the closing event together).
+                data = b"".join(encode(chunk) for chunk in chunks(event))
+                await response.write(data + (last or b"") if done else data)
+                if done:
+                    break
+        except GatewayError as error:
+            if response is None:
+                raise
+            with contextlib.suppress(ConnectionError):
+                await response.write(error_event(error) + (last or b""))
+        except ConnectionError:  # the client went away
+            return response if response is not None else web.Response(status=499)
+    assert response is not None  # a stream ends with CallDone, or an error after its first event
+    with contextlib.suppress(ConnectionError):
+        await response.write_eof()
     return response

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,29 +214,49 @@ def chat_response(
     return {**context.envelope("chat.completion", result.call_index), "choices": [choice], "usage": usage(result)}
 
 
-def chat_chunks(
-    context: ResponseContext, result: CallResult, reply: Message, request: ChatRequest, tokenizer: ChatTokenizer
-) -> Iterator[dict[str, Any]]:
-    """The response as chat.completion.chunk objects: the role, the content, the tool calls, the
-    finish reason, then usage when asked."""
-    envelope = context.envelope("chat.completion.chunk", result.call_index)
-    extra = {"usage": None} if request.stream.include_usage else {}
+class ChatStream:
+    """A streamed chat completion as chat.completion.chunk objects: the role with the first
+    content, each content delta, then (`done`) the logprobs, the tool calls, the finish reason and
+    usage when asked. `call_index` is asked at the first chunk (see app.py)."""
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+    def __init__(
+        self, context: ResponseContext, request: ChatRequest, tokenizer: ChatTokenizer, call_index: Callable[[], int]
+    ) -> None:
+        self.context = context
+        self.request = request
+        self.tokenizer = tokenizer
+        self._call_index = call_index
+        self._envelope: dict[str, Any] | None = None
+        self._extra = {"usage": None} if request.stream.include_usage else {}
+        self._started = False
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        if self._envelope is None:
+            self._envelope = self.context.envelope("chat.completion.chunk", self._call_index())
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return {**envelope, "choices": [choice], **extra}
+        return {**self._envelope, "choices": [choice], **self._extra}
 
-    yield chunk({"role": "assistant", "content": ""})
-    if reply["content"] or request.logprobs:
-        yield chunk(
-            {"content": reply["content"]}, logprobs=chat_logprobs(result, tokenizer) if request.logprobs else None
-        )
-    tool_calls = openai_tool_calls(reply)
-    if tool_calls:
-        yield chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls)]})
-    yield chunk({}, result.finish_reason)
-    if request.stream.include_usage:
-        yield {**envelope, "choices": [], "usage": usage(result)}
+    def _role(self) -> Iterator[dict[str, Any]]:
+        if not self._started:
+            self._started = True
+            yield self._chunk({"role": "assistant", "content": ""})
+
+    def text(self, text: str) -> Iterator[dict[str, Any]]:
+        yield from self._role()
+        yield self._chunk({"content": text})
+
+    def done(self, result: CallResult, reply: Message) -> Iterator[dict[str, Any]]:
+        if self._envelope is None:
+            self._envelope = self.context.envelope("chat.completion.chunk", result.call_index)
+        yield from self._role()
+        if self.request.logprobs:
+            yield self._chunk({"content": ""}, logprobs=chat_logprobs(result, self.tokenizer))
+        tool_calls = openai_tool_calls(reply)
+        if tool_calls:
+            yield self._chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls)]})
+        yield self._chunk({}, result.finish_reason)
+        if self.request.stream.include_usage:
+            yield {**self._envelope, "choices": [], "usage": usage(result)}
 
 
 def completion_response(
@@ -255,21 +275,48 @@ def completion_response(
     return response
 
 
-def completion_chunks(
-    context: ResponseContext, result: CallResult, request: CompletionRequest, tokenizer: ChatTokenizer
-) -> Iterator[dict[str, Any]]:
-    whole = completion_response(context, result, request, tokenizer)
-    choice = whole["choices"][0]
-    extra = {"usage": None} if request.stream.include_usage else {}
-    base = {key: value for key, value in whole.items() if key not in ("choices", "usage")}
-    yield {**base, "choices": [{**choice, "finish_reason": None}], **extra}
-    yield {
-        **base,
-        "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"]}],
-        **extra,
-    }
-    if request.stream.include_usage:
-        yield {**base, "choices": [], "usage": whole["usage"]}
+class CompletionStream:
+    """A streamed completion as text_completion chunks: each text delta, then (`done`) a chunk
+    with the logprobs and token ids when asked, the finish reason, and usage when asked.
+    `call_index` is asked at the first chunk (see app.py)."""
+
+    def __init__(
+        self,
+        context: ResponseContext,
+        request: CompletionRequest,
+        tokenizer: ChatTokenizer,
+        call_index: Callable[[], int],
+    ) -> None:
+        self.context = context
+        self.request = request
+        self.tokenizer = tokenizer
+        self._call_index = call_index
+        self._envelope: dict[str, Any] | None = None
+        self._extra = {"usage": None} if request.stream.include_usage else {}
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        if self._envelope is None:
+            self._envelope = self.context.envelope("text_completion", self._call_index())
+        choice = {"index": 0, "logprobs": None, "finish_reason": None, **choice}
+        return {**self._envelope, "choices": [choice], **self._extra}
+
+    def text(self, text: str) -> Iterator[dict[str, Any]]:
+        yield self._chunk({"text": text})
+
+    def done(self, result: CallResult) -> Iterator[dict[str, Any]]:
+        if self._envelope is None:
+            self._envelope = self.context.envelope("text_completion", result.call_index)
+        whole = completion_response(self.context, result, self.request, self.tokenizer)
+        choice = whole["choices"][0]
+        if self.request.logprobs or self.request.return_token_ids:
+            extra = {key: choice[key] for key in ("logprobs", "token_ids") if key in choice}
+            tail = self._chunk({"text": "", **extra})
+            if "prompt_token_ids" in whole:
+                tail["prompt_token_ids"] = whole["prompt_token_ids"]
+            yield tail
+        yield self._chunk({"text": "", "finish_reason": choice["finish_reason"]})
+        if self.request.stream.include_usage:
+            yield {**self._envelope, "choices": [], "usage": whole["usage"]}
 
 
 def sse_event(data: Mapping[str, Any] | str) -> bytes:

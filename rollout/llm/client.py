@@ -5,11 +5,12 @@ sorts failures into retryable (the server's fault: try another) and not (the req
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import aiohttp
 
-from corral.rollout.types import Generation, LLMUnavailable, SamplingOptions
+from corral.rollout.types import DeltaSink, Generation, LLMUnavailable, SamplingOptions
 
 
 class LLMServerError(Exception):
@@ -56,8 +57,11 @@ class LLMClient(Protocol):
 
     base_url: str
 
-    async def generate(self, input_ids: list[int], sampling: SamplingOptions) -> Generation:
-        """Raises LLMServerError."""
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingOptions, on_delta: DeltaSink | None = None
+    ) -> Generation:
+        """Raises LLMServerError. With `on_delta` the server streams: each delta of ids is passed
+        on as it arrives, and the Generation returned is the one the same answer whole gives."""
         ...
 
     async def health(self) -> bool:
@@ -144,11 +148,7 @@ class HTTPClientBase:
                 f"{method} {url} failed: {type(error).__name__}: {error}", server=self.base_url
             ) from None
         if status >= 400:
-            detail = body[:500].decode(errors="replace")
-            retryable = status >= 500 or status in (408, 429)
-            raise LLMServerError(
-                f"{method} {url} answered {status}: {detail}", server=self.base_url, status=status, retryable=retryable
-            )
+            raise self._status_error(f"{method} {url}", status, body)
         if not json_answer:
             return body
         try:
@@ -159,6 +159,65 @@ class HTTPClientBase:
                 server=self.base_url,
                 status=status,
             ) from None
+
+    def _status_error(self, what: str, status: int, body: bytes) -> LLMServerError:
+        detail = body[:500].decode(errors="replace")
+        retryable = status >= 500 or status in (408, 429)
+        return LLMServerError(
+            f"{what} answered {status}: {detail}", server=self.base_url, status=status, retryable=retryable
+        )
+
+    async def _stream(self, path: str, payload: dict[str, Any]) -> AsyncIterator[Any]:
+        """POSTs `payload` and yields the decoded JSON of each server-sent event's data as it
+        arrives, until `data: [DONE]` or the end of the answer. LLMServerError for every failure,
+        as `_request`, and for an error event ({"error": ...}: the server failed mid-stream).
+        Closing the iterator early closes the connection (the server then aborts the request)."""
+        url = self.base_url + path
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        try:
+            async with self._get_session().post(url, json=payload, timeout=timeout) as response:
+                if response.status >= 400:
+                    raise self._status_error(f"POST {url}", response.status, await response.read())
+                buffer = b""
+                async for piece in response.content.iter_any():
+                    buffer += piece
+                    *events, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
+                    for event in events:
+                        data = _event_data(event)
+                        if data is None:
+                            continue
+                        if data == b"[DONE]":
+                            return
+                        yield self._event_json(url, data)
+                data = _event_data(buffer)
+                if data is not None and data != b"[DONE]":
+                    yield self._event_json(url, data)
+        except TimeoutError:
+            raise LLMServerError(f"POST {url} timed out", server=self.base_url) from None
+        except (aiohttp.ClientError, OSError) as error:
+            raise LLMServerError(f"POST {url} failed: {type(error).__name__}: {error}", server=self.base_url) from None
+
+    def _event_json(self, url: str, data: bytes) -> Any:
+        try:
+            decoded = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise LLMServerError(
+                f"POST {url} streamed something that is not JSON: {data[:200]!r}", server=self.base_url
+            ) from None
+        if isinstance(decoded, dict) and (
+            ("error" in decoded and "choices" not in decoded and "meta_info" not in decoded)
+            or decoded.get("object") == "error"
+        ):
+            raise LLMServerError(
+                f"POST {url} failed mid-stream: {str(decoded.get('error', decoded))[:500]}", server=self.base_url
+            )
+        return decoded
+
+
+def _event_data(event: bytes) -> bytes | None:
+    """The data of one server-sent event (its `data:` lines joined); None when it has none."""
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
 
 
 def protocol_error(server: str, message: str) -> LLMServerError:
@@ -203,3 +262,26 @@ def weight_version(meta: dict[str, Any]) -> int | None:
         if versions and all(v is not None for v in versions):
             return min(v for v in versions if v is not None)
     return int_or_none(meta.get("weight_version"))
+
+
+def token_weight_versions(spans: Any, count: int) -> tuple[int, ...] | None:
+    """The weight version of each of `count` generated tokens from [{"version", "start", "end"}]
+    spans (tokens [start, end) sampled with `version`); None unless the spans give every token an
+    integer version."""
+    if not isinstance(spans, list) or not spans:
+        return None
+    versions: list[int | None] = [None] * count
+    for span in spans:
+        if not isinstance(span, dict):
+            return None
+        version, start, end = (
+            int_or_none(span.get("version")),
+            int_or_none(span.get("start")),
+            int_or_none(span.get("end")),
+        )
+        if version is None or start is None or end is None or not 0 <= start <= end <= count:
+            return None
+        versions[start:end] = [version] * (end - start)
+    if any(v is None for v in versions):
+        return None
+    return tuple(v for v in versions if v is not None)

@@ -8,6 +8,14 @@ Response: "output_ids", and "meta_info" with "output_token_logprobs" ([logprob, 
 generated token), "finish_reason" ({"type": "stop" | "length" | "abort", "matched": ...}) and
 "weight_version" (a string), plus "weight_versions" spans in recent releases.
 
+Streamed ("stream": true): server-sent events `data: {"text", "output_ids", "meta_info"}`, then
+`data: [DONE]`. By default each event carries everything so far (output_ids and
+meta_info.output_token_logprobs cumulative); a server started with --incremental-streaming-output
+sends only the new ones. meta_info.completion_tokens (the count so far, in both modes) tells which.
+The last event has the finish reason. The client joins the events into the whole answer and reads
+it as a whole one; each event's meta_info.weight_version labels its new ids, so a generation
+whose weights changed midway gets a weight version per token (whole, only the last label is known).
+
 The stop token: SGLang's "output_ids" (and "output_token_logprobs") keep the token generation
 stopped on; only the text is trimmed, and no_stop_trim keeps that too. Should a server return ids
 without it all the same (finish "stop" with an int "matched" that is not the last id), the client
@@ -17,6 +25,7 @@ for it, else it is unknown and recorded as 0.0.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import aiohttp
@@ -27,9 +36,10 @@ from corral.rollout.llm.client import (
     int_or_none,
     optional_sampling_fields,
     protocol_error,
+    token_weight_versions,
     weight_version,
 )
-from corral.rollout.types import Generation, SamplingOptions
+from corral.rollout.types import DeltaSink, Generation, GenerationDelta, SamplingOptions
 
 
 class SGLangClient(HTTPClientBase):
@@ -43,7 +53,7 @@ class SGLangClient(HTTPClientBase):
     ) -> None:
         super().__init__(base_url, session=session, timeout_s=timeout_s)
 
-    def request_body(self, input_ids: list[int], sampling: SamplingOptions) -> dict[str, Any]:
+    def request_body(self, input_ids: list[int], sampling: SamplingOptions, stream: bool = False) -> dict[str, Any]:
         params: dict[str, Any] = {
             "max_new_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
@@ -57,12 +67,72 @@ class SGLangClient(HTTPClientBase):
             "sampling_params": params,
             "return_logprob": True,
             "logprob_start_len": -1,
-            "stream": False,
+            "stream": stream,
         }
 
-    async def generate(self, input_ids: list[int], sampling: SamplingOptions) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingOptions, on_delta: DeltaSink | None = None
+    ) -> Generation:
+        if on_delta is not None:
+            return await self._generate_streamed(input_ids, sampling, on_delta)
         data = await self._request("POST", "/generate", self.request_body(input_ids, sampling))
         return self.parse(data)
+
+    async def _generate_streamed(
+        self, input_ids: list[int], sampling: SamplingOptions, on_delta: DeltaSink
+    ) -> Generation:
+        ids: list[int] = []
+        triples: list[Any] = []
+        labels: list[int | None] = []  # the weight version each id came labelled with
+        meta: dict[str, Any] = {}
+        async for event in self._stream("/generate", self.request_body(input_ids, sampling, stream=True)):
+            if isinstance(event, list) and len(event) == 1:
+                event = event[0]
+            if not isinstance(event, dict) or not isinstance(event.get("meta_info"), dict):
+                raise protocol_error(self.base_url, "a streamed /generate event has no meta_info")
+            meta = event["meta_info"]
+            new_ids = self._new_entries(event.get("output_ids"), ids, meta, "output_ids")
+            new_triples = self._new_entries(meta.get("output_token_logprobs"), triples, meta, "output_token_logprobs")
+            if len(new_triples) != len(new_ids):
+                raise protocol_error(
+                    self.base_url, f"a streamed event adds {len(new_ids)} ids but {len(new_triples)} logprobs"
+                )
+            part = self.parse({"output_ids": new_ids, "meta_info": {"output_token_logprobs": new_triples}})
+            ids += new_ids
+            triples += new_triples
+            label = int_or_none(meta.get("weight_version"))
+            labels += [label] * len(new_ids)
+            if new_ids:
+                on_delta(GenerationDelta(part.output_ids, part.logprobs, label))
+        if meta.get("finish_reason") is None:
+            raise protocol_error(self.base_url, "the /generate stream ended before the generation finished")
+        generation = self.parse({"output_ids": ids, "meta_info": {**meta, "output_token_logprobs": triples}})
+        if len(generation.output_ids) > len(ids):  # the stop token the server dropped, put back
+            on_delta(GenerationDelta(generation.output_ids[len(ids) :], generation.logprobs[len(ids) :]))
+            labels += [labels[-1] if labels else None] * (len(generation.output_ids) - len(ids))
+        if not meta.get("weight_versions") and len(set(labels)) > 1 and None not in labels:
+            per_token = tuple(label for label in labels if label is not None)
+            generation = dataclasses.replace(generation, weight_version=min(per_token), weight_versions=per_token)
+        return generation
+
+    def _new_entries(self, entries: Any, received: list[Any], meta: dict[str, Any], name: str) -> list[Any]:
+        """The entries of a streamed event's list that are new: all of them when the server
+        streams incrementally, those past `received` when it repeats everything so far."""
+        if entries is None:
+            entries = []
+        if not isinstance(entries, list):
+            raise protocol_error(self.base_url, f"{name} of a streamed event is not a list")
+        total = int_or_none(meta.get("completion_tokens"))
+        cumulative = len(entries) >= len(received) and entries[: len(received)] == received
+        if total is not None:
+            if len(entries) == total and cumulative:
+                return entries[len(received) :]
+            if len(received) + len(entries) == total:
+                return entries
+            raise protocol_error(
+                self.base_url, f"a streamed event has {len(entries)} {name} after {len(received)}, of {total} in all"
+            )
+        return entries[len(received) :] if cumulative and received else entries
 
     def parse(self, data: Any) -> Generation:
         """A Generation from /generate's JSON answer; LLMServerError when it lacks ids or logprobs."""
@@ -118,6 +188,7 @@ class SGLangClient(HTTPClientBase):
             finish_reason=finish,
             weight_version=weight_version(meta),
             server=self.base_url,
+            weight_versions=token_weight_versions(meta.get("weight_versions"), len(output_ids)),
         )
 
     async def get_weight_version(self) -> int | None:

@@ -30,6 +30,14 @@ unless it runs with --logprobs-mode processed_logprobs. A sampling that reshapes
 needs processed ones; the client probes the server once (`logprobs_mode`) and refuses such a
 sampling from a server that returns anything else (LLMServerError, not retryable).
 
+Streamed (a DeltaSink given): the same requests with "stream": true (and, for /v1/completions,
+"stream_options": {"include_usage": false}). Each server-sent event's choices[0] carries the new
+"token_ids" and their logprobs (logprobs.content on /inference/v1/generate, logprobs.token_logprobs
+on /v1/completions); the last has the finish and stop reasons, and on /inference/v1/generate the
+"weight_versions" spans of the whole output. The client joins them into the whole answer's choice
+and reads that as a whole one, so both modes give the same Generation. With spans, every token
+gets its label (Generation.weight_versions) in either mode.
+
 The model name: the one given, else the first of GET /v1/models (asked once). The context window:
 that entry's "max_model_len" (`context_length`), which the agent loop keeps every request within.
 """
@@ -37,6 +45,7 @@ that entry's "max_model_len" (`context_length`), which the agent loop keeps ever
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import aiohttp
@@ -47,9 +56,10 @@ from corral.rollout.llm.client import (
     int_or_none,
     optional_sampling_fields,
     protocol_error,
+    token_weight_versions,
     weight_version,
 )
-from corral.rollout.types import Generation, SamplingOptions
+from corral.rollout.types import DeltaSink, Generation, GenerationDelta, SamplingOptions
 
 _TOKEN_ID_PREFIX = "token_id:"
 GENERATE_PATH = "/inference/v1/generate"
@@ -159,12 +169,18 @@ class VLLMClient(HTTPClientBase):
         params.update(optional_sampling_fields(sampling))
         return {"model": model, "token_ids": list(input_ids), "sampling_params": params, "stream": False}
 
-    async def generate(self, input_ids: list[int], sampling: SamplingOptions) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingOptions, on_delta: DeltaSink | None = None
+    ) -> Generation:
         model = await self.resolve_model()
         await self.check_logprobs(sampling)
         if self.token_endpoint is not False:
+            body = self.generate_body(model, input_ids, sampling)
             try:
-                data = await self._request("POST", GENERATE_PATH, self.generate_body(model, input_ids, sampling))
+                if on_delta is None:
+                    generation = self.parse_generate(await self._request("POST", GENERATE_PATH, body))
+                else:
+                    generation = await self._streamed(GENERATE_PATH, {**body, "stream": True}, on_delta, _generate_part)
             except LLMServerError as error:
                 # 403: scale-out endpoints disabled; 404/405: a vLLM without them (also when a
                 # concurrent first generation found that out already).
@@ -173,9 +189,49 @@ class VLLMClient(HTTPClientBase):
                 self.token_endpoint = False
             else:
                 self.token_endpoint = True
-                return self.parse_generate(data)
-        data = await self._request("POST", COMPLETIONS_PATH, self.request_body(model, input_ids, sampling))
-        return self.parse(data)
+                return generation
+        body = self.request_body(model, input_ids, sampling)
+        if on_delta is None:
+            return self.parse(await self._request("POST", COMPLETIONS_PATH, body))
+        body = {**body, "stream": True, "stream_options": {"include_usage": False}}
+        return await self._streamed(COMPLETIONS_PATH, body, on_delta, _completion_part)
+
+    async def _streamed(self, path: str, body: dict[str, Any], on_delta: DeltaSink, part: Any) -> Generation:
+        """Generates streamed: passes each event's new ids on, joins the events' choices into
+        the whole answer's (`part` reads one event's ids and logprob entries) and parses that."""
+        ids: list[int] = []
+        entries: list[Any] = []
+        last: dict[str, Any] = {}
+        spans: Any = None
+        async for event in self._stream(path, body):
+            choices = event.get("choices") if isinstance(event, dict) else None
+            if not choices:  # a usage event
+                continue
+            choice = self._first_choice(event)
+            new_ids, new_entries = part(self, choice)
+            if new_ids or new_entries:
+                new = self._joined(path, new_ids, new_entries, {})  # checks them as a whole answer would
+                on_delta(GenerationDelta(new.output_ids, new.logprobs))
+            ids += new_ids
+            entries += new_entries
+            last = choice
+            spans = choice.get("weight_versions") or spans
+        if last.get("finish_reason") is None:
+            raise protocol_error(self.base_url, f"the {path} stream ended before the generation finished")
+        generation = self._joined(path, ids, entries, {**last, "weight_versions": spans})
+        if len(generation.output_ids) > len(ids):  # the stop token the server dropped, put back
+            on_delta(GenerationDelta(generation.output_ids[len(ids) :], generation.logprobs[len(ids) :]))
+        return generation
+
+    def _joined(self, path: str, ids: list[int], entries: list[Any], last: dict[str, Any]) -> Generation:
+        """The Generation of the whole answer whose choice has these ids and logprob entries."""
+        choice = {key: value for key, value in last.items() if key not in ("token_ids", "logprobs", "text")}
+        choice["token_ids"] = ids
+        if path == GENERATE_PATH:
+            choice["logprobs"] = {"content": entries}
+            return self.parse_generate({"choices": [choice]})
+        choice["logprobs"] = {"token_logprobs": entries}
+        return self.parse({"choices": [choice]})
 
     def parse_generate(self, data: Any) -> Generation:
         """A Generation from /inference/v1/generate's answer (weight version from its spans)."""
@@ -190,12 +246,14 @@ class VLLMClient(HTTPClientBase):
             raise protocol_error(self.base_url, "token_ids is not a list of ids")
         if [int_or_none(entry.get("token_id")) for entry in content] != [int(i) for i in ids]:
             raise protocol_error(self.base_url, "logprobs.content names other ids than token_ids")
-        return self._generation(
+        generation = self._generation(
             [int(i) for i in ids],
             [float(entry["logprob"]) for entry in content],
             choice,
             weight_version({"weight_versions": choice.get("weight_versions")}),
         )
+        per_token = token_weight_versions(choice.get("weight_versions"), len(generation.output_ids))
+        return dataclasses.replace(generation, weight_versions=per_token) if per_token else generation
 
     def parse(self, data: Any) -> Generation:
         """A Generation from /v1/completions' answer."""
@@ -258,6 +316,31 @@ class VLLMClient(HTTPClientBase):
         except LLMServerError:
             return False
         return True
+
+
+def _generate_part(client: VLLMClient, choice: dict[str, Any]) -> tuple[list[int], list[Any]]:
+    """One /inference/v1/generate event's new ids and logprobs.content entries."""
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    return _ids(client, choice.get("token_ids")), list(content or [])
+
+
+def _completion_part(client: VLLMClient, choice: dict[str, Any]) -> tuple[list[int], list[Any]]:
+    """One /v1/completions event's new ids and token_logprobs."""
+    logprobs = choice.get("logprobs")
+    values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+    ids = choice.get("token_ids")
+    if ids is None and isinstance(logprobs, dict):  # before return_token_ids: "token_id:<id>" tokens
+        ids = [_token_id(token) for token in logprobs.get("tokens") or []]
+    return _ids(client, ids), list(values or [])
+
+
+def _ids(client: VLLMClient, ids: Any) -> list[int]:
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(int_or_none(i) is not None for i in ids):
+        raise protocol_error(client.base_url, "a streamed event's token_ids is not a list of ids")
+    return [int(i) for i in ids]
 
 
 def _token_id(token: Any) -> int | None:

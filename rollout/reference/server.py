@@ -10,6 +10,11 @@ Endpoints (the subset of SGLang's that the daemon and trainers use):
   "output_token_logprobs": [[logprob, id, null], ...] (with return_logprob)}}. `output_ids`
   always keeps the stop token (as SGLang's do); `text` drops special tokens unless
   skip_special_tokens is false and trims the matched stop unless no_stop_trim is true.
+  With "stream": true, server-sent events as SGLang sends them, one per generated token: `data:
+  {"text", "output_ids", "meta_info"}` with everything so far (SGLang's default) or, with
+  `incremental_streaming_output` (--incremental-streaming-output), only what is new;
+  meta_info.completion_tokens is the count so far and finish_reason is null until the last
+  event; then `data: [DONE]`.
 - GET /health, /health_generate: 200.
 - GET /get_model_info, /get_weight_version.
 - POST /update_weights_from_disk {"model_path", "weight_version"?}: {"success", "message",
@@ -17,7 +22,8 @@ Endpoints (the subset of SGLang's that the daemon and trainers use):
 Errors are 400 {"error": {"message": ...}}.
 
 Optional simulated latency (`latency_s` + `per_token_latency_s` per generated token, slept
-without blocking) lets benchmarks model a real server's timing.
+without blocking) lets benchmarks model a real server's timing; streamed, `latency_s` comes before
+the first token and `per_token_latency_s` before each.
 
 Command line:
     python -m corral.rollout.reference.server --policy replay --tasks FILE.jsonl --port N
@@ -67,8 +73,10 @@ class ReferenceServer:
         per_token_latency_s: float = 0.0,
         model_path: str | None = None,
         grace_s: float = 1.0,
+        incremental_streaming_output: bool = False,
     ) -> None:
         self.policy = policy
+        self.incremental_streaming_output = incremental_streaming_output
         self.host = host
         self.port = port
         self.latency_s = latency_s
@@ -161,7 +169,7 @@ class ReferenceServer:
 
     # ---- handlers ------------------------------------------------------------------------------
 
-    async def _generate(self, request: web.Request) -> web.Response:
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         try:
             body = await request.json()
@@ -169,41 +177,75 @@ class ReferenceServer:
             return _error("the body is not JSON")
         if not isinstance(body, dict):
             return _error("the body must be a JSON object")
-        if body.get("stream"):
-            return _error("streaming is not supported by the reference server")
         try:
             input_ids = self._input_ids(body)
             params = GenerateParams.from_sglang(body.get("sampling_params"))
             output = await self.policy.generate(input_ids, params)
         except PolicyError as error:
             return _error(str(error))
-        version = self.policy.weight_version if output.weight_version is None else output.weight_version
+        if body.get("stream"):
+            return await self._stream(request, body, input_ids, output, started)
         if self.latency_s or self.per_token_latency_s:
             await asyncio.sleep(self.latency_s + self.per_token_latency_s * len(output.output_ids))
         self.requests_served += 1
+        return web.json_response(self._answer(body, input_ids, output, len(output.output_ids), started))
+
+    def _answer(
+        self, body: dict[str, Any], input_ids: list[int], output: PolicyOutput, count: int, started: float
+    ) -> dict[str, Any]:
+        """The answer for the first `count` generated ids (all of them: the whole answer, with its
+        finish reason)."""
+        done = count == len(output.output_ids)
+        version = self.policy.weight_version if output.weight_version is None else output.weight_version
         params_raw = body.get("sampling_params") or {}
         meta: dict[str, Any] = {
             "id": uuid.uuid4().hex,
-            "finish_reason": _finish_reason(output),
+            "finish_reason": _finish_reason(output) if done else None,
             "prompt_tokens": len(input_ids),
-            "completion_tokens": len(output.output_ids),
+            "completion_tokens": count,
             "cached_tokens": 0,
             "weight_version": str(version),
             "e2e_latency": time.monotonic() - started,
         }
+        ids = output.output_ids[:count]
         if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [[lp, token, None] for lp, token in zip(output.logprobs, output.output_ids)]
-        return web.json_response(
-            {
-                "text": self._text(
-                    output,
-                    skip_special=params_raw.get("skip_special_tokens", True),
-                    no_stop_trim=bool(params_raw.get("no_stop_trim", False)),
-                ),
-                "output_ids": output.output_ids,
-                "meta_info": meta,
-            }
+            meta["output_token_logprobs"] = [[lp, token, None] for lp, token in zip(output.logprobs, ids)]
+        partial = output if done else PolicyOutput(ids, output.logprobs[:count], "length", None, output.weight_version)
+        text = self._text(
+            partial,
+            skip_special=params_raw.get("skip_special_tokens", True),
+            no_stop_trim=bool(params_raw.get("no_stop_trim", False)),
         )
+        return {"text": text, "output_ids": ids, "meta_info": meta}
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], input_ids: list[int], output: PolicyOutput, started: float
+    ) -> web.StreamResponse:
+        """One event per generated token (an event with the finish reason alone when there is
+        none); a client that goes away ends it."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        await asyncio.sleep(self.latency_s)
+        sent_ids, sent_text = 0, ""
+        try:
+            for count in range(1, len(output.output_ids) + 1) or [0]:
+                await asyncio.sleep(self.per_token_latency_s if count else 0.0)
+                answer = self._answer(body, input_ids, output, count, started)
+                if self.incremental_streaming_output:
+                    text = answer["text"]
+                    answer["text"] = text[len(sent_text) :] if text.startswith(sent_text) else text
+                    answer["output_ids"] = answer["output_ids"][sent_ids:]
+                    meta = answer["meta_info"]
+                    if "output_token_logprobs" in meta:
+                        meta["output_token_logprobs"] = meta["output_token_logprobs"][sent_ids:]
+                    sent_ids, sent_text = count, text
+                await response.write(b"data: " + json.dumps(answer).encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionError:  # the client went away: the request is dropped
+            return response
+        self.requests_served += 1
+        return response
 
     def _input_ids(self, body: dict[str, Any]) -> list[int]:
         ids = body.get("input_ids")
@@ -373,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=30000, help="0: a free port (the URL is printed)")
     parser.add_argument("--latency-s", type=float, default=0.0, help="simulated fixed latency per request")
     parser.add_argument("--per-token-latency-s", type=float, default=0.0, help="simulated latency per generated token")
+    parser.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="streamed events carry only the new ids and logprobs (SGLang's option of that name)",
+    )
     args = parser.parse_args(argv)
     try:
         policy = make_policy(
@@ -388,7 +435,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     server = ReferenceServer(
-        policy, args.host, args.port, latency_s=args.latency_s, per_token_latency_s=args.per_token_latency_s
+        policy,
+        args.host,
+        args.port,
+        latency_s=args.latency_s,
+        per_token_latency_s=args.per_token_latency_s,
+        incremental_streaming_output=args.incremental_streaming_output,
     )
     asyncio.run(_serve(server))
     return 0

@@ -49,7 +49,7 @@ from corral.daemon.llm_pool import LLMPool
 from corral.rollout.gateway import Gateway, GatewaySession, SessionSettings
 from corral.rollout.llm.routing import ROUTING_KEY_HEADER
 from corral.rollout.tokenizer import HFChatTokenizer
-from corral.rollout.types import Generation, SamplingOptions, Trajectory
+from corral.rollout.types import Generation, GenerationDelta, SamplingOptions, Trajectory
 from corral.sdk import AsyncClient, RolloutResult
 from corral.v1 import rollout_pb2 as pb
 from tests.conftest import DaemonProcess, require_backend, shared_daemon_config
@@ -245,7 +245,7 @@ class RecordingProxy:
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
-    async def forward(self, request: web.Request) -> web.Response:
+    async def forward(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/inference/v1/generate" and not self.scale_out:
             return web.json_response({"detail": "Not Found"}, status=404)
         body = await request.read()
@@ -256,6 +256,8 @@ class RecordingProxy:
             async with self.session.request(
                 request.method, self.target + request.path_qs, data=body, headers={"Content-Type": "application/json"}
             ) as answer:
+                if answer.content_type == "text/event-stream":
+                    return await self.forward_stream(request, json.loads(body), answer)
                 data = await answer.read()
                 status = answer.status
         except aiohttp.ClientError as error:
@@ -263,6 +265,33 @@ class RecordingProxy:
         if request.path in ("/v1/completions", "/inference/v1/generate") and status == 200:
             self.record(request, json.loads(body), json.loads(data)["choices"][0])
         return web.Response(body=data, status=status, content_type="application/json")
+
+    async def forward_stream(
+        self, request: web.Request, sent: dict, answer: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        """Passes a streamed answer on as it comes, and records the choice its events join into
+        (ids and logprobs in order, the last finish and stop reasons, the weight-version spans)."""
+        response = web.StreamResponse(status=answer.status, headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        data = b""
+        async for piece in answer.content.iter_any():
+            data += piece
+            await response.write(piece)
+        await response.write_eof()
+        joined: dict[str, Any] = {"token_ids": [], "logprobs": {"token_logprobs": [], "content": []}}
+        for event in data.split(b"\n\n"):
+            if not event.startswith(b"data: {"):
+                continue
+            choices = json.loads(event[6:]).get("choices") or []
+            for choice in choices:
+                joined["token_ids"] += choice.get("token_ids") or []
+                for key in ("token_logprobs", "content"):
+                    joined["logprobs"][key] += (choice.get("logprobs") or {}).get(key) or []
+                for key in ("finish_reason", "stop_reason", "weight_versions"):
+                    if choice.get(key) is not None or key not in joined:
+                        joined[key] = choice.get(key)
+        self.record(request, sent, joined)
+        return response
 
     def record(self, request: web.Request, sent: dict, choice: dict) -> None:
         if request.path == "/v1/completions":
@@ -418,7 +447,8 @@ async def test_weight_versions_come_from_the_engines_labels_across_a_paused_upda
     """A trainer labels the engine's weights (vLLM's /update_weight_version) and updates them
     between /pause (keeping requests in flight) and /resume; /inference/v1/generate reports the
     label of every token, and each turn carries the oldest of its labels, not the daemon's policy
-    version: the turn the update cut through is 7, the next one 8."""
+    version: the turn the update cut through is 7, the next one 8; in the trajectory each generated
+    token keeps its own label (the cut turn's tokens 7, then 8)."""
 
     async def post(session: aiohttp.ClientSession, path: str, **json_body: str) -> None:
         async with session.post(f"{engine.url}{path}", json=json_body or None) as answer:
@@ -450,8 +480,10 @@ async def test_weight_versions_come_from_the_engines_labels_across_a_paused_upda
     assert [e.weight_versions for e in exchanges] == [["7"], ["7", "8"], ["8"]]
     assert [turn.weight_version for turn in result.turns] == [7, 7, 8]
     offset = 0
-    for turn in result.turns:  # every generated token carries its turn's version
-        assert set(result.weight_versions[offset : offset + len(turn.generated_ids)]) == {turn.weight_version}
+    for turn, exchange in zip(result.turns, exchanges):  # every generated token keeps its own label
+        versions = result.weight_versions[offset : offset + len(turn.generated_ids)]
+        assert versions == sorted(versions) and versions[0] == turn.weight_version
+        assert {str(v) for v in versions} == set(exchange.weight_versions)
         offset += len(turn.generated_ids) + len(turn.observation_ids)
     assert_matches_the_engine(result, exchanges)
 
@@ -603,6 +635,32 @@ async def test_a_gateway_conversation_is_token_exact_with_the_engines_logprobs(
     processed, _raw = await asyncio.to_thread(recomputed_logprobs, tiny_model, ids, positions)
     engine_logprobs = [lp for lp, mask in zip(sample.response_logprobs, sample.response_mask) if mask]
     assert_logprobs_match(engine_logprobs, processed)
+
+
+@pytest.mark.parametrize("proxy", [True, False], indirect=True, ids=["generate", "completions"])
+async def test_streamed_generation_equals_whole_at_temperature_0(proxy, tokenizer):
+    """The same prompt at temperature 0, whole and streamed through the pool (the engine streams
+    its ids and logprobs as it generates them, on /inference/v1/generate and on /v1/completions):
+    the same ids and logprobs, exactly, passed on in more than one delta; and what the engine
+    sent, joined, is what the client recorded."""
+    pool = LLMPool()
+    pool.register(proxy.url, protocol="vllm")
+    prompt = tokenizer.encode_prompt([{"role": "user", "content": "Fix the failing test in calc.py."}])
+    sampling = SamplingOptions(max_new_tokens=40, temperature=0.0, stop_token_ids=tuple(tokenizer.end_of_turn_ids))
+    try:
+        whole = await pool.generate(prompt, sampling, "stream-eq")
+        deltas: list[GenerationDelta] = []
+        streamed = await pool.generate(prompt, sampling, "stream-eq", on_delta=deltas.append)
+    finally:
+        await pool.close()
+    assert streamed.output_ids == whole.output_ids and len(whole.output_ids) > 2
+    assert streamed.logprobs == whole.logprobs
+    assert (streamed.finish_reason, streamed.weight_version) == (whole.finish_reason, whole.weight_version)
+    assert [i for d in deltas for i in d.ids] == whole.output_ids and len(deltas) > 1
+    assert [lp for d in deltas for lp in d.logprobs] == whole.logprobs
+    whole_exchange, streamed_exchange = proxy.exchanges["stream-eq"]
+    assert (streamed_exchange.output, streamed_exchange.logprobs) == (whole_exchange.output, whole_exchange.logprobs)
+    assert streamed_exchange.output == streamed.output_ids
 
 
 async def test_gateway_length_cut_offs_and_stop_strings(served_gateway, proxy, tokenizer):

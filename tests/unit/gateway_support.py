@@ -3,6 +3,7 @@ the token-exactness check of an assembled sample against the calls that built it
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from corral.rollout.gateway import GatewaySession, HistoryPolicy, SessionSettings
 from corral.rollout.tokenizer import IM_END, ByteChatTokenizer
 from corral.rollout.tool_calls import ToolCallFormat
-from corral.rollout.types import Generation, LLMUnavailable, SamplingOptions, Trajectory
+from corral.rollout.types import DeltaSink, Generation, GenerationDelta, LLMUnavailable, SamplingOptions, Trajectory
 
 TOK = ByteChatTokenizer()
 IM_END_ID = TOK.special_ids[IM_END]
@@ -47,8 +48,13 @@ class ScriptedLLM:
     calls: list[LLMCall] = field(default_factory=list)
     fail_with: Exception | None = None
     finish_reason: str | None = None
+    token_delay_s: float = 0.0
+    started: int = 0
 
-    async def __call__(self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str) -> Generation:
+    async def __call__(
+        self, prompt_ids: list[int], sampling: SamplingOptions, rollout_id: str, *, on_delta: DeltaSink | None = None
+    ) -> Generation:
+        self.started += 1
         if self.fail_with is not None:
             error, self.fail_with = self.fail_with, None
             raise error
@@ -60,6 +66,10 @@ class ScriptedLLM:
         base = len(self.calls) + 1
         logprobs = [-(base + i / 10_000) for i in range(len(ids))]
         generation = Generation(ids, logprobs, finish, self.weight_version, "scripted")
+        if on_delta is not None:
+            for token, logprob in zip(ids, logprobs):
+                await asyncio.sleep(self.token_delay_s)
+                on_delta(GenerationDelta([token], [logprob], self.weight_version))
         self.calls.append(
             LLMCall(list(prompt_ids), generation, sampling.max_new_tokens, sampling.stop, sampling.stop_token_ids)
         )

@@ -11,8 +11,10 @@ from tests.torch_needed import TORCH_MISSING
 pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import asyncio
+import json
 import math
 import time
+from typing import Any
 
 import torch
 from aiohttp import ClientSession, web
@@ -122,6 +124,7 @@ def test_sglang_parse_appends_a_dropped_stop_token_and_rejects_missing_logprobs(
         {"version": "5", "start": 1, "end": 3},
     ]
     assert client.parse(answer).weight_version == 4
+    assert client.parse(answer).weight_versions == (4, 5, 5)  # and each token keeps its own
     del answer["meta_info"]["output_token_logprobs"]
     with pytest.raises(LLMServerError, match="output_token_logprobs"):
         client.parse(answer)
@@ -147,7 +150,10 @@ class VLLMStandIn:
     Its logprobs are those vLLM returns in `logprobs_mode`: "processed_logprobs" (of the sampling
     distribution: temperature, top-k, top-p) or "raw_logprobs" (of the model's distribution).
     POST /inference/v1/generate answers 403 as vLLM does unless `scale_out`, then generates with
-    `weight_label` as the weight version of every token."""
+    `weight_label` as the weight version of every token (from token `relabel_at` on,
+    `weight_label` + 1: the weights changed mid-generation). With "stream": true both answer as
+    vLLM 0.32 streams: one event per token with its id and logprob, the finish and stop reasons
+    (and on /inference/v1/generate the weight-version spans of the whole output) on the last."""
 
     def __init__(
         self,
@@ -162,6 +168,7 @@ class VLLMStandIn:
         self.logprobs_mode = logprobs_mode
         self.scale_out = scale_out
         self.weight_label = "default"
+        self.relabel_at: int | None = None
         self.generate_bodies: list[dict] = []
         self.bodies: list[dict] = []
         self.models_asked = 0
@@ -206,7 +213,7 @@ class VLLMStandIn:
         out = await self.policy.generate(prompt, params)
         return out._replace(logprobs=self.recomputed_logprobs(prompt, out.output_ids, params))
 
-    async def generate_tokens(self, request: web.Request) -> web.Response:
+    async def generate_tokens(self, request: web.Request) -> web.StreamResponse:
         """POST /inference/v1/generate, as vLLM answers it with and without --enable-scale-out."""
         if not self.scale_out:
             message = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
@@ -218,24 +225,53 @@ class VLLMStandIn:
             return refused
         fields = body["sampling_params"]
         out = await self.sample(body["token_ids"], fields)
-        choice = {
+        choice: dict[str, Any] = {
             "index": 0,
             "token_ids": out.output_ids,
             "logprobs": {"content": [{"token_id": i, "logprob": lp} for i, lp in zip(out.output_ids, out.logprobs)]},
             "finish_reason": out.finish_reason,
             "stop_reason": out.matched if out.matched in fields.get("stop_token_ids", ()) else None,
-            "weight_versions": [{"version": self.weight_label, "start": 0, "end": len(out.output_ids)}],
+            "weight_versions": self.spans(len(out.output_ids)),
         }
+        if body.get("stream"):
+
+            def generate_event(i: int, last: bool) -> dict:
+                event = {
+                    "index": 0,
+                    "token_ids": out.output_ids[i : i + 1],
+                    "logprobs": {"content": choice["logprobs"]["content"][i : i + 1]},
+                    "finish_reason": choice["finish_reason"] if last else None,
+                    "stop_reason": choice["stop_reason"] if last else None,
+                    "weight_versions": choice["weight_versions"] if last else None,
+                }
+                return {"request_id": "gen-1", "output_mode": "tokens", "choices": [event]}
+
+            return await self.stream(request, len(out.output_ids), generate_event)
         return web.json_response({"request_id": "gen-1", "choices": [choice]})
 
-    async def completions(self, request: web.Request) -> web.Response:
+    def spans(self, count: int) -> list[dict]:
+        change = count if self.relabel_at is None else min(self.relabel_at, count)
+        spans = [{"version": self.weight_label, "start": 0, "end": change}]
+        if change < count:
+            spans.append({"version": str(int(self.weight_label) + 1), "start": change, "end": count})
+        return spans
+
+    async def stream(self, request: web.Request, count: int, event: Any) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(count):
+            await response.write(f"data: {json.dumps(event(i, i == count - 1))}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
         refused = self.refusal(body.get("model"), body["prompt"])
         if refused is not None:
             return refused
         out = await self.sample(body["prompt"], body)
-        choice = {
+        choice: dict[str, Any] = {
             "index": 0,
             "text": TOK.decode(out.output_ids),
             "logprobs": {
@@ -250,6 +286,22 @@ class VLLMStandIn:
         if not self.old:
             choice["token_ids"] = out.output_ids
             choice["prompt_token_ids"] = body["prompt"]
+        if body.get("stream"):
+            logprobs = choice["logprobs"]
+
+            def completion_event(i: int, last: bool) -> dict:
+                event = {
+                    "index": 0,
+                    "text": TOK.decode(out.output_ids[i : i + 1]),
+                    "logprobs": {key: logprobs[key][i : i + 1] for key in ("tokens", "token_logprobs", "top_logprobs")},
+                    "finish_reason": choice["finish_reason"] if last else None,
+                    "stop_reason": choice["stop_reason"] if last else None,
+                }
+                if not self.old:
+                    event["token_ids"] = out.output_ids[i : i + 1]
+                return {"id": "cmpl-1", "object": "text_completion", "choices": [event]}
+
+            return await self.stream(request, len(out.output_ids), completion_event)
         return web.json_response(
             {
                 "id": "cmpl-1",
@@ -402,6 +454,7 @@ def test_vllm_parse_generate_reads_weight_version_spans():
     choice["logprobs"]["content"].append({"token_id": 7, "logprob": -0.5})
     generation = client.parse_generate({"choices": [choice]})
     assert generation.weight_version == 4  # the oldest, when the weights changed mid-generation
+    assert generation.weight_versions == (4, 5, 5)  # and each token keeps its own label
     assert generation.output_ids == [5, 6, 7] and generation.logprobs == [-1.0, -2.0, -0.5]
 
 
