@@ -56,7 +56,10 @@ class CodingCli:
 
 
 # name -> module defining CLI (imported on first use).
-_MODULES: dict[str, str] = {}
+_MODULES: dict[str, str] = {
+    "pi": "corral.rollout.coding_clis.pi",
+    "qwen": "corral.rollout.coding_clis.qwen",
+}
 
 
 def names() -> list[str]:
