@@ -35,9 +35,10 @@ WORKDIR = "/workspace"
 # and the replay policy's byte tokenizer makes every byte a token (Qwen Code's first prompt is
 # about 76,000 bytes).
 MAX_TOTAL_TOKENS = 1 << 18
-# The bundled tasks a CLI's test runs: these four, both shapes of the bundled solutions (one edit and
-# two) and non-ASCII text, unless CORRAL_CODING_CLI_TASKS=all: every one of the 25 costs a CLI 10 to
-# 20 s of CPU (a sandbox, a Node process, the evaluation's sandbox), minutes in all on 2 cores.
+# The bundled tasks a CLI's test runs: all 25 where a CLI is light (Pi: about 30 s in all), else
+# these four, both shapes of the bundled solutions (one edit and two) and non-ASCII text (Qwen Code
+# spends about 8 s of CPU a task: two Node processes and a 76 KB prompt per call; all 25 took 317 s
+# on 2 busy cores); CORRAL_CODING_CLI_TASKS=all runs all 25 for every CLI.
 ALL_TASKS = os.environ.get("CORRAL_CODING_CLI_TASKS") == "all"
 REPRESENTATIVE_TASKS = ("accounts-super-init", "bitflags-clear-toggle", "nickname-utf8-truncate", "semver-strict-parse")
 # The timeout of a test that runs them.
@@ -80,12 +81,13 @@ class RecordingReplay:
         return self.replay.tokenizer.decode(self.exchanges[task_id][index][0])
 
 
-def bundled_tasks(cli: str) -> list[pb.Task]:
-    """The bundled repair tasks the tests run (TASKS), run by `cli` inside its sandbox."""
+def bundled_tasks(cli: str, *, every: bool) -> list[pb.Task]:
+    """The bundled repair tasks (all of them with `every`, else REPRESENTATIVE_TASKS unless
+    ALL_TASKS), run by `cli` inside its sandbox."""
     tasks = [
         with_coding_cli(task, cli, CODING_CLIS_PREFIX)
         for task in load_tasks_jsonl(REPAIR_TASKS)
-        if ALL_TASKS or task.task_id in REPRESENTATIVE_TASKS
+        if every or ALL_TASKS or task.task_id in REPRESENTATIVE_TASKS
     ]
     for task in tasks:
         task.limits.max_total_tokens = MAX_TOTAL_TOKENS

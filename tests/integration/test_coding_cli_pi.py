@@ -1,4 +1,4 @@
-"""Pi solves the bundled repair tasks (coding_cli_runs.bundled_tasks) inside its sandbox (network off), through the rollout service
+"""Pi solves every bundled repair task inside its sandbox (network off), through the rollout service
 and the gateway's chat completions, token-exact (tests/integration/coding_cli_runs.py).
 
 Each reference edit is answered with Pi's `edit` {path, edits: [{oldText, newText}]}, the test run
@@ -35,7 +35,7 @@ def daemon(tmp_path_factory) -> Iterator[DaemonProcess]:
 
 @pytest.mark.timeout(TASKS_TIMEOUT_S)
 async def test_pi_solves_the_bundled_tasks_token_exact(daemon) -> None:
-    tasks = bundled_tasks("pi")
+    tasks = bundled_tasks("pi", every=True)
     tools = await solve_all_token_exact(daemon, "pi", tasks)
     for task in tasks:
         edits = sum(1 for call in task.reference_solution if call.name == "editor")

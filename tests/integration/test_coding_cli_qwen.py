@@ -1,5 +1,6 @@
-"""Qwen Code solves the bundled repair tasks (coding_cli_runs.bundled_tasks) inside its sandbox (network off), through the rollout
-service and the gateway's chat completions, token-exact (tests/integration/coding_cli_runs.py).
+"""Qwen Code solves bundled repair tasks (four; all 25 with CORRAL_CODING_CLI_TASKS=all) inside its
+sandbox (network off), through the rollout service and the gateway's chat completions, token-exact
+(tests/integration/coding_cli_runs.py).
 
 Each reference edit is answered with `read_file` then `edit` in one reply (its edit refuses a file
 not read in the session), the test run with `run_shell_command`, and the submit with a plain
@@ -24,7 +25,7 @@ def daemon(tmp_path_factory) -> Iterator[DaemonProcess]:
 
 @pytest.mark.timeout(TASKS_TIMEOUT_S)
 async def test_qwen_code_solves_the_bundled_tasks_token_exact(daemon) -> None:
-    tasks = bundled_tasks("qwen")
+    tasks = bundled_tasks("qwen", every=False)
     tools = await solve_all_token_exact(daemon, "qwen", tasks)
     for task in tasks:
         edits = sum(1 for call in task.reference_solution if call.name == "editor")
