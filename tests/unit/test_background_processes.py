@@ -87,11 +87,11 @@ async def test_wait_without_a_timeout_waits_on_the_daemon_instead_of_polling_it(
             waits.append(request.timeout_ms)
         return await unary(method, request, **kwargs)
 
-    transport.unary = counting  # type: ignore[method-assign]
+    transport.unary = counting
     try:
         ended = await process.wait()
     finally:
-        transport.unary = unary  # type: ignore[method-assign]
+        transport.unary = unary
     assert not ended.running and ended.exit_code == 0
     assert waits == [30_000]
 
