@@ -4,6 +4,8 @@
 #   make venv         create .venv and install corral with its dev extras (again when pyproject.toml changes)
 #   make test         run the whole test suite (unit and integration; root for the local backend), on
 #                     TEST_WORKERS=2 workers, and print where its time went
+#   make coding-clis  install the coding CLIs (Qwen Code, Pi, ...) from npm at their pinned versions into
+#                     CODING_CLIS_PREFIX (root: /opt/corral-clis; else ~/.cache/corral-clis); make test runs it
 #   make test-unit    run the unit tests only (no root, no daemon process, no system packages), on TEST_WORKERS workers
 #   make demo         run examples/demo.py
 #   make lint         ruff (lint and format), mypy, import-linter, and the generated sync client's check
@@ -28,7 +30,19 @@ BUF := node_modules/.bin/buf
 # Compare against this git ref in `buf breaking`; empty: origin/main (merge base), else HEAD~.
 BUF_AGAINST ?=
 
-.PHONY: venv test test-unit demo lint format typecheck sync-client protos lint-protos clean system-deps
+.PHONY: venv test test-unit demo lint format typecheck sync-client protos lint-protos clean system-deps coding-clis
+
+# Where the coding CLIs are installed (docs/coding-clis.md): root's default is the directory the
+# local backend's "host" sandboxes are shown (local.host_paths); an ordinary user gets one of theirs.
+# The tests find them through CORRAL_CODING_CLIS.
+ifdef CORRAL_CODING_CLIS
+CODING_CLIS_PREFIX ?= $(CORRAL_CODING_CLIS)
+else ifeq ($(shell id -u),0)
+CODING_CLIS_PREFIX ?= /opt/corral-clis
+else
+CODING_CLIS_PREFIX ?= $(HOME)/.cache/corral-clis
+endif
+export CORRAL_CODING_CLIS := $(CODING_CLIS_PREFIX)
 
 # Extra pytest arguments for `make test` (e.g. PYTEST_ARGS='-k shells').
 PYTEST_ARGS ?=
@@ -70,9 +84,17 @@ system-deps:
 # printed whether it passed or not.
 test: system-deps
 	@$(MAKE) --no-print-directory venv
+	@$(MAKE) --no-print-directory coding-clis
 	@status=0; $(VENV_PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=$$?; \
 	  $(VENV_PY) scripts/test_durations.py "$${CORRAL_TEST_DURATIONS:-build/test-durations.json}" || true; \
 	  exit $$status
+
+# The coding CLIs from npm (python -m corral.rollout.coding_clis install; idempotent: nothing is
+# fetched when they are there at their pinned versions). Without node and npm, or without the
+# registry, it says why and the CLI tests skip, unless CORRAL_REQUIRE_CODING_CLIS names them.
+coding-clis: venv
+	@$(VENV_PY) -m corral.rollout.coding_clis install --prefix '$(CODING_CLIS_PREFIX)' \
+	  || { [ -z "$${CORRAL_REQUIRE_CODING_CLIS:-}" ] && echo "coding CLIs not installed: their tests skip" >&2; }
 
 test-unit: venv
 	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit

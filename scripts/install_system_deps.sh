@@ -55,6 +55,10 @@ have ps || need procps "ps"
 have git || need git "git"
 # The reward-hack red team builds the library its /etc/ld.so.preload hack plants.
 have cc || need gcc "cc"
+# The coding CLIs (Qwen Code, Pi, ...) are npm packages run by Node.js, on the host and in "host"
+# sandboxes (make coding-clis installs them).
+have node || need nodejs "node"
+have npm || need npm "npm"
 # Kernels in "host" sandboxes run the host's python3 as a sandbox finds it: the first on the PATH
 # the daemon gives commands (daemon/commands.py DEFAULT_PATH), normally Debian's /usr/bin/python3.
 sandbox_python=$(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin command -v python3 || true)
@@ -79,7 +83,7 @@ elif ! has_modules "$PYTHON" venv ensurepip; then
 fi
 
 if ((${#packages[@]} == 0)); then
-  echo "system packages: all present (bubblewrap, util-linux, procps, git, gcc, python3-venv, python3-ipykernel, skopeo, umoci, btrfs-progs)"
+  echo "system packages: all present (bubblewrap, util-linux, procps, git, gcc, python3-venv, python3-ipykernel, skopeo, umoci, btrfs-progs, nodejs, npm)"
   exit 0
 fi
 

@@ -125,11 +125,14 @@ class AsyncProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # Without a timeout each call waits a whole slice (a wait of 0 would answer at once,
+            # and this loop would poll the daemon as fast as it answers).
+            wait = _process_core.WAIT_SLICE_S if left is None else left
             request = shell_pb.WaitProcessRequest(
-                sandbox_id=self._info.sandbox_id, process_id=self.id, timeout_ms=_process_core.wait_ms(left)
+                sandbox_id=self._info.sandbox_id, process_id=self.id, timeout_ms=_process_core.wait_ms(wait)
             )
             response = await self._transport.unary(
-                self._transport.shell_service.WaitProcess, request, timeout=_process_core.wait_deadline(left)
+                self._transport.shell_service.WaitProcess, request, timeout=_process_core.wait_deadline(wait)
             )
             self._info = _process_core.process_info_from_proto(response.process)
             if not self._info.running or (left is not None and left <= _process_core.WAIT_SLICE_S):

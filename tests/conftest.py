@@ -27,6 +27,7 @@ from corral.daemon.cgroups import CgroupDriver
 from corral.daemon.commands import DEFAULT_PATH
 from corral.daemon.config import load_config
 from corral.daemon.doctor import probe
+from corral.rollout.coding_clis.install import default_prefix as default_coding_clis_prefix
 from corral.v1 import shell_pb2, shell_pb2_grpc
 
 pytest_plugins = ["tests.timing"]
@@ -36,8 +37,9 @@ REQUIRED_TRAINERS = {t.strip() for t in os.environ.get("CORRAL_REQUIRE_TRAINERS"
 REQUIRED_HARNESSES = {h.strip() for h in os.environ.get("CORRAL_REQUIRE_HARNESSES", "").split(",") if h.strip()}
 REQUIRED_CLUSTERS = {c.strip() for c in os.environ.get("CORRAL_REQUIRE_CLUSTERS", "").split(",") if c.strip()}
 REQUIRED_CODING_CLIS = {c.strip() for c in os.environ.get("CORRAL_REQUIRE_CODING_CLIS", "").split(",") if c.strip()}
-# Where the coding CLIs are installed (npm --prefix; `python -m corral.rollout.coding_clis install`).
-CODING_CLIS_PREFIX = os.environ.get("CORRAL_CODING_CLIS", "/opt/corral-clis")
+# Where the coding CLIs are installed (npm --prefix; `python -m corral.rollout.coding_clis install`):
+# $CORRAL_CODING_CLIS, else /opt/corral-clis.
+CODING_CLIS_PREFIX = default_coding_clis_prefix()
 
 
 def require_trainer(name: str, module: str, extra: str) -> None:

@@ -10,6 +10,7 @@ approval prompts, telemetry and update checks off. `prefix` is the npm prefix th
 installed into, as the sandbox sees it (read-only).
 
 `with_coding_cli(task, name, prefix)` makes any task a harness task run by that CLI.
+`python -m corral.rollout.coding_clis install [--prefix DIR] [NAME ...]` installs them (install.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class CodingCli:
     api: str  # the gateway API it speaks: "chat", "responses", "messages" or "gemini"
     vocabulary: str  # the replay policy's vocabulary for its tools
     parts: Callable[[str], HarnessParts]
+    # npm packages whose install scripts must run (all others are held back: install.py), e.g. a
+    # postinstall that puts the CLI's native binary in place.
+    install_scripts: tuple[str, ...] = ()
 
     @property
     def npm_spec(self) -> str:
@@ -56,6 +60,8 @@ _MODULES: dict[str, str] = {
     "claude": "corral.rollout.coding_clis.claude",
     "codex": "corral.rollout.coding_clis.codex",
     "gemini": "corral.rollout.coding_clis.gemini",
+    "pi": "corral.rollout.coding_clis.pi",
+    "qwen": "corral.rollout.coding_clis.qwen",
 }
 
 

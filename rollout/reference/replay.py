@@ -70,7 +70,8 @@ class ReplayPolicy:
       see `bash_calls`. Behind the LLM gateway, which parses HERMES markup into OpenAI
       tool_calls, such a harness sees its own action format.
     - With `vocabulary` (rollout/reference/vocabularies), the answers are in that harness's own
-      tools (a coding CLI's shell and edit tools; its final answer a reply without tool calls);
+      tools (a coding CLI's shell and edit tools, or several calls in one reply where the harness
+      needs them, e.g. a read before an edit; its final answer a reply without tool calls);
       `workdir` is the directory the harness runs in, for tools that take absolute paths.
 
     Unknown prompts raise PolicyError (the server answers 400). The weight version is always 0;
@@ -133,7 +134,10 @@ class ReplayPolicy:
             if self.submit_command is not None:
                 call = as_bash_call(call, self.submit_command)
             answer = self.vocabulary.answer(call, self.workdir) if self.vocabulary is not None else call
-            text = answer if isinstance(answer, str) else render_tool_calls([answer], entry.format)
+            if isinstance(answer, str):
+                text = answer
+            else:
+                text = render_tool_calls(answer if isinstance(answer, list) else [answer], entry.format)
         except ValueError as error:
             raise PolicyError(f"task {entry.task_id!r}, turn {turn}: {error}") from None
         return entry.task_id, self.tokenizer.encode(text) + [self._end_id]

@@ -15,23 +15,26 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
+from corral.rollout.coding_clis import coding_cli, with_coding_cli
 from corral.rollout.coding_clis import names as cli_names
-from corral.rollout.coding_clis import with_coding_cli
 from corral.rollout.reference.policies import GenerateParams, PolicyOutput
 from corral.rollout.reference.replay import ReplayPolicy
 from corral.rollout.reference.server import ReferenceServer, load_tasks_jsonl
+from corral.rollout.reference.vocabularies import vocabulary
 from corral.sdk import AsyncClient, RolloutResult
 from corral.v1 import rollout_pb2 as pb
 from tests.conftest import CODING_CLIS_PREFIX, DaemonProcess, require_backend, shared_daemon_config
 
 REPAIR_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "repair.jsonl"
 WORKDIR = "/workspace"  # the sandboxes' workdir (the daemon's default), where the CLIs run
-# The CLIs' system prompts and tool schemas are 30,000-50,000 bytes: byte-tokenizer ids.
-MAX_TOTAL_TOKENS = 1 << 17
+# The CLIs' system prompts and tool schemas are 30,000-76,000 bytes (Qwen Code's the most):
+# byte-tokenizer ids.
+MAX_TOTAL_TOKENS = 1 << 18
 # CLIs at once (each a node process or a native binary taking about a second of CPU to start).
 IN_FLIGHT = 4
 Exchanges = list[tuple[list[int], list[int]]]
@@ -56,6 +59,14 @@ class RecordingReplay:
 
     async def load_weights(self, path: str, weight_version: int | None) -> int:
         return await self.replay.load_weights(path, weight_version)
+
+    def prompt_text(self, task_id: str, index: int = -1) -> str:
+        return self.replay.tokenizer.decode(self.exchanges[task_id][index][0])
+
+
+def replay_for(cli: str, tasks: Sequence[pb.Task]) -> RecordingReplay:
+    """The replay policy answering `tasks` in `cli`'s tools."""
+    return RecordingReplay(ReplayPolicy(tasks, vocabulary=vocabulary(coding_cli(cli).vocabulary), workdir=WORKDIR))
 
 
 def cli_daemon(root: Path) -> Iterator[DaemonProcess]:
@@ -97,9 +108,10 @@ def cli_tasks(cli: str, tasks: Sequence[pb.Task] | None = None, **limits: int) -
 
 
 @contextlib.asynccontextmanager
-async def serving(client: AsyncClient, policy: RecordingReplay) -> AsyncIterator[str]:
-    """The reference server playing `policy`, registered with the daemon; yields its URL."""
-    server = ReferenceServer(policy)
+async def serving(client: AsyncClient, policy: RecordingReplay, *, port: int = 0) -> AsyncIterator[str]:
+    """The reference server playing `policy` (on `port` of the node's loopback; 0: any free one),
+    registered with the daemon; yields its URL."""
+    server = ReferenceServer(policy, port=port)
     await server.start()
     try:
         info = await client.rollouts.register_llm(server.url)
@@ -127,8 +139,10 @@ async def run_tasks(client: AsyncClient, tasks: Sequence[pb.Task]) -> list[Rollo
     return results
 
 
-async def run_all(client: AsyncClient, tasks: Sequence[pb.Task], policy: RecordingReplay) -> list[RolloutResult]:
-    async with serving(client, policy):
+async def run_all(
+    client: AsyncClient, tasks: Sequence[pb.Task], policy: RecordingReplay, *, port: int = 0
+) -> list[RolloutResult]:
+    async with serving(client, policy, port=port):
         return await run_tasks(client, tasks)
 
 
@@ -158,8 +172,58 @@ def check_token_exact(result: RolloutResult, task: pb.Task, exchanges: Exchanges
     assert result.extra_samples == []
 
 
-def check_all_solved(results: Sequence[RolloutResult], tasks: Sequence[pb.Task], policy: RecordingReplay) -> None:
+async def solve_all_token_exact(daemon: DaemonProcess, cli: str, tasks: list[pb.Task]) -> dict[str, list[list[str]]]:
+    """Runs `tasks` by `cli`, checks each with check_token_exact, and returns per task the tools
+    each turn called."""
+    policy = replay_for(cli, tasks)
+    async with AsyncClient(daemon.address) as client:
+        results = await run_all(client, tasks, policy)
     by_id = {task.task_id: task for task in tasks}
     assert sorted(r.task_id for r in results) == sorted(by_id)
     for result in results:
         check_token_exact(result, by_id[result.task_id], policy.exchanges[result.task_id])
+    return {r.task_id: [[call.name for call in turn.tool_calls] for turn in r.turns] for r in results}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# A program for a CLI's shell tool: it tries to reach what a sandbox must not (the LLM server on the
+# node, a public address, a DNS server) and prints how each attempt ended; it exits 1 if any
+# succeeded. Standard library only: the sandbox's python3 runs it.
+REACHABILITY = """\
+import socket, sys, urllib.request
+def attempt(name, reach):
+    try:
+        reach()
+    except OSError as error:
+        return f"{name}: failed ({type(error).__name__})"
+    return f"{name}: REACHED"
+lines = [
+    attempt("llm-server", lambda: urllib.request.urlopen(sys.argv[1], timeout=5)),
+    attempt("public-ip", lambda: socket.create_connection(("1.1.1.1", 443), timeout=5)),
+    attempt("dns", lambda: socket.getaddrinfo("registry.npmjs.org", 443)),
+]
+print("\\n".join(lines))
+sys.exit(any(line.endswith("REACHED") for line in lines))
+"""
+
+
+def reachability_task(task_id: str, llm_server_url: str) -> pb.Task:
+    """A task whose solution runs REACHABILITY with the CLI's shell tool and then ends; its
+    evaluation passes when the program found nothing reachable (its output saved by the solution)."""
+    task = pb.Task(task_id=task_id)
+    task.prompt.messages.add(role="user", content=f"[{task_id}] Check what this sandbox can reach.")
+    task.setup.files.add(path="reachability.py", content=REACHABILITY.encode())
+    command = (
+        f"python3 reachability.py {llm_server_url} > reachability.txt; status=$?; cat reachability.txt; exit $status"
+    )
+    task.reference_solution.add(name="bash", arguments_json=json.dumps({"command": command}))
+    task.reference_solution.add(name="submit", arguments_json="{}")
+    task.evaluation.commands.append("test -s reachability.txt && ! grep -q REACHED reachability.txt")
+    task.evaluation.exit_status.SetInParent()
+    task.limits.max_total_tokens = MAX_TOTAL_TOKENS
+    return task

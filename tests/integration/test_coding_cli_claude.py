@@ -79,7 +79,7 @@ class EditWithoutDefaults:
 
     name = "claude-without-defaults"
 
-    def answer(self, call: ToolCall, workdir: str) -> ToolCall | str:
+    def answer(self, call: ToolCall, workdir: str) -> ToolCall | list[ToolCall] | str:
         answer = vocabulary("claude").answer(call, workdir)
         if isinstance(answer, ToolCall) and answer.name == "Edit":
             return ToolCall("Edit", {k: v for k, v in answer.arguments.items() if k != "replace_all"})

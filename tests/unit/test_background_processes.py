@@ -76,6 +76,26 @@ async def test_interrupt_stops_a_sleep_and_wait_times_out_first(sandbox) -> None
     assert failed.value.ended and failed.value.text == ""
 
 
+async def test_wait_without_a_timeout_waits_on_the_daemon_instead_of_polling_it(sandbox) -> None:
+    # One WaitProcess call that waits (a slice) until the process ends, not one after another.
+    process = await sandbox.start_process("sleep 0.5")
+    transport = process._transport
+    unary, waits = transport.unary, []
+
+    async def counting(method, request, **kwargs):
+        if isinstance(request, shell_pb.WaitProcessRequest):
+            waits.append(request.timeout_ms)
+        return await unary(method, request, **kwargs)
+
+    transport.unary = counting
+    try:
+        ended = await process.wait()
+    finally:
+        transport.unary = unary
+    assert not ended.running and ended.exit_code == 0
+    assert waits == [30_000]
+
+
 async def test_expect_times_out_with_what_it_saw(sandbox) -> None:
     async with await sandbox.start_process("echo ready; sleep 30") as process:
         started = time.monotonic()

@@ -26,9 +26,10 @@ FINAL_TEXT = "The fix is in place and the tests pass."
 class Vocabulary(Protocol):
     name: str
 
-    def answer(self, call: ToolCall, workdir: str) -> ToolCall | str:
+    def answer(self, call: ToolCall, workdir: str) -> ToolCall | list[ToolCall] | str:
         """The harness's call for the reference call `call` (`submit` {} past the solution's
-        end), or the text of a reply without tool calls. `workdir`: the directory the harness
+        end), several calls made in one reply (a harness whose edit tool wants the file read
+        first), or the text of a reply without tool calls. `workdir`: the directory the harness
         runs in, for tools that take absolute paths. ValueError when it cannot be expressed."""
         ...
 
@@ -38,6 +39,8 @@ _MODULES: dict[str, str] = {
     "claude": "corral.rollout.reference.vocabularies.claude",
     "codex": "corral.rollout.reference.vocabularies.codex",
     "gemini": "corral.rollout.reference.vocabularies.gemini",
+    "pi": "corral.rollout.reference.vocabularies.pi",
+    "qwen": "corral.rollout.reference.vocabularies.qwen",
 }
 
 
