@@ -22,6 +22,10 @@ pool (`engine_call`: what the built-in agent loop does). Rows:
                         once, alone (ChatRenderer.encode_prompt): a part of gateway_own, which
                         renders every call's whole conversation to tell a prefix hit from a splice
 
+Per API (the same text conversations, no tools, through each of the gateway's APIs in turn:
+chat completions, Responses, Anthropic's Messages, Gemini's generateContent; whole calls):
+  own_<api>             the call's round trip less the engine call made inside it
+
 Throughput (`--rollouts` concurrent rollouts of `--turns` turns, `--stream-tokens` per reply,
 temperature 1): the same conversations (a fixed observation after each reply) through the gateway
 and straight to the pool (appending the template's continuation to the ids, as the agent loop
@@ -91,6 +95,9 @@ BASH_TOOL = {
         },
     },
 }
+# The gateway's APIs, in the per-API part: OpenAI chat completions and Responses, Anthropic's
+# Messages, Gemini's generateContent.
+APIS = ("chat", "responses", "messages", "gemini")
 SYSTEM = "You are an experienced Python developer fixing a bug. Use the bash tool to run commands."
 TASK = "In ledger, every deposit into a `SavingsAccount` fails with an AttributeError. Fix it."
 
@@ -202,6 +209,66 @@ class Bench:
                 messages += [reply, observation(turn)]
             self.gateway.close_session(key)
         samples["gateway_minus_engine"] = [g - e for g, e in zip(samples["gateway_call"], samples["engine_call"])]
+        return samples
+
+    # Per API: the same text conversation through each of the gateway's APIs.
+
+    async def api_call(self, api: str, key: str, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        """One whole (not streamed) call of `api` with `messages` (system first, then alternating
+        user/assistant text); the reply's text."""
+        system, turns = messages[0]["content"], messages[1:]
+        if api == "chat":
+            url, body = f"{self.url}/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": max_tokens}
+            headers = {"Authorization": f"Bearer {key}"}
+        elif api == "responses":
+            url, headers = f"{self.url}/responses", {"Authorization": f"Bearer {key}"}
+            body = {"model": MODEL, "instructions": system, "input": turns, "max_output_tokens": max_tokens}
+        elif api == "messages":
+            url, headers = f"{self.url}/messages", {"x-api-key": key}
+            body = {"model": MODEL, "system": system, "messages": turns, "max_tokens": max_tokens}
+        else:
+            url, headers = (
+                f"{self.url.removesuffix('/v1')}/v1beta/models/{MODEL}:generateContent",
+                {"x-goog-api-key": key},
+            )
+            contents = [
+                {"role": "model" if m["role"] == "assistant" else "user", "parts": [{"text": m["content"]}]}
+                for m in turns
+            ]
+            body = {
+                "systemInstruction": {"parts": [{"text": system}]},
+                "contents": contents,
+                "generationConfig": {"maxOutputTokens": max_tokens},
+            }
+        async with self.http.post(url, json=body, headers=headers) as response:
+            data = await response.json()
+            if response.status != 200:
+                raise RuntimeError(f"{api}: the gateway answered {response.status}: {data}")
+        if api == "chat":
+            return str(data["choices"][0]["message"]["content"] or "")
+        if api == "responses":
+            return "".join(p["text"] for item in data["output"] if item["type"] == "message" for p in item["content"])
+        if api == "messages":
+            return "".join(block.get("text", "") for block in data["content"])
+        return "".join(part.get("text", "") for part in data["candidates"][0]["content"]["parts"])
+
+    async def per_api(self, conversations: int, turns: int, max_tokens: int) -> dict[str, list[float]]:
+        """Per API, the gateway's own time per call (the call's round trip less the engine call
+        made inside it), for text conversations of `turns` calls, the APIs taking turns."""
+        samples: dict[str, list[float]] = {f"own_{api}": [] for api in APIS}
+        for _ in range(conversations):
+            for api in APIS:
+                key, _ = self.open(max_tokens, 0.0, turns)
+                messages: list[dict[str, Any]] = [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": TASK},
+                ]
+                for turn in range(turns):
+                    started = time.perf_counter()
+                    reply = await self.api_call(api, key, messages, max_tokens)
+                    samples[f"own_{api}"].append((time.perf_counter() - started - self.recorded.seconds) * 1000)
+                    messages += [{"role": "assistant", "content": reply}, observation(turn)]
+                self.gateway.close_session(key)
         return samples
 
     # Time to first token.
@@ -318,6 +385,9 @@ async def run(p: Any, engine_url: str, model_dir: Path) -> dict[str, Any]:
             await bench.per_call(2, p.turns, p.max_tokens)  # warm-up: connections, caches, the engine's first batches
             per_call = await bench.per_call(max(p.calls // p.turns, 1), p.turns, p.max_tokens)
             load_per_call = load()
+            await bench.per_api(1, p.turns, p.max_tokens)  # warm-up
+            per_api = await bench.per_api(max(p.calls // p.turns // len(APIS), 1), p.turns, p.max_tokens)
+            load_per_api = load()
             await bench.first_tokens(1, p.turns, p.ttft_tokens, engine_url)  # warm-up
             first_tokens = await bench.first_tokens(max(p.ttft_calls // p.turns, 1), p.turns, p.ttft_tokens, engine_url)
             load_first_tokens = load()
@@ -332,6 +402,8 @@ async def run(p: Any, engine_url: str, model_dir: Path) -> dict[str, Any]:
             await pool.close()
     return {
         "per_call": per_call,
+        "per_api": per_api,
+        "load_per_api": load_per_api,
         "first_tokens": first_tokens,
         "load_first_tokens": load_first_tokens,
         "rounds": rounds,
@@ -359,6 +431,10 @@ def report(p: Any, measured: dict[str, Any], engine_start_s: float) -> None:
     )
     print_table(f"per call ({p.max_tokens} tokens per reply, greedy)", results)
     print_ratios(per_call_ratios)
+    per_api = {name: summary(values) for name, values in measured["per_api"].items()}
+    print_table(f"the gateway's own time per call, per API ({p.max_tokens} tokens per reply, text only)", per_api)
+    print(f"  load average after: {measured['load_per_api']}")
+    results.update(per_api)
     first = {name: summary(values) for name, values in measured["first_tokens"].items()}
     print_table(f"time to first token ({p.ttft_tokens} tokens per reply, greedy, streamed)", first)
     print(f"  load average after: {measured['load_first_tokens']}")
@@ -393,6 +469,7 @@ def report(p: Any, measured: dict[str, Any], engine_start_s: float) -> None:
             "gateway_counters": measured["counters"],
             "load_average": {
                 "per_call": measured["load_per_call"],
+                "per_api": measured["load_per_api"],
                 "first_tokens": measured["load_first_tokens"],
                 "throughput": measured["load_throughput"],
             },
