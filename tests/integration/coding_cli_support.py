@@ -11,57 +11,32 @@ through every CLI (what the closing table of issue 30 reports).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import socket
-from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from corral.rollout.coding_clis import coding_cli, with_coding_cli
 from corral.rollout.coding_clis import names as cli_names
-from corral.rollout.reference.policies import GenerateParams, PolicyOutput
 from corral.rollout.reference.replay import ReplayPolicy
-from corral.rollout.reference.server import ReferenceServer, load_tasks_jsonl
+from corral.rollout.reference.server import load_tasks_jsonl
 from corral.rollout.reference.vocabularies import vocabulary
 from corral.sdk import AsyncClient, RolloutResult
 from corral.v1 import rollout_pb2 as pb
 from tests.conftest import CODING_CLIS_PREFIX, DaemonProcess, require_backend, shared_daemon_config
+from tests.integration.replay_rollouts import (
+    Exchanges,
+    RecordingReplay,
+    check_one_token_exact_sample,
+    run_all,
+)
 
 REPAIR_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "repair.jsonl"
 WORKDIR = "/workspace"  # the sandboxes' workdir (the daemon's default), where the CLIs run
 # The CLIs' system prompts and tool schemas are 30,000-76,000 bytes (Qwen Code's the most):
 # byte-tokenizer ids.
 MAX_TOTAL_TOKENS = 1 << 18
-# CLIs at once (each a node process or a native binary taking about a second of CPU to start).
-IN_FLIGHT = 4
-Exchanges = list[tuple[list[int], list[int]]]
-
-
-class RecordingReplay:
-    """The replay policy behind the reference server, keeping per task each (prompt ids, output
-    ids) the engine received and answered, in order."""
-
-    name = "replay"
-
-    def __init__(self, replay: ReplayPolicy) -> None:
-        self.replay = replay
-        self.weight_version = replay.weight_version
-        self.exchanges: dict[str, Exchanges] = defaultdict(list)
-
-    async def generate(self, input_ids: list[int], params: GenerateParams) -> PolicyOutput:
-        output = await self.replay.generate(input_ids, params)
-        entry, _ = self.replay.find(self.replay.tokenizer.decode(input_ids))
-        self.exchanges[entry.task_id].append((list(input_ids), list(output.output_ids)))
-        return output
-
-    async def load_weights(self, path: str, weight_version: int | None) -> int:
-        return await self.replay.load_weights(path, weight_version)
-
-    def prompt_text(self, task_id: str, index: int = -1) -> str:
-        return self.replay.tokenizer.decode(self.exchanges[task_id][index][0])
 
 
 def replay_for(cli: str, tasks: Sequence[pb.Task]) -> RecordingReplay:
@@ -107,45 +82,6 @@ def cli_tasks(cli: str, tasks: Sequence[pb.Task] | None = None, **limits: int) -
     return harnessed
 
 
-@contextlib.asynccontextmanager
-async def serving(client: AsyncClient, policy: RecordingReplay, *, port: int = 0) -> AsyncIterator[str]:
-    """The reference server playing `policy` (on `port` of the node's loopback; 0: any free one),
-    registered with the daemon; yields its URL."""
-    server = ReferenceServer(policy, port=port)
-    await server.start()
-    try:
-        info = await client.rollouts.register_llm(server.url)
-        try:
-            yield server.url
-        finally:
-            await client.rollouts.remove_llm(info.address)
-    finally:
-        await server.stop()
-
-
-async def run_tasks(client: AsyncClient, tasks: Sequence[pb.Task]) -> list[RolloutResult]:
-    """Every task through the rollout service, IN_FLIGHT at a time; results in completion order."""
-    slots = asyncio.Semaphore(IN_FLIGHT)
-
-    async def feed() -> AsyncIterator[pb.Task]:
-        for task in tasks:
-            await slots.acquire()
-            yield task
-
-    results = []
-    async for result in client.rollouts.stream(feed()):
-        results.append(result)
-        slots.release()
-    return results
-
-
-async def run_all(
-    client: AsyncClient, tasks: Sequence[pb.Task], policy: RecordingReplay, *, port: int = 0
-) -> list[RolloutResult]:
-    async with serving(client, policy, port=port):
-        return await run_tasks(client, tasks)
-
-
 def check_token_exact(result: RolloutResult, task: pb.Task, exchanges: Exchanges) -> None:
     """Solved (reward 1.0), one call per reference call (the submit being the CLI's final reply),
     and token-exact against what the engine received and answered: prompt + response is its last
@@ -154,22 +90,7 @@ def check_token_exact(result: RolloutResult, task: pb.Task, exchanges: Exchanges
     assert (result.status, result.reward) == ("completed", 1.0), (result.task_id, result.error, result.eval_output)
     assert len(exchanges) == len(task.reference_solution), result.task_id
     assert result.turns[-1].tool_calls == [], result.task_id
-    full = result.prompt_ids + result.response_ids
-    last_prompt, last_output = exchanges[-1]
-    assert full == last_prompt + last_output
-    assert result.prompt_ids == exchanges[0][0]
-    expected_mask = [0] * len(result.response_ids)
-    for prompt, output in exchanges:
-        assert full[: len(prompt)] == prompt
-        assert full[len(prompt) : len(prompt) + len(output)] == output
-        for position in range(len(prompt), len(prompt) + len(output)):
-            expected_mask[position - len(result.prompt_ids)] = 1
-    assert result.response_mask == expected_mask
-    assert [turn.generated_ids for turn in result.turns] == [output for _, output in exchanges]
-    assert result.gateway is not None
-    assert (result.gateway.calls, result.gateway.prefix_hits) == (len(exchanges), len(exchanges) - 1)
-    assert (result.gateway.splices, result.gateway.splits, result.gateway.discarded) == (0, 0, 0)
-    assert result.extra_samples == []
+    check_one_token_exact_sample(result, exchanges)
 
 
 async def solve_all_token_exact(daemon: DaemonProcess, cli: str, tasks: list[pb.Task]) -> dict[str, list[list[str]]]:

@@ -40,10 +40,12 @@ from tests.integration.coding_cli_support import (  # noqa: E402
     MAX_TOTAL_TOKENS,
     REPAIR_TASKS,
     WORKDIR,
-    RecordingReplay,
     check_token_exact,
     cli_daemon,
     cli_tasks,
+)
+from tests.integration.replay_rollouts import (  # noqa: E402
+    RecordingReplay,
     run_all,
 )
 

@@ -39,11 +39,13 @@ from corral.v1 import rollout_pb2 as pb  # noqa: E402
 from tests.conftest import DaemonProcess  # noqa: E402
 from tests.integration.coding_cli_support import (  # noqa: E402
     REPAIR_TASKS,
-    Exchanges,
-    RecordingReplay,
     check_token_exact,
     cli_daemon,
     cli_tasks,
+)
+from tests.integration.replay_rollouts import (  # noqa: E402
+    Exchanges,
+    RecordingReplay,
     run_all,
 )
 

@@ -35,11 +35,13 @@ from corral.v1 import rollout_pb2 as pb  # noqa: E402
 from tests.conftest import DaemonProcess  # noqa: E402
 from tests.integration.coding_cli_support import (  # noqa: E402
     WORKDIR,
-    RecordingReplay,
     bundled_tasks,
     check_token_exact,
     cli_daemon,
     cli_tasks,
+)
+from tests.integration.replay_rollouts import (  # noqa: E402
+    RecordingReplay,
     run_tasks,
     serving,
 )

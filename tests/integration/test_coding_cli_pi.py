@@ -20,8 +20,10 @@ from tests.integration.coding_cli_support import (
     free_port,
     reachability_task,
     replay_for,
-    run_all,
     solve_all_token_exact,
+)
+from tests.integration.replay_rollouts import (
+    run_all,
 )
 
 require_coding_cli("pi")

@@ -36,22 +36,21 @@ import contextlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
-from collections import defaultdict  # noqa: E402
-from collections.abc import AsyncIterator, Iterator, Sequence  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 from corral.integrations import minisweagent_harness  # noqa: E402
 from corral.rollout.gateway import Gateway, SessionSettings  # noqa: E402
-from corral.rollout.reference.policies import GenerateParams, PolicyOutput  # noqa: E402
 from corral.rollout.reference.replay import ReplayPolicy  # noqa: E402
-from corral.rollout.reference.server import ReferenceServer, load_tasks_jsonl  # noqa: E402
+from corral.rollout.reference.server import load_tasks_jsonl  # noqa: E402
 from corral.rollout.tokenizer import IM_END, ByteChatTokenizer  # noqa: E402
 from corral.rollout.types import Generation, SamplingOptions  # noqa: E402
 from corral.sdk import AsyncClient, RolloutResult  # noqa: E402
 from corral.v1 import rollout_pb2 as pb  # noqa: E402
 from tests.conftest import DaemonProcess, require_backend, shared_daemon_config  # noqa: E402
+from tests.integration.replay_rollouts import RecordingReplay, check_one_token_exact_sample, run_all  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 REPAIR_TASKS = REPO / "examples" / "tasks" / "repair.jsonl"
@@ -151,27 +150,6 @@ def test_harness_exits_2_without_the_gateway_s_variables(harness_env, monkeypatc
 # Every bundled task through the daemon.
 
 
-class RecordingReplay:
-    """The replay policy behind the reference server, keeping per task each (prompt ids, output
-    ids) the engine received and answered, in order."""
-
-    name = "replay"
-
-    def __init__(self, replay: ReplayPolicy) -> None:
-        self.replay = replay
-        self.weight_version = replay.weight_version
-        self.exchanges: dict[str, list[tuple[list[int], list[int]]]] = defaultdict(list)
-
-    async def generate(self, input_ids: list[int], params: GenerateParams) -> PolicyOutput:
-        output = await self.replay.generate(input_ids, params)
-        entry, _ = self.replay.find(self.replay.tokenizer.decode(input_ids))
-        self.exchanges[entry.task_id].append((list(input_ids), list(output.output_ids)))
-        return output
-
-    async def load_weights(self, path: str, weight_version: int | None) -> int:
-        return await self.replay.load_weights(path, weight_version)
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory) -> Iterator[DaemonProcess]:
     """A local daemon that runs harness tasks on the node too, and shows every `host` sandbox this
@@ -200,30 +178,6 @@ def harness_tasks(place: pb.HarnessPlace, *argv: str) -> list[pb.Task]:
     return tasks
 
 
-async def run_all(client: AsyncClient, tasks: Sequence[pb.Task], policy: RecordingReplay) -> list[RolloutResult]:
-    """Every task through the daemon, IN_FLIGHT at a time, against a reference server playing
-    `policy`."""
-    slots = asyncio.Semaphore(IN_FLIGHT)
-
-    async def feed() -> AsyncIterator[pb.Task]:
-        for task in tasks:
-            await slots.acquire()
-            yield task
-
-    server = ReferenceServer(policy)
-    await server.start()
-    info = await client.rollouts.register_llm(server.url)
-    results = []
-    try:
-        async for result in client.rollouts.stream(feed()):
-            results.append(result)
-            slots.release()
-    finally:
-        await client.rollouts.remove_llm(info.address)
-        await server.stop()
-    return results
-
-
 def check_solved_token_exact(
     result: RolloutResult, task: pb.Task, exchanges: list[tuple[list[int], list[int]]]
 ) -> None:
@@ -232,31 +186,14 @@ def check_solved_token_exact(
     assert len(exchanges) == len(task.reference_solution), result.task_id
     assert [call.name for turn in result.turns for call in turn.tool_calls] == ["bash"] * len(exchanges)
     assert json.loads(result.turns[-1].tool_calls[0].arguments_json) == {"command": SUBMIT}
-    # Token-exact: the sample is what the engine last received plus what it generated, every call
-    # lies at its place in it, and the mask is 1 exactly on generated ids.
-    full = result.prompt_ids + result.response_ids
-    last_prompt, last_output = exchanges[-1]
-    assert full == last_prompt + last_output
-    assert result.prompt_ids == exchanges[0][0]
-    expected_mask = [0] * len(result.response_ids)
-    for prompt, output in exchanges:
-        assert full[: len(prompt)] == prompt
-        assert full[len(prompt) : len(prompt) + len(output)] == output
-        for position in range(len(prompt), len(prompt) + len(output)):
-            expected_mask[position - len(result.prompt_ids)] = 1
-    assert result.response_mask == expected_mask
-    assert [turn.generated_ids for turn in result.turns] == [output for _, output in exchanges]
-    # One call per turn, every later call's prompt the recorded ids plus mini's new messages.
-    assert result.gateway is not None
-    assert (result.gateway.calls, result.gateway.prefix_hits) == (len(exchanges), len(exchanges) - 1)
-    assert (result.gateway.splices, result.gateway.splits, result.gateway.discarded) == (0, 0, 0)
-    assert result.extra_samples == []
+    # Token-exact, one call per turn, every later call's prompt the recorded ids plus mini's new messages.
+    check_one_token_exact_sample(result, exchanges)
 
 
 async def solve_all_token_exact(daemon: DaemonProcess, tasks: list[pb.Task]) -> None:
     policy = RecordingReplay(ReplayPolicy(tasks, submit_command=SUBMIT))
     async with AsyncClient(daemon.address) as client:
-        results = await run_all(client, tasks, policy)
+        results = await run_all(client, tasks, policy, in_flight=IN_FLIGHT)
     by_id = {task.task_id: task for task in tasks}
     assert sorted(r.task_id for r in results) == sorted(by_id)
     for result in results:
