@@ -4,9 +4,12 @@ the token-exactness check of an assembled sample against the calls that built it
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 from corral.rollout.gateway import GatewaySession, HistoryPolicy, SessionSettings
 from corral.rollout.tokenizer import IM_END, ByteChatTokenizer
@@ -141,3 +144,16 @@ def make_session(
         policy_version=lambda: 42,
         context_length=window,
     )
+
+
+async def post_json(url: str, path: str, body: Any, key: str | None) -> tuple[int, Any]:
+    """POSTs `body` (JSON, or bytes/str as they are) to url + path with the key as a Bearer token;
+    the status and the answer (parsed when it is JSON, else its text)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    async with aiohttp.ClientSession() as http, http.post(url + path, data=data, headers=headers) as response:
+        text = await response.text()
+        try:
+            return response.status, json.loads(text)
+        except json.JSONDecodeError:
+            return response.status, text

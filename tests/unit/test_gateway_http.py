@@ -28,6 +28,7 @@ from tests.unit.gateway_support import (
     Unreachable,
     Window,
     assert_token_exact,
+    post_json,
     settings,
 )
 
@@ -41,17 +42,6 @@ async def served() -> AsyncIterator[tuple[Gateway, str, ScriptedLLM]]:
     url = await gateway.listen_tcp()
     yield gateway, url, llm
     await gateway.close()
-
-
-async def _post(url: str, path: str, body: Any, key: str | None) -> tuple[int, Any]:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    async with aiohttp.ClientSession() as http, http.post(url + path, data=data, headers=headers) as response:
-        text = await response.text()
-        try:
-            return response.status, json.loads(text)
-        except json.JSONDecodeError:
-            return response.status, text
 
 
 async def test_openai_client_runs_a_tool_calling_conversation_and_streams_the_same_reply(served):
@@ -169,18 +159,18 @@ async def test_keys_in_the_path_and_unknown_or_closed_keys(served):
     session = gateway.open_session("r-keys", settings())
     base = url.removesuffix("/v1")
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    status, data = await _post(base, f"/r/{session.key}/v1/chat/completions", body, None)
+    status, data = await post_json(base, f"/r/{session.key}/v1/chat/completions", body, None)
     assert status == 200 and data["choices"][0]["message"]["role"] == "assistant"
     async with aiohttp.ClientSession() as http, http.get(f"{base}/r/{session.key}/v1/models") as response:
         models = await response.json()
     assert models["data"][0]["id"] == "tiny" and models["data"][0]["max_model_len"] == 4096
     for key in ("not-a-key", None):
-        status, data = await _post(url, "/chat/completions", body, key)
+        status, data = await post_json(url, "/chat/completions", body, key)
         assert status == 401 and data["error"]["code"] == "invalid_api_key"
     gateway.close_session(session.key)
-    status, data = await _post(url, "/chat/completions", body, session.key)
+    status, data = await post_json(url, "/chat/completions", body, session.key)
     assert status == 401
-    status, _ = await _post(base, f"/r/{session.key}/v1/completions", {"prompt": "x"}, None)
+    status, _ = await post_json(base, f"/r/{session.key}/v1/completions", {"prompt": "x"}, None)
     assert status == 401
     with pytest.raises(openai.AuthenticationError):
         await openai.AsyncOpenAI(base_url=url, api_key=session.key).models.list()
@@ -217,7 +207,7 @@ async def test_keys_in_the_path_and_unknown_or_closed_keys(served):
 async def test_bad_requests_get_400_with_the_reason(served, path, body, param):
     gateway, url, llm = served
     session = gateway.open_session("r-bad", settings())
-    status, data = await _post(url, path, body, session.key)
+    status, data = await post_json(url, path, body, session.key)
     assert status == 400, data
     assert data["error"]["type"] == "invalid_request_error" and data["error"]["message"]
     assert data["error"]["param"] == param
@@ -229,20 +219,20 @@ async def test_refusals_carry_their_status_and_code(served):
     body = {"messages": [{"role": "user", "content": "hi"}]}
     # Context: a prompt longer than the window.
     small = gateway.open_session("r-small", settings(max_total_tokens=10))
-    status, data = await _post(url, "/chat/completions", body, small.key)
+    status, data = await post_json(url, "/chat/completions", body, small.key)
     assert (status, data["error"]["code"]) == (400, "context_length_exceeded")
     assert gateway.close_session(small.key).context_full
     # Max calls.
     once = gateway.open_session("r-once", settings(max_calls=1))
-    assert (await _post(url, "/chat/completions", body, once.key))[0] == 200
-    status, data = await _post(
+    assert (await post_json(url, "/chat/completions", body, once.key))[0] == 200
+    status, data = await post_json(
         url, "/chat/completions", body | {"messages": [{"role": "user", "content": "x"}]}, once.key
     )
     assert (status, data["error"]["code"]) == (400, "max_turns_exceeded")
     # History rewritten under FAIL.
     strict = gateway.open_session("r-strict", settings(HistoryPolicy.FAIL))
-    assert (await _post(url, "/chat/completions", body, strict.key))[0] == 200
-    status, data = await _post(
+    assert (await post_json(url, "/chat/completions", body, strict.key))[0] == 200
+    status, data = await post_json(
         url, "/chat/completions", {"messages": [{"role": "user", "content": "other"}]}, strict.key
     )
     assert (status, data["error"]["code"]) == (409, "history_rewritten")
@@ -250,7 +240,7 @@ async def test_refusals_carry_their_status_and_code(served):
     # No LLM.
     down = gateway.open_session("r-down", settings())
     llm.fail_with = Unreachable("every server is down")
-    status, data = await _post(url, "/chat/completions", body, down.key)
+    status, data = await post_json(url, "/chat/completions", body, down.key)
     assert (status, data["error"]["code"]) == (503, "llm_unavailable")
     assert "every server is down" in gateway.close_session(down.key).llm_unavailable
 
@@ -270,7 +260,7 @@ async def test_calls_of_one_session_are_assembled_in_order_while_sessions_run_co
     try:
         a, b = gateway.open_session("a", settings()), gateway.open_session("b", settings())
         body = {"messages": [{"role": "user", "content": "hi"}]}
-        calls = [asyncio.create_task(_post(url, "/chat/completions", body, key)) for key in (a.key, a.key, b.key)]
+        calls = [asyncio.create_task(post_json(url, "/chat/completions", body, key)) for key in (a.key, a.key, b.key)]
         while len(started) < 2:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
@@ -301,7 +291,7 @@ async def test_unix_socket_and_bound_socket_listeners(tmp_path):
                 assert response.status == 200
                 assert (await response.json())["choices"][0]["message"]["content"] == "hi"
         port = bound.getsockname()[1]
-        status, data = await _post(f"http://127.0.0.1:{port}/v1", "/chat/completions", body, session.key)
+        status, data = await post_json(f"http://127.0.0.1:{port}/v1", "/chat/completions", body, session.key)
         assert status == 200 and data["corral"]["call_index"] == 1
     finally:
         await gateway.close()
@@ -373,9 +363,9 @@ async def test_a_call_in_flight_when_its_session_closes_is_refused_and_recorded_
     try:
         session = gateway.open_session("r-late", settings())
         body = {"messages": [{"role": "user", "content": "hi"}]}
-        call = asyncio.create_task(_post(url, "/chat/completions", body, session.key))
+        call = asyncio.create_task(post_json(url, "/chat/completions", body, session.key))
         await entered.wait()
-        waiting = asyncio.create_task(_post(url, "/completions", {"prompt": "x"}, session.key))
+        waiting = asyncio.create_task(post_json(url, "/completions", {"prompt": "x"}, session.key))
         await asyncio.sleep(0.05)  # queued behind the first call
         outcome = gateway.close_session(session.key)
         gate.set()

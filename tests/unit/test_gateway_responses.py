@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from corral.rollout.gateway import Gateway
-from tests.unit.gateway_support import TOK, ScriptedLLM, Window, assert_token_exact, settings
+from tests.unit.gateway_support import TOK, ScriptedLLM, Window, assert_token_exact, post_json, settings
 
 SHELL_TOOL = {
     "type": "function",
@@ -55,14 +55,7 @@ async def served() -> AsyncIterator[tuple[Gateway, str, ScriptedLLM]]:
 
 
 async def _post(url: str, body: Any, key: str | None, path: str = "/responses") -> tuple[int, Any]:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    async with aiohttp.ClientSession() as http, http.post(url + path, data=data, headers=headers) as response:
-        text = await response.text()
-        try:
-            return response.status, json.loads(text)
-        except json.JSONDecodeError:
-            return response.status, text
+    return await post_json(url, path, body, key)
 
 
 async def test_a_conversation_with_function_and_custom_tool_calls_is_one_token_exact_sample(served):
