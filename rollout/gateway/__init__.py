@@ -1,4 +1,4 @@
-"""The LLM gateway: an OpenAI-compatible HTTP endpoint per rollout that forwards to the LLM
+"""The LLM gateway: an HTTP endpoint per rollout in OpenAI's, Anthropic's and Gemini's APIs that forwards to the LLM
 servers token-in/token-out and records every call's exact ids into trainable samples.
 
 See docs/gateway.md. Modules: render (requests into template messages and ids), assembly (calls

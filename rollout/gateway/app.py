@@ -57,7 +57,7 @@ MAX_REQUEST_BYTES = 256 * 1024 * 1024
 
 
 class Gateway:
-    """OpenAI-compatible HTTP front for a GenerateFn (the daemon's LLMPool.generate), one session
+    """The HTTP front (OpenAI's, Anthropic's and Gemini's APIs) for a GenerateFn (the daemon's LLMPool.generate), one session
     per rollout. Calls of one session run one at a time, in arrival order; sessions run
     concurrently. `totals` sums the counters of closed sessions."""
 
